@@ -1,0 +1,15 @@
+//! The GPU side of the project, in plain `no_std` Rust.
+//!
+//! One crate, two builds:
+//! - for `nvptx64-nvidia-cuda` (by `ptx-builder`, from `host/build.rs`) it yields the PTX
+//!   kernels [`generate_data`](kernels) and [`verify_data`](kernels);
+//! - for the host it is an ordinary library whose [`pattern`] module is the single
+//!   definition of the data: the sender's CPU fallback, the receiver's check and the tests
+//!   all call the very function the GPU runs.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+
+pub mod pattern;
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels;
