@@ -57,6 +57,7 @@ if [ ! -e "$cuda/lib64/libcuda.so" ]; then
     lib=$(find "$apt_dir/root" -name 'libcuda.so.*.*' | head -n1)
     cp "$lib" "$cuda/lib64/"
     ln -sf "$(basename "$lib")" "$cuda/lib64/libcuda.so"
+    ln -sf "$(basename "$lib")" "$cuda/lib64/libcuda.so.1"
 fi
 
 # --- ptxas (PyPI nvidia-cuda-nvcc) ----------------------------------------------------
@@ -71,3 +72,10 @@ chmod +x "$ptxas"
 # cust_raw's build looks for <CUDA_LIBRARY_PATH>/lib64/libcuda.so
 echo "export CUDA_LIBRARY_PATH='$cuda'"
 echo "export PTXAS='$ptxas'"
+# Binaries built with the default `cuda` feature need libcuda.so.1 to start at all. On a
+# machine without NVIDIA's driver, let them find the unpacked copy: CUDA then reports
+# that there is no GPU and the GPU tests skip with that reason. Where the driver is
+# installed, its own library is used and nothing is set.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+    echo "export LD_LIBRARY_PATH='$cuda/lib64'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+fi

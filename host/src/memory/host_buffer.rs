@@ -1,6 +1,6 @@
 //! Page-aligned host memory: the CPU-pattern sender and the default receiver buffer.
 
-use super::{DataPath, Registration, RecvSink, SendSource, Verification};
+use super::{DataPath, RecvSink, Registration, SendSource, Verification};
 use anyhow::{bail, Result};
 use gpu_kernels::pattern;
 use std::alloc::{self, Layout};
@@ -35,8 +35,11 @@ impl HostBuffer {
     /// A buffer holding the pattern, written by the CPU (`--gpu none`). `len` must be a
     /// whole number of elements.
     pub fn with_pattern(len: usize) -> Result<Self> {
-        if len % pattern::ELEMENT_BYTES != 0 {
-            bail!("size {len} is not a multiple of {} bytes (one i32)", pattern::ELEMENT_BYTES);
+        if !len.is_multiple_of(pattern::ELEMENT_BYTES) {
+            bail!(
+                "size {len} is not a multiple of {} bytes (one i32)",
+                pattern::ELEMENT_BYTES
+            );
         }
         let mut buffer = Self::zeroed(len)?;
         pattern::fill(buffer.as_i32_mut(), 0);
@@ -88,7 +91,7 @@ pub fn verify_bytes(bytes: &[u8]) -> Verification {
         }
     }
     // A trailing partial element cannot match the pattern.
-    if bytes.len() % pattern::ELEMENT_BYTES != 0 {
+    if !bytes.len().is_multiple_of(pattern::ELEMENT_BYTES) {
         mismatches += 1;
         first_mismatch.get_or_insert(elements as u64);
     }
@@ -182,7 +185,10 @@ mod tests {
     #[test]
     fn partial_element_is_a_mismatch() {
         let v = verify_bytes(&[0, 0, 0, 0, 2]);
-        assert_eq!((v.elements, v.mismatches, v.first_mismatch), (1, 1, Some(1)));
+        assert_eq!(
+            (v.elements, v.mismatches, v.first_mismatch),
+            (1, 1, Some(1))
+        );
     }
 
     #[test]
@@ -194,6 +200,9 @@ mod tests {
     fn chunk_addresses_are_offsets_into_the_buffer() {
         let mut b = HostBuffer::with_pattern(8192).unwrap();
         let base = b.registration().base_address();
-        assert_eq!(b.prepare_chunk(4096, 4096, Instant::now()).unwrap(), base + 4096);
+        assert_eq!(
+            b.prepare_chunk(4096, 4096, Instant::now()).unwrap(),
+            base + 4096
+        );
     }
 }

@@ -3,8 +3,11 @@
 //! host memory, GPU-mapped host memory, GPU memory read directly by the NIC (GPUDirect
 //! RDMA) and GPU memory staged through host memory.
 
-mod host_buffer;
+pub mod factory;
+pub mod host_buffer;
+pub mod select;
 
+pub use factory::{make_send_source, GpuSelection, SinkFactory, SourceConfig};
 pub use host_buffer::HostBuffer;
 
 use anyhow::Result;
@@ -36,6 +39,10 @@ impl Registration {
             | Registration::DmaBuf { len, .. }
             | Registration::DeviceAddress { len, .. } => len,
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The address a work request uses for byte 0 of the region.
@@ -80,6 +87,10 @@ impl DataPath {
 pub trait SendSource {
     /// Bytes to send.
     fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 
     /// The memory to register once, before the first work request.
     fn registration(&self) -> Registration;
@@ -126,6 +137,10 @@ impl Verification {
 /// The receiver's buffer.
 pub trait RecvSink {
     fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 
     /// The memory to register; it is the only remotely writable memory of a connection.
     fn registration(&self) -> Registration;

@@ -1,0 +1,249 @@
+//! `host bench gpu`: how fast the Rust kernel fills memory, against the driver's own
+//! `cuMemsetD32` on the same buffer in the same run, plus the mapped and staged paths.
+//! Prints JSON; the README's numbers are pasted from it.
+
+use super::allocations::{DeviceMemory, PinnedHostMemory};
+use super::context::Gpu;
+use super::driver;
+use anyhow::{Context as _, Result};
+use cust::event::{Event, EventFlags};
+use cust::stream::{Stream, StreamFlags};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Sizes the issue asks for: a launch-bound size, an L2-sized one and two HBM-bound ones.
+pub const FILL_SIZES: [usize; 4] = [16 << 10, 4 << 20, 256 << 20, 1 << 30];
+
+#[derive(Debug, Serialize)]
+pub struct FillResult {
+    pub bytes: usize,
+    pub repetitions: usize,
+    pub kernel_median_us: f64,
+    pub kernel_gb_per_s: f64,
+    pub memset_d32_median_us: f64,
+    pub memset_d32_gb_per_s: f64,
+    /// kernel GB/s over cuMemsetD32 GB/s.
+    pub ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PathResult {
+    pub bytes: usize,
+    pub what: &'static str,
+    pub gb_per_s: f64,
+    pub reference: &'static str,
+    pub reference_gb_per_s: f64,
+    pub ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuBenchReport {
+    pub gpu: String,
+    /// GB = 10^9 bytes throughout.
+    pub unit: &'static str,
+    pub fill: Vec<FillResult>,
+    /// The seed's launch: 4096 elements, time of the kernel alone (events) and of
+    /// launch + synchronise as the host sees it.
+    pub seed_launch_kernel_us: f64,
+    pub seed_launch_host_us: f64,
+    pub mapped: PathResult,
+    pub staged: PathResult,
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Median milliseconds of `op` on `stream`, each repetition bracketed by events.
+fn time_events(stream: &Stream, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        op()?; // warm-up: module load, first-touch of the pages, clocks
+    }
+    stream.synchronize()?;
+    let start = Event::new(EventFlags::DEFAULT)?;
+    let stop = Event::new(EventFlags::DEFAULT)?;
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        start.record(stream)?;
+        op()?;
+        stop.record(stream)?;
+        stop.synchronize()?;
+        samples.push(stop.elapsed_time_f32(&start)? as f64);
+    }
+    Ok(median(samples))
+}
+
+fn gb_per_s(bytes: usize, ms: f64) -> f64 {
+    bytes as f64 / (ms * 1e-3) / 1e9
+}
+
+fn repetitions(bytes: usize) -> usize {
+    // Enough samples for a stable median, about 16 GiB of traffic for the large sizes.
+    ((16usize << 30) / bytes).clamp(20, 2000)
+}
+
+fn fill(gpu: &Gpu, bytes: usize) -> Result<FillResult> {
+    let buffer = DeviceMemory::new(bytes)?;
+    let elements = (bytes / 4) as u64;
+    let reps = repetitions(bytes);
+    let stream = gpu.stream();
+    let kernel_ms = time_events(stream, reps, || {
+        gpu.launch_generate(buffer.ptr(), elements, stream)
+    })?;
+    let memset_ms = time_events(stream, reps, || {
+        Ok(gpu.memset_d32_async(buffer.ptr(), 0x5a5a_5a5a, bytes / 4)?)
+    })?;
+    // The last thing written was the memset: fill once more and check, so the timed
+    // kernel is known to be the correct one.
+    gpu.generate(buffer.ptr(), elements)?;
+    let check = gpu.verify(buffer.ptr(), elements)?;
+    anyhow::ensure!(
+        check.mismatches == 0,
+        "generate_data wrote wrong values: {check:?}"
+    );
+    let (kernel, memset) = (gb_per_s(bytes, kernel_ms), gb_per_s(bytes, memset_ms));
+    Ok(FillResult {
+        bytes,
+        repetitions: reps,
+        kernel_median_us: kernel_ms * 1e3,
+        kernel_gb_per_s: kernel,
+        memset_d32_median_us: memset_ms * 1e3,
+        memset_d32_gb_per_s: memset,
+        ratio: kernel / memset,
+    })
+}
+
+/// The seed's method: the kernel writes mapped host memory over PCIe, against the
+/// fastest way to get the same bytes to the host, a pinned device-to-host copy.
+fn mapped(gpu: &Gpu, bytes: usize) -> Result<PathResult> {
+    let stream = gpu.stream();
+    let host = PinnedHostMemory::mapped(bytes)?;
+    let device_view = host
+        .device_ptr()
+        .context("mapped memory without a device address")?;
+    let mapped_ms = time_events(stream, 10, || {
+        gpu.launch_generate(device_view, (bytes / 4) as u64, stream)
+    })?;
+    let source = DeviceMemory::new(bytes)?;
+    let pinned = PinnedHostMemory::unmapped(bytes)?;
+    let copy_ms = time_events(stream, 10, || {
+        // SAFETY: pinned is valid for `bytes` and not touched until the stream syncs
+        // (time_events synchronises on the stop event after each repetition).
+        unsafe {
+            driver::memcpy_dtoh_async(pinned.host_ptr(), source.ptr(), bytes, stream.as_inner())?
+        };
+        Ok(())
+    })?;
+    let (kernel, copy) = (gb_per_s(bytes, mapped_ms), gb_per_s(bytes, copy_ms));
+    Ok(PathResult {
+        bytes,
+        what: "generate_data into mapped page-locked host memory",
+        gb_per_s: kernel,
+        reference: "cuMemcpyDtoHAsync into page-locked host memory",
+        reference_gb_per_s: copy,
+        ratio: kernel / copy,
+    })
+}
+
+/// The staged pipeline's copy side: the ring of pinned slots filled chunk by chunk,
+/// alone, and with a consumer reading each slot as soon as its copy lands (a CPU CRC-32
+/// standing in for the NIC, which the GPU machine does not have).
+fn staged(gpu: &Gpu, bytes: usize, chunk: usize) -> Result<PathResult> {
+    let device = DeviceMemory::new(bytes)?;
+    gpu.generate(device.ptr(), (bytes / 4) as u64)?;
+    let slots = 8;
+    let ring = PinnedHostMemory::unmapped(slots * chunk)?;
+    let copy_stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    let events = (0..slots)
+        .map(|_| Event::new(EventFlags::DISABLE_TIMING))
+        .collect::<Result<Vec<_>, _>>()?;
+    let chunks = bytes / chunk;
+    let run = |consume: bool| -> Result<(f64, u32)> {
+        let started = Instant::now();
+        let mut crc = crc32fast::Hasher::new();
+        let issue = |k: usize| -> Result<()> {
+            let slot = k % slots;
+            // SAFETY: the slot is not being read: its previous chunk was consumed (or
+            // its event waited for) before chunk k is issued into it.
+            unsafe {
+                driver::memcpy_dtoh_async(
+                    ring.host_ptr().add(slot * chunk),
+                    device.ptr() + (k * chunk) as u64,
+                    chunk,
+                    copy_stream.as_inner(),
+                )?;
+            }
+            events[slot].record(&copy_stream)?;
+            Ok(())
+        };
+        for k in 0..slots.min(chunks) {
+            issue(k)?;
+        }
+        for k in 0..chunks {
+            let slot = k % slots;
+            events[slot].synchronize()?;
+            if consume {
+                // SAFETY: the copy into this slot has completed (event above) and the
+                // next copy into it is issued only after this read.
+                let data =
+                    unsafe { std::slice::from_raw_parts(ring.host_ptr().add(slot * chunk), chunk) };
+                crc.update(data);
+            }
+            if k + slots < chunks {
+                issue(k + slots)?;
+            }
+        }
+        Ok((started.elapsed().as_secs_f64() * 1e3, crc.finalize()))
+    };
+    run(false)?; // warm-up
+    let (copy_ms, _) = run(false)?;
+    let (pipeline_ms, crc) = run(true)?;
+    let mut whole = vec![0u8; bytes];
+    device.read_into(&mut whole)?;
+    anyhow::ensure!(
+        crc == crc32fast::hash(&whole),
+        "the staged bytes differ from the device's"
+    );
+    let (pipeline, copy) = (gb_per_s(bytes, pipeline_ms), gb_per_s(bytes, copy_ms));
+    Ok(PathResult {
+        bytes,
+        what:
+            "staged ring (8 x chunk), copies overlapped with a CPU consumer (CRC-32 of each chunk)",
+        gb_per_s: pipeline,
+        reference: "the same ring's copies alone",
+        reference_gb_per_s: copy,
+        ratio: pipeline / copy,
+    })
+}
+
+/// Run everything on GPU `ordinal`.
+pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
+    let gpu = Gpu::open(ordinal)?;
+    let fill = FILL_SIZES
+        .iter()
+        .map(|&bytes| fill(&gpu, bytes))
+        .collect::<Result<Vec<_>>>()?;
+
+    let seed = DeviceMemory::new(4096 * 4)?;
+    let stream = gpu.stream();
+    let seed_kernel_ms = time_events(stream, 200, || {
+        gpu.launch_generate(seed.ptr(), 4096, stream)
+    })?;
+    let mut host_samples = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        gpu.generate(seed.ptr(), 4096)?;
+        host_samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+
+    Ok(GpuBenchReport {
+        gpu: gpu.name(),
+        unit: "GB/s = 1e9 bytes per second",
+        fill,
+        seed_launch_kernel_us: seed_kernel_ms * 1e3,
+        seed_launch_host_us: median(host_samples),
+        mapped: mapped(&gpu, 256 << 20)?,
+        staged: staged(&gpu, 256 << 20, 1 << 20)?,
+    })
+}

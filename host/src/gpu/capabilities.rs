@@ -1,0 +1,93 @@
+//! What a GPU and its driver offer for RDMA, read from the driver and the kernel.
+
+use super::driver::{self, DriverResult};
+use super::ffi::{self, attribute};
+use crate::memory::select::GpuCapabilities;
+use serde::Serialize;
+
+/// Everything `host info` prints about one GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport {
+    pub ordinal: u32,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub compute_capability: String,
+    pub total_memory_bytes: usize,
+    pub capabilities: GpuCapabilities,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: 0 none, 100 owner, 200 all
+    /// devices.
+    pub rdma_writes_ordering: i32,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS` (bit 0 host, bit 1 memops).
+    pub rdma_flush_writes_options: i32,
+}
+
+/// Is the nvidia-peermem module loaded (`ibv_reg_mr` on GPU addresses)?
+pub fn peermem_loaded() -> bool {
+    std::path::Path::new("/sys/module/nvidia_peermem").exists()
+        || std::fs::read_to_string("/proc/modules")
+            .map(|m| m.lines().any(|l| l.starts_with("nvidia_peermem ")))
+            .unwrap_or(false)
+}
+
+fn flag(device: i32, attr: i32) -> DriverResult<bool> {
+    // An attribute the driver does not know (older than the feature) means "no".
+    Ok(driver::device_attribute(device, attr).unwrap_or(0) != 0)
+}
+
+/// The capabilities of `device` (a raw `CUdevice`).
+pub fn capabilities(device: i32) -> DriverResult<GpuCapabilities> {
+    Ok(GpuCapabilities {
+        dma_buf: flag(device, attribute::DMA_BUF_SUPPORTED)?,
+        gpudirect_rdma: flag(device, attribute::GPU_DIRECT_RDMA_SUPPORTED)?,
+        peermem_loaded: peermem_loaded(),
+        can_map_host_memory: flag(device, attribute::CAN_MAP_HOST_MEMORY)?,
+    })
+}
+
+/// Report every GPU of the machine (an empty list when CUDA finds none).
+pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
+    use cust::device::Device;
+    cust::init(cust::CudaFlags::empty())?;
+    let mut reports = Vec::new();
+    for ordinal in 0..Device::num_devices()? {
+        let device = Device::get_device(ordinal)?;
+        let raw = device.as_raw();
+        let attr = |a| driver::device_attribute(raw, a);
+        reports.push(GpuReport {
+            ordinal,
+            name: device.name()?,
+            pci_bus_id: format!(
+                "{:04x}:{:02x}:{:02x}.0",
+                attr(attribute::PCI_DOMAIN_ID)?,
+                attr(attribute::PCI_BUS_ID)?,
+                attr(attribute::PCI_DEVICE_ID)?
+            ),
+            compute_capability: format!(
+                "{}.{}",
+                attr(attribute::COMPUTE_CAPABILITY_MAJOR)?,
+                attr(attribute::COMPUTE_CAPABILITY_MINOR)?
+            ),
+            total_memory_bytes: device.total_memory()?,
+            capabilities: capabilities(raw)?,
+            rdma_writes_ordering: attr(attribute::GPU_DIRECT_RDMA_WRITES_ORDERING).unwrap_or(0),
+            rdma_flush_writes_options: attr(attribute::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS)
+                .unwrap_or(0),
+        });
+    }
+    Ok(reports)
+}
+
+/// Do NIC writes need `cuFlushGPUDirectRDMAWrites` before this GPU reads them? Per
+/// NVIDIA's documentation of the writes-ordering attribute: below "owner", the GPU may see
+/// them out of order unless flushed; the flush is available when the flush-options
+/// attribute has the host bit.
+pub fn needs_flush(device: i32) -> (bool, bool) {
+    let ordering =
+        driver::device_attribute(device, attribute::GPU_DIRECT_RDMA_WRITES_ORDERING).unwrap_or(0);
+    let options = driver::device_attribute(device, attribute::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS)
+        .unwrap_or(0);
+    (
+        ordering < ffi::GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER,
+        options & ffi::FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST != 0,
+    )
+}
