@@ -35,7 +35,12 @@ fn thread_and_stride() -> (u64, u64) {
 
 #[inline(always)]
 fn expected_vec4(first: u64) -> Vec4 {
-    Vec4([value(first), value(first + 1), value(first + 2), value(first + 3)])
+    Vec4([
+        value(first),
+        value(first + 1),
+        value(first + 2),
+        value(first + 3),
+    ])
 }
 
 /// `data[i] = pattern::value(i)` for `i < len`.

@@ -43,13 +43,25 @@ pub struct PtxBuilder {
 #[derive(Debug)]
 pub enum BuildError {
     /// A tool could not be started at all.
-    Spawn { tool: String, error: std::io::Error },
+    Spawn {
+        tool: String,
+        error: std::io::Error,
+    },
     /// A tool ran and failed; `output` is what it printed.
-    Failed { step: String, output: String },
+    Failed {
+        step: String,
+        output: String,
+    },
     /// A component of the toolchain is missing.
-    MissingComponent { what: String, fix: String },
+    MissingComponent {
+        what: String,
+        fix: String,
+    },
     /// The PTX was produced but lacks an entry point that was asked for.
-    MissingEntry { kernel: String, ptx: PathBuf },
+    MissingEntry {
+        kernel: String,
+        ptx: PathBuf,
+    },
     Io(std::io::Error),
 }
 
@@ -105,7 +117,10 @@ impl PtxBuilder {
 
     /// The files whose change should rebuild the PTX (for `cargo:rerun-if-changed`).
     pub fn sources(&self) -> Vec<PathBuf> {
-        vec![self.crate_dir.join("src"), self.crate_dir.join("Cargo.toml")]
+        vec![
+            self.crate_dir.join("src"),
+            self.crate_dir.join("Cargo.toml"),
+        ]
     }
 
     /// Build into `out_dir` and return the path of `<crate name>.ptx` there.
@@ -346,10 +361,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("core-1.bc"), "").unwrap();
         std::fs::write(dir.join("core_arch-2.bc"), "").unwrap();
-        assert_eq!(
-            newest_bitcode(&dir, "core").unwrap(),
-            dir.join("core-1.bc")
-        );
+        assert_eq!(newest_bitcode(&dir, "core").unwrap(), dir.join("core-1.bc"));
         assert!(newest_bitcode(&dir, "missing").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
