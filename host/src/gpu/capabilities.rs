@@ -12,6 +12,7 @@ pub struct GpuReport {
     pub name: String,
     pub pci_bus_id: String,
     pub compute_capability: String,
+    pub multiprocessors: i32,
     pub total_memory_bytes: usize,
     pub capabilities: GpuCapabilities,
     /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: 0 none, 100 owner, 200 all
@@ -67,6 +68,7 @@ pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
                 attr(attribute::COMPUTE_CAPABILITY_MAJOR)?,
                 attr(attribute::COMPUTE_CAPABILITY_MINOR)?
             ),
+            multiprocessors: attr(attribute::MULTIPROCESSOR_COUNT)?,
             total_memory_bytes: device.total_memory()?,
             capabilities: capabilities(raw)?,
             rdma_writes_ordering: attr(attribute::GPU_DIRECT_RDMA_WRITES_ORDERING).unwrap_or(0),

@@ -9,6 +9,7 @@
 pub mod allocations;
 pub mod bench;
 pub mod capabilities;
+pub mod check;
 pub mod context;
 pub mod driver;
 mod ffi;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's whole test suite, as CI runs it (`.ci/run` calls this) and as a new user
+# runs it on a fresh Debian machine:
+#
+#   tests/run-all.sh
+#
+# 1. installs what the build needs (tests/setup-env.sh) and the Soft-RoCE test bed
+#    (tests/softroce/setup.sh: QEMU, a Debian kernel for the guests, rdma-core);
+# 2. checks formatting and lints (both builds: with CUDA, and the receiver without);
+# 3. builds the no-CUDA binary the Soft-RoCE guests run;
+# 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
+#    with a reason where there is no GPU) and the RDMA tests inside the guests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "setting up the build environment"
+eval "$(bash tests/setup-env.sh)"
+step "setting up the Soft-RoCE test bed"
+bash tests/softroce/setup.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy (default features: with CUDA)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo clippy (host without CUDA)"
+cargo clippy -p host --no-default-features --all-targets --locked -- -D warnings
+
+step "building the guests' binary (host, release, without CUDA)"
+cargo build --release -p host --no-default-features --locked --target-dir target/guest
+export SOFTROCE_HOST_BIN="$PWD/target/guest/release/host"
+
+step "cargo test"
+cargo test --workspace --locked
