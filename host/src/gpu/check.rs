@@ -5,20 +5,10 @@
 use super::allocations::{DeviceMemory, PinnedHostMemory};
 use super::context::Gpu;
 use crate::memory::host_buffer::verify_bytes;
-use crate::memory::Verification;
+use crate::memory::{CheckMemory, Verification};
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 use std::time::Instant;
-
-/// Where the kernel writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CheckMemory {
-    /// Page-locked host memory mapped into the GPU (the seed's method).
-    Mapped,
-    /// Device memory (`cuMemAlloc`), copied back for the CPU check.
-    Device,
-}
 
 #[derive(Debug, Serialize)]
 pub struct CheckReport {

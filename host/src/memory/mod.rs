@@ -9,6 +9,7 @@ pub mod select;
 
 pub use factory::{make_send_source, GpuSelection, SinkFactory, SourceConfig};
 pub use host_buffer::HostBuffer;
+pub use select::CheckMemory;
 
 use anyhow::Result;
 use std::os::fd::RawFd;

@@ -24,6 +24,16 @@ pub enum MemKind {
     Staged,
 }
 
+/// `host gpu-check --mem`: where the kernel writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckMemory {
+    /// Page-locked host memory mapped into the GPU (the seed's method).
+    Mapped,
+    /// Device memory (`cuMemAlloc`), copied back for the CPU check.
+    Device,
+}
+
 /// What the GPU and its driver offer, as far as the path choice cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct GpuCapabilities {

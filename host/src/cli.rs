@@ -1,0 +1,393 @@
+//! The command line: `host <ip> <port>` sends, `host recv` receives, `host info` lists
+//! devices. Parsing only; `main.rs` turns the result into the typed configurations of
+//! [`crate::transfer`] and [`crate::memory`].
+
+use crate::memory::select::MemKind;
+use crate::memory::GpuSelection;
+use crate::transfer::header::MAX_DEPTH;
+use crate::transfer::units::parse_size;
+use crate::transfer::Op;
+use clap::{Args, Parser, Subcommand};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Largest chunk: one work request's length is a u32, and no device takes messages
+/// beyond 2 GiB.
+pub const MAX_CHUNK: u64 = 2 << 30;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "host",
+    version,
+    about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.",
+    long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.\n\n\
+        Sending (the default command):  host <ip> <port> [options]\n\
+        Receiving:                      host recv [options]\n\
+        Devices:                        host info\n\n\
+        The data is the pattern element i = 2*i (i32). Without options the sender behaves like the seed: \
+        4096 values (16 KiB), one SEND, printing `Data sent successfully via ...` and the first 5 values, \
+        plus the receiver's verification.",
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub send: SendArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Receive transfers, verify them against the pattern and report to each sender.
+    Recv(RecvArgs),
+    /// List RDMA devices and ports (state, link layer, MTU, GIDs), and GPUs with what
+    /// memory registration each supports (dma-buf, GPUDirect RDMA, nvidia-peermem).
+    Info,
+    /// The GPU half alone: generate the data with the kernel, print the first values and
+    /// check every element against the CPU's pattern. Needs a GPU, no RDMA device.
+    GpuCheck(GpuCheckArgs),
+    /// Benchmarks that print JSON with a reference measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// `host gpu-check`.
+#[derive(Debug, Args)]
+pub struct GpuCheckArgs {
+    /// Bytes to generate (a multiple of 4; suffixes as for --size).
+    #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_transfer_size)]
+    pub size: u64,
+    /// Where the kernel writes: `mapped` host memory (the seed's method) or `device` memory
+    /// (then also checked by the verify kernel on the GPU).
+    #[arg(long, value_enum, default_value = "mapped")]
+    pub mem: crate::memory::CheckMemory,
+    /// The GPU to use.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: u32,
+    /// Print one JSON object instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `host bench ...`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The kernel's fill bandwidth against cuMemsetD32 (16 KiB, 4 MiB, 256 MiB, 1 GiB), the
+    /// seed's 4096-element launch, mapped-memory writes against a pinned copy, and the
+    /// staged pipeline's overlap. Prints JSON.
+    Gpu {
+        /// The GPU to measure.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        gpu: u32,
+    },
+}
+
+/// `host <ip> <port>`: send.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The receiver's address: an IPv4 or IPv6 address (or a host name) on an RDMA network.
+    #[arg(required = true)]
+    pub ip: Option<String>,
+
+    /// The receiver's port (`host recv` and rdma-core's rdma_server listen on 7471).
+    #[arg(required = true)]
+    pub port: Option<u16>,
+
+    /// Bytes to send: a multiple of 4 (whole i32 elements), with an optional binary unit:
+    /// 16384, 64KiB, 1MiB, 1GiB (K, M, G mean KiB, MiB, GiB).
+    #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_transfer_size)]
+    pub size: u64,
+
+    /// How each chunk travels.
+    #[arg(long, value_enum, default_value_t = Op::Send)]
+    pub op: Op,
+
+    /// Where the data lives when the NIC reads it.
+    #[arg(long, value_enum, default_value_t = MemKind::Auto)]
+    pub mem: MemKind,
+
+    /// The GPU that generates the data (0, 1, ...), or `none`: the CPU writes the pattern.
+    #[arg(long, value_name = "N|none", default_value = "0")]
+    pub gpu: GpuSelection,
+
+    /// Work requests kept in flight (1..=4096).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
+    pub depth: u32,
+
+    /// Bytes per work request (more than --size means one chunk). At most the device's
+    /// largest message (`host info` shows it; Soft-RoCE: 8 MiB).
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
+    pub chunk: u64,
+
+    /// Repeat the transfer N times, each on a new connection (so each is verified on its
+    /// own); prints each iteration's and the aggregate throughput.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: u32,
+
+    /// Seconds any single wait may take (address resolution, connection, each completion,
+    /// the receiver's verdict); fractions allowed.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
+    pub timeout: Duration,
+
+    /// Spin on the completion queue instead of sleeping until a completion arrives
+    /// (lower latency, one CPU core busy).
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// The seed's wire behaviour: no header, one SEND_WITH_IMM (immediate 0x1234) of the
+    /// whole buffer, then up to 1 s for an optional reply. For rdma-core's rdma_server
+    /// (which takes 16 bytes: use --size 16) or `host recv --raw`.
+    #[arg(long)]
+    pub raw: bool,
+
+    /// Print one JSON object with all results on stdout (human lines go to stderr).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Protocol version to put into the header (tests of the receiver's version check).
+    #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]
+    pub protocol_version: u16,
+}
+
+/// `host recv`.
+#[derive(Debug, Args)]
+pub struct RecvArgs {
+    /// Local address to listen on (0.0.0.0: every RDMA-capable interface).
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    pub bind: IpAddr,
+
+    /// Port to listen on.
+    #[arg(long, default_value_t = 7471)]
+    pub port: u16,
+
+    /// Exit after one transfer; the exit code is 0 only if its data verified.
+    #[arg(long)]
+    pub once: bool,
+
+    /// The seed's wire behaviour: accept any connection, take one message into one
+    /// receive of --max-bytes (at most the device's largest message), report its length
+    /// and immediate data, verify it, and send a 16-byte reply (rdma-core's rdma_client
+    /// waits for one).
+    #[arg(long)]
+    pub raw: bool,
+
+    /// Largest transfer accepted; bigger offers are rejected with the reason.
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_transfer_size)]
+    pub max_bytes: u64,
+
+    /// Where received data goes: `host`, `device` (GPU memory, GPUDirect RDMA; verified by
+    /// a GPU kernel) or `auto` (device where possible, else host).
+    #[arg(long, value_enum, default_value_t = MemKind::Auto)]
+    pub mem: MemKind,
+
+    /// The GPU to receive into (0, 1, ...), or `none`.
+    #[arg(long, value_name = "N|none", default_value = "0")]
+    pub gpu: GpuSelection,
+
+    /// Seconds any single wait may take; while data flows it restarts on progress, so a
+    /// sender that vanishes is given up after this long.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
+    pub timeout: Duration,
+
+    /// Spin on the completion queue instead of sleeping.
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// One JSON object per line on stdout for each event (listening, completed,
+    /// rejected, failed); human lines go to stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A transfer size: at least one element and whole elements.
+fn parse_transfer_size(text: &str) -> Result<u64, String> {
+    let n = parse_size(text)?;
+    if n < 4 {
+        return Err(format!("{n} bytes is less than one element (4 bytes)"));
+    }
+    if !n.is_multiple_of(4) {
+        return Err(format!(
+            "{n} bytes is not a whole number of i32 elements (a multiple of 4)"
+        ));
+    }
+    if usize::try_from(n).is_err() {
+        return Err(format!("{n} bytes do not fit this machine's address space"));
+    }
+    Ok(n)
+}
+
+fn parse_chunk_size(text: &str) -> Result<u64, String> {
+    let n = parse_size(text)?;
+    if n == 0 {
+        return Err("a chunk of 0 bytes".into());
+    }
+    if n > MAX_CHUNK {
+        return Err(format!(
+            "{n} bytes is more than the 2 GiB one work request can carry"
+        ));
+    }
+    Ok(n)
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{text} s is outside (0, 86400]"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("host").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_seed_command_sends_16_kib_by_send() {
+        let cli = parse(&["192.0.2.1", "7471"]).unwrap();
+        assert!(cli.command.is_none());
+        let s = cli.send;
+        assert_eq!(s.ip.as_deref(), Some("192.0.2.1"));
+        assert_eq!(s.port, Some(7471));
+        assert_eq!(s.size, 16384);
+        assert_eq!(s.op, Op::Send);
+        assert_eq!(s.mem, MemKind::Auto);
+        assert_eq!(s.gpu, GpuSelection::Index(0));
+        assert_eq!((s.depth, s.chunk, s.iters), (16, 1 << 20, 1));
+        assert_eq!(s.timeout, Duration::from_secs(10));
+        assert!(!s.raw && !s.json && !s.busy_poll);
+    }
+
+    #[test]
+    fn every_send_option() {
+        let cli = parse(&[
+            "fe80::1",
+            "9000",
+            "--size",
+            "1GiB",
+            "--op",
+            "write",
+            "--mem",
+            "staged",
+            "--gpu",
+            "none",
+            "--depth",
+            "64",
+            "--chunk",
+            "4M",
+            "--iters",
+            "3",
+            "--timeout",
+            "2.5",
+            "--busy-poll",
+            "--raw",
+            "--json",
+        ])
+        .unwrap();
+        let s = cli.send;
+        assert_eq!(s.size, 1 << 30);
+        assert_eq!(s.op, Op::Write);
+        assert_eq!(s.mem, MemKind::Staged);
+        assert_eq!(s.gpu, GpuSelection::None);
+        assert_eq!((s.depth, s.chunk, s.iters), (64, 4 << 20, 3));
+        assert_eq!(s.timeout, Duration::from_millis(2500));
+        assert!(s.raw && s.json && s.busy_poll);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        for bad in ["6", "0", "2", "1.5MiB", "64MB", "lots", "-4"] {
+            let arg = format!("--size={bad}");
+            let e = parse(&["192.0.2.1", "7471", &arg]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+        }
+        assert!(parse(&["192.0.2.1", "7471", "--chunk", "0"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--chunk", "3GiB"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--depth", "0"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--depth", "5000"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--iters", "0"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--timeout", "0"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--timeout", "soon"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--gpu", "first"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--op", "read"]).is_err());
+    }
+
+    #[test]
+    fn address_and_port_are_required_to_send() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["192.0.2.1"]).is_err());
+        assert!(parse(&["192.0.2.1", "port"]).is_err());
+        assert!(parse(&["192.0.2.1", "70000"]).is_err());
+    }
+
+    #[test]
+    fn recv_defaults_and_options() {
+        let cli = parse(&["recv"]).unwrap();
+        let Some(Command::Recv(r)) = cli.command else {
+            panic!("expected recv")
+        };
+        assert_eq!(r.bind.to_string(), "0.0.0.0");
+        assert_eq!(r.port, 7471);
+        assert_eq!(r.max_bytes, 1 << 30);
+        assert!(!r.once && !r.raw && !r.json);
+        let cli = parse(&[
+            "recv",
+            "--bind",
+            "192.0.2.1",
+            "--port",
+            "9000",
+            "--once",
+            "--raw",
+            "--max-bytes",
+            "64KiB",
+            "--mem",
+            "host",
+            "--gpu",
+            "none",
+            "--timeout",
+            "30",
+            "--json",
+        ])
+        .unwrap();
+        let Some(Command::Recv(r)) = cli.command else {
+            panic!("expected recv")
+        };
+        assert_eq!((r.port, r.max_bytes), (9000, 65536));
+        assert!(r.once && r.raw && r.json);
+        assert_eq!(r.mem, MemKind::Host);
+        assert!(parse(&["recv", "--max-bytes", "5"]).is_err());
+        assert!(parse(&["recv", "--bind", "not-an-ip"]).is_err());
+    }
+
+    #[test]
+    fn info_takes_no_arguments() {
+        assert!(matches!(
+            parse(&["info"]).unwrap().command,
+            Some(Command::Info)
+        ));
+        assert!(parse(&["info", "extra"]).is_err());
+    }
+
+    #[test]
+    fn timeouts_take_fractions() {
+        assert_eq!(parse_timeout("0.25"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_timeout("3s"), Ok(Duration::from_secs(3)));
+        assert!(parse_timeout("-1").is_err());
+        assert!(parse_timeout("NaN").is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! `host <ip> <port>`: generate the data, send it, report the receiver's verdict.
+
+use super::output::{values_line, verification_words, Human};
+use anyhow::{bail, Context, Result};
+use host::cli::SendArgs;
+use host::memory::{self, SourceConfig};
+use host::transfer::units::format_bytes;
+use host::transfer::{self, AckStatus, SendConfig, SendReport};
+use serde_json::json;
+use std::io::IsTerminal;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+
+fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let addrs: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve host name `{host}`"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .with_context(|| format!("host name `{host}` has no address"))
+}
+
+pub fn run(args: &SendArgs) -> Result<ExitCode> {
+    let (Some(ip), Some(port)) = (args.ip.as_deref(), args.port) else {
+        bail!("missing <ip> <port> of the receiver (see --help)");
+    };
+    let peer = resolve_peer(ip, port)?;
+    let human = Human {
+        to_stderr: args.json,
+    };
+    let size = usize::try_from(args.size).context("--size does not fit this machine")?;
+    let chunk = usize::try_from(args.chunk.min(args.size)).context("--chunk does not fit")?;
+    let mut source = memory::make_send_source(&SourceConfig {
+        mem: args.mem,
+        gpu: args.gpu,
+        size,
+        chunk,
+    })?;
+    let path = source.path();
+    let first_values = source.first_values(5)?;
+    let cfg = SendConfig {
+        peer,
+        op: args.op,
+        chunk: args.chunk,
+        depth: args.depth,
+        timeout: args.timeout,
+        busy_poll: args.busy_poll,
+        progress: !args.json && std::io::stderr().is_terminal(),
+        protocol_version: args.protocol_version,
+    };
+
+    let mut reports: Vec<SendReport> = Vec::new();
+    for i in 0..args.iters {
+        let result = if args.raw {
+            transfer::send_raw(&cfg, source.as_mut())
+        } else {
+            transfer::send(&cfg, source.as_mut())
+        };
+        let report = match result {
+            Ok(r) => r,
+            Err(e) if args.iters == 1 => return Err(e.into()),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "iteration {} of {}",
+                    i + 1,
+                    args.iters
+                )))
+            }
+        };
+        reports.push(report);
+    }
+
+    let verified = reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
+    let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+    let seconds: f64 = reports.iter().map(|r| r.seconds).sum();
+    let gbps = transfer::gigabytes_per_second(bytes, seconds);
+
+    human.line(format!("Data sent successfully via {}", path.describe()));
+    human.line(values_line(&first_values));
+    let n = reports.len();
+    for (i, r) in reports.iter().enumerate() {
+        let prefix = if n > 1 {
+            format!("iteration {}/{n}: ", i + 1)
+        } else {
+            String::new()
+        };
+        let how = match r.op {
+            "raw" => "one SEND_WITH_IMM (imm 0x1234)".to_string(),
+            op => format!(
+                "{} in {} chunk{} of {}, {} in flight",
+                op.to_uppercase(),
+                r.chunks,
+                if r.chunks == 1 { "" } else { "s" },
+                format_bytes(r.chunk_bytes),
+                r.in_flight
+            ),
+        };
+        human.line(format!(
+            "{prefix}{} to {} by {how}: {:.6} s, {:.3} GB/s (connection setup {:.3} s)",
+            format_bytes(r.bytes),
+            r.peer,
+            r.seconds,
+            r.gbps,
+            r.connect_seconds
+        ));
+        if let Some(v) = &r.receiver {
+            human.line(format!("{prefix}Receiver: {}", verdict_words(v)));
+        }
+        if r.op == "raw" {
+            human.line(match r.raw_reply_bytes {
+                Some(b) => format!("{prefix}Reply: {b} bytes"),
+                None => format!("{prefix}Reply: none within 1 s"),
+            });
+        }
+    }
+    if n > 1 {
+        human.line(format!(
+            "aggregate: {n} transfers, {} in {seconds:.6} s of data time: {gbps:.3} GB/s",
+            format_bytes(bytes)
+        ));
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "ok": verified,
+                "peer": peer.to_string(),
+                "op": if args.raw { "raw" } else { args.op.name() },
+                "path": path,
+                "path_description": path.describe(),
+                "bytes": args.size,
+                "first_values": first_values,
+                "iterations": reports,
+                "aggregate": {
+                    "transfers": n,
+                    "bytes": bytes,
+                    "seconds": seconds,
+                    "gbps": gbps,
+                },
+            })
+        );
+    }
+    if !verified {
+        eprintln!("error: the receiver's verification failed");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verdict_words(v: &transfer::ReceiverVerdict) -> String {
+    match (v.status, &v.verification) {
+        (AckStatus::VerifyFailed, _) | (_, None) => format!(
+            "received {} but could not verify it (see the receiver's log)",
+            format_bytes(v.received_bytes)
+        ),
+        (_, Some(ver)) => format!(
+            "verified {}: {}",
+            format_bytes(v.received_bytes),
+            verification_words(ver)
+        ),
+    }
+}

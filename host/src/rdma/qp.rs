@@ -1,0 +1,258 @@
+//! The reliable-connected queue pair of a CM id (`rdma_create_qp`), and posting work
+//! requests on it.
+
+use super::{CmId, CompletionQueue, ProtectionDomain, RdmaError};
+use rdma_sys::*;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+/// Queue sizes asked for; the provider may round them up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+}
+
+/// One scatter/gather element: `len` bytes at `addr` inside the region whose local key
+/// is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// The operation of a send-queue work request. Immediate data is given in host order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    SendWithImm(u32),
+    Write {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    WriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+}
+
+impl SendOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SendOp::Send => "SEND",
+            SendOp::SendWithImm(_) => "SEND_WITH_IMM",
+            SendOp::Write { .. } => "RDMA_WRITE",
+            SendOp::WriteWithImm { .. } => "RDMA_WRITE_WITH_IMM",
+        }
+    }
+}
+
+/// A send-queue work request with one SGE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub sge: Sge,
+    pub op: SendOp,
+    /// Ask for a completion. Unsignaled requests complete silently (unless they fail);
+    /// a later signaled completion implies every earlier request of the queue completed.
+    pub signaled: bool,
+}
+
+/// An RC queue pair, created on a CM id (which moves it through its states as the
+/// connection is made). Keeps the id, the PD and both CQs alive.
+pub struct QueuePair {
+    raw: NonNull<ibv_qp>,
+    caps: QpCaps,
+    id: Rc<CmId>,
+    _pd: Rc<ProtectionDomain>,
+    _send_cq: Rc<CompletionQueue>,
+    _recv_cq: Rc<CompletionQueue>,
+}
+
+impl QueuePair {
+    pub fn new(
+        id: &Rc<CmId>,
+        pd: &Rc<ProtectionDomain>,
+        send_cq: &Rc<CompletionQueue>,
+        recv_cq: &Rc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<Self, RdmaError> {
+        if !id.claim_qp() {
+            return Err(RdmaError::InvalidArgument(
+                "this RDMA CM id already has a queue pair".into(),
+            ));
+        }
+        // SAFETY: ibv_qp_init_attr is plain data; all-zero is valid before filling.
+        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = send_cq.as_ptr();
+        attr.recv_cq = recv_cq.as_ptr();
+        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap.max_send_wr = caps.max_send_wr.max(1);
+        attr.cap.max_recv_wr = caps.max_recv_wr.max(1);
+        attr.cap.max_send_sge = 1;
+        attr.cap.max_recv_sge = 1;
+        attr.cap.max_inline_data = 0;
+        // SAFETY: valid id, PD and CQs (all on the id's device, kept alive by the Rcs we
+        // store); attr is fully initialised and read (and updated) during the call.
+        if unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) } != 0 {
+            id.release_qp();
+            return Err(RdmaError::last(
+                "rdma_create_qp",
+                format!(
+                    "{} send / {} receive work requests",
+                    caps.max_send_wr, caps.max_recv_wr
+                ),
+            ));
+        }
+        // SAFETY: rdma_create_qp succeeded, so id->qp is the new QP.
+        let raw = unsafe { (*id.as_ptr()).qp };
+        let Some(raw) = NonNull::new(raw) else {
+            id.release_qp();
+            return Err(RdmaError::verb("rdma_create_qp", "no QP on the id", 0));
+        };
+        Ok(QueuePair {
+            raw,
+            caps: QpCaps {
+                max_send_wr: attr.cap.max_send_wr,
+                max_recv_wr: attr.cap.max_recv_wr,
+            },
+            id: id.clone(),
+            _pd: pd.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+        })
+    }
+
+    /// The queue sizes the provider granted.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Set how long a sender must wait before retrying when this (receiving) side had no
+    /// receive posted (IB encoding: 1 = 0.01 ms ... 12 = 0.64 ms ... 0 = 655 ms).
+    ///
+    /// The RDMA CM leaves it at 0, the longest delay: one "receiver not ready" then costs
+    /// 0.65 s. Call on a connected (RTS) QP; it is an RTS-to-RTS modification.
+    pub fn set_min_rnr_timer(&self, value: u8) -> Result<(), RdmaError> {
+        // SAFETY: ibv_qp_attr is plain data; all-zero is valid, only the masked field is read.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.min_rnr_timer = value;
+        let mask = ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as libc::c_int;
+        // SAFETY: valid QP; attr is initialised and read during the call.
+        let ret = unsafe { ibv_modify_qp(self.raw.as_ptr(), &mut attr, mask) };
+        if ret != 0 {
+            return Err(RdmaError::verb("ibv_modify_qp", "min_rnr_timer", ret));
+        }
+        Ok(())
+    }
+
+    /// Post one send-queue work request.
+    ///
+    /// # Safety
+    /// `wr.sge` must lie inside a live [`MemoryRegion`](super::MemoryRegion) whose
+    /// `lkey` it carries, and that memory must stay registered and unmodified until the
+    /// request's completion (or a later signaled completion) has been polled, or the QP
+    /// is destroyed. For RDMA WRITEs, `remote_addr`/`rkey` must name a region the peer
+    /// registered for remote write.
+    pub unsafe fn post_send(&self, wr: &SendWr) -> Result<(), RdmaError> {
+        let mut sge = ibv_sge {
+            addr: wr.sge.addr,
+            length: wr.sge.len,
+            lkey: wr.sge.lkey,
+        };
+        // SAFETY: ibv_send_wr is plain data (pointers and integers); all-zero is valid.
+        let mut raw: ibv_send_wr = unsafe { std::mem::zeroed() };
+        raw.wr_id = wr.wr_id;
+        raw.next = std::ptr::null_mut();
+        raw.sg_list = &mut sge;
+        raw.num_sge = 1;
+        raw.send_flags = if wr.signaled {
+            ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        match wr.op {
+            SendOp::Send => raw.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            SendOp::SendWithImm(imm) => {
+                raw.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                raw.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                raw.wr.rdma = rdma_t { remote_addr, rkey };
+            }
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                raw.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                raw.wr.rdma = rdma_t { remote_addr, rkey };
+                raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+        }
+        // SAFETY: the QP's context is valid while self lives; `ops` is the provider's table.
+        let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_send }.ok_or(
+            RdmaError::Unsupported {
+                what: "ibv_post_send",
+            },
+        )?;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; `raw` and `sge` live across the call (the provider copies
+        // them into the queue); the memory contract is the caller's (see above).
+        let ret = unsafe { post(self.raw.as_ptr(), &mut raw, &mut bad) };
+        if ret != 0 {
+            return Err(RdmaError::verb("ibv_post_send", wr.op.name(), ret));
+        }
+        Ok(())
+    }
+
+    /// Post one receive: the next incoming SEND lands in `sge` (none: a receive that only
+    /// takes the immediate data of an RDMA WRITE with immediate, or a zero-byte SEND).
+    ///
+    /// # Safety
+    /// `sge` must lie inside a live memory region whose `lkey` it carries, registered
+    /// with local write, and nobody may read or write that memory until the receive's
+    /// completion has been polled or the QP is destroyed.
+    pub unsafe fn post_recv(&self, wr_id: u64, sge: Option<Sge>) -> Result<(), RdmaError> {
+        let mut raw_sge = sge.map(|s| ibv_sge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        });
+        let mut raw = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: raw_sge
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |s| s as *mut ibv_sge),
+            num_sge: i32::from(raw_sge.is_some()),
+        };
+        // SAFETY: as in post_send.
+        let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_recv }.ok_or(
+            RdmaError::Unsupported {
+                what: "ibv_post_recv",
+            },
+        )?;
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; `raw` and its SGE live across the call; memory contract is
+        // the caller's.
+        let ret = unsafe { post(self.raw.as_ptr(), &mut raw, &mut bad) };
+        if ret != 0 {
+            return Err(RdmaError::verb("ibv_post_recv", "", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created on this id and is destroyed once, before the id
+        // (which we keep alive), the PD and the CQs (kept alive by our Rcs).
+        unsafe { rdma_destroy_qp(self.id.as_ptr()) };
+        self.id.release_qp();
+    }
+}

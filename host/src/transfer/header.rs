@@ -1,0 +1,811 @@
+//! The wire formats: every byte that crosses between sender and receiver outside the data
+//! itself is encoded and decoded here, and nowhere else.
+//!
+//! All integers are little-endian. Four messages, each starting with a 4-byte magic and a
+//! `u16` protocol version ([`VERSION`]):
+//!
+//! | message | carried in | magic | bytes |
+//! |---|---|---|---|
+//! | [`Header`]: the transfer offer | the connect request's private data | `GRDM` | 32 |
+//! | [`AcceptInfo`]: where to write | the accept's private data | `GRDA` | 28 |
+//! | [`RejectReason`]: why not | the reject's private data | `GRDR` | 28 |
+//! | [`Ack`]: the verification result | a SEND from receiver to sender after the data | `GRDK` | 48 |
+//!
+//! Header layout (RC connect private data holds at most 56 bytes; this uses 32):
+//!
+//! ```text
+//!  0  magic "GRDM"        4  version u16      6  op u8 (1 send, 2 write)   7  flags u8 (0)
+//!  8  total bytes u64    16  chunk bytes u32  20  depth u32 (work requests in flight)
+//! 24  reserved (zero, ignored)
+//! ```
+//!
+//! The CM pads private data with zeros to its fixed size, so decoders accept (and
+//! ignore) trailing bytes.
+//!
+//! Immediate-data convention (see `sender.rs`): the immediate of a `*_WITH_IMM` data
+//! request is the number of chunks delivered up to and including it (chunk index + 1).
+
+use crate::memory::Verification;
+use crate::transfer::units::format_bytes;
+
+pub const VERSION: u16 = 1;
+pub const HEADER_MAGIC: [u8; 4] = *b"GRDM";
+pub const ACCEPT_MAGIC: [u8; 4] = *b"GRDA";
+pub const REJECT_MAGIC: [u8; 4] = *b"GRDR";
+pub const ACK_MAGIC: [u8; 4] = *b"GRDK";
+pub const HEADER_LEN: usize = 32;
+pub const ACCEPT_LEN: usize = 28;
+pub const REJECT_LEN: usize = 28;
+pub const ACK_LEN: usize = 48;
+/// Most work requests a sender may keep in flight (and a receiver keeps posted).
+pub const MAX_DEPTH: u32 = 4096;
+/// The immediate data of a `--raw` transfer (the seed's).
+pub const RAW_IMM: u32 = 0x1234;
+/// The reply a `--raw` receiver sends (rdma-core's `rdma_client` waits for 16 bytes).
+pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
+
+/// What the sender does with the chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    /// Two-sided: each chunk is a SEND into a receive the receiver posted.
+    Send,
+    /// One-sided: each chunk is an RDMA WRITE into the receiver's buffer.
+    Write,
+}
+
+impl Op {
+    fn code(self) -> u8 {
+        match self {
+            Op::Send => 1,
+            Op::Write => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Op> {
+        match code {
+            1 => Some(Op::Send),
+            2 => Some(Op::Write),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Send => "send",
+            Op::Write => "write",
+        }
+    }
+}
+
+/// Why bytes from the peer could not be decoded (or a header not be built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("message too short: {got} bytes, need {need}")]
+    Short { got: usize, need: usize },
+    #[error(
+        "no transfer header (magic {:02x} {:02x} {:02x} {:02x}, expected \"GRDM\"): is the sender using --raw?",
+        got[0], got[1], got[2], got[3]
+    )]
+    BadMagic { got: [u8; 4] },
+    #[error("protocol version {got} is not supported (this side speaks version {VERSION})")]
+    UnsupportedVersion { got: u16 },
+    #[error("unknown operation code {code}")]
+    UnknownOp { code: u8 },
+    #[error("unknown flags {flags:#04x}")]
+    UnknownFlags { flags: u8 },
+    #[error("transfer size 0")]
+    ZeroSize,
+    #[error("transfer size {total} is not a multiple of 4 bytes (whole i32 elements)")]
+    NotWholeElements { total: u64 },
+    #[error("chunk size 0")]
+    ZeroChunk,
+    #[error("chunk size {chunk} is larger than the transfer ({total} bytes)")]
+    ChunkLargerThanTotal { chunk: u64, total: u64 },
+    #[error("{chunks} chunks is more than the protocol counts (2^32 - 1)")]
+    TooManyChunks { chunks: u64 },
+    #[error("queue depth {depth} is outside 1..={MAX_DEPTH}")]
+    BadDepth { depth: u32 },
+    #[error("unknown status code {code}")]
+    UnknownStatus { code: u8 },
+    #[error("inconsistent message: {what}")]
+    Inconsistent { what: &'static str },
+}
+
+impl WireError {
+    /// (sub-code, a, b) for the reject message.
+    fn to_parts(self) -> (u16, u64, u64) {
+        match self {
+            WireError::Short { got, need } => (1, got as u64, need as u64),
+            WireError::BadMagic { got } => (2, u32::from_le_bytes(got) as u64, 0),
+            WireError::UnsupportedVersion { got } => (3, got as u64, 0),
+            WireError::UnknownOp { code } => (4, code as u64, 0),
+            WireError::UnknownFlags { flags } => (5, flags as u64, 0),
+            WireError::ZeroSize => (6, 0, 0),
+            WireError::NotWholeElements { total } => (7, total, 0),
+            WireError::ZeroChunk => (8, 0, 0),
+            WireError::ChunkLargerThanTotal { chunk, total } => (9, chunk, total),
+            WireError::TooManyChunks { chunks } => (10, chunks, 0),
+            WireError::BadDepth { depth } => (11, depth as u64, 0),
+            WireError::UnknownStatus { code } => (12, code as u64, 0),
+            WireError::Inconsistent { .. } => (13, 0, 0),
+        }
+    }
+
+    fn from_parts(sub: u16, a: u64, b: u64) -> Option<WireError> {
+        Some(match sub {
+            1 => WireError::Short {
+                got: a as usize,
+                need: b as usize,
+            },
+            2 => WireError::BadMagic {
+                got: (a as u32).to_le_bytes(),
+            },
+            3 => WireError::UnsupportedVersion { got: a as u16 },
+            4 => WireError::UnknownOp { code: a as u8 },
+            5 => WireError::UnknownFlags { flags: a as u8 },
+            6 => WireError::ZeroSize,
+            7 => WireError::NotWholeElements { total: a },
+            8 => WireError::ZeroChunk,
+            9 => WireError::ChunkLargerThanTotal { chunk: a, total: b },
+            10 => WireError::TooManyChunks { chunks: a },
+            11 => WireError::BadDepth { depth: a as u32 },
+            12 => WireError::UnknownStatus { code: a as u8 },
+            13 => WireError::Inconsistent {
+                what: "reported by the peer",
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// Little-endian reader over a byte slice whose length was checked up front.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
+        self.pos += N;
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+/// Check magic, version and length; return a reader positioned after the version.
+fn open<'a>(buf: &'a [u8], magic: [u8; 4], len: usize) -> Result<Reader<'a>, WireError> {
+    if buf.len() < 4 {
+        return Err(WireError::Short {
+            got: buf.len(),
+            need: len,
+        });
+    }
+    let got: [u8; 4] = [buf[0], buf[1], buf[2], buf[3]];
+    if got != magic {
+        return Err(WireError::BadMagic { got });
+    }
+    if buf.len() < 6 {
+        return Err(WireError::Short {
+            got: buf.len(),
+            need: len,
+        });
+    }
+    // The version is checked before the length: another version may be another size.
+    let version = u16::from_le_bytes([buf[4], buf[5]]);
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion { got: version });
+    }
+    if buf.len() < len {
+        return Err(WireError::Short {
+            got: buf.len(),
+            need: len,
+        });
+    }
+    Ok(Reader { buf, pos: 6 })
+}
+
+/// The transfer offer a sender puts into its connect request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    pub total_bytes: u64,
+    pub chunk_bytes: u32,
+    /// Work requests the sender keeps in flight; the receiver keeps as many receives
+    /// posted.
+    pub depth: u32,
+}
+
+impl Header {
+    /// A checked header.
+    pub fn new(
+        op: Op,
+        total_bytes: u64,
+        chunk_bytes: u64,
+        depth: u32,
+    ) -> Result<Header, WireError> {
+        if chunk_bytes > u32::MAX as u64 {
+            return Err(WireError::ChunkLargerThanTotal {
+                chunk: chunk_bytes,
+                total: total_bytes,
+            });
+        }
+        let header = Header {
+            op,
+            total_bytes,
+            chunk_bytes: chunk_bytes as u32,
+            depth,
+        };
+        header.validate()?;
+        Ok(header)
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        let total = self.total_bytes;
+        let chunk = self.chunk_bytes as u64;
+        if total == 0 {
+            return Err(WireError::ZeroSize);
+        }
+        if !total.is_multiple_of(4) {
+            return Err(WireError::NotWholeElements { total });
+        }
+        if chunk == 0 {
+            return Err(WireError::ZeroChunk);
+        }
+        if chunk > total {
+            return Err(WireError::ChunkLargerThanTotal { chunk, total });
+        }
+        let chunks = total.div_ceil(chunk);
+        if chunks > u32::MAX as u64 {
+            return Err(WireError::TooManyChunks { chunks });
+        }
+        if self.depth == 0 || self.depth > MAX_DEPTH {
+            return Err(WireError::BadDepth { depth: self.depth });
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        self.encode_with_version(VERSION)
+    }
+
+    /// For tests of the receiver's version check only.
+    pub fn encode_with_version(&self, version: u16) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0..4].copy_from_slice(&HEADER_MAGIC);
+        out[4..6].copy_from_slice(&version.to_le_bytes());
+        out[6] = self.op.code();
+        out[7] = 0; // flags
+        out[8..16].copy_from_slice(&self.total_bytes.to_le_bytes());
+        out[16..20].copy_from_slice(&self.chunk_bytes.to_le_bytes());
+        out[20..24].copy_from_slice(&self.depth.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Header, WireError> {
+        let mut r = open(buf, HEADER_MAGIC, HEADER_LEN)?;
+        let code = r.u8();
+        let op = Op::from_code(code).ok_or(WireError::UnknownOp { code })?;
+        let flags = r.u8();
+        if flags != 0 {
+            return Err(WireError::UnknownFlags { flags });
+        }
+        let header = Header {
+            op,
+            total_bytes: r.u64(),
+            chunk_bytes: r.u32(),
+            depth: r.u32(),
+        };
+        header.validate()?;
+        Ok(header)
+    }
+
+    pub fn chunks(&self) -> u64 {
+        self.total_bytes.div_ceil(self.chunk_bytes as u64)
+    }
+}
+
+/// What the receiver answers in its accept: where a write-mode sender writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptInfo {
+    /// The address of byte 0 of the receiver's buffer (0 in send mode).
+    pub addr: u64,
+    /// The remote key for RDMA WRITE (0 in send mode).
+    pub rkey: u32,
+    /// The buffer's length in bytes.
+    pub len: u64,
+}
+
+impl AcceptInfo {
+    pub fn encode(&self) -> [u8; ACCEPT_LEN] {
+        let mut out = [0u8; ACCEPT_LEN];
+        out[0..4].copy_from_slice(&ACCEPT_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        // 6..8 reserved
+        out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        out[12..20].copy_from_slice(&self.addr.to_le_bytes());
+        out[20..28].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<AcceptInfo, WireError> {
+        let mut r = open(buf, ACCEPT_MAGIC, ACCEPT_LEN)?;
+        let _reserved = r.u16();
+        let rkey = r.u32();
+        let addr = r.u64();
+        let len = r.u64();
+        if addr.checked_add(len).is_none() {
+            return Err(WireError::Inconsistent {
+                what: "buffer address + length overflows",
+            });
+        }
+        Ok(AcceptInfo { addr, rkey, len })
+    }
+}
+
+/// Why a receiver refused a transfer; travels in the reject's private data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    /// The header did not decode or failed its checks.
+    #[error("{0}")]
+    BadHeader(WireError),
+    #[error("size {} exceeds its --max-bytes {}", format_bytes(*requested), format_bytes(*max))]
+    TooLarge { requested: u64, max: u64 },
+    #[error(
+        "chunk size {} exceeds the largest message of its RDMA device ({}); use a smaller --chunk",
+        format_bytes(*chunk), format_bytes(*max)
+    )]
+    ChunkTooLarge { chunk: u64, max: u64 },
+    #[error("it could not allocate or register {} for the data (see its log)", format_bytes(*bytes))]
+    NoMemory { bytes: u64 },
+    #[error("it failed to set up the connection (see its log)")]
+    Internal,
+    #[error(
+        "it is `host recv --raw` and takes only raw transfers; add --raw here or drop it there"
+    )]
+    RawOnly,
+    #[error("reason code {code} (unknown to this version)")]
+    Unknown { code: u16 },
+}
+
+impl RejectReason {
+    pub fn encode(&self) -> [u8; REJECT_LEN] {
+        let (code, sub, a, b) = match *self {
+            RejectReason::BadHeader(e) => {
+                let (sub, a, b) = e.to_parts();
+                (1, sub, a, b)
+            }
+            RejectReason::TooLarge { requested, max } => (2, 0, requested, max),
+            RejectReason::ChunkTooLarge { chunk, max } => (3, 0, chunk, max),
+            RejectReason::NoMemory { bytes } => (4, 0, bytes, 0),
+            RejectReason::Internal => (5, 0, 0, 0),
+            RejectReason::RawOnly => (6, 0, 0, 0),
+            RejectReason::Unknown { code } => (code, 0, 0, 0),
+        };
+        let mut out = [0u8; REJECT_LEN];
+        out[0..4].copy_from_slice(&REJECT_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[6..8].copy_from_slice(&code.to_le_bytes());
+        out[8..10].copy_from_slice(&sub.to_le_bytes());
+        // 10..12 reserved
+        out[12..20].copy_from_slice(&a.to_le_bytes());
+        out[20..28].copy_from_slice(&b.to_le_bytes());
+        out
+    }
+
+    /// `None` when the reject carries no reason of ours (a peer that is not `host recv`,
+    /// or no receiver at all).
+    pub fn decode(buf: &[u8]) -> Option<RejectReason> {
+        let mut r = open(buf, REJECT_MAGIC, REJECT_LEN).ok()?;
+        let code = r.u16();
+        let sub = r.u16();
+        let _reserved = r.u16();
+        let a = r.u64();
+        let b = r.u64();
+        Some(match code {
+            1 => match WireError::from_parts(sub, a, b) {
+                Some(e) => RejectReason::BadHeader(e),
+                None => RejectReason::Unknown { code },
+            },
+            2 => RejectReason::TooLarge {
+                requested: a,
+                max: b,
+            },
+            3 => RejectReason::ChunkTooLarge { chunk: a, max: b },
+            4 => RejectReason::NoMemory { bytes: a },
+            5 => RejectReason::Internal,
+            6 => RejectReason::RawOnly,
+            _ => RejectReason::Unknown { code },
+        })
+    }
+}
+
+/// The receiver's verdict on the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AckStatus {
+    /// Every element matches the pattern.
+    Verified,
+    /// Some elements differ.
+    Mismatch,
+    /// The receiver could not check (its verification itself failed).
+    VerifyFailed,
+}
+
+/// The final message, receiver to sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub status: AckStatus,
+    pub received_bytes: u64,
+    /// Present unless `status` is `VerifyFailed`.
+    pub verification: Option<Verification>,
+}
+
+const ACK_HAS_VERIFICATION: u8 = 1;
+const ACK_HAS_FIRST_MISMATCH: u8 = 2;
+const ACK_HAS_CRC: u8 = 4;
+
+impl Ack {
+    /// The ack for a verification result (or for a failed verification).
+    pub fn new(received_bytes: u64, verification: Option<Verification>) -> Ack {
+        let status = match &verification {
+            Some(v) if v.ok() => AckStatus::Verified,
+            Some(_) => AckStatus::Mismatch,
+            None => AckStatus::VerifyFailed,
+        };
+        Ack {
+            status,
+            received_bytes,
+            verification,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; ACK_LEN] {
+        let mut out = [0u8; ACK_LEN];
+        out[0..4].copy_from_slice(&ACK_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[6] = match self.status {
+            AckStatus::Verified => 0,
+            AckStatus::Mismatch => 1,
+            AckStatus::VerifyFailed => 2,
+        };
+        let mut flags = 0u8;
+        let v = self.verification;
+        if let Some(v) = v {
+            flags |= ACK_HAS_VERIFICATION;
+            if v.first_mismatch.is_some() {
+                flags |= ACK_HAS_FIRST_MISMATCH;
+            }
+            if v.crc32.is_some() {
+                flags |= ACK_HAS_CRC;
+            }
+        }
+        out[7] = flags;
+        out[8..16].copy_from_slice(&self.received_bytes.to_le_bytes());
+        if let Some(v) = v {
+            out[16..24].copy_from_slice(&v.elements.to_le_bytes());
+            out[24..32].copy_from_slice(&v.mismatches.to_le_bytes());
+            out[32..40].copy_from_slice(&v.first_mismatch.unwrap_or(0).to_le_bytes());
+            out[40..44].copy_from_slice(&v.crc32.unwrap_or(0).to_le_bytes());
+        }
+        // 44..48 reserved
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Ack, WireError> {
+        let mut r = open(buf, ACK_MAGIC, ACK_LEN)?;
+        let code = r.u8();
+        let status = match code {
+            0 => AckStatus::Verified,
+            1 => AckStatus::Mismatch,
+            2 => AckStatus::VerifyFailed,
+            _ => return Err(WireError::UnknownStatus { code }),
+        };
+        let flags = r.u8();
+        if flags & !(ACK_HAS_VERIFICATION | ACK_HAS_FIRST_MISMATCH | ACK_HAS_CRC) != 0 {
+            return Err(WireError::UnknownFlags { flags });
+        }
+        let received_bytes = r.u64();
+        let elements = r.u64();
+        let mismatches = r.u64();
+        let first = r.u64();
+        let crc = r.u32();
+        let verification = (flags & ACK_HAS_VERIFICATION != 0).then_some(Verification {
+            elements,
+            mismatches,
+            first_mismatch: (flags & ACK_HAS_FIRST_MISMATCH != 0).then_some(first),
+            crc32: (flags & ACK_HAS_CRC != 0).then_some(crc),
+        });
+        let consistent = match (status, &verification) {
+            (AckStatus::Verified, Some(v)) => v.mismatches == 0 && v.first_mismatch.is_none(),
+            (AckStatus::Mismatch, Some(v)) => v.mismatches > 0,
+            (AckStatus::VerifyFailed, None) => true,
+            _ => false,
+        };
+        if !consistent {
+            return Err(WireError::Inconsistent {
+                what: "the ack's status disagrees with its counts",
+            });
+        }
+        Ok(Ack {
+            status,
+            received_bytes,
+            verification,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_header() -> Header {
+        Header::new(Op::Send, 16384, 16384, 16).unwrap()
+    }
+
+    #[test]
+    fn header_round_trips_and_fits_in_rc_private_data() {
+        for h in [
+            seed_header(),
+            Header::new(Op::Write, 1 << 30, 1 << 20, 4096).unwrap(),
+            Header::new(Op::Send, 4, 4, 1).unwrap(),
+            Header::new(Op::Write, 256 << 20, 3, 1).unwrap(),
+        ] {
+            let bytes = h.encode();
+            assert_eq!(Header::decode(&bytes), Ok(h));
+        }
+        const { assert!(HEADER_LEN <= 48) };
+    }
+
+    #[test]
+    fn header_accepts_cm_padding() {
+        let mut padded = [0u8; 196];
+        padded[..HEADER_LEN].copy_from_slice(&seed_header().encode());
+        assert_eq!(Header::decode(&padded), Ok(seed_header()));
+    }
+
+    #[test]
+    fn header_bad_magic_is_named() {
+        let e = Header::decode(&[0u8; 56]).unwrap_err();
+        assert_eq!(e, WireError::BadMagic { got: [0; 4] });
+        assert!(e.to_string().contains("--raw"), "{e}");
+    }
+
+    #[test]
+    fn header_bad_version() {
+        let bytes = seed_header().encode_with_version(2);
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(WireError::UnsupportedVersion { got: 2 })
+        );
+        // The version is reported even when the rest is short.
+        assert_eq!(
+            Header::decode(&bytes[..6]),
+            Err(WireError::UnsupportedVersion { got: 2 })
+        );
+    }
+
+    #[test]
+    fn header_short_buffers() {
+        let bytes = seed_header().encode();
+        for len in [0, 3, 5, 6, 31] {
+            assert!(
+                matches!(Header::decode(&bytes[..len]), Err(WireError::Short { got, need: HEADER_LEN }) if got == len),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_unknown_op_and_flags() {
+        let mut bytes = seed_header().encode();
+        bytes[6] = 9;
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(WireError::UnknownOp { code: 9 })
+        );
+        let mut bytes = seed_header().encode();
+        bytes[7] = 0x80;
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(WireError::UnknownFlags { flags: 0x80 })
+        );
+    }
+
+    fn with(total: u64, chunk: u32, depth: u32) -> [u8; HEADER_LEN] {
+        Header {
+            op: Op::Send,
+            total_bytes: total,
+            chunk_bytes: chunk,
+            depth,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn header_size_checks() {
+        assert_eq!(Header::decode(&with(0, 4, 1)), Err(WireError::ZeroSize));
+        assert_eq!(
+            Header::decode(&with(6, 4, 1)),
+            Err(WireError::NotWholeElements { total: 6 })
+        );
+        assert_eq!(Header::decode(&with(16, 0, 1)), Err(WireError::ZeroChunk));
+        assert_eq!(
+            Header::decode(&with(16, 32, 1)),
+            Err(WireError::ChunkLargerThanTotal {
+                chunk: 32,
+                total: 16
+            })
+        );
+        assert_eq!(
+            Header::decode(&with(16, 4, 0)),
+            Err(WireError::BadDepth { depth: 0 })
+        );
+        assert_eq!(
+            Header::decode(&with(16, 4, MAX_DEPTH + 1)),
+            Err(WireError::BadDepth {
+                depth: MAX_DEPTH + 1
+            })
+        );
+        let many = (u32::MAX as u64 + 1) * 4;
+        assert_eq!(
+            Header::decode(&with(many, 1, 1)),
+            Err(WireError::TooManyChunks { chunks: many })
+        );
+        assert!(Header::new(Op::Send, 8 << 30, 5 << 30, 1).is_err());
+    }
+
+    #[test]
+    fn accept_round_trip() {
+        let a = AcceptInfo {
+            addr: 0x7f00_dead_b000,
+            rkey: 0x1234_5678,
+            len: 1 << 30,
+        };
+        let bytes = a.encode();
+        assert_eq!(AcceptInfo::decode(&bytes), Ok(a));
+        let mut padded = [0u8; 196];
+        padded[..ACCEPT_LEN].copy_from_slice(&bytes);
+        assert_eq!(AcceptInfo::decode(&padded), Ok(a));
+        assert!(matches!(
+            AcceptInfo::decode(&[0u8; 196]),
+            Err(WireError::BadMagic { .. })
+        ));
+        assert!(matches!(
+            AcceptInfo::decode(&bytes[..10]),
+            Err(WireError::Short { .. })
+        ));
+        let overflow = AcceptInfo {
+            addr: u64::MAX,
+            rkey: 1,
+            len: 2,
+        };
+        assert!(AcceptInfo::decode(&overflow.encode()).is_err());
+    }
+
+    #[test]
+    fn reject_round_trip_and_words() {
+        let too_large = RejectReason::TooLarge {
+            requested: 2 << 30,
+            max: 1 << 30,
+        };
+        assert_eq!(
+            format!("receiver rejected the transfer: {too_large}"),
+            "receiver rejected the transfer: size 2 GiB exceeds its --max-bytes 1 GiB"
+        );
+        let all = [
+            too_large,
+            RejectReason::BadHeader(WireError::BadMagic { got: *b"abcd" }),
+            RejectReason::BadHeader(WireError::UnsupportedVersion { got: 7 }),
+            RejectReason::BadHeader(WireError::ChunkLargerThanTotal { chunk: 8, total: 4 }),
+            RejectReason::BadHeader(WireError::Short { got: 3, need: 32 }),
+            RejectReason::BadHeader(WireError::BadDepth { depth: 0 }),
+            RejectReason::ChunkTooLarge {
+                chunk: 16 << 20,
+                max: 8 << 20,
+            },
+            RejectReason::NoMemory { bytes: 1 << 30 },
+            RejectReason::Internal,
+            RejectReason::RawOnly,
+        ];
+        for r in all {
+            let bytes = r.encode();
+            assert!(bytes.len() <= 148);
+            assert_eq!(RejectReason::decode(&bytes), Some(r));
+            let mut padded = [0u8; 148];
+            padded[..REJECT_LEN].copy_from_slice(&bytes);
+            assert_eq!(RejectReason::decode(&padded), Some(r));
+        }
+        // Not ours: no reason.
+        assert_eq!(RejectReason::decode(&[]), None);
+        assert_eq!(RejectReason::decode(&[0u8; 148]), None);
+        // A code from the future.
+        let mut future = RejectReason::Internal.encode();
+        future[6] = 77;
+        assert_eq!(
+            RejectReason::decode(&future),
+            Some(RejectReason::Unknown { code: 77 })
+        );
+    }
+
+    #[test]
+    fn ack_round_trip() {
+        let verified = Ack::new(
+            16384,
+            Some(Verification {
+                elements: 4096,
+                mismatches: 0,
+                first_mismatch: None,
+                crc32: Some(0xdead_beef),
+            }),
+        );
+        assert_eq!(verified.status, AckStatus::Verified);
+        let mismatch = Ack::new(
+            16,
+            Some(Verification {
+                elements: 4,
+                mismatches: 3,
+                first_mismatch: Some(1),
+                crc32: None,
+            }),
+        );
+        assert_eq!(mismatch.status, AckStatus::Mismatch);
+        let failed = Ack::new(1 << 20, None);
+        assert_eq!(failed.status, AckStatus::VerifyFailed);
+        for ack in [verified, mismatch, failed] {
+            let bytes = ack.encode();
+            assert_eq!(Ack::decode(&bytes), Ok(ack));
+        }
+    }
+
+    #[test]
+    fn ack_rejects_garbage() {
+        let good = Ack::new(
+            16,
+            Some(Verification {
+                elements: 4,
+                mismatches: 0,
+                first_mismatch: None,
+                crc32: None,
+            }),
+        )
+        .encode();
+        assert!(matches!(
+            Ack::decode(&good[..40]),
+            Err(WireError::Short { .. })
+        ));
+        let mut bad = good;
+        bad[6] = 9;
+        assert_eq!(Ack::decode(&bad), Err(WireError::UnknownStatus { code: 9 }));
+        let mut bad = good;
+        bad[7] |= 0x40;
+        assert!(matches!(
+            Ack::decode(&bad),
+            Err(WireError::UnknownFlags { .. })
+        ));
+        // "verified" with mismatches is a lie.
+        let mut bad = good;
+        bad[24] = 1;
+        assert!(matches!(
+            Ack::decode(&bad),
+            Err(WireError::Inconsistent { .. })
+        ));
+        assert!(matches!(
+            Ack::decode(&RAW_REPLY),
+            Err(WireError::BadMagic { .. })
+        ));
+    }
+}

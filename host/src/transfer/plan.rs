@@ -1,0 +1,168 @@
+//! Cutting a transfer into chunks: one work request each.
+
+/// One chunk: bytes `[offset, offset + len)` of the transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub index: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Chunk {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// `total` bytes in chunks of `chunk` bytes; the last chunk may be shorter. A chunk size
+/// larger than the transfer gives one chunk of the whole transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlan {
+    total: u64,
+    chunk: u64,
+}
+
+impl ChunkPlan {
+    pub fn new(total: u64, chunk: u64) -> Result<ChunkPlan, String> {
+        if total == 0 {
+            return Err("nothing to transfer (size 0)".into());
+        }
+        if chunk == 0 {
+            return Err("chunk size 0".into());
+        }
+        Ok(ChunkPlan {
+            total,
+            chunk: chunk.min(total),
+        })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The chunk size in effect (never more than the total).
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total.div_ceil(self.chunk)
+    }
+
+    pub fn get(&self, index: u64) -> Option<Chunk> {
+        let offset = index.checked_mul(self.chunk)?;
+        if offset >= self.total {
+            return None;
+        }
+        Some(Chunk {
+            index,
+            offset,
+            len: self.chunk.min(self.total - offset),
+        })
+    }
+
+    /// Bytes covered by the first `chunks` chunks.
+    pub fn bytes_through(&self, chunks: u64) -> u64 {
+        chunks.saturating_mul(self.chunk).min(self.total)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Chunk> + '_ {
+        (0..self.count()).map_while(|i| self.get(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_covers(plan: &ChunkPlan) {
+        let mut next = 0;
+        let mut n = 0;
+        for c in plan.iter() {
+            assert_eq!(c.offset, next);
+            assert!(c.len > 0 && c.len <= plan.chunk_bytes());
+            assert_eq!(c.index, n);
+            next = c.end();
+            n += 1;
+        }
+        assert_eq!(next, plan.total());
+        assert_eq!(n, plan.count());
+    }
+
+    #[test]
+    fn a_single_element() {
+        let p = ChunkPlan::new(4, 1 << 20).unwrap();
+        assert_eq!(p.count(), 1);
+        assert_eq!(
+            p.get(0),
+            Some(Chunk {
+                index: 0,
+                offset: 0,
+                len: 4
+            })
+        );
+        assert_eq!(p.get(1), None);
+        check_covers(&p);
+    }
+
+    #[test]
+    fn the_seed_buffer_in_one_chunk() {
+        let p = ChunkPlan::new(16384, 1 << 20).unwrap();
+        assert_eq!((p.count(), p.chunk_bytes()), (1, 16384));
+        check_covers(&p);
+    }
+
+    #[test]
+    fn even_split() {
+        let p = ChunkPlan::new(256 << 20, 1 << 20).unwrap();
+        assert_eq!(p.count(), 256);
+        assert_eq!(p.get(255).unwrap().len, 1 << 20);
+        check_covers(&p);
+    }
+
+    #[test]
+    fn last_chunk_is_partial() {
+        let p = ChunkPlan::new(10 * 4096 + 12, 4096).unwrap();
+        assert_eq!(p.count(), 11);
+        assert_eq!(
+            p.get(10),
+            Some(Chunk {
+                index: 10,
+                offset: 40960,
+                len: 12
+            })
+        );
+        check_covers(&p);
+    }
+
+    #[test]
+    fn more_than_a_gib() {
+        let total = (1u64 << 30) + 4;
+        let p = ChunkPlan::new(total, 1 << 20).unwrap();
+        assert_eq!(p.count(), 1025);
+        assert_eq!(p.get(1024).unwrap().len, 4);
+        assert_eq!(p.bytes_through(1024), 1 << 30);
+        assert_eq!(p.bytes_through(1025), total);
+        assert_eq!(p.bytes_through(u64::MAX), total);
+        check_covers(&p);
+    }
+
+    #[test]
+    fn chunk_larger_than_total_is_one_chunk() {
+        let p = ChunkPlan::new(1000, 4096).unwrap();
+        assert_eq!((p.count(), p.chunk_bytes()), (1, 1000));
+    }
+
+    #[test]
+    fn zero_sizes_are_refused() {
+        assert!(ChunkPlan::new(0, 4).is_err());
+        assert!(ChunkPlan::new(4, 0).is_err());
+    }
+
+    #[test]
+    fn tiny_chunks() {
+        let p = ChunkPlan::new(4096, 4).unwrap();
+        assert_eq!(p.count(), 1024);
+        check_covers(&p);
+    }
+}

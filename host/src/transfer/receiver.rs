@@ -1,0 +1,663 @@
+//! The receiving side: listen, and serve one sender after another.
+//!
+//! Connection requests that arrive while a transfer is served wait on the listener's
+//! event channel (each connection's own events go to a channel of its own, see
+//! [`crate::rdma`]), so concurrent senders are served in turn; a queued sender waits at
+//! most its `--timeout` for the accept.
+
+use super::conn::{
+    is_data, next_event, Connection, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
+};
+use super::header::{AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY};
+use super::plan::ChunkPlan;
+use super::units::format_bytes;
+use super::{gigabytes_per_second, TransferError};
+use crate::memory::{DataPath, RecvSink, Verification};
+use crate::rdma::format_duration;
+use crate::rdma::{
+    self, Access, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline,
+    EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr, Sge,
+};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Receives kept posted at least (if the transfer has that many chunks).
+const MIN_RECEIVES: u64 = 64;
+/// "Receiver not ready" retry delay asked of senders: IB encoding 12 = 0.64 ms.
+const MIN_RNR_TIMER: u8 = 12;
+
+/// Everything the receiver needs to know, built by the CLI.
+#[derive(Debug, Clone)]
+pub struct RecvConfig {
+    pub bind: SocketAddr,
+    /// Serve one connection request, then return.
+    pub once: bool,
+    /// The seed's wire behaviour (no header; one message; a 16-byte reply).
+    pub raw: bool,
+    /// Largest transfer accepted (raw: the size of the one posted receive, also limited by
+    /// the device's largest message).
+    pub max_bytes: u64,
+    /// Bound of every wait; while data flows it restarts on progress.
+    pub timeout: Duration,
+    pub busy_poll: bool,
+}
+
+/// One finished transfer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecvReport {
+    pub peer: String,
+    /// "send", "write" or "raw".
+    pub op: &'static str,
+    /// Bytes received.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// From the connection's establishment to the last data.
+    pub seconds: f64,
+    pub gbps: f64,
+    pub path: DataPath,
+    pub verification: Option<Verification>,
+    /// Why the data could not be checked, if it could not.
+    pub verify_error: Option<String>,
+    pub first_values: Vec<i32>,
+    /// The immediate data of a raw message.
+    pub imm: Option<u32>,
+    /// Whether the sender got our verdict (the ack, or the raw reply).
+    pub reply_delivered: bool,
+}
+
+impl RecvReport {
+    /// The data arrived whole and matches the pattern.
+    pub fn ok(&self) -> bool {
+        self.verification.is_some_and(|v| v.ok())
+    }
+}
+
+/// What happened, for the CLI to print (human lines or JSON).
+#[derive(Debug, Clone)]
+pub enum RecvOutcome {
+    Listening {
+        addr: String,
+    },
+    /// A connection request was refused (the peer was told why).
+    Rejected {
+        peer: String,
+        reason: String,
+    },
+    Completed(RecvReport),
+    /// A transfer broke off (the receiver goes on serving).
+    Failed {
+        peer: String,
+        error: String,
+    },
+}
+
+/// Makes the buffer for one transfer of the given length.
+pub type SinkMaker<'a> = dyn FnMut(usize) -> anyhow::Result<Box<dyn RecvSink>> + 'a;
+
+/// Listen on `cfg.bind` and serve senders one after another, telling `report` about each.
+/// Returns only with `--once` (`Ok(true)` if that one transfer verified) or on an error
+/// of the listener itself.
+pub fn serve(
+    cfg: &RecvConfig,
+    make_sink: &mut SinkMaker,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    rdma::ensure_device()?;
+    let channel = EventChannel::new()?;
+    let listener = CmId::new(&channel)?;
+    listener.bind(cfg.bind)?;
+    listener.listen(16)?;
+    let addr = listener
+        .local_addr()
+        .map_or_else(|| cfg.bind.to_string(), |a| a.to_string());
+    report(&RecvOutcome::Listening { addr });
+    loop {
+        let Some(event) = channel.get_event_within(Duration::from_secs(1))? else {
+            continue;
+        };
+        match event.kind() {
+            CmEventKind::ConnectRequest => {}
+            CmEventKind::DeviceRemoval => {
+                return Err(TransferError::Protocol(
+                    "the RDMA device of the listener was removed".into(),
+                ))
+            }
+            _ => continue, // nothing else concerns the listener
+        }
+        let outcome = match event.into_connect_request(&channel) {
+            Ok(request) => {
+                if cfg.raw {
+                    serve_raw(cfg, request, make_sink)
+                } else {
+                    serve_framed(cfg, request, make_sink)
+                }
+            }
+            Err(e) => RecvOutcome::Failed {
+                peer: "?".into(),
+                error: format!("taking a connection request: {e}"),
+            },
+        };
+        report(&outcome);
+        if cfg.once {
+            return Ok(matches!(&outcome, RecvOutcome::Completed(r) if r.ok()));
+        }
+    }
+}
+
+fn peer_label(peer: Option<SocketAddr>) -> String {
+    peer.map_or_else(|| "an unknown peer".into(), |p| p.to_string())
+}
+
+/// How serving a connection ended badly: refused before the accept (the peer is told
+/// why), or broken after it.
+enum Failure {
+    Refuse(RejectReason, Option<String>),
+    Broken(TransferError),
+}
+
+impl From<TransferError> for Failure {
+    fn from(e: TransferError) -> Self {
+        Failure::Broken(e)
+    }
+}
+
+impl From<RdmaError> for Failure {
+    fn from(e: RdmaError) -> Self {
+        Failure::Broken(e.into())
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> Failure {
+    Failure::Refuse(RejectReason::Internal, Some(e.to_string()))
+}
+
+/// Setting up the connection's QP failed: `EINVAL` here means the request's id is no
+/// longer connectable (the sender gave up or died before we accepted); anything else is
+/// our problem, and the sender is told.
+fn setup_failed(peer: &str, e: RdmaError) -> Failure {
+    if e.errno() == Some(libc::EINVAL) {
+        return Failure::Broken(TransferError::Protocol(format!(
+            "the connection request from {peer} was withdrawn before it could be accepted ({e})"
+        )));
+    }
+    internal(e)
+}
+
+fn conclude(id: &CmId, peer: String, result: Result<RecvReport, Failure>) -> RecvOutcome {
+    match result {
+        Ok(report) => RecvOutcome::Completed(report),
+        Err(Failure::Refuse(reason, detail)) => {
+            let reject = id.reject(&reason.encode());
+            let mut text = reason.to_string();
+            if let Some(detail) = detail {
+                text = format!("{text}: {detail}");
+            }
+            if let Err(e) = reject {
+                text = format!("{text} (and the reject failed: {e})");
+            }
+            RecvOutcome::Rejected { peer, reason: text }
+        }
+        Err(Failure::Broken(e)) => RecvOutcome::Failed {
+            peer,
+            error: e.to_string(),
+        },
+    }
+}
+
+fn serve_framed(
+    cfg: &RecvConfig,
+    request: ConnectRequest,
+    make_sink: &mut SinkMaker,
+) -> RecvOutcome {
+    let peer = peer_label(request.peer);
+    let result = framed(cfg, &request, &peer, make_sink);
+    conclude(&request.id, peer, result)
+}
+
+fn framed(
+    cfg: &RecvConfig,
+    request: &ConnectRequest,
+    peer: &str,
+    make_sink: &mut SinkMaker,
+) -> Result<RecvReport, Failure> {
+    let header = Header::decode(&request.private_data)
+        .map_err(|e| Failure::Refuse(RejectReason::BadHeader(e), None))?;
+    let total = header.total_bytes;
+    if total > cfg.max_bytes {
+        return Err(Failure::Refuse(
+            RejectReason::TooLarge {
+                requested: total,
+                max: cfg.max_bytes,
+            },
+            None,
+        ));
+    }
+    let port = request.id.port_info().map_err(internal)?;
+    if header.chunk_bytes > port.max_msg_sz {
+        return Err(Failure::Refuse(
+            RejectReason::ChunkTooLarge {
+                chunk: header.chunk_bytes as u64,
+                max: port.max_msg_sz as u64,
+            },
+            None,
+        ));
+    }
+    let no_memory = |e: &dyn std::fmt::Display| {
+        Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
+    };
+    let len = usize::try_from(total).map_err(|e| no_memory(&e))?;
+    let mut sink = make_sink(len).map_err(|e| no_memory(&format!("{e:#}")))?;
+    receive_framed(cfg, &request.id, peer, header, sink.as_mut())
+}
+
+/// Post the receive for data chunk `index`: send mode into the chunk's place in the
+/// buffer, write mode an empty one for an RDMA WRITE's immediate.
+fn post_data_recv(
+    conn: &Connection,
+    mr: &MemoryRegion,
+    plan: &ChunkPlan,
+    op: Op,
+    index: u64,
+) -> Result<(), RdmaError> {
+    let sge = match op {
+        Op::Write => None,
+        Op::Send => plan.get(index).map(|chunk| Sge {
+            addr: mr.base_address() + chunk.offset,
+            len: chunk.len as u32,
+            lkey: mr.lkey(),
+        }),
+    };
+    // SAFETY: the SGE lies in `mr` (plan offsets are within the total, which the region
+    // covers), registered until the connection is gone; nobody reads the buffer before
+    // every data receive has completed.
+    unsafe { conn.qp.post_recv(TAG_DATA | index, sge) }
+}
+
+fn receive_framed(
+    cfg: &RecvConfig,
+    id: &Rc<CmId>,
+    peer: &str,
+    header: Header,
+    sink: &mut dyn RecvSink,
+) -> Result<RecvReport, Failure> {
+    let total = header.total_bytes;
+    let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
+    let n = plan.count();
+    // More receives than the sender keeps in flight (twice, and at least 64): a receive is
+    // reposted only a moment after its completion, and a sender that finds the queue empty
+    // must back off ("receiver not ready").
+    let recv_depth = (header.depth as u64 * 2)
+        .max(MIN_RECEIVES)
+        .min(n)
+        .min(2 * MAX_DEPTH as u64) as u32;
+    let conn = Connection::new(
+        id,
+        QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: recv_depth,
+        },
+        cfg.busy_poll,
+    )
+    .map_err(|e| setup_failed(peer, e))?;
+    if (sink.len() as u64) < total {
+        return Err(internal(format!(
+            "the sink has {} bytes for a {total}-byte transfer",
+            sink.len()
+        )));
+    }
+    // Remote write only for write mode, only on this connection's buffer.
+    let access = match header.op {
+        Op::Write => Access::REMOTE_WRITE,
+        Op::Send => Access::LOCAL,
+    };
+    // SAFETY: `sink` is borrowed for this whole function and outlives `mr`, a local.
+    let mr =
+        unsafe { MemoryRegion::register(&conn.pd, sink.registration(), access) }.map_err(|e| {
+            Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
+        })?;
+    let mut ack_buf = MessageBuffer::new(&conn.pd, ACK_LEN).map_err(internal)?;
+    let mut posted = 0u64;
+    while posted < recv_depth as u64 {
+        post_data_recv(&conn, &mr, &plan, header.op, posted).map_err(internal)?;
+        posted += 1;
+    }
+    let accept = match header.op {
+        Op::Write => AcceptInfo {
+            addr: mr.base_address(),
+            rkey: mr.rkey(),
+            len: total,
+        },
+        Op::Send => AcceptInfo {
+            addr: 0,
+            rkey: 0,
+            len: total,
+        },
+    };
+    id.accept(&ConnParams::with_private_data(&accept.encode()))?;
+    // Should the receives run out after all, the sender retries after 0.64 ms, not the
+    // 655 ms the CM leaves configured. Only an optimisation: failure is not fatal.
+    let _ = conn.qp.set_min_rnr_timer(MIN_RNR_TIMER);
+    wait_established(id, peer, cfg.timeout)?;
+    let start = Instant::now();
+
+    // --- data: until the last chunk, the timeout restarting on progress ---------------------
+    let mut got = 0u64; // chunks known to have landed
+    let incomplete = |got: u64, why: String| {
+        Failure::Broken(TransferError::Incomplete {
+            peer: peer.to_string(),
+            got: plan.bytes_through(got),
+            total,
+            why,
+        })
+    };
+    let mut comps: Vec<Completion> = Vec::new();
+    let mut deadline = Deadline::after(cfg.timeout);
+    let mut gone = false;
+    while got < n {
+        if gone {
+            return Err(incomplete(got, "peer disconnected".into()));
+        }
+        comps.clear();
+        match conn.wait(&mut comps, &deadline, "data") {
+            Ok(Waited::Completions) => {}
+            Ok(Waited::Disconnected) => {
+                // Take what landed before the disconnect, then give up.
+                gone = true;
+                conn.cq.poll(&mut comps)?;
+            }
+            Err(RdmaError::Timeout { after, .. }) => {
+                return Err(incomplete(
+                    got,
+                    format!("timed out: nothing arrived for {}", format_duration(after)),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        for c in &comps {
+            if !is_data(c.wr_id) {
+                continue;
+            }
+            if !c.is_ok() {
+                if c.is_connection_loss() {
+                    return Err(incomplete(
+                        got,
+                        format!("connection lost: {}", c.status_str()),
+                    ));
+                }
+                c.check(|| format!("the receive of chunk {}", c.wr_id & INDEX_MASK))?;
+            }
+            match header.op {
+                Op::Send => {
+                    let index = c.wr_id & INDEX_MASK;
+                    let Some(chunk) = plan.get(index).filter(|_| index == got) else {
+                        return Err(TransferError::Protocol(format!(
+                            "receive {index} completed out of order (expected {got})"
+                        ))
+                        .into());
+                    };
+                    if c.byte_len as u64 != chunk.len {
+                        return Err(TransferError::Protocol(format!(
+                            "chunk {index} from {peer}: {} bytes arrived, {} expected",
+                            c.byte_len, chunk.len
+                        ))
+                        .into());
+                    }
+                    let last = index + 1 == n;
+                    let imm_ok = match c.imm {
+                        Some(imm) => last && imm as u64 == n,
+                        None => !last,
+                    };
+                    if !imm_ok {
+                        return Err(TransferError::Protocol(format!(
+                            "chunk {index} of {n} from {peer} carried immediate data {:?}",
+                            c.imm
+                        ))
+                        .into());
+                    }
+                    got += 1;
+                }
+                Op::Write => {
+                    let imm = match c.imm {
+                        Some(imm) if c.is_write_with_imm() => imm as u64,
+                        _ => {
+                            return Err(TransferError::Protocol(format!(
+                                "expected an RDMA WRITE with immediate from {peer}, got a message of {} bytes",
+                                c.byte_len
+                            ))
+                            .into())
+                        }
+                    };
+                    if imm <= got || imm > n {
+                        return Err(TransferError::Protocol(format!(
+                            "immediate {imm} from {peer} does not follow {got} of {n} chunks"
+                        ))
+                        .into());
+                    }
+                    got = imm;
+                }
+            }
+            if posted < n && !gone {
+                post_data_recv(&conn, &mr, &plan, header.op, posted)?;
+                posted += 1;
+            }
+            deadline = Deadline::after(cfg.timeout);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+
+    // --- verify, and tell the sender ---------------------------------------------------------
+    let (verification, verify_error) = match sink.verify(total as usize) {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let ack = Ack::new(total, verification);
+    ack_buf.write(&ack.encode())?;
+    let reply_delivered = send_and_wait(&conn, &ack_buf, WR_ACK, ACK_LEN, cfg.timeout, "the ack")?;
+    conn.close(false, cfg.timeout);
+    Ok(RecvReport {
+        peer: peer.to_string(),
+        op: header.op.name(),
+        bytes: total,
+        chunks: n,
+        seconds,
+        gbps: gigabytes_per_second(total, seconds),
+        path: sink.path(),
+        verification,
+        verify_error,
+        first_values: sink.first_values(5).unwrap_or_default(),
+        imm: None,
+        reply_delivered,
+    })
+}
+
+/// Wait for ESTABLISHED on a connection we accepted.
+fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Failure> {
+    let deadline = Deadline::after(timeout);
+    let event = next_event(
+        id,
+        &deadline,
+        &format!("the connection from {peer} to be established"),
+    )?;
+    if event.kind() != CmEventKind::Established {
+        return Err(TransferError::Protocol(format!(
+            "the connection from {peer} was not established: {}{}",
+            event.name(),
+            match event.status() {
+                0 => String::new(),
+                s if s < 0 => format!(" ({})", rdma::errno_message(-s)),
+                s => format!(" (status {s})"),
+            }
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// SEND the first `len` bytes of `buf` and wait for the completion. `Ok(false)` if the
+/// peer disconnected first (the message may not have arrived).
+fn send_and_wait(
+    conn: &Connection,
+    buf: &MessageBuffer,
+    wr_id: u64,
+    len: usize,
+    timeout: Duration,
+    what: &str,
+) -> Result<bool, Failure> {
+    if conn.is_disconnected() {
+        return Ok(false);
+    }
+    // SAFETY: `buf` is registered (lkey in the SGE), outlives the connection's use of
+    // it (the caller keeps it until after close), and is not written until completion.
+    unsafe {
+        conn.qp.post_send(&SendWr {
+            wr_id,
+            sge: buf.sge(len),
+            op: SendOp::Send,
+            signaled: true,
+        })?
+    };
+    let deadline = Deadline::after(timeout);
+    let mut comps = Vec::new();
+    loop {
+        comps.clear();
+        let waited = match conn.wait(&mut comps, &deadline, what) {
+            Ok(w) => w,
+            Err(RdmaError::Timeout { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        if waited == Waited::Disconnected {
+            conn.cq.poll(&mut comps)?;
+        }
+        if let Some(c) = comps.iter().find(|c| c.wr_id == wr_id) {
+            return Ok(c.is_ok());
+        }
+        if waited == Waited::Disconnected {
+            return Ok(false);
+        }
+    }
+}
+
+fn serve_raw(cfg: &RecvConfig, request: ConnectRequest, make_sink: &mut SinkMaker) -> RecvOutcome {
+    let peer = peer_label(request.peer);
+    let result = raw(cfg, &request, &peer, make_sink);
+    conclude(&request.id, peer, result)
+}
+
+fn raw(
+    cfg: &RecvConfig,
+    request: &ConnectRequest,
+    peer: &str,
+    make_sink: &mut SinkMaker,
+) -> Result<RecvReport, Failure> {
+    if Header::decode(&request.private_data).is_ok() {
+        // A framed sender would wait for an accept with a buffer offer we do not make.
+        return Err(Failure::Refuse(RejectReason::RawOnly, None));
+    }
+    let id = &request.id;
+    let port = id.port_info().map_err(internal)?;
+    // One receive takes the whole message: --max-bytes, or the device's largest message.
+    let len = cfg.max_bytes.min(port.max_msg_sz as u64).max(1);
+    let mut sink = make_sink(len as usize).map_err(|e| {
+        Failure::Refuse(
+            RejectReason::NoMemory { bytes: len },
+            Some(format!("{e:#}")),
+        )
+    })?;
+    let sink = sink.as_mut();
+    let conn = Connection::new(
+        id,
+        QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 2,
+        },
+        cfg.busy_poll,
+    )
+    .map_err(|e| setup_failed(peer, e))?;
+    // SAFETY: `sink` lives (in this function's frame) longer than `mr`.
+    let mr = unsafe { MemoryRegion::register(&conn.pd, sink.registration(), Access::LOCAL) }
+        .map_err(|e| Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string())))?;
+    let mut reply_buf = MessageBuffer::new(&conn.pd, RAW_REPLY.len()).map_err(internal)?;
+    reply_buf.write(&RAW_REPLY)?;
+    let sge = Sge {
+        addr: mr.base_address(),
+        len: len as u32,
+        lkey: mr.lkey(),
+    };
+    // SAFETY: the SGE is the whole of `mr`, registered until we return; the sink is read
+    // (verified) only after the receive completed.
+    unsafe { conn.qp.post_recv(TAG_DATA, Some(sge)).map_err(internal)? };
+    id.accept(&ConnParams::with_private_data(&[]))?;
+    wait_established(id, peer, cfg.timeout)?;
+    let start = Instant::now();
+
+    let deadline = Deadline::after(cfg.timeout);
+    let mut comps = Vec::new();
+    let message = loop {
+        comps.clear();
+        let waited = match conn.wait(&mut comps, &deadline, "the message") {
+            Ok(w) => w,
+            Err(RdmaError::Timeout { after, .. }) => {
+                return Err(Failure::Broken(TransferError::Incomplete {
+                    peer: peer.to_string(),
+                    got: 0,
+                    total: len,
+                    why: format!("timed out: no message within {}", format_duration(after)),
+                }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if waited == Waited::Disconnected {
+            conn.cq.poll(&mut comps)?;
+        }
+        if let Some(c) = comps.iter().find(|c| is_data(c.wr_id)) {
+            break *c;
+        }
+        if waited == Waited::Disconnected {
+            return Err(Failure::Broken(TransferError::Incomplete {
+                peer: peer.to_string(),
+                got: 0,
+                total: len,
+                why: "peer disconnected before sending".into(),
+            }));
+        }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    message.check(|| {
+        format!(
+            "the receive of up to {} (a larger message fails here: raise --max-bytes)",
+            format_bytes(len)
+        )
+    })?;
+    let bytes = message.byte_len as u64;
+    let (verification, verify_error) = match sink.verify(bytes as usize) {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    // rdma-core's rdma_client waits for a 16-byte reply before it disconnects.
+    let reply_delivered = send_and_wait(
+        &conn,
+        &reply_buf,
+        WR_REPLY,
+        RAW_REPLY.len(),
+        cfg.timeout,
+        "the reply",
+    )?;
+    conn.close(false, cfg.timeout);
+    Ok(RecvReport {
+        peer: peer.to_string(),
+        op: "raw",
+        bytes,
+        chunks: 1,
+        seconds,
+        gbps: gigabytes_per_second(bytes, seconds),
+        path: sink.path(),
+        verification,
+        verify_error,
+        first_values: sink
+            .first_values(5.min(bytes as usize / 4))
+            .unwrap_or_default(),
+        imm: message.imm,
+        reply_delivered,
+    })
+}
