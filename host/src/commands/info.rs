@@ -6,7 +6,8 @@ use host::transfer::units::format_bytes;
 use std::process::ExitCode;
 
 pub fn run() -> Result<ExitCode> {
-    let mut code = ExitCode::SUCCESS;
+    // A listing, like ibv_devinfo and nvidia-smi together: "none" is an answer, not a
+    // failure, so the exit code is 0 whenever the listing could be printed.
     match rdma::devices() {
         Ok(devices) => {
             println!("RDMA devices:");
@@ -43,14 +44,10 @@ pub fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Err(e) => {
-            println!("RDMA devices: none");
-            eprintln!("error: {e}");
-            code = ExitCode::FAILURE;
-        }
+        Err(e) => println!("RDMA devices: none ({e})"),
     }
     print_gpus();
-    Ok(code)
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(feature = "cuda")]
