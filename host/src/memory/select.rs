@@ -86,16 +86,14 @@ impl std::error::Error for Refusal {}
 pub fn gpudirect_missing(caps: &GpuCapabilities) -> String {
     let mut missing = Vec::new();
     if !caps.dma_buf {
-        missing
-            .push("dma-buf export (needs NVIDIA's open kernel module, driver r515+, Linux 5.12+)");
+        missing.push(
+            "the driver cannot export GPU memory as dma-buf (that needs NVIDIA's open kernel module, driver r515+, Linux 5.12+)",
+        );
     }
     if !caps.peermem_loaded {
-        missing.push("the nvidia-peermem kernel module");
+        missing.push("the nvidia-peermem kernel module is not loaded");
     }
-    format!(
-        "GPUDirect RDMA is not available: no {}",
-        missing.join(" and no ")
-    )
+    format!("GPUDirect RDMA is not available: {}", missing.join(", and "))
 }
 
 fn device_registration(caps: &GpuCapabilities) -> Option<DeviceRegistration> {
