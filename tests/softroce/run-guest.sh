@@ -241,12 +241,20 @@ build_initrd() {
       say "warning: $(basename "$f") needs libraries this machine lacks:" \
           "$(ldd "$f" 2>/dev/null | awk '/not found/ { printf "%s ", $1 }')"
     fi
+    # "soname path" pairs; the loader itself (a bare path) is its own soname.
     mapfile -t -O "${#libs[@]}" libs < <(ldd "$f" 2>/dev/null | awk '
-      $2 == "=>" && $3 ~ /^\// { print $3 }
-      $1 ~ /^\// { print $1 }' || true)
+      $2 == "=>" && $3 ~ /^\// { print $1 " " $3 }
+      $1 ~ /^\// { print $1 " " $1 }' || true)
   done
+  local soname
   for lib in ${libs[@]+"${libs[@]}"}; do
-    dst=$(guest_path "$lib")
+    soname=${lib%% *} lib=${lib#* }
+    case $lib in
+      /lib/*|/lib64/*|/usr/lib/*|/usr/lib64/*) dst=$(guest_path "$lib") ;;
+      # Found through LD_LIBRARY_PATH somewhere else (e.g. target/deps/cuda): put it
+      # where the guest's loader looks, under the name the binary asks for.
+      *) dst=/usr/lib/x86_64-linux-gnu/$soname ;;
+    esac
     if grep -qxF "$dst" "$SOFTROCE_BASE.files" || [[ -e $root$dst ]]; then continue; fi
     mkdir -p "$root$(dirname "$dst")"
     cp -L --preserve=mode "$lib" "$root$dst"
