@@ -9,7 +9,8 @@
 # 2. checks formatting and lints (both builds: with CUDA, and the receiver without);
 # 3. builds the no-CUDA binary the Soft-RoCE guests run;
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
-#    with a reason where there is no GPU) and the RDMA tests inside the guests.
+#    with a reason where there is no GPU) and the RDMA tests inside the guests;
+# 5. fuzzes the wire-format decoders for 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,3 +34,7 @@ export SOFTROCE_HOST_BIN="$PWD/target/guest/release/host"
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "fuzzing the wire formats for 30 s (cargo fuzz; everything a peer sends is decoded there)"
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
+(cd host && cargo fuzz run wire -- -max_total_time=30)

@@ -1,0 +1,22 @@
+//! Everything the peer can send us goes through `transfer::header`'s decoders: arbitrary
+//! bytes must never panic there, and whatever decodes must encode back to a message
+//! that decodes to the same value.
+#![no_main]
+
+use host::transfer::header::{AcceptInfo, Ack, Header, RejectReason};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(header) = Header::decode(data) {
+        assert_eq!(Header::decode(&header.encode()), Ok(header));
+    }
+    if let Ok(accept) = AcceptInfo::decode(data) {
+        assert_eq!(AcceptInfo::decode(&accept.encode()), Ok(accept));
+    }
+    if let Some(reason) = RejectReason::decode(data) {
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
+    }
+    if let Ok(ack) = Ack::decode(data) {
+        assert_eq!(Ack::decode(&ack.encode()), Ok(ack));
+    }
+});
