@@ -31,6 +31,11 @@ cargo clippy -p host --no-default-features --all-targets --locked -- -D warnings
 step "building the guests' binary (host, release, without CUDA)"
 cargo build --release -p host --no-default-features --locked --target-dir target/guest
 export SOFTROCE_HOST_BIN="$PWD/target/guest/release/host"
+step "building the CUDA build too, to check in a guest that it runs without a GPU"
+cargo build --release -p host --locked
+mkdir -p target/guest-cuda
+cp target/release/host target/guest-cuda/host-cuda
+export SOFTROCE_HOST_CUDA_BIN="$PWD/target/guest-cuda/host-cuda"
 
 step "cargo test"
 cargo test --workspace --locked

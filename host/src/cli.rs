@@ -126,6 +126,13 @@ pub struct SendArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
 
+    /// With --iters N: make the N transfers on one connection instead of one each. The
+    /// receiver verifies and acks every transfer, and the next starts after the ack, so
+    /// each iteration's round trip (first work request to the receiver's verdict) is
+    /// measured without connection setup. Needs a receiver that knows the mode.
+    #[arg(long, conflicts_with = "raw")]
+    pub reuse_connection: bool,
+
     /// Seconds any single wait may take (address resolution, connection, each completion,
     /// the receiver's verdict); fractions allowed.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
@@ -270,7 +277,17 @@ mod tests {
         assert_eq!(s.gpu, GpuSelection::Index(0));
         assert_eq!((s.depth, s.chunk, s.iters), (16, 1 << 20, 1));
         assert_eq!(s.timeout, Duration::from_secs(10));
-        assert!(!s.raw && !s.json && !s.busy_poll);
+        assert!(!s.raw && !s.json && !s.busy_poll && !s.reuse_connection);
+    }
+
+    #[test]
+    fn reuse_connection_is_a_framed_option() {
+        let s = parse(&["192.0.2.1", "7471", "--iters", "100", "--reuse-connection"])
+            .unwrap()
+            .send;
+        assert!(s.reuse_connection);
+        assert_eq!(s.iters, 100);
+        assert!(parse(&["192.0.2.1", "7471", "--reuse-connection", "--raw"]).is_err());
     }
 
     #[test]

@@ -16,3 +16,14 @@ pub fn workspace_root() -> std::path::PathBuf {
         .expect("tests/ has a parent")
         .to_path_buf()
 }
+
+/// Skip `test` for `reason` (as [`skip`] does), except under CI: where the environment
+/// variable `CI` is set (CI services set it), a test whose test bed is missing must fail,
+/// not pass silently, so this panics instead.
+pub fn skip_unless_ci(test: &str, reason: &str) {
+    let ci = std::env::var("CI").unwrap_or_default();
+    if !ci.is_empty() && ci != "0" && !ci.eq_ignore_ascii_case("false") {
+        panic!("{test} cannot run, and CI (the environment variable CI is set) must not skip it: {reason}");
+    }
+    skip(test, reason);
+}

@@ -88,6 +88,14 @@ fn print_report(r: &RecvReport, human: &Human) {
         r.seconds,
         r.gbps
     ));
+    if r.transfers > 1 {
+        human.line(format!(
+            "{} transfers of {} on one connection, each verified before its ack ({:.6} s verifying in all)",
+            r.transfers,
+            format_bytes(r.bytes / r.transfers as u64),
+            r.verify_seconds
+        ));
+    }
     match (&r.verification, &r.verify_error) {
         (Some(v), _) => human.line(format!("verification: {}", verification_words(v))),
         (None, Some(e)) => human.line(format!("verification failed: {e}")),

@@ -58,24 +58,29 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     };
 
     let mut reports: Vec<SendReport> = Vec::new();
-    for i in 0..args.iters {
-        let result = if args.raw {
-            transfer::send_raw(&cfg, source.as_mut())
-        } else {
-            transfer::send(&cfg, source.as_mut())
-        };
-        let report = match result {
-            Ok(r) => r,
-            Err(e) if args.iters == 1 => return Err(e.into()),
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "iteration {} of {}",
-                    i + 1,
-                    args.iters
-                )))
-            }
-        };
-        reports.push(report);
+    if args.reuse_connection {
+        // All iterations on one connection: one call, one report per transfer.
+        reports = transfer::send_repeated(&cfg, source.as_mut(), args.iters)?;
+    } else {
+        for i in 0..args.iters {
+            let result = if args.raw {
+                transfer::send_raw(&cfg, source.as_mut())
+            } else {
+                transfer::send(&cfg, source.as_mut())
+            };
+            let report = match result {
+                Ok(r) => r,
+                Err(e) if args.iters == 1 => return Err(e.into()),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "iteration {} of {}",
+                        i + 1,
+                        args.iters
+                    )))
+                }
+            };
+            reports.push(report);
+        }
     }
 
     let verified = reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
@@ -127,6 +132,24 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             format_bytes(bytes)
         ));
     }
+    let round_trip = RoundTrips::of(&reports);
+    if args.reuse_connection {
+        if let Some(rt) = &round_trip {
+            let verify = rt
+                .verify_median_us
+                .map(|v| format!("; receiver's verification median {v:.1} us"))
+                .unwrap_or_default();
+            human.line(format!(
+                "round trip (first work request to the receiver's verdict), {} transfer{} on one connection: median {:.1} us, min {:.1} us, mean {:.1} us, max {:.1} us{verify}",
+                rt.transfers,
+                if rt.transfers == 1 { "" } else { "s" },
+                rt.median_us,
+                rt.min_us,
+                rt.mean_us,
+                rt.max_us
+            ));
+        }
+    }
     if args.json {
         println!(
             "{}",
@@ -145,6 +168,8 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                     "seconds": seconds,
                     "gbps": gbps,
                 },
+                "reuse_connection": args.reuse_connection,
+                "round_trip": round_trip,
             })
         );
     }
@@ -153,6 +178,52 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Round-trip statistics over the iterations (microseconds).
+#[derive(Debug, serde::Serialize)]
+struct RoundTrips {
+    transfers: usize,
+    median_us: f64,
+    min_us: f64,
+    mean_us: f64,
+    max_us: f64,
+    /// The receiver's verification time, as it reported it (receivers report it only
+    /// with --reuse-connection).
+    verify_median_us: Option<f64>,
+}
+
+impl RoundTrips {
+    fn of(reports: &[SendReport]) -> Option<RoundTrips> {
+        let mut rts: Vec<f64> = reports
+            .iter()
+            .filter_map(|r| r.round_trip_seconds.map(|s| s * 1e6))
+            .collect();
+        if rts.is_empty() {
+            return None;
+        }
+        let mut verify: Vec<f64> = reports
+            .iter()
+            .filter_map(|r| r.receiver_verify_seconds.map(|s| s * 1e6))
+            .collect();
+        Some(RoundTrips {
+            transfers: rts.len(),
+            median_us: median(&mut rts),
+            min_us: rts.iter().copied().fold(f64::INFINITY, f64::min),
+            mean_us: rts.iter().sum::<f64>() / rts.len() as f64,
+            max_us: rts.iter().copied().fold(0.0, f64::max),
+            verify_median_us: (!verify.is_empty()).then(|| median(&mut verify)),
+        })
+    }
+}
+
+/// The median (the lower middle for an even count); sorts `values`.
+fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[(values.len() - 1) / 2]
 }
 
 fn verdict_words(v: &transfer::ReceiverVerdict) -> String {

@@ -175,10 +175,14 @@ impl CmId {
         };
         if ret != 0 {
             let errno = super::last_errno();
-            if errno == libc::ENODEV {
-                return Err(RdmaError::NoDevice);
-            }
-            return Err(RdmaError::verb("rdma_bind_addr", addr.to_string(), errno));
+            return Err(match errno {
+                libc::ENODEV => RdmaError::NoDevice,
+                libc::EADDRINUSE | libc::EADDRNOTAVAIL => RdmaError::AddressUnavailable {
+                    addr: addr.to_string(),
+                    errno,
+                },
+                _ => RdmaError::verb("rdma_bind_addr", addr.to_string(), errno),
+            });
         }
         Ok(())
     }

@@ -148,6 +148,9 @@ pub struct CompletionQueue {
     channel: Option<Rc<CompletionChannel>>,
     _id: Rc<CmId>,
     armed: Cell<bool>,
+    /// Arm for solicited completions only (and failed ones), see
+    /// [`set_solicited_only`](Self::set_solicited_only).
+    solicited_only: Cell<bool>,
 }
 
 impl CompletionQueue {
@@ -171,6 +174,7 @@ impl CompletionQueue {
                 channel: channel.cloned(),
                 _id: id.clone(),
                 armed: Cell::new(false),
+                solicited_only: Cell::new(false),
             })),
             None => Err(RdmaError::last("ibv_create_cq", format!("{cqe} entries"))),
         }
@@ -229,6 +233,17 @@ impl CompletionQueue {
         }
     }
 
+    /// From now on, let only solicited completions (requests the peer sent with the
+    /// solicited-event flag) and failed ones wake [`wait`](Self::wait) up; `false`: every
+    /// completion (the default). Completions that are there are still taken by every poll;
+    /// this only spares wake-ups (and, on Soft-RoCE, the sender's CPU the notification).
+    pub fn set_solicited_only(&self, on: bool) {
+        if self.solicited_only.replace(on) != on {
+            // Armed the other way: arm again before the next sleep.
+            self.armed.set(false);
+        }
+    }
+
     fn arm(&self) -> Result<(), RdmaError> {
         if self.armed.get() {
             return Ok(());
@@ -240,7 +255,12 @@ impl CompletionQueue {
             },
         )?;
         // SAFETY: valid CQ with a completion channel; 0 = notify on any completion.
-        let ret = unsafe { req_notify(self.raw.as_ptr(), 0) };
+        let ret = unsafe {
+            req_notify(
+                self.raw.as_ptr(),
+                libc::c_int::from(self.solicited_only.get()),
+            )
+        };
         if ret != 0 {
             return Err(RdmaError::verb("ibv_req_notify_cq", "", ret));
         }

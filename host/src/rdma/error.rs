@@ -17,6 +17,13 @@ pub enum RdmaError {
         errno: i32,
     },
 
+    /// `rdma_bind_addr` refused the address: rdma_cm answers EADDRNOTAVAIL (or
+    /// EADDRINUSE) when another id already listens on the port.
+    #[error(
+        "cannot listen on {addr}: the port is in use (another `host recv` or rdma_cm server?) or the address is not on an RDMA device (errno {errno})"
+    )]
+    AddressUnavailable { addr: String, errno: i32 },
+
     /// A wait ran past its deadline.
     #[error("timed out after {} waiting for {waiting_for}", format_duration(*after))]
     Timeout {
@@ -122,6 +129,16 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taken_port_says_so() {
+        let e = RdmaError::AddressUnavailable {
+            addr: "0.0.0.0:7471".into(),
+            errno: libc::EADDRNOTAVAIL,
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("cannot listen on 0.0.0.0:7471: the port is in use"), "{text}");
+    }
 
     #[test]
     fn verb_errors_name_the_call_the_target_and_the_errno_meaning() {

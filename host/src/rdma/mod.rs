@@ -64,7 +64,7 @@ pub use error::{errno_message, format_duration, RdmaError};
 pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel};
 pub use mr::{Access, MemoryRegion, MessageBuffer};
 pub use pd::ProtectionDomain;
-pub use qp::{QpCaps, QueuePair, SendOp, SendWr, Sge};
+pub use qp::{QpCaps, QueuePair, SendOp, SendWr, Sge, POST_LIST_MAX};
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};

@@ -6,11 +6,17 @@ use rdma_sys::*;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
+/// Most requests [`QueuePair::post_send_list`] hands to the provider in one call.
+pub const POST_LIST_MAX: usize = 32;
+
 /// Queue sizes asked for; the provider may round them up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
+    /// Bytes a send request may carry inline (copied into the work queue at post time,
+    /// so the NIC need not read registered memory): 0 for none.
+    pub max_inline_data: u32,
 }
 
 /// One scatter/gather element: `len` bytes at `addr` inside the region whose local key
@@ -58,6 +64,13 @@ pub struct SendWr {
     /// Ask for a completion. Unsignaled requests complete silently (unless they fail);
     /// a later signaled completion implies every earlier request of the queue completed.
     pub signaled: bool,
+    /// Send the SGE's bytes inline (`IBV_SEND_INLINE`): they are copied at post time, so
+    /// the buffer may be reused at once and needs no registration. At most the QP's
+    /// `max_inline_data` bytes.
+    pub inline: bool,
+    /// Set the solicited-event flag: a receiver whose CQ is armed for solicited
+    /// completions only wakes up for this one.
+    pub solicited: bool,
 }
 
 /// An RC queue pair, created on a CM id (which moves it through its states as the
@@ -94,7 +107,7 @@ impl QueuePair {
         attr.cap.max_recv_wr = caps.max_recv_wr.max(1);
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
-        attr.cap.max_inline_data = 0;
+        attr.cap.max_inline_data = caps.max_inline_data;
         // SAFETY: valid id, PD and CQs (all on the id's device, kept alive by the Rcs we
         // store); attr is fully initialised and read (and updated) during the call.
         if unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) } != 0 {
@@ -118,6 +131,7 @@ impl QueuePair {
             caps: QpCaps {
                 max_send_wr: attr.cap.max_send_wr,
                 max_recv_wr: attr.cap.max_recv_wr,
+                max_inline_data: attr.cap.max_inline_data,
             },
             id: id.clone(),
             _pd: pd.clone(),
@@ -158,22 +172,96 @@ impl QueuePair {
     /// is destroyed. For RDMA WRITEs, `remote_addr`/`rkey` must name a region the peer
     /// registered for remote write.
     pub unsafe fn post_send(&self, wr: &SendWr) -> Result<(), RdmaError> {
-        let mut sge = ibv_sge {
-            addr: wr.sge.addr,
-            length: wr.sge.len,
-            lkey: wr.sge.lkey,
-        };
-        // SAFETY: ibv_send_wr is plain data (pointers and integers); all-zero is valid.
-        let mut raw: ibv_send_wr = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller's contract is post_send_list's.
+        unsafe { self.post_send_list(std::slice::from_ref(wr)) }
+    }
+
+    /// Post several send-queue work requests as one chained list: the provider queues them
+    /// all and rings the doorbell once (for Soft-RoCE, one system call instead of one per
+    /// request; the kernel then processes them in one go). In order; lists longer than
+    /// [`POST_LIST_MAX`] go in several calls.
+    ///
+    /// # Safety
+    /// As for [`post_send`](Self::post_send), for every request.
+    pub unsafe fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), RdmaError> {
+        // SAFETY: the QP's context is valid while self lives; `ops` is the provider's table.
+        let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_send }.ok_or(
+            RdmaError::Unsupported {
+                what: "ibv_post_send",
+            },
+        )?;
+        for batch in wrs.chunks(POST_LIST_MAX) {
+            // SAFETY: ibv_sge and ibv_send_wr are plain data (pointers and integers);
+            // all-zero is a valid value of both.
+            let mut sges: [ibv_sge; POST_LIST_MAX] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut raws: [ibv_send_wr; POST_LIST_MAX] = unsafe { std::mem::zeroed() };
+            for (i, wr) in batch.iter().enumerate() {
+                sges[i] = ibv_sge {
+                    addr: wr.sge.addr,
+                    length: wr.sge.len,
+                    lkey: wr.sge.lkey,
+                };
+                self.fill_send_wr(wr, &mut raws[i])?;
+            }
+            // Link the list only now that neither array moves any more.
+            let sge_base = sges.as_mut_ptr();
+            let raw_base = raws.as_mut_ptr();
+            for i in 0..batch.len() {
+                // SAFETY: i and i + 1 are within the arrays (i + 1 only when < len).
+                unsafe {
+                    (*raw_base.add(i)).sg_list = sge_base.add(i);
+                    (*raw_base.add(i)).num_sge = 1;
+                    (*raw_base.add(i)).next = if i + 1 < batch.len() {
+                        raw_base.add(i + 1)
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                }
+            }
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: valid QP; the chained requests and their SGEs live across the call
+            // (the provider copies them into the queue); the memory contract is the
+            // caller's (see above).
+            let ret = unsafe { post(self.raw.as_ptr(), raw_base, &mut bad) };
+            if ret != 0 {
+                // Which request failed: `bad` points into `raws` (or is null).
+                let index = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: the provider sets `bad` to one of the requests we passed.
+                    (unsafe { bad.offset_from(raw_base) }).clamp(0, batch.len() as isize - 1)
+                        as usize
+                };
+                return Err(RdmaError::verb(
+                    "ibv_post_send",
+                    batch[index].op.name(),
+                    ret,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything of one request but its links (SGE list and next).
+    fn fill_send_wr(&self, wr: &SendWr, raw: &mut ibv_send_wr) -> Result<(), RdmaError> {
         raw.wr_id = wr.wr_id;
-        raw.next = std::ptr::null_mut();
-        raw.sg_list = &mut sge;
-        raw.num_sge = 1;
-        raw.send_flags = if wr.signaled {
-            ibv_send_flags::IBV_SEND_SIGNALED.0
-        } else {
-            0
-        };
+        raw.send_flags = 0;
+        if wr.signaled {
+            raw.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if wr.inline {
+            if wr.sge.len > self.caps.max_inline_data {
+                return Err(RdmaError::InvalidArgument(format!(
+                    "{} bytes inline exceed the queue pair's {}",
+                    wr.sge.len, self.caps.max_inline_data
+                )));
+            }
+            raw.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        if wr.solicited {
+            raw.send_flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
         match wr.op {
             SendOp::Send => raw.opcode = ibv_wr_opcode::IBV_WR_SEND,
             SendOp::SendWithImm(imm) => {
@@ -193,19 +281,6 @@ impl QueuePair {
                 raw.wr.rdma = rdma_t { remote_addr, rkey };
                 raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
             }
-        }
-        // SAFETY: the QP's context is valid while self lives; `ops` is the provider's table.
-        let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_send }.ok_or(
-            RdmaError::Unsupported {
-                what: "ibv_post_send",
-            },
-        )?;
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; `raw` and `sge` live across the call (the provider copies
-        // them into the queue); the memory contract is the caller's (see above).
-        let ret = unsafe { post(self.raw.as_ptr(), &mut raw, &mut bad) };
-        if ret != 0 {
-            return Err(RdmaError::verb("ibv_post_send", wr.op.name(), ret));
         }
         Ok(())
     }

@@ -14,16 +14,30 @@
 //! Header layout (RC connect private data holds at most 56 bytes; this uses 32):
 //!
 //! ```text
-//!  0  magic "GRDM"        4  version u16      6  op u8 (1 send, 2 write)   7  flags u8 (0)
+//!  0  magic "GRDM"        4  version u16      6  op u8 (1 send, 2 write)   7  flags u8
 //!  8  total bytes u64    16  chunk bytes u32  20  depth u32 (work requests in flight)
-//! 24  reserved (zero, ignored)
+//! 24  transfers u32 (only with flag 0x01; else reserved)   28  reserved (zero, ignored)
 //! ```
+//!
+//! Header flags: `0x01` ([`HEADER_FLAG_REPEAT`]) = several transfers on this one
+//! connection (`--reuse-connection`): the count is at byte 24 (at least 2); the sender
+//! waits for each transfer's ack before it starts the next, and the receiver verifies
+//! and acks each. Without the flag a connection carries one transfer, as before, and a
+//! receiver that does not know the flag rejects the offer ("unknown flags 0x01").
 //!
 //! The CM pads private data with zeros to its fixed size, so decoders accept (and
 //! ignore) trailing bytes.
 //!
 //! Immediate-data convention (see `sender.rs`): the immediate of a `*_WITH_IMM` data
-//! request is the number of chunks delivered up to and including it (chunk index + 1).
+//! request is the number of chunks delivered up to and including it (chunk index + 1),
+//! counted within its transfer.
+//!
+//! Ack layout: `0` magic, `4` version, `6` status u8, `7` flags u8 (0x01 verification
+//! present, 0x02 first mismatch present, 0x04 crc32 present, 0x08 verify time present),
+//! `8` received bytes u64, `16` elements u64, `24` mismatches u64, `32` first mismatch
+//! u64, `40` crc32 u32, `44` the receiver's verification time in microseconds u32
+//! (only with flag 0x08, which a receiver sets only for senders that set a header flag,
+//! so senders that predate it never see it).
 
 use crate::memory::Verification;
 use crate::transfer::units::format_bytes;
@@ -43,6 +57,10 @@ pub const MAX_DEPTH: u32 = 4096;
 pub const RAW_IMM: u32 = 0x1234;
 /// The reply a `--raw` receiver sends (rdma-core's `rdma_client` waits for 16 bytes).
 pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
+/// Header flag: several transfers on one connection; their count is at byte 24.
+pub const HEADER_FLAG_REPEAT: u8 = 0x01;
+/// Most transfers one connection may carry.
+pub const MAX_TRANSFERS: u32 = 1 << 20;
 
 /// What the sender does with the chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -110,6 +128,8 @@ pub enum WireError {
     UnknownStatus { code: u8 },
     #[error("inconsistent message: {what}")]
     Inconsistent { what: &'static str },
+    #[error("transfer count {count} is outside 2..={MAX_TRANSFERS} (header flag 0x01)")]
+    BadTransferCount { count: u32 },
 }
 
 impl WireError {
@@ -129,6 +149,7 @@ impl WireError {
             WireError::BadDepth { depth } => (11, depth as u64, 0),
             WireError::UnknownStatus { code } => (12, code as u64, 0),
             WireError::Inconsistent { .. } => (13, 0, 0),
+            WireError::BadTransferCount { count } => (14, count as u64, 0),
         }
     }
 
@@ -154,6 +175,7 @@ impl WireError {
             13 => WireError::Inconsistent {
                 what: "reported by the peer",
             },
+            14 => WireError::BadTransferCount { count: a as u32 },
             _ => return None,
         })
     }
@@ -227,6 +249,9 @@ pub struct Header {
     /// Work requests the sender keeps in flight; the receiver keeps as many receives
     /// posted.
     pub depth: u32,
+    /// Transfers of `total_bytes` each on this connection (1: the classic single transfer;
+    /// more only with [`HEADER_FLAG_REPEAT`]).
+    pub transfers: u32,
 }
 
 impl Header {
@@ -248,9 +273,22 @@ impl Header {
             total_bytes,
             chunk_bytes: chunk_bytes as u32,
             depth,
+            transfers: 1,
         };
         header.validate()?;
         Ok(header)
+    }
+
+    /// The same offer, `transfers` times on one connection (1: a single transfer).
+    pub fn with_transfers(self, transfers: u32) -> Result<Header, WireError> {
+        let header = Header { transfers, ..self };
+        header.validate()?;
+        Ok(header)
+    }
+
+    /// Whether the header asks for several transfers on one connection.
+    pub fn repeats(&self) -> bool {
+        self.transfers > 1
     }
 
     fn validate(&self) -> Result<(), WireError> {
@@ -275,6 +313,11 @@ impl Header {
         if self.depth == 0 || self.depth > MAX_DEPTH {
             return Err(WireError::BadDepth { depth: self.depth });
         }
+        if self.transfers == 0 || self.transfers > MAX_TRANSFERS {
+            return Err(WireError::BadTransferCount {
+                count: self.transfers,
+            });
+        }
         Ok(())
     }
 
@@ -288,10 +331,19 @@ impl Header {
         out[0..4].copy_from_slice(&HEADER_MAGIC);
         out[4..6].copy_from_slice(&version.to_le_bytes());
         out[6] = self.op.code();
-        out[7] = 0; // flags
+        // A single transfer keeps the original encoding (flags 0, bytes 24.. zero), so
+        // receivers that predate the flag take it as before.
+        out[7] = if self.repeats() {
+            HEADER_FLAG_REPEAT
+        } else {
+            0
+        };
         out[8..16].copy_from_slice(&self.total_bytes.to_le_bytes());
         out[16..20].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         out[20..24].copy_from_slice(&self.depth.to_le_bytes());
+        if self.repeats() {
+            out[24..28].copy_from_slice(&self.transfers.to_le_bytes());
+        }
         out
     }
 
@@ -300,14 +352,28 @@ impl Header {
         let code = r.u8();
         let op = Op::from_code(code).ok_or(WireError::UnknownOp { code })?;
         let flags = r.u8();
-        if flags != 0 {
+        if flags & !HEADER_FLAG_REPEAT != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
+        let total_bytes = r.u64();
+        let chunk_bytes = r.u32();
+        let depth = r.u32();
+        // Without the flag, bytes 24.. are reserved and ignored (as before).
+        let transfers = r.u32();
+        let transfers = if flags & HEADER_FLAG_REPEAT != 0 {
+            if transfers < 2 {
+                return Err(WireError::BadTransferCount { count: transfers });
+            }
+            transfers
+        } else {
+            1
+        };
         let header = Header {
             op,
-            total_bytes: r.u64(),
-            chunk_bytes: r.u32(),
-            depth: r.u32(),
+            total_bytes,
+            chunk_bytes,
+            depth,
+            transfers,
         };
         header.validate()?;
         Ok(header)
@@ -452,11 +518,15 @@ pub struct Ack {
     pub received_bytes: u64,
     /// Present unless `status` is `VerifyFailed`.
     pub verification: Option<Verification>,
+    /// How long the receiver's verification took, in microseconds (saturating): sent
+    /// only to senders that set a header flag (see the module documentation).
+    pub verify_micros: Option<u32>,
 }
 
 const ACK_HAS_VERIFICATION: u8 = 1;
 const ACK_HAS_FIRST_MISMATCH: u8 = 2;
 const ACK_HAS_CRC: u8 = 4;
+const ACK_HAS_VERIFY_TIME: u8 = 8;
 
 impl Ack {
     /// The ack for a verification result (or for a failed verification).
@@ -470,6 +540,15 @@ impl Ack {
             status,
             received_bytes,
             verification,
+            verify_micros: None,
+        }
+    }
+
+    /// The same ack, telling how long the verification took.
+    pub fn with_verify_time(self, took: std::time::Duration) -> Ack {
+        Ack {
+            verify_micros: Some(took.as_micros().min(u32::MAX as u128) as u32),
+            ..self
         }
     }
 
@@ -493,6 +572,9 @@ impl Ack {
                 flags |= ACK_HAS_CRC;
             }
         }
+        if self.verify_micros.is_some() {
+            flags |= ACK_HAS_VERIFY_TIME;
+        }
         out[7] = flags;
         out[8..16].copy_from_slice(&self.received_bytes.to_le_bytes());
         if let Some(v) = v {
@@ -501,7 +583,9 @@ impl Ack {
             out[32..40].copy_from_slice(&v.first_mismatch.unwrap_or(0).to_le_bytes());
             out[40..44].copy_from_slice(&v.crc32.unwrap_or(0).to_le_bytes());
         }
-        // 44..48 reserved
+        if let Some(us) = self.verify_micros {
+            out[44..48].copy_from_slice(&us.to_le_bytes());
+        }
         out
     }
 
@@ -515,7 +599,9 @@ impl Ack {
             _ => return Err(WireError::UnknownStatus { code }),
         };
         let flags = r.u8();
-        if flags & !(ACK_HAS_VERIFICATION | ACK_HAS_FIRST_MISMATCH | ACK_HAS_CRC) != 0 {
+        let known =
+            ACK_HAS_VERIFICATION | ACK_HAS_FIRST_MISMATCH | ACK_HAS_CRC | ACK_HAS_VERIFY_TIME;
+        if flags & !known != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
         let received_bytes = r.u64();
@@ -523,6 +609,7 @@ impl Ack {
         let mismatches = r.u64();
         let first = r.u64();
         let crc = r.u32();
+        let verify_micros = r.u32();
         let verification = (flags & ACK_HAS_VERIFICATION != 0).then_some(Verification {
             elements,
             mismatches,
@@ -544,6 +631,7 @@ impl Ack {
             status,
             received_bytes,
             verification,
+            verify_micros: (flags & ACK_HAS_VERIFY_TIME != 0).then_some(verify_micros),
         })
     }
 }
@@ -631,8 +719,67 @@ mod tests {
             total_bytes: total,
             chunk_bytes: chunk,
             depth,
+            transfers: 1,
         }
         .encode()
+    }
+
+    #[test]
+    fn a_single_transfer_keeps_the_original_encoding() {
+        // Byte for byte what a sender before the repeat flag sent: flags 0, 24.. zero.
+        let bytes = seed_header().encode();
+        let mut expected = [0u8; HEADER_LEN];
+        expected[0..4].copy_from_slice(b"GRDM");
+        expected[4..6].copy_from_slice(&1u16.to_le_bytes());
+        expected[6] = 1;
+        expected[8..16].copy_from_slice(&16384u64.to_le_bytes());
+        expected[16..20].copy_from_slice(&16384u32.to_le_bytes());
+        expected[20..24].copy_from_slice(&16u32.to_le_bytes());
+        assert_eq!(bytes, expected);
+        // Without the flag, whatever lies in the reserved bytes is ignored, as before.
+        let mut junk = bytes;
+        junk[24..32].copy_from_slice(&[7; 8]);
+        assert_eq!(Header::decode(&junk), Ok(seed_header()));
+        assert_eq!(Header::decode(&junk).unwrap().transfers, 1);
+    }
+
+    #[test]
+    fn repeated_transfers_round_trip_with_the_flag() {
+        let h = seed_header().with_transfers(1000).unwrap();
+        assert!(h.repeats());
+        let bytes = h.encode();
+        assert_eq!(bytes[7], HEADER_FLAG_REPEAT);
+        assert_eq!(&bytes[24..28], &1000u32.to_le_bytes());
+        assert_eq!(Header::decode(&bytes), Ok(h));
+        let w = Header::new(Op::Write, 1 << 20, 1 << 20, 1)
+            .unwrap()
+            .with_transfers(MAX_TRANSFERS)
+            .unwrap();
+        assert_eq!(Header::decode(&w.encode()), Ok(w));
+        // with_transfers(1) is the plain header.
+        assert_eq!(seed_header().with_transfers(1), Ok(seed_header()));
+    }
+
+    #[test]
+    fn repeat_flag_with_a_bad_count_is_refused() {
+        for count in [0u32, 1, MAX_TRANSFERS + 1] {
+            let mut bytes = seed_header().encode();
+            bytes[7] = HEADER_FLAG_REPEAT;
+            bytes[24..28].copy_from_slice(&count.to_le_bytes());
+            assert_eq!(
+                Header::decode(&bytes),
+                Err(WireError::BadTransferCount { count }),
+                "{count}"
+            );
+        }
+        assert!(seed_header().with_transfers(0).is_err());
+        // The reason survives the trip through a reject.
+        let r = RejectReason::BadHeader(WireError::BadTransferCount { count: 0 });
+        assert_eq!(RejectReason::decode(&r.encode()), Some(r));
+        // A receiver that predates the flag answers "unknown flags 0x01": what an old
+        // decoder (flags must be 0) does with the new header.
+        let bytes = seed_header().with_transfers(2).unwrap().encode();
+        assert_ne!(bytes[7], 0);
     }
 
     #[test]
@@ -765,7 +912,14 @@ mod tests {
         assert_eq!(mismatch.status, AckStatus::Mismatch);
         let failed = Ack::new(1 << 20, None);
         assert_eq!(failed.status, AckStatus::VerifyFailed);
-        for ack in [verified, mismatch, failed] {
+        let timed = verified.with_verify_time(std::time::Duration::from_micros(1234));
+        assert_eq!(timed.verify_micros, Some(1234));
+        let saturated = failed.with_verify_time(std::time::Duration::from_secs(1 << 40));
+        assert_eq!(saturated.verify_micros, Some(u32::MAX));
+        // Without a verify time the reserved bytes stay zero (what older senders expect).
+        assert_eq!(&verified.encode()[44..48], &[0; 4]);
+        assert_eq!(verified.encode()[7] & ACK_HAS_VERIFY_TIME, 0);
+        for ack in [verified, mismatch, failed, timed, saturated] {
             let bytes = ack.encode();
             assert_eq!(Ack::decode(&bytes), Ok(ack));
         }

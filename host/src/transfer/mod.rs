@@ -28,6 +28,18 @@
 //! Each `--iters` iteration is a connection of its own (and is verified on its own);
 //! throughput is measured from the first work request to the last data completion.
 //!
+//! **One connection, many transfers** (`--reuse-connection`, header flag 0x01 with the
+//! count): steps 3 and 4 repeat on the same connection. The receiver verifies each
+//! transfer, posts the receives of the next, and only then acks (its ack carries the
+//! verification time); the sender starts the next transfer when the ack has arrived. Each
+//! transfer's round trip (first work request to the ack) is timed apart from connection
+//! setup: the figure to compare with a ping-pong latency test. Receivers that predate the
+//! flag reject it ("unknown flags 0x01"); without it nothing on the wire changes.
+//!
+//! Posting: the sender hands its work requests to the provider in lists of up to 16 (one
+//! doorbell each; Soft-RoCE does its protocol work in that system call), and the receiver
+//! sends its ack inline where the device allows, so the ack buffer is free at once.
+//!
 //! `--raw` is the seed's wire behaviour instead: no header, one `SEND_WITH_IMM` of the
 //! whole buffer with immediate `0x1234`, a 16-byte reply.
 
@@ -41,7 +53,7 @@ pub mod units;
 pub use header::{AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError};
 pub use plan::{Chunk, ChunkPlan};
 pub use receiver::{serve, RecvConfig, RecvOutcome, RecvReport};
-pub use sender::{send, send_raw, ReceiverVerdict, SendConfig, SendReport};
+pub use sender::{send, send_raw, send_repeated, ReceiverVerdict, SendConfig, SendReport};
 
 use crate::rdma::RdmaError;
 

@@ -64,6 +64,11 @@ pub struct RecvReport {
     pub imm: Option<u32>,
     /// Whether the sender got our verdict (the ack, or the raw reply).
     pub reply_delivered: bool,
+    /// Transfers on this connection (more than 1 with the sender's `--reuse-connection`;
+    /// `bytes`, `chunks`, `seconds` and `verification` then cover them all).
+    pub transfers: u32,
+    /// Time spent verifying (all transfers), after the data and before each ack.
+    pub verify_seconds: f64,
 }
 
 impl RecvReport {
@@ -274,6 +279,75 @@ fn post_data_recv(
     unsafe { conn.qp.post_recv(TAG_DATA | index, sge) }
 }
 
+/// The connection's verbs objects, asking for inline sends big enough for the ack (the
+/// ack buffer may then be rewritten right after posting); without them where the device
+/// refuses.
+fn receiver_connection(
+    id: &Rc<CmId>,
+    recv_depth: u32,
+    busy_poll: bool,
+) -> Result<Connection, RdmaError> {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: recv_depth,
+        max_inline_data: ACK_LEN as u32,
+    };
+    match Connection::new(id, caps, busy_poll) {
+        Ok(conn) => Ok(conn),
+        Err(_) => Connection::new(
+            id,
+            QpCaps {
+                max_inline_data: 0,
+                ..caps
+            },
+            busy_poll,
+        ),
+    }
+}
+
+/// The receives of one connection's data.
+struct Receives<'a> {
+    conn: &'a Connection,
+    mr: &'a MemoryRegion,
+    plan: &'a ChunkPlan,
+    op: Op,
+    /// Send mode: receives posted for the current transfer (chunk indices `0..posted`).
+    /// Write mode: receives posted on the connection (their index means nothing: the
+    /// immediate data says which chunks landed).
+    posted: u64,
+    /// Most receives to post: send mode per transfer (the chunk count), write mode per
+    /// connection (one per chunk of every transfer, more than the signaled ones need).
+    limit: u64,
+}
+
+impl Receives<'_> {
+    fn post(&mut self) -> Result<(), RdmaError> {
+        post_data_recv(self.conn, self.mr, self.plan, self.op, self.posted)?;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// Replace a consumed receive, as long as more can be needed.
+    fn replenish(&mut self) -> Result<(), RdmaError> {
+        if self.posted < self.limit {
+            self.post()?;
+        }
+        Ok(())
+    }
+
+    /// Send mode: the previous transfer's receives are all consumed and its data checked;
+    /// post the first `depth` of the next one.
+    fn start_next_transfer(&mut self, depth: u64) -> Result<(), RdmaError> {
+        if self.op == Op::Send {
+            self.posted = 0;
+            while self.posted < depth.min(self.limit) {
+                self.post()?;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn receive_framed(
     cfg: &RecvConfig,
     id: &Rc<CmId>,
@@ -284,6 +358,7 @@ fn receive_framed(
     let total = header.total_bytes;
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
     let n = plan.count();
+    let transfers = header.transfers as u64;
     // More receives than the sender keeps in flight (twice, and at least 64): a receive is
     // reposted only a moment after its completion, and a sender that finds the queue empty
     // must back off ("receiver not ready").
@@ -291,15 +366,9 @@ fn receive_framed(
         .max(MIN_RECEIVES)
         .min(n)
         .min(2 * MAX_DEPTH as u64) as u32;
-    let conn = Connection::new(
-        id,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: recv_depth,
-        },
-        cfg.busy_poll,
-    )
-    .map_err(|e| setup_failed(peer, e))?;
+    let conn =
+        receiver_connection(id, recv_depth, cfg.busy_poll).map_err(|e| setup_failed(peer, e))?;
+    let inline_ack = conn.qp.caps().max_inline_data as usize >= ACK_LEN;
     if (sink.len() as u64) < total {
         return Err(internal(format!(
             "the sink has {} bytes for a {total}-byte transfer",
@@ -317,10 +386,19 @@ fn receive_framed(
             Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
         })?;
     let mut ack_buf = MessageBuffer::new(&conn.pd, ACK_LEN).map_err(internal)?;
-    let mut posted = 0u64;
-    while posted < recv_depth as u64 {
-        post_data_recv(&conn, &mr, &plan, header.op, posted).map_err(internal)?;
-        posted += 1;
+    let mut recvs = Receives {
+        conn: &conn,
+        mr: &mr,
+        plan: &plan,
+        op: header.op,
+        posted: 0,
+        limit: match header.op {
+            Op::Send => n,
+            Op::Write => n.saturating_mul(transfers),
+        },
+    };
+    while recvs.posted < recv_depth as u64 {
+        recvs.post().map_err(internal)?;
     }
     let accept = match header.op {
         Op::Write => AcceptInfo {
@@ -341,17 +419,203 @@ fn receive_framed(
     wait_established(id, peer, cfg.timeout)?;
     let start = Instant::now();
 
-    // --- data: until the last chunk, the timeout restarting on progress ---------------------
+    let mut comps: Vec<Completion> = Vec::with_capacity(64);
+    let se = super::sender::se_experiment();
+    // Acks of earlier transfers (repeat mode) whose send completion is still to come.
+    let mut acks_pending = 0u32;
+    let mut acks_delivered = true;
+    let mut seconds = 0.0;
+    let mut verify_seconds = 0.0;
+    let mut verification: Option<Verification> = None;
+    let mut verify_error: Option<String> = None;
+    let mut reply_delivered = false;
+    for k in 0..transfers {
+        // Words for errors: which transfer of several it was.
+        let context = Context { k, transfers };
+        conn.cq.set_solicited_only(se);
+        let mut on_ack = |c: &Completion| {
+            acks_pending = acks_pending.saturating_sub(1);
+            acks_delivered &= c.is_ok();
+        };
+        receive_transfer(
+            cfg,
+            &conn,
+            peer,
+            header,
+            &plan,
+            &mut recvs,
+            &mut comps,
+            context,
+            &mut on_ack,
+        )?;
+        seconds = start.elapsed().as_secs_f64();
+        conn.cq.set_solicited_only(false);
+
+        // --- verify, and tell the sender -------------------------------------------------
+        let verify_start = Instant::now();
+        let (this, this_error) = match sink.verify(total as usize) {
+            Ok(v) => (Some(v), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        };
+        let took = verify_start.elapsed();
+        verify_seconds += took.as_secs_f64();
+        verification = merge_verifications(k, verification, this);
+        if verify_error.is_none() {
+            verify_error = this_error.map(|e| format!("{e}{}", context.words()));
+        }
+        let mut ack = Ack::new(total, this);
+        if header.repeats() {
+            ack = ack.with_verify_time(took);
+        }
+        let ack_id = WR_ACK | (k & INDEX_MASK);
+        if k + 1 == transfers {
+            ack_buf.write(&ack.encode())?;
+            let delivered = send_and_wait(
+                &conn,
+                &ack_buf,
+                ack_id,
+                ACK_LEN,
+                inline_ack,
+                cfg.timeout,
+                "the ack",
+            )?;
+            reply_delivered = delivered && acks_delivered;
+        } else {
+            // The next transfer's receives go in before the ack that lets it start.
+            recvs
+                .start_next_transfer(recv_depth as u64)
+                .map_err(Failure::from)?;
+            if !inline_ack {
+                // The buffer may be rewritten only once the previous ack has left.
+                wait_for_acks(&conn, &mut comps, cfg.timeout, &mut acks_pending)?;
+            }
+            ack_buf.write(&ack.encode())?;
+            // SAFETY: `ack_buf` is registered and outlives the connection's use of it;
+            // inline, its bytes are copied now; otherwise it is not rewritten before
+            // this request's completion (wait_for_acks above).
+            unsafe {
+                conn.qp.post_send(&SendWr {
+                    wr_id: ack_id,
+                    sge: ack_buf.sge(ACK_LEN),
+                    op: SendOp::Send,
+                    signaled: true,
+                    inline: inline_ack,
+                    solicited: false,
+                })?
+            };
+            acks_pending += 1;
+        }
+    }
+    conn.close(false, cfg.timeout);
+    let first_values = sink.first_values(5).unwrap_or_default();
+    let bytes = total.saturating_mul(transfers);
+    Ok(RecvReport {
+        peer: peer.to_string(),
+        op: header.op.name(),
+        bytes,
+        chunks: n.saturating_mul(transfers),
+        seconds,
+        gbps: gigabytes_per_second(bytes, seconds),
+        path: sink.path(),
+        verification,
+        verify_error,
+        first_values,
+        imm: None,
+        reply_delivered,
+        transfers: header.transfers,
+        verify_seconds,
+    })
+}
+
+/// Which transfer of a connection's several an error concerns.
+#[derive(Clone, Copy)]
+struct Context {
+    k: u64,
+    transfers: u64,
+}
+
+impl Context {
+    /// " in transfer 3 of 1000", or nothing for a connection of one transfer.
+    fn words(self) -> String {
+        if self.transfers > 1 {
+            format!(" in transfer {} of {}", self.k + 1, self.transfers)
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// The verification of several transfers as one: counts add up, the first mismatch is
+/// the first transfer's that has one (its index within that transfer), the CRC is the
+/// last transfer's. A transfer that could not be verified makes the whole unverified.
+fn merge_verifications(
+    k: u64,
+    acc: Option<Verification>,
+    this: Option<Verification>,
+) -> Option<Verification> {
+    if k == 0 {
+        return this;
+    }
+    let (acc, this) = (acc?, this?);
+    Some(Verification {
+        elements: acc.elements + this.elements,
+        mismatches: acc.mismatches + this.mismatches,
+        first_mismatch: acc.first_mismatch.or(this.first_mismatch),
+        crc32: this.crc32,
+    })
+}
+
+/// Wait until the send completions of all `pending` acks are in (only data-free moments:
+/// nothing else can complete then).
+fn wait_for_acks(
+    conn: &Connection,
+    comps: &mut Vec<Completion>,
+    timeout: Duration,
+    pending: &mut u32,
+) -> Result<(), Failure> {
+    let deadline = Deadline::after(timeout);
+    while *pending > 0 {
+        comps.clear();
+        match conn.wait(comps, &deadline, "the previous ack to be sent")? {
+            Waited::Completions => {}
+            Waited::Disconnected => return Ok(()),
+        }
+        for c in comps.iter() {
+            if c.wr_id & !INDEX_MASK == WR_ACK {
+                c.check(|| "the SEND of an ack".into())?;
+                *pending -= 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Receive every chunk of one transfer, reposting receives as they are consumed, the
+/// timeout restarting on progress. `on_ack` sees the send completions of earlier acks.
+#[allow(clippy::too_many_arguments)]
+fn receive_transfer(
+    cfg: &RecvConfig,
+    conn: &Connection,
+    peer: &str,
+    header: Header,
+    plan: &ChunkPlan,
+    recvs: &mut Receives,
+    comps: &mut Vec<Completion>,
+    context: Context,
+    on_ack: &mut dyn FnMut(&Completion),
+) -> Result<(), Failure> {
+    let context = || context.words();
+    let total = header.total_bytes;
+    let n = plan.count();
     let mut got = 0u64; // chunks known to have landed
     let incomplete = |got: u64, why: String| {
         Failure::Broken(TransferError::Incomplete {
             peer: peer.to_string(),
             got: plan.bytes_through(got),
             total,
-            why,
+            why: format!("{why}{}", context()),
         })
     };
-    let mut comps: Vec<Completion> = Vec::new();
     let mut deadline = Deadline::after(cfg.timeout);
     let mut gone = false;
     while got < n {
@@ -359,12 +623,12 @@ fn receive_framed(
             return Err(incomplete(got, "peer disconnected".into()));
         }
         comps.clear();
-        match conn.wait(&mut comps, &deadline, "data") {
+        match conn.wait(comps, &deadline, "data") {
             Ok(Waited::Completions) => {}
             Ok(Waited::Disconnected) => {
                 // Take what landed before the disconnect, then give up.
                 gone = true;
-                conn.cq.poll(&mut comps)?;
+                conn.cq.poll(comps)?;
             }
             Err(RdmaError::Timeout { after, .. }) => {
                 return Err(incomplete(
@@ -374,7 +638,11 @@ fn receive_framed(
             }
             Err(e) => return Err(e.into()),
         }
-        for c in &comps {
+        for c in comps.iter() {
+            if c.wr_id & !INDEX_MASK == WR_ACK {
+                on_ack(c);
+                continue;
+            }
             if !is_data(c.wr_id) {
                 continue;
             }
@@ -392,14 +660,17 @@ fn receive_framed(
                     let index = c.wr_id & INDEX_MASK;
                     let Some(chunk) = plan.get(index).filter(|_| index == got) else {
                         return Err(TransferError::Protocol(format!(
-                            "receive {index} completed out of order (expected {got})"
+                            "receive {index} completed out of order (expected {got}){}",
+                            context()
                         ))
                         .into());
                     };
                     if c.byte_len as u64 != chunk.len {
                         return Err(TransferError::Protocol(format!(
-                            "chunk {index} from {peer}: {} bytes arrived, {} expected",
-                            c.byte_len, chunk.len
+                            "chunk {index} from {peer}: {} bytes arrived, {} expected{}",
+                            c.byte_len,
+                            chunk.len,
+                            context()
                         ))
                         .into());
                     }
@@ -410,8 +681,9 @@ fn receive_framed(
                     };
                     if !imm_ok {
                         return Err(TransferError::Protocol(format!(
-                            "chunk {index} of {n} from {peer} carried immediate data {:?}",
-                            c.imm
+                            "chunk {index} of {n} from {peer} carried immediate data {:?}{}",
+                            c.imm,
+                            context()
                         ))
                         .into());
                     }
@@ -422,53 +694,30 @@ fn receive_framed(
                         Some(imm) if c.is_write_with_imm() => imm as u64,
                         _ => {
                             return Err(TransferError::Protocol(format!(
-                                "expected an RDMA WRITE with immediate from {peer}, got a message of {} bytes",
-                                c.byte_len
+                                "expected an RDMA WRITE with immediate from {peer}, got a message of {} bytes{}",
+                                c.byte_len,
+                                context()
                             ))
                             .into())
                         }
                     };
                     if imm <= got || imm > n {
                         return Err(TransferError::Protocol(format!(
-                            "immediate {imm} from {peer} does not follow {got} of {n} chunks"
+                            "immediate {imm} from {peer} does not follow {got} of {n} chunks{}",
+                            context()
                         ))
                         .into());
                     }
                     got = imm;
                 }
             }
-            if posted < n && !gone {
-                post_data_recv(&conn, &mr, &plan, header.op, posted)?;
-                posted += 1;
+            if !gone {
+                recvs.replenish()?;
             }
             deadline = Deadline::after(cfg.timeout);
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
-
-    // --- verify, and tell the sender ---------------------------------------------------------
-    let (verification, verify_error) = match sink.verify(total as usize) {
-        Ok(v) => (Some(v), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
-    };
-    let ack = Ack::new(total, verification);
-    ack_buf.write(&ack.encode())?;
-    let reply_delivered = send_and_wait(&conn, &ack_buf, WR_ACK, ACK_LEN, cfg.timeout, "the ack")?;
-    conn.close(false, cfg.timeout);
-    Ok(RecvReport {
-        peer: peer.to_string(),
-        op: header.op.name(),
-        bytes: total,
-        chunks: n,
-        seconds,
-        gbps: gigabytes_per_second(total, seconds),
-        path: sink.path(),
-        verification,
-        verify_error,
-        first_values: sink.first_values(5).unwrap_or_default(),
-        imm: None,
-        reply_delivered,
-    })
+    Ok(())
 }
 
 /// Wait for ESTABLISHED on a connection we accepted.
@@ -501,6 +750,7 @@ fn send_and_wait(
     buf: &MessageBuffer,
     wr_id: u64,
     len: usize,
+    inline: bool,
     timeout: Duration,
     what: &str,
 ) -> Result<bool, Failure> {
@@ -515,6 +765,8 @@ fn send_and_wait(
             sge: buf.sge(len),
             op: SendOp::Send,
             signaled: true,
+            inline,
+            solicited: false,
         })?
     };
     let deadline = Deadline::after(timeout);
@@ -570,6 +822,7 @@ fn raw(
         QpCaps {
             max_send_wr: 2,
             max_recv_wr: 2,
+            max_inline_data: 0,
         },
         cfg.busy_poll,
     )
@@ -630,16 +883,19 @@ fn raw(
         )
     })?;
     let bytes = message.byte_len as u64;
+    let verify_start = Instant::now();
     let (verification, verify_error) = match sink.verify(bytes as usize) {
         Ok(v) => (Some(v), None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
+    let verify_seconds = verify_start.elapsed().as_secs_f64();
     // rdma-core's rdma_client waits for a 16-byte reply before it disconnects.
     let reply_delivered = send_and_wait(
         &conn,
         &reply_buf,
         WR_REPLY,
         RAW_REPLY.len(),
+        false,
         cfg.timeout,
         "the reply",
     )?;
@@ -659,5 +915,7 @@ fn raw(
             .unwrap_or_default(),
         imm: message.imm,
         reply_delivered,
+        transfers: 1,
+        verify_seconds,
     })
 }

@@ -6,7 +6,8 @@ use super::conn::{
     WR_REPLY,
 };
 use super::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, RAW_IMM,
+    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, HEADER_FLAG_REPEAT,
+    RAW_IMM,
 };
 use super::plan::ChunkPlan;
 use super::units::format_bytes;
@@ -14,7 +15,7 @@ use super::{gigabytes_per_second, TransferError};
 use crate::memory::{SendSource, Verification};
 use crate::rdma::{
     self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
-    MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, Sge,
+    MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, Sge, POST_LIST_MAX,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::net::SocketAddr;
@@ -77,6 +78,12 @@ pub struct SendReport {
     pub receiver: Option<ReceiverVerdict>,
     /// Bytes of the reply a raw peer sent, if it sent one.
     pub raw_reply_bytes: Option<u32>,
+    /// From the first work request posted to the receiver's ack: one round trip, data
+    /// out and verdict back, including the receiver's verification (framed transfers).
+    pub round_trip_seconds: Option<f64>,
+    /// How long the receiver's verification took, as it reported (only receivers serving
+    /// `--reuse-connection` report it).
+    pub receiver_verify_seconds: Option<f64>,
 }
 
 /// Extra time given to the CM to report its own timeout.
@@ -272,11 +279,28 @@ fn broken(peer: &str, done: u64, total: u64, c: &Completion, what: String) -> Tr
 
 /// One framed transfer of `source` to `cfg.peer`.
 pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport, TransferError> {
+    let mut reports = send_repeated(cfg, source, 1)?;
+    reports
+        .pop()
+        .ok_or_else(|| TransferError::Protocol("no transfer was made".into()))
+}
+
+/// `transfers` framed transfers of `source` on one connection (`--reuse-connection`).
+/// The receiver verifies and acks each; the next starts only after the ack has arrived,
+/// so each report's `round_trip_seconds` is one whole round trip (data out, verification,
+/// ack back) without connection setup. The first report carries the setup time, the
+/// others 0. With `transfers == 1` the wire traffic is exactly [`send`]'s.
+pub fn send_repeated(
+    cfg: &SendConfig,
+    source: &mut dyn SendSource,
+    transfers: u32,
+) -> Result<Vec<SendReport>, TransferError> {
     let t0 = Instant::now();
     let total = source.len() as u64;
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
     let n = plan.count();
     let header = Header::new(cfg.op, total, plan.chunk_bytes(), cfg.depth)
+        .and_then(|h| h.with_transfers(transfers))
         .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))?;
     let label = cfg.peer.to_string();
 
@@ -299,6 +323,7 @@ pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport,
         QpCaps {
             max_send_wr: window + 1,
             max_recv_wr: 2,
+            max_inline_data: 0,
         },
         cfg.busy_poll,
     )?;
@@ -321,7 +346,17 @@ pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport,
     };
 
     let header_bytes = header.encode_with_version(cfg.protocol_version);
-    let accept_data = connect(&id, cfg.peer, &header_bytes, cfg.timeout, false)?;
+    let accept_data =
+        connect(&id, cfg.peer, &header_bytes, cfg.timeout, false).map_err(|e| match e {
+            TransferError::Rejected(RejectReason::BadHeader(WireError::UnknownFlags { flags }))
+                if header.repeats() && flags & HEADER_FLAG_REPEAT != 0 =>
+            {
+                TransferError::Protocol(format!(
+                    "receiver rejected the transfer: it does not know --reuse-connection (unknown flags {flags:#04x}); update it, or drop --reuse-connection"
+                ))
+            }
+            e => e,
+        })?;
     let accept = match AcceptInfo::decode(&accept_data) {
         Ok(a) => a,
         Err(e) => {
@@ -344,163 +379,258 @@ pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport,
     }
     let connect_seconds = t0.elapsed().as_secs_f64();
 
-    // --- data ---------------------------------------------------------------------------
-    // Signal every `sig_every`-th chunk (and the last): one completion then stands for all
-    // chunks before it, and a window always holds a signaled chunk, so it drains.
-    let sig_every = (window as u64 / 4).max(1);
-    let mut progress = Progress::new(cfg.progress, total);
-    let mut comps: Vec<Completion> = Vec::new();
-    let mut ack: Option<Completion> = None;
-    let mut next = 0u64; // next chunk to post
-    let mut done = 0u64; // chunks known complete
-    let start = Instant::now();
-    let mut deadline = Deadline::after(cfg.timeout);
-    while done < n {
-        while next < n && next - done < window as u64 {
-            let Some(chunk) = plan.get(next) else { break };
-            let addr = source
-                .prepare_chunk(chunk.offset as usize, chunk.len as usize, deadline.at())
-                .map_err(TransferError::Memory)?;
-            if !data_mr.contains(addr, chunk.len) {
-                return Err(TransferError::Protocol(format!(
-                    "the source put chunk {next} at {addr:#x}, outside its registered memory"
-                )));
-            }
-            let last = next + 1 == n;
-            let signaled = last || (next + 1).is_multiple_of(sig_every);
-            let imm = (next + 1) as u32; // chunks delivered through this one (n < 2^32)
-            let op = match cfg.op {
-                Op::Send if last => SendOp::SendWithImm(imm),
-                Op::Send => SendOp::Send,
-                Op::Write => {
-                    let remote_addr = accept.addr + chunk.offset;
-                    if signaled {
-                        SendOp::WriteWithImm {
-                            remote_addr,
-                            rkey: accept.rkey,
-                            imm,
-                        }
-                    } else {
-                        SendOp::Write {
-                            remote_addr,
-                            rkey: accept.rkey,
+    let one = OneTransfer {
+        cfg,
+        conn: &conn,
+        data_mr: &data_mr,
+        accept,
+        plan,
+        window,
+        label: &label,
+    };
+    let device = id.device_name();
+    let mut reports = Vec::new();
+    for k in 0..transfers {
+        if k > 0 {
+            // The previous ack has been read: the receive for the next one goes in before
+            // any data of the next transfer, so the receiver never finds it missing.
+            // SAFETY: as for the first ack receive above.
+            unsafe {
+                conn.qp
+                    .post_recv(WR_ACK, Some(ack_buf.sge(ack_buf.len())))?
+            };
+        }
+        let done = one.run(source, &ack_buf)?;
+        let ack = done.ack;
+        reports.push(SendReport {
+            peer: label.clone(),
+            device: device.clone(),
+            op: cfg.op.name(),
+            bytes: total,
+            chunks: n,
+            chunk_bytes: plan.chunk_bytes(),
+            in_flight: window,
+            connect_seconds: if k == 0 { connect_seconds } else { 0.0 },
+            seconds: done.seconds,
+            gbps: gigabytes_per_second(total, done.seconds),
+            receiver: Some(ReceiverVerdict {
+                status: ack.status,
+                received_bytes: ack.received_bytes,
+                verification: ack.verification,
+            }),
+            raw_reply_bytes: None,
+            round_trip_seconds: Some(done.round_trip_seconds),
+            receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
+        });
+    }
+    conn.close(true, DISCONNECT_GRACE);
+    Ok(reports)
+}
+
+/// What one transfer on an established connection needs.
+struct OneTransfer<'a> {
+    cfg: &'a SendConfig,
+    conn: &'a Connection,
+    data_mr: &'a MemoryRegion,
+    accept: AcceptInfo,
+    plan: ChunkPlan,
+    window: u32,
+    label: &'a str,
+}
+
+/// How one transfer went.
+struct TransferDone {
+    /// First work request posted to the last data completion.
+    seconds: f64,
+    /// First work request posted to the receiver's ack.
+    round_trip_seconds: f64,
+    ack: Ack,
+}
+
+impl OneTransfer<'_> {
+    /// Post the chunks with `window` in flight, then wait for the receiver's ack (whose
+    /// receive must already be posted).
+    fn run(
+        &self,
+        source: &mut dyn SendSource,
+        ack_buf: &MessageBuffer,
+    ) -> Result<TransferDone, TransferError> {
+        let (cfg, conn, data_mr, plan, label) =
+            (self.cfg, self.conn, self.data_mr, &self.plan, self.label);
+        let accept = self.accept;
+        let window = self.window as u64;
+        let total = plan.total();
+        let n = plan.count();
+        // Signal every `sig_every`-th chunk (and the last): one completion then stands for
+        // all chunks before it, and a window always holds a signaled chunk, so it drains.
+        let sig_every = (window / 4).max(1);
+        let waiting_for_data = format!("completions of chunks sent to {label}");
+        let mut progress = Progress::new(cfg.progress, total);
+        let mut comps: Vec<Completion> = Vec::with_capacity(64);
+        let mut ack: Option<Completion> = None;
+        let mut next = 0u64; // next chunk to post
+        let mut done = 0u64; // chunks known complete
+        let batch_max = post_batch(source);
+        let mut batch: Vec<SendWr> = Vec::with_capacity(batch_max);
+        let start = Instant::now();
+        let mut deadline = Deadline::after(cfg.timeout);
+        while done < n {
+            while next < n && next - done < window {
+                let Some(chunk) = plan.get(next) else { break };
+                let addr = source
+                    .prepare_chunk(chunk.offset as usize, chunk.len as usize, deadline.at())
+                    .map_err(TransferError::Memory)?;
+                if !data_mr.contains(addr, chunk.len) {
+                    return Err(TransferError::Protocol(format!(
+                        "the source put chunk {next} at {addr:#x}, outside its registered memory"
+                    )));
+                }
+                let last = next + 1 == n;
+                let signaled = last || (next + 1).is_multiple_of(sig_every);
+                let imm = (next + 1) as u32; // chunks delivered through this one (n < 2^32)
+                let op = match cfg.op {
+                    Op::Send if last => SendOp::SendWithImm(imm),
+                    Op::Send => SendOp::Send,
+                    Op::Write => {
+                        let remote_addr = accept.addr + chunk.offset;
+                        if signaled {
+                            SendOp::WriteWithImm {
+                                remote_addr,
+                                rkey: accept.rkey,
+                                imm,
+                            }
+                        } else {
+                            SendOp::Write {
+                                remote_addr,
+                                rkey: accept.rkey,
+                            }
                         }
                     }
+                };
+                batch.push(SendWr {
+                    wr_id: TAG_DATA | next,
+                    sge: Sge {
+                        addr,
+                        len: chunk.len as u32,
+                        lkey: data_mr.lkey(),
+                    },
+                    op,
+                    signaled,
+                    inline: false,
+                    solicited: se_experiment() && signaled,
+                });
+                next += 1;
+                if batch.len() >= batch_max {
+                    // SAFETY: every SGE lies in `data_mr` (checked above), which stays
+                    // registered until after the last completion is polled; the source
+                    // does not touch a chunk until release_chunk, called only after its
+                    // completion.
+                    unsafe { conn.qp.post_send_list(&batch)? };
+                    batch.clear();
                 }
-            };
-            let wr = SendWr {
-                wr_id: TAG_DATA | next,
-                sge: Sge {
-                    addr,
-                    len: chunk.len as u32,
-                    lkey: data_mr.lkey(),
-                },
-                op,
-                signaled,
-            };
-            // SAFETY: the SGE lies in `data_mr` (checked above), which stays registered
-            // until after the last completion is polled; the source does not touch the
-            // chunk until release_chunk, called only after its completion.
-            unsafe { conn.qp.post_send(&wr)? };
-            next += 1;
-        }
-        comps.clear();
-        let waited = conn
-            .wait(
-                &mut comps,
-                &deadline,
-                &format!("completions of chunks sent to {label}"),
-            )
-            .map_err(|e| match e {
-                rdma::RdmaError::Timeout { .. } => TransferError::Broken {
-                    peer: label.clone(),
+            }
+            if !batch.is_empty() {
+                // SAFETY: as above.
+                unsafe { conn.qp.post_send_list(&batch)? };
+                batch.clear();
+            }
+            comps.clear();
+            let waited = conn
+                .wait(&mut comps, &deadline, &waiting_for_data)
+                .map_err(|e| match e {
+                    rdma::RdmaError::Timeout { .. } => TransferError::Broken {
+                        peer: label.to_string(),
+                        done: plan.bytes_through(done),
+                        total,
+                        why: e.to_string(),
+                    },
+                    e => e.into(),
+                })?;
+            if waited == Waited::Disconnected {
+                return Err(TransferError::Broken {
+                    peer: label.to_string(),
                     done: plan.bytes_through(done),
                     total,
-                    why: e.to_string(),
-                },
-                e => e.into(),
-            })?;
-        if waited == Waited::Disconnected {
-            return Err(TransferError::Broken {
-                peer: label,
-                done: plan.bytes_through(done),
-                total,
-                why: "the receiver disconnected".into(),
-            });
-        }
-        for c in &comps {
-            if c.wr_id == WR_ACK {
-                // The receiver only acks after all data; keep it for below.
-                c.check(|| "the receive for the receiver's ack".into())?;
-                ack = Some(*c);
-                continue;
+                    why: "the receiver disconnected".into(),
+                });
             }
-            if !is_data(c.wr_id) {
-                continue;
-            }
-            let index = c.wr_id & INDEX_MASK;
-            if !c.is_ok() {
-                let what = format!("{} of chunk {index}", op_name(cfg.op, index + 1 == n));
-                return Err(broken(&label, plan.bytes_through(done), total, c, what));
-            }
-            // A signaled completion: every chunk up to `index` is done (RC, in order).
-            while done <= index {
-                if let Some(chunk) = plan.get(done) {
-                    source.release_chunk(chunk.offset as usize);
+            for c in &comps {
+                if c.wr_id == WR_ACK {
+                    // The receiver only acks after all data; keep it for below.
+                    c.check(|| "the receive for the receiver's ack".into())?;
+                    ack = Some(*c);
+                    continue;
                 }
-                done += 1;
+                if !is_data(c.wr_id) {
+                    continue;
+                }
+                let index = c.wr_id & INDEX_MASK;
+                if !c.is_ok() {
+                    let what = format!("{} of chunk {index}", op_name(cfg.op, index + 1 == n));
+                    return Err(broken(label, plan.bytes_through(done), total, c, what));
+                }
+                // A signaled completion: every chunk up to `index` is done (RC, in order).
+                while done <= index {
+                    if let Some(chunk) = plan.get(done) {
+                        source.release_chunk(chunk.offset as usize);
+                    }
+                    done += 1;
+                }
+                deadline = Deadline::after(cfg.timeout);
             }
-            deadline = Deadline::after(cfg.timeout);
+            progress.update(plan.bytes_through(done));
         }
-        progress.update(plan.bytes_through(done));
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    progress.finish();
+        let seconds = start.elapsed().as_secs_f64();
+        progress.finish();
 
-    // --- the receiver's verdict -----------------------------------------------------------
-    let deadline = Deadline::after(cfg.timeout);
-    while ack.is_none() {
-        comps.clear();
-        let waited = conn.wait(
-            &mut comps,
-            &deadline,
-            &format!("the verification result from {label}"),
-        )?;
-        for c in &comps {
-            if c.wr_id == WR_ACK {
-                c.check(|| "the receive for the receiver's ack".into())?;
-                ack = Some(*c);
+        // --- the receiver's verdict ---------------------------------------------------------
+        let deadline = Deadline::after(cfg.timeout);
+        let waiting_for_ack = format!("the verification result from {label}");
+        while ack.is_none() {
+            comps.clear();
+            let waited = conn.wait(&mut comps, &deadline, &waiting_for_ack)?;
+            for c in &comps {
+                if c.wr_id == WR_ACK {
+                    c.check(|| "the receive for the receiver's ack".into())?;
+                    ack = Some(*c);
+                }
+            }
+            if ack.is_none() && waited == Waited::Disconnected {
+                return Err(TransferError::Protocol(format!(
+                    "the receiver at {label} closed the connection without reporting its verification"
+                )));
             }
         }
-        if ack.is_none() && waited == Waited::Disconnected {
-            return Err(TransferError::Protocol(format!(
-                "the receiver at {label} closed the connection without reporting its verification"
-            )));
-        }
+        let round_trip_seconds = start.elapsed().as_secs_f64();
+        let ack_len = ack.map_or(0, |c| c.byte_len as usize);
+        let ack = Ack::decode(ack_buf.read(ack_len.min(ACK_LEN)))
+            .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))?;
+        Ok(TransferDone {
+            seconds,
+            round_trip_seconds,
+            ack,
+        })
     }
-    let ack_len = ack.map_or(0, |c| c.byte_len as usize);
-    let ack = Ack::decode(ack_buf.read(ack_len.min(ACK_LEN)))
-        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))?;
-    conn.close(true, DISCONNECT_GRACE);
+}
 
-    Ok(SendReport {
-        peer: label,
-        device: id.device_name(),
-        op: cfg.op.name(),
-        bytes: total,
-        chunks: n,
-        chunk_bytes: plan.chunk_bytes(),
-        in_flight: window,
-        connect_seconds,
-        seconds,
-        gbps: gigabytes_per_second(total, seconds),
-        receiver: Some(ReceiverVerdict {
-            status: ack.status,
-            received_bytes: ack.received_bytes,
-            verification: ack.verification,
-        }),
-        raw_reply_bytes: None,
-    })
+/// Work requests handed to the provider per call (one doorbell for all). Soft-RoCE does
+/// its protocol work in the doorbell's system call, so at 4 KiB a call per request cost
+/// about a third of the throughput (tests/softroce/BENCH.md); 16 takes most of the gain
+/// and keeps the first requests of a window from waiting long for the rest.
+const POST_BATCH: usize = 16;
+
+/// Work requests per provider call for `source`: a source that produces chunks as it goes
+/// (a staging ring) gets each posted as soon as it is ready.
+fn post_batch(source: &dyn SendSource) -> usize {
+    if source.max_chunks_in_flight().is_some() {
+        1
+    } else {
+        POST_BATCH.min(POST_LIST_MAX)
+    }
+}
+
+pub(crate) fn se_experiment() -> bool {
+    std::env::var_os("HOST_SE").is_some()
 }
 
 fn op_name(op: Op, last: bool) -> &'static str {
@@ -542,6 +672,7 @@ pub fn send_raw(
         QpCaps {
             max_send_wr: 2,
             max_recv_wr: 2,
+            max_inline_data: 0,
         },
         cfg.busy_poll,
     )?;
@@ -580,6 +711,8 @@ pub fn send_raw(
             },
             op: SendOp::SendWithImm(RAW_IMM),
             signaled: true,
+            inline: false,
+            solicited: false,
         })?
     };
     let mut comps = Vec::new();
@@ -621,8 +754,11 @@ pub fn send_raw(
     source.release_chunk(0);
 
     // An optional reply (rdma-core's rdma_server sends 16 bytes; `host recv --raw` too).
+    // Keep waiting after the peer's disconnect: rdma_server replies and disconnects at
+    // once, and the CM's DISCONNECTED event can overtake the reply's completion (they
+    // come through different channels), so stopping at the disconnect misses replies.
     let deadline = Deadline::after(RAW_REPLY_WAIT.min(cfg.timeout));
-    while reply.is_none() && !conn.is_disconnected() {
+    while reply.is_none() {
         comps.clear();
         match conn.wait(&mut comps, &deadline, "a reply") {
             Ok(_) => {
@@ -650,5 +786,7 @@ pub fn send_raw(
         gbps: gigabytes_per_second(total, seconds),
         receiver: None,
         raw_reply_bytes,
+        round_trip_seconds: None,
+        receiver_verify_seconds: None,
     })
 }

@@ -1,0 +1,1257 @@
+//! The transfer end to end, over real verbs: `host` inside Soft-RoCE (rdma_rxe) QEMU
+//! guests (tests/softroce/README.md).
+//!
+//! Three guest runs, each booted once for many cases. The cases are shell functions in
+//! `tests/softroce/scenarios/` (format: `scenarios/lib.sh`); each prints one delimited
+//! section with the exit code, run time and output of every program it started, and
+//! checks that none is left running. The tests here parse those sections and assert on
+//! exit codes and on the lines a user would see:
+//!
+//! * topology one (one guest, sender and receiver on the same address): the seed
+//!   scenario, RDMA WRITE, 256 MiB in chunks, `--raw` with rdma-core's rdma_server and
+//!   rdma_client and with itself, and the faults: no receiver, a killed sender, a killed
+//!   receiver, rejected offers, a port in use; three concurrent senders;
+//! * topology two (guest b receives, guest a sends): seed, WRITE, 64 MiB, no receiver,
+//!   concurrent senders;
+//! * topology two again, with guest b's QEMU killed in the middle of a transfer.
+//!
+//! Each `#[test]` checks the cases of one subject; the run it reads happens once, for the
+//! first test that needs it, and runs take turns (guests under TCG slow each other down).
+//! A failed check shows that case's whole section; every run's full output is kept in
+//! `target/tmp/softroce-*.log`.
+//!
+//! Needs `SOFTROCE_HOST_BIN` (the no-CUDA build of `host` that tests/run-all.sh exports),
+//! QEMU and the test bed's cache (tests/softroce/setup.sh). Without them the tests skip,
+//! saying why; under CI (the variable `CI` set) they fail instead.
+
+use integration_tests::{skip_unless_ci, workspace_root};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Guest a's address; guest b's in topology two.
+const A: &str = "192.0.2.1";
+const B: &str = "192.0.2.2";
+/// `--timeout` of the senders whose receiver dies (one-guest.sh, vanishing-receiver.sh).
+const DEAD_PEER_TIMEOUT_S: f64 = 20.0;
+/// Slack on top of it: polling in the guest, the console's way out, a loaded machine.
+const SLACK_S: f64 = 5.0;
+/// How long guest b lives in the vanishing-receiver run (run-guest.sh --kill-b-after).
+const KILL_B_AFTER_S: &str = "8";
+
+// ---------------------------------------------------------------------------------------
+// The runs
+// ---------------------------------------------------------------------------------------
+
+/// One guest run: which script, how.
+struct Spec {
+    what: &'static str,
+    topology: &'static str,
+    script: &'static str,
+    /// run-guest.sh's --timeout: bounds the whole run.
+    timeout_s: u64,
+    extra: &'static [&'static str],
+}
+
+const ONE: Spec = Spec {
+    what: "topology one",
+    topology: "one",
+    script: "one-guest.sh",
+    timeout_s: 600,
+    extra: &[],
+};
+const TWO: Spec = Spec {
+    what: "topology two",
+    topology: "two",
+    script: "two-guests.sh",
+    timeout_s: 600,
+    extra: &[],
+};
+const VANISHING: Spec = Spec {
+    what: "topology two, receiver host killed",
+    topology: "two",
+    script: "vanishing-receiver.sh",
+    timeout_s: 300,
+    extra: &["--kill-b-after", KILL_B_AFTER_S],
+};
+
+/// A line of run-guest.sh's output, with the time it arrived (since the run's start).
+struct Line {
+    at: Duration,
+    stderr: bool,
+    text: String,
+}
+
+/// What one program of a case printed (`@@OUT label rc=.. secs=.. ended=.. ...@@`).
+struct Output {
+    label: String,
+    rc: i32,
+    /// Its run time, from its start (or its first attempt's) to its end.
+    secs: f64,
+    /// The guest's uptime when it was seen gone.
+    ended: f64,
+    /// `test`: the case killed it on purpose; `bound`: it outlived its bound.
+    killed: Option<String>,
+    attempts: u32,
+    /// When its section header reached us (since the run's start).
+    seen_at: Duration,
+    lines: Vec<String>,
+}
+
+/// One case's section, in one guest.
+struct Case {
+    guest: char,
+    name: String,
+    /// The END marker's rc; None when the section never ended.
+    rc: Option<i32>,
+    outputs: Vec<Output>,
+    vals: BTreeMap<String, String>,
+    leftovers: Vec<String>,
+    /// The section as printed, for failure messages.
+    text: String,
+    run: &'static str,
+}
+
+struct Run {
+    spec: &'static Spec,
+    command: String,
+    /// run-guest.sh's exit code (None: it could not start, or died by a signal).
+    rc: Option<i32>,
+    error: Option<String>,
+    wall: Duration,
+    lines: Vec<Line>,
+    log: PathBuf,
+    cases: BTreeMap<(char, String), Case>,
+}
+
+enum Outcome {
+    Skipped(String),
+    Ran(Box<Run>),
+}
+
+/// Guest runs take turns.
+static GUESTS: Mutex<()> = Mutex::new(());
+
+fn one_guest(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&ONE)))
+}
+
+fn two_guests(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&TWO)))
+}
+
+fn vanishing(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&VANISHING)))
+}
+
+fn ran(test: &str, outcome: &'static Outcome) -> Option<&'static Run> {
+    match outcome {
+        Outcome::Skipped(reason) => {
+            skip_unless_ci(test, reason);
+            None
+        }
+        Outcome::Ran(run) => Some(run),
+    }
+}
+
+/// Progress and measurements, past libtest's capture (like `skip`), for CI's log.
+fn note(text: &str) {
+    let _ = writeln!(std::io::stderr(), "softroce: {text}");
+}
+
+/// The binary, or why the tests cannot run here.
+fn preflight() -> Result<PathBuf, String> {
+    let bin = std::env::var_os("SOFTROCE_HOST_BIN").ok_or(
+        "SOFTROCE_HOST_BIN is not set (tests/run-all.sh builds the guests' binary \
+         with `cargo build --release -p host --no-default-features --target-dir target/guest` \
+         and exports its path)",
+    )?;
+    let bin = PathBuf::from(bin);
+    if !bin.is_file() {
+        return Err(format!("SOFTROCE_HOST_BIN={} is not a file", bin.display()));
+    }
+    let qemu = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").is_file()))
+        .unwrap_or(false);
+    if !qemu {
+        return Err(
+            "QEMU (qemu-system-x86_64) is not installed: run tests/softroce/setup.sh".into(),
+        );
+    }
+    let cache = std::env::var_os("SOFTROCE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/softroce"));
+    if !cache.join("env.sh").is_file() {
+        return Err(format!(
+            "the Soft-RoCE test bed is not set up (no {}): run tests/softroce/setup.sh",
+            cache.join("env.sh").display()
+        ));
+    }
+    Ok(bin)
+}
+
+fn run(spec: &'static Spec) -> Outcome {
+    let bin = match preflight() {
+        Ok(bin) => bin,
+        Err(reason) => return Outcome::Skipped(reason),
+    };
+    let _turn = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let root = workspace_root();
+    let scenarios = root.join("tests/softroce/scenarios");
+    let mut args: Vec<String> = vec![
+        "--topology".into(),
+        spec.topology.into(),
+        "--timeout".into(),
+        spec.timeout_s.to_string(),
+    ];
+    args.extend(spec.extra.iter().map(|s| s.to_string()));
+    // The CUDA build too, where run-all.sh made one (its libcuda.so.1 comes along).
+    if let Some(cuda_bin) = std::env::var_os("SOFTROCE_HOST_CUDA_BIN") {
+        args.extend([
+            "--bin".into(),
+            PathBuf::from(cuda_bin).display().to_string(),
+        ]);
+    }
+    args.extend([
+        "--bin".into(),
+        bin.display().to_string(),
+        "--bin".into(),
+        scenarios.join("lib.sh").display().to_string(),
+        "--".into(),
+        scenarios.join(spec.script).display().to_string(),
+    ]);
+    let script = root.join("tests/softroce/run-guest.sh");
+    let command = format!("{} {}", script.display(), args.join(" "));
+    note(&format!("{}: starting `{command}`", spec.what));
+
+    let start = Instant::now();
+    let mut lines = Vec::new();
+    let mut error = None;
+    let mut rc = None;
+    match Command::new(&script)
+        .args(&args)
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Err(e) => error = Some(format!("cannot start {}: {e}", script.display())),
+        Ok(mut child) => {
+            let (tx, rx) = mpsc::channel::<Line>();
+            let streams: [(Box<dyn std::io::Read + Send>, bool); 2] = [
+                (Box::new(child.stdout.take().expect("piped")), false),
+                (Box::new(child.stderr.take().expect("piped")), true),
+            ];
+            for (stream, stderr) in streams {
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    let mut buf = Vec::new();
+                    loop {
+                        buf.clear();
+                        match reader.read_until(b'\n', &mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {
+                                let text = String::from_utf8_lossy(&buf)
+                                    .trim_end_matches(['\n', '\r'])
+                                    .to_string();
+                                let line = Line {
+                                    at: start.elapsed(),
+                                    stderr,
+                                    text,
+                                };
+                                if tx.send(line).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            // run-guest.sh bounds itself (--timeout); this is a backstop should it hang.
+            let hard = Duration::from_secs(spec.timeout_s + 60);
+            let mut killed_at: Option<Instant> = None;
+            loop {
+                match rx.recv_timeout(Duration::from_secs(1)) {
+                    Ok(line) => lines.push(line),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if killed_at.is_none() && start.elapsed() > hard {
+                            error = Some(format!(
+                                "run-guest.sh ran past its own --timeout {} s by a minute: killed",
+                                spec.timeout_s
+                            ));
+                            let _ = child.kill();
+                            killed_at = Some(Instant::now());
+                        }
+                        if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
+                            break; // something still holds the pipes: stop reading
+                        }
+                    }
+                }
+            }
+            match child.wait() {
+                Ok(status) => rc = status.code(),
+                Err(e) => error = Some(format!("waiting for run-guest.sh: {e}")),
+            }
+        }
+    }
+    let wall = start.elapsed();
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "softroce-{}.log",
+        spec.script.trim_end_matches(".sh")
+    ));
+    let mut text = format!("$ {command}\n");
+    for l in &lines {
+        let _ = writeln!(
+            text,
+            "{:8.3} {}{}",
+            l.at.as_secs_f64(),
+            if l.stderr { "! " } else { "" },
+            l.text
+        );
+    }
+    let _ = writeln!(text, "exit code {rc:?} after {:.1} s", wall.as_secs_f64());
+    let _ = std::fs::write(&log, text);
+    let cases = parse(spec.what, &lines);
+    note(&format!(
+        "{}: run-guest.sh exit {} after {:.1} s, {} case sections (log: {})",
+        spec.what,
+        rc.map_or_else(|| "?".to_string(), |c| c.to_string()),
+        wall.as_secs_f64(),
+        cases.len(),
+        log.display()
+    ));
+    Outcome::Ran(Box::new(Run {
+        spec,
+        command,
+        rc,
+        error,
+        wall,
+        lines,
+        log,
+        cases,
+    }))
+}
+
+/// The case sections in the guests' output (lines `[a] ...`, `[b] ...`).
+fn parse(run: &'static str, lines: &[Line]) -> BTreeMap<(char, String), Case> {
+    let mut cases = BTreeMap::new();
+    let mut open: BTreeMap<char, Case> = BTreeMap::new();
+    for line in lines.iter().filter(|l| !l.stderr) {
+        let Some((guest, text)) = line
+            .text
+            .strip_prefix("[a] ")
+            .map(|t| ('a', t))
+            .or_else(|| line.text.strip_prefix("[b] ").map(|t| ('b', t)))
+        else {
+            continue;
+        };
+        if let Some(name) = marker(text, "@@CASE ").and_then(|m| m.strip_suffix(" BEGIN")) {
+            if let Some(unfinished) = open.remove(&guest) {
+                cases.insert((guest, unfinished.name.clone()), unfinished);
+            }
+            open.insert(
+                guest,
+                Case {
+                    guest,
+                    name: name.to_string(),
+                    rc: None,
+                    outputs: Vec::new(),
+                    vals: BTreeMap::new(),
+                    leftovers: Vec::new(),
+                    text: format!("{text}\n"),
+                    run,
+                },
+            );
+            continue;
+        }
+        let Some(case) = open.get_mut(&guest) else {
+            continue;
+        };
+        case.text.push_str(text);
+        case.text.push('\n');
+        if let Some(end) = marker(text, "@@CASE ") {
+            if let Some(rc) = end
+                .strip_prefix(&format!("{} END rc=", case.name))
+                .and_then(|rc| rc.parse().ok())
+            {
+                case.rc = Some(rc);
+                let case = open.remove(&guest).expect("open");
+                cases.insert((guest, case.name.clone()), case);
+            }
+        } else if let Some(header) = marker(text, "@@OUT ") {
+            let mut words = header.split_whitespace();
+            let label = words.next().unwrap_or("?").to_string();
+            let attrs: BTreeMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
+            let num = |k: &str| attrs.get(k).and_then(|v| v.parse::<f64>().ok());
+            case.outputs.push(Output {
+                label,
+                rc: num("rc").map_or(-1, |v| v as i32),
+                secs: num("secs").unwrap_or(f64::NAN),
+                ended: num("ended").unwrap_or(f64::NAN),
+                killed: attrs.get("killed").map(|s| s.to_string()),
+                attempts: num("attempts").map_or(0, |v| v as u32),
+                seen_at: line.at,
+                lines: Vec::new(),
+            });
+        } else if let Some(val) = marker(text, "@@VAL ") {
+            if let Some((k, v)) = val.split_once('=') {
+                case.vals.insert(k.to_string(), v.to_string());
+            }
+        } else if let Some(left) = marker(text, "@@LEFTOVER ") {
+            case.leftovers.push(left.to_string());
+        } else if let Some(out) = case.outputs.last_mut() {
+            out.lines.push(text.to_string());
+        }
+    }
+    for (guest, case) in open {
+        cases.insert((guest, case.name.clone()), case);
+    }
+    cases
+}
+
+/// `@@<prefix>rest@@` -> rest.
+fn marker<'t>(text: &'t str, prefix: &str) -> Option<&'t str> {
+    text.strip_prefix(prefix)?.strip_suffix("@@")
+}
+
+impl Run {
+    /// The last lines of the run, for failures that no case explains.
+    fn tail(&self, n: usize) -> String {
+        let from = self.lines.len().saturating_sub(n);
+        self.lines[from..]
+            .iter()
+            .map(|l| format!("{}{}\n", if l.stderr { "! " } else { "" }, l.text))
+            .collect()
+    }
+
+    fn fail(&self, why: &str) -> ! {
+        panic!(
+            "{}: {why}\ncommand: {}\nrun-guest.sh exit code: {:?}{}; {:.1} s; full log: {}\n--- last lines ---\n{}",
+            self.spec.what,
+            self.command,
+            self.rc,
+            self.error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default(),
+            self.wall.as_secs_f64(),
+            self.log.display(),
+            self.tail(60)
+        )
+    }
+
+    /// The case, checked to have run to its end with nothing left over. Without its
+    /// whole section, fails the test with the run's last lines (and exit code: 124 for a
+    /// timeout, 125 for a guest that failed to come up).
+    fn case(&self, guest: char, name: &str) -> &Case {
+        let case = match self.cases.get(&(guest, name.to_string())) {
+            Some(case) if case.rc.is_some() => case,
+            Some(_) => self.fail(&format!(
+                "the section of case `{name}` in guest {guest} never ended"
+            )),
+            None => self.fail(&format!("no section for case `{name}` in guest {guest}")),
+        };
+        case.check(
+            case.leftovers.is_empty(),
+            &format!("processes were left running: {:?}", case.leftovers),
+        );
+        case.check(
+            case.rc == Some(0),
+            "a program outlived its bound and had to be killed (killed=bound)",
+        );
+        case
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks on a case
+// ---------------------------------------------------------------------------------------
+
+impl Case {
+    fn fail(&self, why: &str) -> ! {
+        panic!(
+            "{}: case `{}` (guest {}): {why}\n--- the case's section ---\n{}",
+            self.run, self.name, self.guest, self.text
+        )
+    }
+
+    fn check(&self, ok: bool, why: &str) {
+        if !ok {
+            self.fail(why);
+        }
+    }
+
+    fn out(&self, label: &str) -> &Output {
+        self.outputs
+            .iter()
+            .find(|o| o.label == label)
+            .unwrap_or_else(|| self.fail(&format!("no output of `{label}`")))
+    }
+
+    fn val(&self, key: &str) -> f64 {
+        self.vals
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| self.fail(&format!("no number @@VAL {key}=...@@")))
+    }
+
+    fn rc(&self, label: &str, want: i32) {
+        let o = self.out(label);
+        self.check(
+            o.rc == want,
+            &format!("`{label}` exited with {}, expected {want}", o.rc),
+        );
+    }
+
+    /// It ended by itself (not killed by the case, nor at its bound).
+    fn ended_by_itself(&self, label: &str) {
+        let o = self.out(label);
+        self.check(
+            o.killed.is_none(),
+            &format!(
+                "`{label}` did not end by itself (killed={})",
+                o.killed.as_deref().unwrap_or("")
+            ),
+        );
+    }
+
+    /// A receiver that was still serving when the case stopped it (SIGTERM).
+    fn still_serving(&self, label: &str) {
+        let o = self.out(label);
+        self.check(
+            o.killed.as_deref() == Some("test") && o.rc == 143,
+            &format!(
+                "`{label}` should have served until the case stopped it (rc 143), but ended with rc {}{}",
+                o.rc,
+                o.killed.as_deref().map(|k| format!(" (killed={k})")).unwrap_or_default()
+            ),
+        );
+        self.no_error(label);
+    }
+
+    fn line(&self, label: &str, exact: &str) {
+        let o = self.out(label);
+        self.check(
+            o.lines.iter().any(|l| l == exact),
+            &format!("`{label}` did not print the line `{exact}`"),
+        );
+    }
+
+    /// The first line of `label` that starts with `prefix` (and contains each of
+    /// `parts`), at or after line `from`; returns its index.
+    fn find(&self, label: &str, from: usize, prefix: &str, parts: &[&str]) -> usize {
+        let o = self.out(label);
+        o.lines
+            .iter()
+            .enumerate()
+            .skip(from)
+            .find(|(_, l)| l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)))
+            .map(|(i, _)| i)
+            .unwrap_or_else(|| {
+                self.fail(&format!(
+                    "`{label}` printed no line `{prefix}...` containing {parts:?}{}",
+                    if from > 0 {
+                        format!(" after its line {from}")
+                    } else {
+                        String::new()
+                    }
+                ))
+            })
+    }
+
+    fn line_text(&self, label: &str, index: usize) -> &str {
+        &self.out(label).lines[index]
+    }
+
+    fn error_lines(&self, label: &str) -> Vec<&str> {
+        self.out(label)
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("error:"))
+            .map(String::as_str)
+            .collect()
+    }
+
+    fn no_error(&self, label: &str) {
+        let errors = self.error_lines(label);
+        self.check(
+            errors.is_empty(),
+            &format!("`{label}` printed errors: {errors:?}"),
+        );
+    }
+
+    /// Exactly one `error: ...` line, which starts with `prefix`; returned.
+    fn one_error(&self, label: &str, prefix: &str) -> &str {
+        let errors = self.error_lines(label);
+        self.check(
+            errors.len() == 1,
+            &format!(
+                "`{label}` should print exactly one error line, printed {}",
+                errors.len()
+            ),
+        );
+        self.check(
+            errors[0].starts_with(prefix),
+            &format!("`{label}`'s error should start with `{prefix}`"),
+        );
+        errors[0]
+    }
+
+    /// A framed sender whose data the receiver verified: its exit code, the seed's
+    /// lines, the transfer line (`<size> to <peer> by <OP> in <n> chunk(s) of <chunk>`,
+    /// with GB/s) and the receiver's verdict. Returns the GB/s.
+    fn sent_and_verified(&self, label: &str, s: &Sent) -> f64 {
+        self.rc(label, 0);
+        self.ended_by_itself(label);
+        self.no_error(label);
+        self.find(label, 0, "Data sent successfully via ", &[]);
+        self.line(label, "First 5 values: 0, 2, 4, 6, 8");
+        let how = format!(
+            "{} to {} by {} in {} chunk{} of {}",
+            s.size,
+            s.peer,
+            s.op,
+            s.chunks,
+            if s.chunks == 1 { "" } else { "s" },
+            s.chunk
+        );
+        let i = self.find(label, 0, &how, &[" GB/s"]);
+        // (16 KiB in a few ms prints 0.000 GB/s: only big transfers check for more.)
+        let gbps = gbps(self.line_text(label, i))
+            .unwrap_or_else(|| self.fail(&format!("`{label}`: no number before GB/s")));
+        self.find(
+            label,
+            0,
+            &format!(
+                "Receiver: verified {}: all {} elements match the pattern",
+                s.size,
+                s.bytes / 4
+            ),
+            &[],
+        );
+        gbps
+    }
+
+    /// A receiver's report of one verified framed transfer from `from`, at or after
+    /// line `after`: `received <size> from <from>:<port> by <OP> (<n> chunk(s)) into ...`
+    /// and `verification: all <n> elements match the pattern`. Returns the next line's
+    /// index.
+    fn received_verified(&self, label: &str, after: usize, s: &Sent, from: &str) -> usize {
+        let by = format!(
+            " by {} ({} chunk{}) into ",
+            s.op,
+            s.chunks,
+            if s.chunks == 1 { "" } else { "s" }
+        );
+        let i = self.find(
+            label,
+            after,
+            &format!("received {} from {from}:", s.size),
+            &[&by, " GB/s"],
+        );
+        let verification = format!(
+            "verification: all {} elements match the pattern",
+            s.bytes / 4
+        );
+        let next = self.out(label).lines.get(i + 1).map_or("", String::as_str);
+        self.check(
+            next.starts_with(&verification),
+            &format!("`{label}`: `{verification}` should follow its line {i}"),
+        );
+        i + 2
+    }
+}
+
+/// A framed transfer, as the sender's and the receiver's lines describe it.
+struct Sent {
+    peer: String,
+    size: &'static str,
+    bytes: u64,
+    op: &'static str,
+    chunks: u64,
+    chunk: &'static str,
+}
+
+impl Sent {
+    fn new(peer: &str, size: &'static str, bytes: u64, op: &'static str) -> Sent {
+        Sent {
+            peer: peer.to_string(),
+            size,
+            bytes,
+            op,
+            chunks: 1,
+            chunk: size,
+        }
+    }
+
+    fn chunks(mut self, chunks: u64, chunk: &'static str) -> Sent {
+        self.chunks = chunks;
+        self.chunk = chunk;
+        self
+    }
+}
+
+/// The seed's transfer: 16 KiB, one SEND.
+fn seed(peer: &str) -> Sent {
+    Sent::new(peer, "16 KiB", 16 << 10, "SEND")
+}
+
+/// The number in front of ` GB/s` in a line.
+fn gbps(line: &str) -> Option<f64> {
+    let before = &line[..line.find(" GB/s")?];
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+/// `got N of M bytes` in a receiver's error.
+fn got_of(line: &str) -> Option<(u64, u64)> {
+    let rest = &line[line.find("got ")? + 4..];
+    let mut words = rest.split(' ');
+    let got = words.next()?.parse().ok()?;
+    (words.next()? == "of").then_some(())?;
+    Some((got, words.next()?.parse().ok()?))
+}
+
+// ---------------------------------------------------------------------------------------
+// Topology one
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn one_guest_seed_scenario() {
+    let Some(run) = one_guest("one_guest_seed_scenario") else {
+        return;
+    };
+    let c = run.case('a', "seed");
+    let peer = format!("{A}:7471");
+    c.sent_and_verified("sender", &seed(&peer));
+    c.rc("receiver", 0);
+    c.ended_by_itself("receiver");
+    c.no_error("receiver");
+    let next = c.received_verified("receiver", 0, &seed(&peer), A);
+    c.check(
+        c.out("receiver").lines.get(next).map(String::as_str)
+            == Some("First 5 values: 0, 2, 4, 6, 8"),
+        "the receiver should print the first 5 values after its verification",
+    );
+}
+
+#[test]
+fn one_guest_rdma_write() {
+    let Some(run) = one_guest("one_guest_rdma_write") else {
+        return;
+    };
+    let c = run.case('a', "write");
+    let peer = format!("{A}:7471");
+    let small = Sent::new(&peer, "16 KiB", 16 << 10, "WRITE");
+    let chunked = Sent::new(&peer, "4 MiB", 4 << 20, "WRITE").chunks(16, "256 KiB");
+    c.sent_and_verified("sender", &small);
+    c.sent_and_verified("sender_chunks", &chunked);
+    let next = c.received_verified("receiver", 0, &small, A);
+    c.received_verified("receiver", next, &chunked, A);
+    c.still_serving("receiver");
+}
+
+#[test]
+fn one_guest_chunked_256_mib() {
+    let Some(run) = one_guest("one_guest_chunked_256_mib") else {
+        return;
+    };
+    let c = run.case('a', "chunked");
+    let sent = Sent::new(&format!("{A}:7471"), "256 MiB", 256 << 20, "SEND").chunks(256, "1 MiB");
+    let gbps = c.sent_and_verified("sender", &sent);
+    c.check(gbps > 0.0, "256 MiB at 0.000 GB/s?");
+    c.find(
+        "sender",
+        0,
+        "256 MiB to ",
+        &["256 chunks of 1 MiB, 16 in flight"],
+    );
+    c.rc("receiver", 0);
+    c.ended_by_itself("receiver");
+    c.received_verified("receiver", 0, &sent, A);
+    note(&format!(
+        "one guest: 256 MiB in 256 chunks at {gbps:.3} GB/s (sender's run time {:.1} s)",
+        c.out("sender").secs
+    ));
+}
+
+#[test]
+fn one_guest_raw_to_rdma_server() {
+    let Some(run) = one_guest("one_guest_raw_to_rdma_server") else {
+        return;
+    };
+    let c = run.case('a', "raw_rdma_server");
+    c.rc("sender", 0);
+    c.ended_by_itself("sender");
+    c.no_error("sender");
+    c.find("sender", 0, "Data sent successfully via ", &[]);
+    c.line("sender", "First 4 values: 0, 2, 4, 6");
+    c.find(
+        "sender",
+        0,
+        &format!("16 bytes to {A}:7471 by one SEND_WITH_IMM (imm 0x1234): "),
+        &[" GB/s"],
+    );
+    // rdma_server replies 16 bytes and disconnects at once; the reply must not be lost
+    // to that disconnect.
+    c.line("sender", "Reply: 16 bytes");
+    c.rc("server", 0);
+    c.ended_by_itself("server");
+    c.line("server", "rdma_server: end 0");
+}
+
+#[test]
+fn one_guest_rdma_client_to_raw_receiver() {
+    let Some(run) = one_guest("one_guest_rdma_client_to_raw_receiver") else {
+        return;
+    };
+    let c = run.case('a', "raw_rdma_client");
+    c.rc("client", 0);
+    c.ended_by_itself("client");
+    c.line("client", "rdma_client: end 0");
+    // rdma_client sends 16 zero bytes: not the pattern (0, 2, 4, 6), and the receiver
+    // must say so (and exit non-zero with --once) rather than claim a verified transfer.
+    let i = c.find(
+        "receiver",
+        0,
+        &format!("received 16 bytes from {A}:"),
+        &[" by one message (raw) into "],
+    );
+    c.check(
+        c.line_text("receiver", i + 1).starts_with(
+            "verification: does not match the pattern: 3 of 4 elements differ (first mismatch at element 1)",
+        ),
+        "the receiver should report that 3 of the 4 elements differ from the pattern",
+    );
+    c.line("receiver", "First 4 values: 0, 0, 0, 0");
+    c.rc("receiver", 1);
+    c.ended_by_itself("receiver");
+}
+
+#[test]
+fn one_guest_raw_host_to_host() {
+    let Some(run) = one_guest("one_guest_raw_host_to_host") else {
+        return;
+    };
+    let c = run.case('a', "raw_host");
+    c.rc("sender", 0);
+    c.ended_by_itself("sender");
+    c.no_error("sender");
+    c.find("sender", 0, "Data sent successfully via ", &[]);
+    c.line("sender", "First 5 values: 0, 2, 4, 6, 8");
+    c.find(
+        "sender",
+        0,
+        &format!("16 KiB to {A}:7471 by one SEND_WITH_IMM (imm 0x1234): "),
+        &[" GB/s"],
+    );
+    c.line("sender", "Reply: 16 bytes");
+    let i = c.find(
+        "receiver",
+        0,
+        &format!("received 16 KiB from {A}:"),
+        &[" by one message with immediate 0x1234 (raw) into "],
+    );
+    c.check(
+        c.line_text("receiver", i + 1)
+            .starts_with("verification: all 4096 elements match the pattern"),
+        "the receiver should verify all 4096 elements",
+    );
+    c.rc("receiver", 0);
+    c.ended_by_itself("receiver");
+}
+
+#[test]
+fn one_guest_no_receiver_is_refused_quickly() {
+    let Some(run) = one_guest("one_guest_no_receiver_is_refused_quickly") else {
+        return;
+    };
+    let c = run.case('a', "no_receiver");
+    no_receiver(c, &format!("{A}:7471"));
+}
+
+fn no_receiver(c: &Case, peer: &str) {
+    c.check(c.out("sender").rc != 0, "the sender should fail");
+    c.ended_by_itself("sender");
+    let want = format!("error: no receiver at {peer} (connection refused)");
+    let e = c.one_error("sender", "error: no receiver at ");
+    c.check(e == want, &format!("the error should be `{want}`"));
+    let secs = c.out("sender").secs;
+    c.check(secs < 10.0, &format!("the refusal took {secs} s"));
+}
+
+#[test]
+fn one_guest_killed_sender_then_the_next_sender_verifies() {
+    let Some(run) = one_guest("one_guest_killed_sender_then_the_next_sender_verifies") else {
+        return;
+    };
+    let c = run.case('a', "sender_killed");
+    let sender = c.out("sender");
+    c.check(
+        sender.killed.as_deref() == Some("test") && sender.rc == 137,
+        "the sender should have been killed mid-transfer (rc 137)",
+    );
+    let landed = c.val("chunks_before_kill");
+    c.check(
+        landed < 256.0,
+        "the transfer completed before the kill: not a mid-transfer kill",
+    );
+    let i = c.find(
+        "receiver",
+        0,
+        &format!("error: incomplete transfer from {A}:"),
+        &[" of 268435456 bytes ("],
+    );
+    let (got, total) = got_of(c.line_text("receiver", i))
+        .unwrap_or_else(|| c.fail("the receiver's error should say `got N of M bytes`"));
+    c.check(got < total, "incomplete, yet all bytes arrived?");
+    // ... and then serves the next sender.
+    c.sent_and_verified("next_sender", &seed(&format!("{A}:7471")));
+    c.received_verified("receiver", i + 1, &seed(&format!("{A}:7471")), A);
+    let o = c.out("receiver");
+    c.check(
+        o.killed.as_deref() == Some("test") && o.rc == 143,
+        "the receiver should have served on until the case stopped it",
+    );
+}
+
+#[test]
+fn one_guest_killed_receiver_fails_the_sender_in_time() {
+    let Some(run) = one_guest("one_guest_killed_receiver_fails_the_sender_in_time") else {
+        return;
+    };
+    let c = run.case('a', "receiver_killed");
+    let receiver = c.out("receiver");
+    c.check(
+        receiver.killed.as_deref() == Some("test") && receiver.rc == 137,
+        "the receiver should have been killed mid-transfer (rc 137)",
+    );
+    c.check(
+        c.val("chunks_before_kill") < 256.0,
+        "the transfer completed before the kill",
+    );
+    c.check(c.out("sender").rc != 0, "the sender should fail");
+    c.ended_by_itself("sender");
+    let e = c.one_error(
+        "sender",
+        &format!("error: transfer to {A}:7471 failed after "),
+    );
+    c.check(
+        e.contains(" of 268435456 bytes: "),
+        "the error should say how far the transfer got",
+    );
+    let took = c.out("sender").ended - c.val("killed_at");
+    c.check(
+        took <= DEAD_PEER_TIMEOUT_S + SLACK_S,
+        &format!(
+            "the sender took {took:.1} s after the kill to fail (--timeout {DEAD_PEER_TIMEOUT_S})"
+        ),
+    );
+    note(&format!(
+        "one guest: the sender failed {took:.2} s after its receiver was killed: {e}"
+    ));
+}
+
+#[test]
+fn one_guest_bad_offers_are_rejected_and_the_receiver_serves_on() {
+    let Some(run) = one_guest("one_guest_bad_offers_are_rejected_and_the_receiver_serves_on")
+    else {
+        return;
+    };
+    let c = run.case('a', "rejections");
+    let rejected = "error: receiver rejected the transfer: ";
+    for label in ["raw_sender", "version_sender", "large_sender"] {
+        c.check(c.out(label).rc != 0, &format!("`{label}` should fail"));
+        c.ended_by_itself(label);
+    }
+    // A sender without a header (--raw): both sides say what is wrong.
+    let e = c.one_error("raw_sender", rejected);
+    c.check(
+        e.contains(&format!("{A}:7471 expects framed transfers")) && e.contains("--raw"),
+        "the raw sender should be told the receiver expects framed transfers",
+    );
+    c.one_error(
+        "version_sender",
+        &format!("{rejected}protocol version 2 is not supported"),
+    );
+    c.one_error(
+        "large_sender",
+        &format!("{rejected}size 2 MiB exceeds its --max-bytes 1 MiB"),
+    );
+    let peer = format!("receiver: rejected {A}:");
+    let i = c.find("receiver", 0, &peer, &["no transfer header"]);
+    let i = c.find(
+        "receiver",
+        i + 1,
+        &peer,
+        &["protocol version 2 is not supported"],
+    );
+    let i = c.find(
+        "receiver",
+        i + 1,
+        &peer,
+        &["size 2 MiB exceeds its --max-bytes 1 MiB"],
+    );
+    // ... and serves on.
+    c.sent_and_verified("good_sender", &seed(&format!("{A}:7471")));
+    c.received_verified("receiver", i + 1, &seed(&format!("{A}:7471")), A);
+    c.still_serving("receiver");
+}
+
+#[test]
+fn one_guest_port_in_use() {
+    let Some(run) = one_guest("one_guest_port_in_use") else {
+        return;
+    };
+    let c = run.case('a', "port_in_use");
+    let second = c.out("second_receiver");
+    c.check(second.rc != 0, "the second receiver should fail");
+    c.ended_by_itself("second_receiver");
+    c.check(
+        second.secs < 10.0,
+        &format!("the second receiver took {} s to give up", second.secs),
+    );
+    let e = c.one_error("second_receiver", "error: ");
+    c.check(e.contains(":7471"), "the error should name the port");
+    c.check(
+        !second.lines.iter().any(|l| l.contains("listening")),
+        "the second receiver must not claim to listen",
+    );
+    c.sent_and_verified("sender", &seed(&format!("{A}:7471")));
+    c.received_verified("receiver", 0, &seed(&format!("{A}:7471")), A);
+    c.still_serving("receiver");
+    note(&format!(
+        "one guest: a second receiver on port 7471 says: {e}"
+    ));
+}
+
+#[test]
+fn one_guest_three_concurrent_senders() {
+    let Some(run) = one_guest("one_guest_three_concurrent_senders") else {
+        return;
+    };
+    let c = run.case('a', "concurrent");
+    concurrent(c, c, &format!("{A}:7471"), A);
+}
+
+/// sender1..3 (SEND, WRITE, SEND in 64 KiB chunks, 8 MiB each, to `peer`), all verified,
+/// and the receiver's three reports (in whatever order it served them).
+fn concurrent(senders: &Case, receivers: &Case, peer: &str, from: &str) {
+    let kinds = [
+        Sent::new(peer, "8 MiB", 8 << 20, "SEND").chunks(8, "1 MiB"),
+        Sent::new(peer, "8 MiB", 8 << 20, "WRITE").chunks(8, "1 MiB"),
+        Sent::new(peer, "8 MiB", 8 << 20, "SEND").chunks(128, "64 KiB"),
+    ];
+    for (i, sent) in kinds.iter().enumerate() {
+        senders.sent_and_verified(&format!("sender{}", i + 1), sent);
+        receivers.received_verified("receiver", 0, sent, from);
+    }
+    let served = receivers
+        .out("receiver")
+        .lines
+        .iter()
+        .filter(|l| l.starts_with("received 8 MiB "))
+        .count();
+    receivers.check(
+        served == 3,
+        &format!("the receiver served {served} 8 MiB transfers, not 3"),
+    );
+    receivers.still_serving("receiver");
+}
+
+// ---------------------------------------------------------------------------------------
+// Topology two
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn two_guests_seed_scenario() {
+    let Some(run) = two_guests("two_guests_seed_scenario") else {
+        return;
+    };
+    let a = run.case('a', "seed");
+    let b = run.case('b', "seed");
+    a.sent_and_verified("sender", &seed(&format!("{B}:7471")));
+    b.rc("receiver", 0);
+    b.ended_by_itself("receiver");
+    b.no_error("receiver");
+    b.received_verified("receiver", 0, &seed(&format!("{B}:7471")), A);
+}
+
+#[test]
+fn two_guests_rdma_write() {
+    let Some(run) = two_guests("two_guests_rdma_write") else {
+        return;
+    };
+    let a = run.case('a', "write");
+    let b = run.case('b', "write");
+    let peer = format!("{B}:7472");
+    let small = Sent::new(&peer, "16 KiB", 16 << 10, "WRITE");
+    let chunked = Sent::new(&peer, "4 MiB", 4 << 20, "WRITE").chunks(16, "256 KiB");
+    a.sent_and_verified("sender", &small);
+    a.sent_and_verified("sender_chunks", &chunked);
+    let next = b.received_verified("receiver", 0, &small, A);
+    b.received_verified("receiver", next, &chunked, A);
+    b.still_serving("receiver");
+}
+
+#[test]
+fn two_guests_chunked_64_mib() {
+    let Some(run) = two_guests("two_guests_chunked_64_mib") else {
+        return;
+    };
+    let a = run.case('a', "chunked");
+    let b = run.case('b', "chunked");
+    let sent = Sent::new(&format!("{B}:7473"), "64 MiB", 64 << 20, "SEND").chunks(64, "1 MiB");
+    let gbps = a.sent_and_verified("sender", &sent);
+    a.check(gbps > 0.0, "64 MiB at 0.000 GB/s?");
+    b.rc("receiver", 0);
+    b.ended_by_itself("receiver");
+    b.received_verified("receiver", 0, &sent, A);
+    note(&format!(
+        "two guests: 64 MiB in 64 chunks at {gbps:.3} GB/s (sender's attempts {}, run time {:.1} s)",
+        a.out("sender").attempts,
+        a.out("sender").secs
+    ));
+}
+
+#[test]
+fn two_guests_no_receiver_is_refused_quickly() {
+    let Some(run) = two_guests("two_guests_no_receiver_is_refused_quickly") else {
+        return;
+    };
+    no_receiver(run.case('a', "no_receiver"), &format!("{B}:7479"));
+}
+
+#[test]
+fn two_guests_three_concurrent_senders() {
+    let Some(run) = two_guests("two_guests_three_concurrent_senders") else {
+        return;
+    };
+    let a = run.case('a', "concurrent");
+    let b = run.case('b', "concurrent");
+    // The first sender only waits for b to listen; it counts among the receiver's four.
+    a.sent_and_verified("first_sender", &seed(&format!("{B}:7474")));
+    b.received_verified("receiver", 0, &seed(&format!("{B}:7474")), A);
+    concurrent(a, b, &format!("{B}:7474"), A);
+}
+
+// ---------------------------------------------------------------------------------------
+// Topology two: the receiver's host vanishes
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn two_guests_receiver_host_vanishes_mid_transfer() {
+    let Some(run) = vanishing("two_guests_receiver_host_vanishes_mid_transfer") else {
+        return;
+    };
+    let a = run.case('a', "receiver_vanishes");
+    let killed = run
+        .lines
+        .iter()
+        .find(|l| l.stderr && l.text.contains("killing guest b"))
+        .unwrap_or_else(|| run.fail("run-guest.sh never killed guest b"))
+        .at;
+    if run
+        .lines
+        .iter()
+        .any(|l| l.text.contains("finished before --kill-b-after"))
+    {
+        run.fail("guest b finished before it was killed");
+    }
+    // Transfers that ended before the kill verified; the one under way failed.
+    let (failed, before) = a
+        .outputs
+        .split_last()
+        .unwrap_or_else(|| a.fail("no sender ran"));
+    for o in before {
+        a.sent_and_verified(
+            &o.label,
+            &Sent::new(&format!("{B}:7471"), "16 MiB", 16 << 20, "SEND").chunks(32768, "512 bytes"),
+        );
+    }
+    let label = failed.label.as_str();
+    a.check(failed.rc != 0, "the last sender should fail");
+    a.ended_by_itself(label);
+    let e = a.one_error(label, &format!("error: transfer to {B}:7471 failed after "));
+    a.check(
+        e.contains(" of 16777216 bytes: "),
+        "the error should say how far the transfer got",
+    );
+    a.check(
+        e.contains("transport retry counter exceeded") || e.contains("timed out"),
+        "the error should say that the receiver stopped answering",
+    );
+    let took = failed.seen_at.as_secs_f64() - killed.as_secs_f64();
+    a.check(
+        took > 0.0,
+        "the sender failed before guest b was killed: not the failure under test",
+    );
+    a.check(
+        took <= DEAD_PEER_TIMEOUT_S + SLACK_S,
+        &format!(
+            "the sender reported the failure {took:.1} s after guest b was killed (--timeout {DEAD_PEER_TIMEOUT_S}, retry_count 6)"
+        ),
+    );
+    note(&format!(
+        "two guests: guest b killed {KILL_B_AFTER_S} s in; a's sender failed {took:.1} s later: {e}"
+    ));
+}
+
+#[test]
+fn one_guest_cuda_build_without_a_gpu_falls_back_to_host_memory() {
+    let test = "one_guest_cuda_build_without_a_gpu_falls_back_to_host_memory";
+    if std::env::var_os("SOFTROCE_HOST_CUDA_BIN").is_none() {
+        skip_unless_ci(
+            test,
+            "SOFTROCE_HOST_CUDA_BIN is not set (tests/run-all.sh copies the CUDA build of \
+             host there as host-cuda)",
+        );
+        return;
+    }
+    let Some(run) = one_guest(test) else {
+        return;
+    };
+    let c = run.case('a', "cuda_build_no_gpu");
+    c.check(
+        !c.vals.contains_key("skipped"),
+        "host-cuda was not in the guest",
+    );
+    // --mem auto: no GPU, so the CPU writes the pattern, and the note says why.
+    c.rc("auto_sender", 0);
+    c.find(
+        "auto_sender",
+        0,
+        "note: no GPU (cuInit",
+        &["the CPU writes the pattern into host memory"],
+    );
+    c.line(
+        "auto_sender",
+        "Data sent successfully via RDMA from host memory (pattern written by the CPU)",
+    );
+    c.find(
+        "auto_sender",
+        0,
+        "Receiver: verified 16 KiB: all 4096 elements match",
+        &[],
+    );
+    // --mem device: refused before any RDMA work, with the reason.
+    c.check(
+        c.out("device_sender").rc != 0,
+        "--mem device without a GPU must fail",
+    );
+    c.one_error(
+        "device_sender",
+        "error: --mem device needs a GPU: no GPU (cuInit",
+    );
+}
