@@ -93,7 +93,10 @@ pub fn gpudirect_missing(caps: &GpuCapabilities) -> String {
     if !caps.peermem_loaded {
         missing.push("the nvidia-peermem kernel module is not loaded");
     }
-    format!("GPUDirect RDMA is not available: {}", missing.join(", and "))
+    format!(
+        "GPUDirect RDMA is not available: {}",
+        missing.join(", and ")
+    )
 }
 
 fn device_registration(caps: &GpuCapabilities) -> Option<DeviceRegistration> {

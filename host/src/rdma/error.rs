@@ -137,7 +137,10 @@ mod tests {
             errno: libc::EADDRNOTAVAIL,
         };
         let text = e.to_string();
-        assert!(text.starts_with("cannot listen on 0.0.0.0:7471: the port is in use"), "{text}");
+        assert!(
+            text.starts_with("cannot listen on 0.0.0.0:7471: the port is in use"),
+            "{text}"
+        );
     }
 
     #[test]
