@@ -254,7 +254,8 @@ impl CompletionQueue {
                 what: "ibv_req_notify_cq",
             },
         )?;
-        // SAFETY: valid CQ with a completion channel; 0 = notify on any completion.
+        // SAFETY: valid CQ with a completion channel; 0 = notify on any completion, 1 = on
+        // a solicited (or failed) one.
         let ret = unsafe {
             req_notify(
                 self.raw.as_ptr(),

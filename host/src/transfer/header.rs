@@ -16,7 +16,7 @@
 //! ```text
 //!  0  magic "GRDM"        4  version u16      6  op u8 (1 send, 2 write)   7  flags u8
 //!  8  total bytes u64    16  chunk bytes u32  20  depth u32 (work requests in flight)
-//! 24  transfers u32 (only with flag 0x01; else reserved)   28  reserved (zero, ignored)
+//! 24  transfers u32 (only with flag 0x01; else reserved)   28  hints u8   29  reserved
 //! ```
 //!
 //! Header flags: `0x01` ([`HEADER_FLAG_REPEAT`]) = several transfers on this one
@@ -24,6 +24,14 @@
 //! waits for each transfer's ack before it starts the next, and the receiver verifies
 //! and acks each. Without the flag a connection carries one transfer, as before, and a
 //! receiver that does not know the flag rejects the offer ("unknown flags 0x01").
+//!
+//! Hints (byte 28) are promises a receiver may use and may ignore; receivers that
+//! predate them ignore the byte (it was reserved), and unknown hint bits are ignored.
+//! `0x01` ([`HINT_SOLICITED`]): the sender sets the solicited-event flag on every
+//! signaled data request (at least one in every quarter window) and on the last chunk,
+//! so the receiver may sleep until a solicited completion instead of waking for each
+//! (Soft-RoCE does the notification on the sender's CPU: 64 KiB SENDs went from 47 to
+//! 73 MB/s, see tests/softroce/BENCH.md).
 //!
 //! The CM pads private data with zeros to its fixed size, so decoders accept (and
 //! ignore) trailing bytes.
@@ -59,6 +67,8 @@ pub const RAW_IMM: u32 = 0x1234;
 pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
 /// Header flag: several transfers on one connection; their count is at byte 24.
 pub const HEADER_FLAG_REPEAT: u8 = 0x01;
+/// Header hint: the sender marks solicited events (see the module documentation).
+pub const HINT_SOLICITED: u8 = 0x01;
 /// Most transfers one connection may carry.
 pub const MAX_TRANSFERS: u32 = 1 << 20;
 
@@ -252,6 +262,8 @@ pub struct Header {
     /// Transfers of `total_bytes` each on this connection (1: the classic single transfer;
     /// more only with [`HEADER_FLAG_REPEAT`]).
     pub transfers: u32,
+    /// The sender sets the solicited-event flag as [`HINT_SOLICITED`] describes.
+    pub solicited_events: bool,
 }
 
 impl Header {
@@ -274,9 +286,18 @@ impl Header {
             chunk_bytes: chunk_bytes as u32,
             depth,
             transfers: 1,
+            solicited_events: false,
         };
         header.validate()?;
         Ok(header)
+    }
+
+    /// The same offer, promising solicited events ([`HINT_SOLICITED`]).
+    pub fn with_solicited_events(self) -> Header {
+        Header {
+            solicited_events: true,
+            ..self
+        }
     }
 
     /// The same offer, `transfers` times on one connection (1: a single transfer).
@@ -344,6 +365,9 @@ impl Header {
         if self.repeats() {
             out[24..28].copy_from_slice(&self.transfers.to_le_bytes());
         }
+        if self.solicited_events {
+            out[28] = HINT_SOLICITED;
+        }
         out
     }
 
@@ -358,8 +382,9 @@ impl Header {
         let total_bytes = r.u64();
         let chunk_bytes = r.u32();
         let depth = r.u32();
-        // Without the flag, bytes 24.. are reserved and ignored (as before).
+        // Without the flag, bytes 24..28 are reserved and ignored (as before).
         let transfers = r.u32();
+        let hints = r.u8();
         let transfers = if flags & HEADER_FLAG_REPEAT != 0 {
             if transfers < 2 {
                 return Err(WireError::BadTransferCount { count: transfers });
@@ -374,6 +399,7 @@ impl Header {
             chunk_bytes,
             depth,
             transfers,
+            solicited_events: hints & HINT_SOLICITED != 0,
         };
         header.validate()?;
         Ok(header)
@@ -720,8 +746,32 @@ mod tests {
             chunk_bytes: chunk,
             depth,
             transfers: 1,
+            solicited_events: false,
         }
         .encode()
+    }
+
+    #[test]
+    fn the_solicited_hint_lives_in_a_byte_old_receivers_ignore() {
+        let h = seed_header().with_solicited_events();
+        let bytes = h.encode();
+        assert_eq!(
+            bytes[7], 0,
+            "no flag: receivers that predate the hint take it"
+        );
+        assert_eq!(bytes[28], HINT_SOLICITED);
+        assert_eq!(Header::decode(&bytes), Ok(h));
+        // What a receiver before the hint decodes: everything but the hint, unchanged.
+        let mut without = bytes;
+        without[28] = 0;
+        assert_eq!(Header::decode(&without), Ok(seed_header()));
+        // Unknown hint bits are ignored.
+        let mut future = bytes;
+        future[28] = 0xff;
+        assert_eq!(Header::decode(&future), Ok(h));
+        // Together with the repeat flag.
+        let both = h.with_transfers(10).unwrap();
+        assert_eq!(Header::decode(&both.encode()), Ok(both));
     }
 
     #[test]
@@ -736,9 +786,11 @@ mod tests {
         expected[16..20].copy_from_slice(&16384u32.to_le_bytes());
         expected[20..24].copy_from_slice(&16u32.to_le_bytes());
         assert_eq!(bytes, expected);
-        // Without the flag, whatever lies in the reserved bytes is ignored, as before.
+        // Without the flag, whatever lies in the reserved bytes is ignored, as before
+        // (byte 28 now carries hints, which change nothing a receiver must do).
         let mut junk = bytes;
-        junk[24..32].copy_from_slice(&[7; 8]);
+        junk[24..28].copy_from_slice(&[7; 4]);
+        junk[29..32].copy_from_slice(&[7; 3]);
         assert_eq!(Header::decode(&junk), Ok(seed_header()));
         assert_eq!(Header::decode(&junk).unwrap().transfers, 1);
     }

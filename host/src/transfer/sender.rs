@@ -300,6 +300,7 @@ pub fn send_repeated(
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
     let n = plan.count();
     let header = Header::new(cfg.op, total, plan.chunk_bytes(), cfg.depth)
+        .map(Header::with_solicited_events)
         .and_then(|h| h.with_transfers(transfers))
         .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))?;
     let label = cfg.peer.to_string();
@@ -517,7 +518,8 @@ impl OneTransfer<'_> {
                     op,
                     signaled,
                     inline: false,
-                    solicited: se_experiment() && signaled,
+                    // The receiver sleeps until one of these (header hint).
+                    solicited: signaled,
                 });
                 next += 1;
                 if batch.len() >= batch_max {
@@ -627,10 +629,6 @@ fn post_batch(source: &dyn SendSource) -> usize {
     } else {
         POST_BATCH.min(POST_LIST_MAX)
     }
-}
-
-pub(crate) fn se_experiment() -> bool {
-    std::env::var_os("HOST_SE").is_some()
 }
 
 fn op_name(op: Op, last: bool) -> &'static str {
