@@ -12,7 +12,7 @@ use super::header::{
 use super::plan::ChunkPlan;
 use super::units::format_bytes;
 use super::{gigabytes_per_second, TransferError};
-use crate::memory::{SendSource, Verification};
+use crate::memory::{Registration, SendSource, Verification};
 use crate::rdma::{
     self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, Sge, POST_LIST_MAX,
@@ -328,10 +328,7 @@ pub fn send_repeated(
         },
         cfg.busy_poll,
     )?;
-    // SAFETY: `source` is borrowed for this whole function and outlives `data_mr`, a local
-    // dropped before we return.
-    let data_mr =
-        unsafe { MemoryRegion::register(&conn.pd, source.registration(), Access::LOCAL)? };
+    let data_mr = register_source(&conn, source)?;
     if (data_mr.len() as u64) < total {
         return Err(TransferError::Protocol(format!(
             "the source registered {} bytes for a {total}-byte transfer",
@@ -639,6 +636,27 @@ fn op_name(op: Op, last: bool) -> &'static str {
     }
 }
 
+/// Register the source's memory for the NIC to read. When the NIC refuses GPU memory
+/// (no dma-buf support in its driver, no peermem), say what to use instead.
+fn register_source(
+    conn: &Connection,
+    source: &dyn SendSource,
+) -> Result<MemoryRegion, TransferError> {
+    let registration = source.registration();
+    // SAFETY: the caller borrows `source` for longer than it keeps the returned region
+    // (both send functions drop the region, a local, before they return).
+    unsafe { MemoryRegion::register(&conn.pd, registration, Access::LOCAL) }.map_err(|e| {
+        match registration {
+            Registration::Host { .. } => e.into(),
+            Registration::DmaBuf { .. } | Registration::DeviceAddress { .. } => {
+                TransferError::Protocol(format!(
+                    "the NIC could not register GPU memory for GPUDirect RDMA ({e}); use --mem staged or --mem mapped"
+                ))
+            }
+        }
+    })
+}
+
 /// How long a raw sender waits for the optional reply.
 const RAW_REPLY_WAIT: Duration = Duration::from_secs(1);
 
@@ -674,9 +692,7 @@ pub fn send_raw(
         },
         cfg.busy_poll,
     )?;
-    // SAFETY: `source` outlives `data_mr` (a local of this function).
-    let data_mr =
-        unsafe { MemoryRegion::register(&conn.pd, source.registration(), Access::LOCAL)? };
+    let data_mr = register_source(&conn, source)?;
     let reply_buf = MessageBuffer::new(&conn.pd, 64)?;
     // SAFETY: registered buffer, alive until the connection is closed, read only after
     // its completion.
