@@ -4,6 +4,7 @@
 
 use super::allocations::{DeviceMemory, PinnedHostMemory};
 use super::context::Gpu;
+use super::sources::leading_values;
 use crate::memory::host_buffer::verify_bytes;
 use crate::memory::{CheckMemory, Verification};
 use anyhow::{bail, Context as _, Result};
@@ -58,11 +59,7 @@ pub fn run(ordinal: u32, bytes: usize, memory: CheckMemory) -> Result<CheckRepor
             (copy, ms, Some(on_gpu.mismatches))
         }
     };
-    let first_values = host_bytes
-        .chunks_exact(4)
-        .take(5)
-        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let first_values = leading_values(&host_bytes, 5);
     Ok(CheckReport {
         gpu: format!("GPU {} ({})", gpu.ordinal(), gpu.name()),
         memory,

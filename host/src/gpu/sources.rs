@@ -23,7 +23,8 @@ fn elements(len: usize) -> Result<u64> {
     Ok((len / ELEMENT_BYTES) as u64)
 }
 
-fn leading_values(bytes: &[u8], count: usize) -> Vec<i32> {
+/// The first `count` whole elements of `bytes`.
+pub(crate) fn leading_values(bytes: &[u8], count: usize) -> Vec<i32> {
     bytes
         .chunks_exact(ELEMENT_BYTES)
         .take(count)
