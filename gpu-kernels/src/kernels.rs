@@ -4,7 +4,8 @@
 //! (`st.global.v4` / `ld.global.v4` in the PTX), the widest access one thread can make:
 //! a memory-bound kernel reaches the bandwidth of `cuMemsetD32` only with wide accesses
 //! and enough of them in flight. The 0 to 3 elements past the last whole vector are
-//! handled one by one by the first threads.
+//! handled one by one by the first threads. The index arithmetic is in
+//! [`crate::indexing`], where the CPU tests replay it.
 //!
 //! # Safety contract (for the host that launches them)
 //! `data` points to at least `len` `i32`s of device-accessible memory, aligned to 16
@@ -12,6 +13,7 @@
 //! launch. `result` (verify only) points to two `u64`s: the mismatch count, set to 0, and
 //! the first bad index, set to `u64::MAX`, before the launch.
 
+use crate::indexing::{tail_element, whole_vectors};
 use crate::pattern::value;
 use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x, trap};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -26,11 +28,9 @@ struct Vec4([i32; 4]);
 fn thread_and_stride() -> (u64, u64) {
     // SAFETY: reading the special registers (%ctaid, %ntid, %tid, %nctaid) has no
     // side effects; they are defined in every kernel.
-    unsafe {
-        let block_dim = _block_dim_x() as u64;
-        let thread = _block_idx_x() as u64 * block_dim + _thread_idx_x() as u64;
-        (thread, _grid_dim_x() as u64 * block_dim)
-    }
+    let (block, block_dim, thread, grid_dim) =
+        unsafe { (_block_idx_x(), _block_dim_x(), _thread_idx_x(), _grid_dim_x()) };
+    crate::indexing::thread_and_stride(block as u32, block_dim as u32, thread as u32, grid_dim as u32)
 }
 
 #[inline(always)]
@@ -51,17 +51,18 @@ fn expected_vec4(first: u64) -> Vec4 {
 pub unsafe extern "ptx-kernel" fn generate_data(data: *mut i32, len: u64) {
     let (thread, stride) = thread_and_stride();
     let vectors = data as *mut Vec4;
-    let whole = len / 4;
+    let whole = whole_vectors(len);
     let mut v = thread;
     while v < whole {
         // SAFETY: v < len / 4, so the 16 bytes at vector v lie inside the buffer.
         unsafe { vectors.add(v as usize).write(expected_vec4(v * 4)) };
         v += stride;
     }
-    let tail = whole * 4 + thread;
-    if tail < len {
-        // SAFETY: tail < len.
+    let mut t = thread;
+    while let Some(tail) = tail_element(len, t) {
+        // SAFETY: tail_element returns only indices below len.
         unsafe { data.add(tail as usize).write(value(tail)) };
+        t += stride;
     }
 }
 
@@ -77,7 +78,7 @@ pub unsafe extern "ptx-kernel" fn generate_data(data: *mut i32, len: u64) {
 pub unsafe extern "ptx-kernel" fn verify_data(data: *const i32, len: u64, result: *mut u64) {
     let (thread, stride) = thread_and_stride();
     let vectors = data as *const Vec4;
-    let whole = len / 4;
+    let whole = whole_vectors(len);
     let mut bad = 0u64;
     let mut first_bad = u64::MAX;
     let mut note = |index: u64| {
@@ -96,10 +97,13 @@ pub unsafe extern "ptx-kernel" fn verify_data(data: *const i32, len: u64, result
         }
         v += stride;
     }
-    let tail = whole * 4 + thread;
-    // SAFETY: tail < len.
-    if tail < len && unsafe { data.add(tail as usize).read() } != value(tail) {
-        note(tail);
+    let mut t = thread;
+    while let Some(tail) = tail_element(len, t) {
+        // SAFETY: tail_element returns only indices below len.
+        if unsafe { data.add(tail as usize).read() } != value(tail) {
+            note(tail);
+        }
+        t += stride;
     }
     if bad != 0 {
         // SAFETY: result points to two u64s that only atomic operations touch during

@@ -5,10 +5,12 @@
 //!   kernels [`generate_data`](kernels) and [`verify_data`](kernels);
 //! - for the host it is an ordinary library whose [`pattern`] module is the single
 //!   definition of the data: the sender's CPU fallback, the receiver's check and the tests
-//!   all call the very function the GPU runs.
+//!   all call the very function the GPU runs; [`indexing`] is the kernels' index
+//!   arithmetic and launch grid, tested on the CPU.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
 
+pub mod indexing;
 pub mod pattern;
 
 #[cfg(target_arch = "nvptx64")]

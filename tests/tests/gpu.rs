@@ -1,30 +1,44 @@
-//! The GPU half on a real GPU: kernel output against the CPU pattern, the verify kernel,
-//! dma-buf export, the capability report and the staged path. Every test skips, with the
-//! reason on stderr, where CUDA finds no GPU (CI); they run on the H200 machine.
+//! The GPU half on a real GPU: kernel output against the CPU pattern, bounds, lengths and
+//! alignment the launches refuse, the verify kernel, dma-buf export, the capability
+//! report, and the staged source driven by the sender's own chunk schedule.
+//!
+//! A test skips only where the driver reports no GPU ([`GpuError::is_no_gpu`]: CI's
+//! machines); on a machine with a GPU, any other failure to open it (a PTX that does not
+//! load, a broken driver) fails the test with its cause. They run on the H200 machine.
 #![cfg(feature = "cuda")]
 
 use gpu_kernels::pattern;
-use host::gpu::allocations::{DeviceMemory, PinnedHostMemory};
+use host::gpu::allocations::{DeviceBuffer, MappedHostBuffer, GPU_PAGE};
 use host::gpu::capabilities;
 use host::gpu::sources::{verify_on_cpu, GpuDirectBuffer, StagedSource};
-use host::gpu::{driver, Gpu};
+use host::gpu::{Gpu, KERNELS_PTX};
 use host::memory::select::DeviceRegistration;
-use host::memory::{RecvSink, SendSource};
+use host::memory::{RecvSink, SendSource, POISON};
+use host::transfer::memcpy_wire::MemcpyWire;
+use host::transfer::plan::ChunkPlan;
+use host::transfer::schedule::Schedule;
+use host::memory::host_buffer::verify_bytes;
 use integration_tests::skip;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Element counts from the issue: tiny, around a block, the seed's, odd, and 1 GiB.
+/// Element counts: tiny, around a block, the seed's, odd, and 1 GiB.
 const SIZES: [u64; 6] = [1, 255, 256, 4096, (1 << 20) + 3, 1 << 28];
 
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match Gpu::open(0) {
+/// Open GPU 0 with `ptx`; skip (None) only if the driver reports no GPU.
+fn open_or_skip(test: &str, ptx: &str) -> Option<Rc<Gpu>> {
+    match Gpu::open_with_ptx(0, ptx) {
         Ok(gpu) => Some(gpu),
-        Err(e) => {
-            skip(test, &format!("no GPU: {e:#}"));
+        Err(e) if e.is_no_gpu() => {
+            skip(test, &e.to_string());
             None
         }
+        Err(e) => panic!("{test}: this machine has a GPU, but it could not be opened: {e}"),
     }
+}
+
+fn gpu_or_skip(test: &str) -> Option<Rc<Gpu>> {
+    open_or_skip(test, KERNELS_PTX)
 }
 
 /// Bytes as i32s.
@@ -35,20 +49,29 @@ fn as_i32(bytes: &[u8]) -> Vec<i32> {
         .collect()
 }
 
+fn read_all(memory: &DeviceBuffer) -> Vec<i32> {
+    let mut bytes = vec![0u8; memory.len()];
+    memory.read_into(&mut bytes).unwrap();
+    as_i32(&bytes)
+}
+
+/// PTX that cannot load: the real PTX with its body cut off.
+fn corrupted_ptx() -> String {
+    let cut = KERNELS_PTX.find(".entry").unwrap_or(KERNELS_PTX.len() / 2);
+    format!("{}\n.entry broken( {{ this is not PTX\n", &KERNELS_PTX[..cut])
+}
+
 #[test]
 fn kernel_output_equals_the_cpu_pattern_in_device_memory() {
     let Some(gpu) = gpu_or_skip("kernel_output_equals_the_cpu_pattern_in_device_memory") else {
         return;
     };
     for elements in SIZES {
-        let memory = DeviceMemory::new(elements as usize * 4).unwrap();
+        let mut memory = DeviceBuffer::new(&gpu, elements as usize * 4).unwrap();
         // Poison first, so an element the kernel skips cannot pass by luck.
-        gpu.memset_d32_async(memory.ptr(), 0xdead_beef, elements as usize)
-            .unwrap();
-        gpu.generate(memory.ptr(), elements).unwrap();
-        let mut bytes = vec![0u8; elements as usize * 4];
-        memory.read_into(&mut bytes).unwrap();
-        let values = as_i32(&bytes);
+        gpu.fill_d32(&mut memory, POISON).unwrap();
+        gpu.generate(&mut memory).unwrap();
+        let values = read_all(&memory);
         assert_eq!(
             pattern::first_mismatch(&values, 0),
             None,
@@ -68,11 +91,9 @@ fn kernel_output_equals_the_cpu_pattern_in_mapped_host_memory() {
         return;
     };
     for elements in SIZES {
-        let memory = PinnedHostMemory::mapped(elements as usize * 4).unwrap();
-        let device = memory.device_ptr().unwrap();
-        gpu.memset_d32_async(device, 0xdead_beef, elements as usize)
-            .unwrap();
-        gpu.generate(device, elements).unwrap();
+        let mut memory = MappedHostBuffer::new(&gpu, elements as usize * 4).unwrap();
+        gpu.fill_d32(&mut memory, POISON).unwrap();
+        gpu.generate(&mut memory).unwrap();
         let values = as_i32(memory.as_bytes());
         assert_eq!(
             pattern::first_mismatch(&values, 0),
@@ -83,29 +104,133 @@ fn kernel_output_equals_the_cpu_pattern_in_mapped_host_memory() {
 }
 
 #[test]
+fn the_kernel_writes_nothing_past_either_end() {
+    let Some(gpu) = gpu_or_skip("the_kernel_writes_nothing_past_either_end") else {
+        return;
+    };
+    // Guard words before (16 bytes, keeping the 16-byte alignment) and after the slice
+    // the kernel is given; every tail length 0-3 and sizes around a block.
+    const GUARD: usize = 64;
+    for elements in [1usize, 2, 3, 4, 5, 255, 256, 257, 1023, 1024, 1025, 4099, (1 << 20) + 3] {
+        let mut memory = DeviceBuffer::new(&gpu, (elements + 2 * GUARD) * 4).unwrap();
+        gpu.fill_d32(&mut memory, POISON).unwrap();
+        let start = GUARD * 4;
+        gpu.generate(&mut memory.slice_mut(start..start + elements * 4).unwrap())
+            .unwrap();
+        let values = read_all(&memory);
+        let poison = POISON as i32;
+        assert!(
+            values[..GUARD].iter().all(|&v| v == poison),
+            "{elements}: a guard word before the slice was written"
+        );
+        assert!(
+            values[GUARD + elements..].iter().all(|&v| v == poison),
+            "{elements}: a guard word after the slice was written (first: {:?})",
+            values[GUARD + elements..].iter().position(|&v| v != poison)
+        );
+        assert_eq!(
+            pattern::first_mismatch(&values[GUARD..GUARD + elements], 0),
+            None,
+            "{elements}"
+        );
+    }
+}
+
+#[test]
+fn lengths_that_are_not_whole_elements_are_refused() {
+    let Some(gpu) = gpu_or_skip("lengths_that_are_not_whole_elements_are_refused") else {
+        return;
+    };
+    for len in [1usize, 2, 3, 6, 4097] {
+        let mut memory = DeviceBuffer::new(&gpu, len).unwrap();
+        let e = gpu.generate(&mut memory).unwrap_err().to_string();
+        assert!(e.contains("not a whole number of i32 elements"), "{len}: {e}");
+        let e = gpu.verify(&memory).unwrap_err().to_string();
+        assert!(e.contains("not a whole number of i32 elements"), "{len}: {e}");
+    }
+    let mut memory = DeviceBuffer::new(&gpu, 64).unwrap();
+    assert!(gpu.generate(&mut memory.slice_mut(0..10).unwrap()).is_err());
+}
+
+#[test]
+fn misaligned_addresses_are_refused_and_nothing_is_written() {
+    let Some(gpu) = gpu_or_skip("misaligned_addresses_are_refused_and_nothing_is_written")
+    else {
+        return;
+    };
+    let mut memory = DeviceBuffer::new(&gpu, 4096).unwrap();
+    gpu.fill_d32(&mut memory, POISON).unwrap();
+    for offset in [4usize, 8, 12, 20] {
+        let e = gpu
+            .generate(&mut memory.slice_mut(offset..offset + 256).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16-byte aligned"), "{offset}: {e}");
+        let e = gpu
+            .verify(&memory.slice(offset..offset + 256).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16-byte aligned"), "{offset}: {e}");
+    }
+    assert!(read_all(&memory).iter().all(|&v| v == POISON as i32));
+    // Out of bounds is refused before anything reaches the GPU.
+    assert!(memory.slice_mut(4000..4100).is_err());
+    assert!(memory.slice(usize::MAX - 1..usize::MAX).is_err());
+}
+
+#[test]
+fn more_than_2_pow_30_elements_in_a_4_gib_plus_buffer() {
+    let Some(gpu) = gpu_or_skip("more_than_2_pow_30_elements_in_a_4_gib_plus_buffer") else {
+        return;
+    };
+    // 2^30 + 5 elements: 4 GiB + 20 bytes, the index past 2^30 where 2*i leaves i32.
+    let elements = (1usize << 30) + 5;
+    let mut memory = DeviceBuffer::new(&gpu, elements * 4).unwrap();
+    gpu.fill_d32(&mut memory, POISON).unwrap();
+    gpu.generate(&mut memory).unwrap();
+    let check = gpu.verify(&memory).unwrap();
+    assert_eq!((check.mismatches, check.first_mismatch), (0, None));
+    // The CPU reads the values around 2^30 and at the end: the pattern wraps there.
+    for first in [(1usize << 30) - 4, elements - 4] {
+        let mut bytes = [0u8; 16];
+        memory.read_range_into(first * 4, &mut bytes).unwrap();
+        let want: Vec<i32> = (first..first + 4).map(|i| pattern::value(i as u64)).collect();
+        assert_eq!(as_i32(&bytes), want, "elements from {first}");
+    }
+    assert_eq!(pattern::value(1 << 30), i32::MIN);
+    // And a mismatch past 2^30 is found at its index.
+    let bad = (1usize << 30) + 2;
+    memory.write(bad * 4, &7i32.to_ne_bytes()).unwrap();
+    let check = gpu.verify(&memory).unwrap();
+    assert_eq!((check.mismatches, check.first_mismatch), (1, Some(bad as u64)));
+}
+
+#[test]
 fn verify_kernel_finds_planted_mismatches_and_none_on_good_data() {
     let Some(gpu) = gpu_or_skip("verify_kernel_finds_planted_mismatches_and_none_on_good_data")
     else {
         return;
     };
     for elements in [(1u64 << 20) + 3, 1 << 28] {
-        let memory = DeviceMemory::new(elements as usize * 4).unwrap();
-        gpu.generate(memory.ptr(), elements).unwrap();
-        let good = gpu.verify(memory.ptr(), elements).unwrap();
+        let mut memory = DeviceBuffer::new(&gpu, elements as usize * 4).unwrap();
+        gpu.generate(&mut memory).unwrap();
+        let good = gpu.verify(&memory).unwrap();
         assert_eq!((good.mismatches, good.first_mismatch), (0, None));
         for bad in [0, elements / 2, elements - 1] {
-            let plant = |value: i32| {
-                driver::memcpy_htod(memory.ptr() + bad * 4, &value.to_ne_bytes()).unwrap()
-            };
-            plant(-7);
-            let check = gpu.verify(memory.ptr(), elements).unwrap();
+            let at = bad as usize * 4;
+            memory.write(at, &(-7i32).to_ne_bytes()).unwrap();
+            let check = gpu.verify(&memory).unwrap();
             assert_eq!((check.mismatches, check.first_mismatch), (1, Some(bad)));
-            plant(pattern::value(bad));
+            memory
+                .write(at, &pattern::value(bad).to_ne_bytes())
+                .unwrap();
         }
         // Two at once: the count adds up and the first is the lowest.
-        driver::memcpy_htod(memory.ptr() + 4 * (elements - 1), &(-1i32).to_ne_bytes()).unwrap();
-        driver::memcpy_htod(memory.ptr() + 4 * 3, &(-1i32).to_ne_bytes()).unwrap();
-        let check = gpu.verify(memory.ptr(), elements).unwrap();
+        memory
+            .write(4 * (elements as usize - 1), &(-1i32).to_ne_bytes())
+            .unwrap();
+        memory.write(4 * 3, &(-1i32).to_ne_bytes()).unwrap();
+        let check = gpu.verify(&memory).unwrap();
         assert_eq!((check.mismatches, check.first_mismatch), (2, Some(3)));
         // And the CPU agrees with the GPU.
         let cpu = verify_on_cpu(&memory).unwrap();
@@ -113,32 +238,57 @@ fn verify_kernel_finds_planted_mismatches_and_none_on_good_data() {
     }
 }
 
-#[test]
-fn dma_buf_export_gives_an_fd_of_the_right_length() {
-    let Some(gpu) = gpu_or_skip("dma_buf_export_gives_an_fd_of_the_right_length") else {
-        return;
-    };
+fn dma_buf_or_skip(test: &str, gpu: &Gpu) -> bool {
     let caps = capabilities::capabilities(gpu.raw_device()).unwrap();
     if !caps.dma_buf {
         skip(
-            "dma_buf_export_gives_an_fd_of_the_right_length",
+            test,
             "the driver reports no dma-buf support (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0)",
         );
+    }
+    caps.dma_buf
+}
+
+#[test]
+fn dma_buf_export_gives_whole_pages_from_the_buffers_first_byte() {
+    let test = "dma_buf_export_gives_whole_pages_from_the_buffers_first_byte";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    if !dma_buf_or_skip(test, &gpu) {
         return;
     }
-    let gpu = Rc::new(gpu);
     for len in [4usize, 16 << 10, (64 << 10) + 4, 256 << 20] {
-        let buffer =
-            GpuDirectBuffer::generate(gpu.clone(), len, DeviceRegistration::DmaBuf).unwrap();
+        let buffer = GpuDirectBuffer::generate(&gpu, len, DeviceRegistration::DmaBuf).unwrap();
         let exported = buffer.dma_buf_len().expect("an fd whose size can be read");
-        // Whole 64 KiB GPU pages covering the buffer.
-        assert!(exported as usize >= len, "{exported} < {len}");
-        assert_eq!(exported % (64 << 10), 0, "{exported}");
-        assert!(exported as usize <= len.next_multiple_of(64 << 10) + (64 << 10));
+        assert_eq!(exported as usize, len.next_multiple_of(GPU_PAGE), "{len}");
         assert_eq!(
             SendSource::first_values(&buffer, 5).unwrap()[..5.min(len / 4)],
             [0, 2, 4, 6, 8][..5.min(len / 4)]
         );
+    }
+}
+
+#[test]
+fn a_misaligned_allocation_base_still_exports_a_dma_buf_of_the_right_length() {
+    let test = "a_misaligned_allocation_base_still_exports_a_dma_buf_of_the_right_length";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    if !dma_buf_or_skip(test, &gpu) {
+        return;
+    }
+    // As if cuMemAlloc had returned base + skew (it guarantees only 256-byte alignment).
+    for skew in [256usize, 4096, GPU_PAGE - 256] {
+        let len = (1 << 20) + 4;
+        let mut memory = DeviceBuffer::page_aligned_with_skew(&gpu, len, skew).unwrap();
+        assert!(memory.offset_in_allocation() >= skew as u64, "skew {skew}");
+        assert_eq!(memory.page_span(), Some(len.next_multiple_of(GPU_PAGE)));
+        gpu.generate(&mut memory).unwrap();
+        let buffer = GpuDirectBuffer::prepare(memory, DeviceRegistration::DmaBuf).unwrap();
+        assert_eq!(
+            buffer.dma_buf_len(),
+            Some(len.next_multiple_of(GPU_PAGE) as u64),
+            "skew {skew}"
+        );
+        let check = gpu.verify(buffer.device()).unwrap();
+        assert_eq!(check.mismatches, 0);
     }
 }
 
@@ -169,40 +319,57 @@ fn capability_report_matches_the_driver() {
     eprintln!("{first:#?}");
 }
 
+/// Send `source` once through the sender's schedule to a memcpy consumer; return the
+/// bytes that arrived.
+fn through_the_schedule(source: &dyn SendSource, chunk: u64, depth: u32) -> Vec<u8> {
+    let plan = ChunkPlan::new(source.len() as u64, chunk).unwrap();
+    let schedule = Schedule::new(plan, depth, source, Duration::from_secs(30));
+    let mut wire = MemcpyWire::new(source.memory(), source.len()).unwrap();
+    schedule.run(source, &mut wire, "memcpy").unwrap();
+    wire.finish().unwrap()
+}
+
 #[test]
-fn staged_source_delivers_the_pattern_chunk_by_chunk() {
-    let Some(gpu) = gpu_or_skip("staged_source_delivers_the_pattern_chunk_by_chunk") else {
+fn a_staged_source_serves_transfer_after_transfer() {
+    let Some(gpu) = gpu_or_skip("a_staged_source_serves_transfer_after_transfer") else {
         return;
     };
     let (len, chunk) = ((64 << 20) + 12, 1 << 20);
-    let mut source = StagedSource::generate(Rc::new(gpu), len, chunk).unwrap();
-    let in_flight = source.max_chunks_in_flight().unwrap();
-    let mut posted = std::collections::VecDeque::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut offset = 0;
-    while offset < len || !posted.is_empty() {
-        if offset < len && posted.len() < in_flight {
-            let n = chunk.min(len - offset);
-            let addr = source.prepare_chunk(offset, n, deadline).unwrap();
-            // SAFETY (test): the staged source returned a pinned slot holding n bytes.
-            let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, n) };
-            let values = as_i32(bytes);
-            assert_eq!(
-                pattern::first_mismatch(&values, (offset / 4) as u64),
-                None,
-                "chunk at {offset}"
-            );
-            posted.push_back(offset);
-            offset += n;
-        } else {
-            source.release_chunk(posted.pop_front().unwrap());
-        }
+    let source = StagedSource::generate(&gpu, len, chunk).unwrap();
+    for transfer in 0..3 {
+        let arrived = through_the_schedule(&source, chunk as u64, 16);
+        let v = verify_bytes(&arrived);
+        assert!(v.ok(), "transfer {transfer}: {v:?}");
+        assert_eq!(v.elements, len as u64 / 4);
     }
 }
 
 #[test]
-fn gpudirect_receive_buffer_is_checked_on_the_gpu() {
-    let Some(gpu) = gpu_or_skip("gpudirect_receive_buffer_is_checked_on_the_gpu") else {
+fn a_raw_staged_transfer_of_64_mib_sends_exactly_the_copied_bytes() {
+    let Some(gpu) = gpu_or_skip("a_raw_staged_transfer_of_64_mib_sends_exactly_the_copied_bytes")
+    else {
+        return;
+    };
+    // --raw is one message of the whole buffer: the source stages it in one slot.
+    let len = 64 << 20;
+    let source = StagedSource::generate(&gpu, len, len).unwrap();
+    assert_eq!(source.ring_shape(), (1, len));
+    for _ in 0..2 {
+        let arrived = through_the_schedule(&source, len as u64, 1);
+        assert!(verify_bytes(&arrived).ok());
+    }
+    // A ring of 1 MiB slots refuses a 64 MiB chunk, naming its limit.
+    let small = StagedSource::generate(&gpu, len, 1 << 20).unwrap();
+    small.begin_pass().unwrap();
+    let far = std::time::Instant::now() + Duration::from_secs(10);
+    let e = small.prepare_chunk(0, len, far).unwrap_err().to_string();
+    assert!(e.contains("slots of 1048576 bytes"), "{e}");
+}
+
+#[test]
+fn a_gpu_receive_buffer_that_nobody_wrote_fails_verification() {
+    let Some(gpu) = gpu_or_skip("a_gpu_receive_buffer_that_nobody_wrote_fails_verification")
+    else {
         return;
     };
     let caps = capabilities::capabilities(gpu.raw_device()).unwrap();
@@ -211,15 +378,52 @@ fn gpudirect_receive_buffer_is_checked_on_the_gpu() {
     } else {
         DeviceRegistration::PeerMem
     };
-    let gpu = Rc::new(gpu);
-    let mut sink = GpuDirectBuffer::new(gpu.clone(), 1 << 20, method).unwrap();
-    // Fresh buffer: not the pattern.
-    assert!(sink.verify(1 << 20).unwrap().mismatches > 0);
-    let filled = GpuDirectBuffer::generate(gpu, 1 << 20, method).unwrap();
-    let mut filled: Box<dyn RecvSink> = Box::new(filled);
-    let v = filled.verify(1 << 20).unwrap();
+    let len = 1 << 20;
+    // Memory that held the verified pattern just before is what a new buffer is likely
+    // to get: fill some, free it, then take a receive buffer.
+    drop(GpuDirectBuffer::generate(&gpu, len, method).unwrap());
+    let sink = GpuDirectBuffer::receive(&gpu, len, method).unwrap();
+    let v = sink.verify(len).unwrap();
+    assert_eq!(
+        (v.elements, v.mismatches, v.first_mismatch),
+        (1 << 18, 1 << 18, Some(0))
+    );
+    // A buffer with the pattern verifies; poisoned again, it fails again.
+    let filled = GpuDirectBuffer::generate(&gpu, len, method).unwrap();
+    let v = filled.verify(len).unwrap();
     assert_eq!(
         (v.elements, v.mismatches, v.first_mismatch, v.crc32),
         (1 << 18, 0, None, None)
     );
+    filled.poison().unwrap();
+    assert_eq!(filled.verify(len).unwrap().mismatches, 1 << 18);
+}
+
+#[test]
+fn corrupted_ptx_is_an_error_not_a_missing_gpu() {
+    let test = "corrupted_ptx_is_an_error_not_a_missing_gpu";
+    if gpu_or_skip(test).is_none() {
+        return;
+    }
+    let e = Gpu::open_with_ptx(0, &corrupted_ptx()).err().expect("refused");
+    assert!(!e.is_no_gpu(), "{e}");
+    assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
+    // And the tests' own helper fails (panics) on it instead of skipping.
+    let helper = std::panic::catch_unwind(|| open_or_skip(test, &corrupted_ptx()));
+    assert!(helper.is_err(), "a GPU test would have skipped on a broken kernel build");
+}
+
+/// What a GPU test does when the kernel build is broken: it fails. Run by hand on the GPU
+/// machine (`--ignored`) to see it; it must fail there, and skips only without a GPU.
+#[test]
+#[ignore = "demonstration: fails on a machine with a GPU, by design"]
+fn demonstration_a_gpu_test_on_a_broken_kernel_build_fails() {
+    let Some(gpu) = open_or_skip(
+        "demonstration_a_gpu_test_on_a_broken_kernel_build_fails",
+        &corrupted_ptx(),
+    ) else {
+        return;
+    };
+    let mut memory = DeviceBuffer::new(&gpu, 16).unwrap();
+    gpu.generate(&mut memory).unwrap();
 }

@@ -1,11 +1,25 @@
-//! RAII owners of GPU-side allocations. Each frees its memory in `Drop`; a failure to
-//! free is reported on stderr (Drop cannot return it) rather than ignored.
+//! Owned GPU-side memory, tied to the context it was allocated in: device memory
+//! ([`DeviceBuffer`]), page-locked host memory ([`PinnedHostBuffer`]) and page-locked
+//! host memory mapped into the GPU ([`MappedHostBuffer`]). Each holds an `Rc<Gpu>`, so the
+//! context cannot be destroyed before the memory, and frees its memory in `Drop`; a
+//! failure to free is reported on stderr (Drop cannot return it) rather than ignored.
+//!
+//! Nothing here hands out an address that safe code could misuse: kernels reach the
+//! memory through [`GpuMemory`], the NIC through [`Registrable`], and the CPU through
+//! bounds-checked copies and slices.
 
+use super::context::{Gpu, GpuMemory, GpuMemoryMut};
 use super::driver::{self, DriverResult};
+use crate::memory::{Registrable, RegistrationTarget};
+use anyhow::{bail, Result};
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+use std::rc::Rc;
 
-/// GPU pages are 64 KiB; the NIC registers whole pages, so device buffers are sized and
-/// aligned to them.
+/// GPU pages are 64 KiB; the NIC registers whole pages of GPU memory, so GPUDirect
+/// buffers start on a page and are exported as whole pages.
 pub const GPU_PAGE: usize = 64 * 1024;
 
 fn report_free_error(result: DriverResult<()>) {
@@ -14,108 +28,287 @@ fn report_free_error(result: DriverResult<()>) {
     }
 }
 
-/// Device memory from `cuMemAlloc`, rounded up to whole 64 KiB GPU pages.
-pub struct DeviceMemory {
-    ptr: u64,
-    len: usize,
-    allocated: usize,
+/// Where a page-aligned buffer of `len` bytes lies inside an allocation of `allocated`
+/// bytes at `base`: its start (the first page boundary at or after `base`) and its span
+/// (`len` rounded up to whole pages); `None` if that does not fit. `cuMemAlloc`
+/// guarantees only 256-byte alignment, so the buffer cannot simply start at `base`: the
+/// exported range would then begin before the allocation (perftest rounds the same way,
+/// NCCL allocates page-aligned buffers).
+pub fn page_aligned_within(base: u64, allocated: usize, len: usize) -> Option<(u64, usize)> {
+    let page = GPU_PAGE as u64;
+    let start = base.checked_next_multiple_of(page)?;
+    let span = len.max(1).checked_next_multiple_of(GPU_PAGE)?;
+    let end = start.checked_add(span as u64)?;
+    (end <= base.checked_add(allocated as u64)?).then_some((start, span))
 }
 
-impl DeviceMemory {
-    pub fn new(len: usize) -> DriverResult<Self> {
-        let allocated = len.max(1).next_multiple_of(GPU_PAGE);
-        let ptr = driver::mem_alloc(allocated)?;
-        Ok(DeviceMemory {
-            ptr,
+/// Device memory from `cuMemAlloc`.
+pub struct DeviceBuffer {
+    gpu: Rc<Gpu>,
+    /// What cuMemAlloc returned (freed in Drop).
+    allocation: u64,
+    /// Byte 0 of the buffer (the allocation itself, or its first page boundary).
+    ptr: u64,
+    /// The bytes asked for.
+    len: usize,
+    /// Whole GPU pages from `ptr` that belong to the allocation (page-aligned buffers).
+    pages: Option<usize>,
+}
+
+impl DeviceBuffer {
+    /// `len` bytes of device memory (at least 256-byte aligned).
+    pub fn new(gpu: &Rc<Gpu>, len: usize) -> DriverResult<Self> {
+        let allocation = driver::mem_alloc(len.max(1))?;
+        Ok(DeviceBuffer {
+            gpu: gpu.clone(),
+            allocation,
+            ptr: allocation,
             len,
-            allocated,
+            pages: None,
         })
     }
 
-    /// The device address of byte 0.
-    pub fn ptr(&self) -> u64 {
+    /// `len` bytes starting on a 64 KiB GPU page, with the rest of its last page also
+    /// allocated: what a NIC registers for GPUDirect RDMA. The allocation is one page
+    /// larger, and the buffer starts at its first page boundary.
+    pub fn page_aligned(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        Self::page_aligned_with_skew(gpu, len, 0)
+    }
+
+    /// [`page_aligned`](Self::page_aligned) as if `cuMemAlloc` had returned an address
+    /// `skew` bytes further on: the tests use it to show that a base that is not on a
+    /// page boundary still gives a whole-page buffer inside the allocation.
+    #[doc(hidden)]
+    pub fn page_aligned_with_skew(gpu: &Rc<Gpu>, len: usize, skew: usize) -> Result<Self> {
+        let span = len.max(1).checked_next_multiple_of(GPU_PAGE);
+        let Some(allocated) = span.and_then(|s| s.checked_add(GPU_PAGE + skew)) else {
+            bail!("{len} bytes of GPU memory cannot be allocated in whole pages");
+        };
+        let allocation = driver::mem_alloc(allocated)?;
+        let mut buffer = DeviceBuffer {
+            gpu: gpu.clone(),
+            allocation,
+            ptr: allocation,
+            len,
+            pages: None,
+        };
+        let base = allocation + skew as u64;
+        let Some((start, pages)) = page_aligned_within(base, allocated - skew, len) else {
+            bail!("no page-aligned {len}-byte range inside a {allocated}-byte allocation at {allocation:#x}");
+        };
+        buffer.ptr = start;
+        buffer.pages = Some(pages);
+        Ok(buffer)
+    }
+
+    /// The bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes from byte 0 to the end of the allocation's last page (page-aligned buffers).
+    pub fn page_span(&self) -> Option<usize> {
+        self.pages
+    }
+
+    /// How far byte 0 lies past the start of the allocation (0 unless page-aligned).
+    pub fn offset_in_allocation(&self) -> u64 {
+        self.ptr - self.allocation
+    }
+
+    /// Export the buffer's whole pages as a dma-buf (and ask for SYNC_MEMOPS on it, as
+    /// NVIDIA's GPUDirect RDMA guide says for memory a third-party device accesses). The
+    /// dma-buf's byte 0 is the buffer's byte 0, so a registration uses offset 0 and the
+    /// buffer's GPU address as iova.
+    pub fn export_dma_buf(&self) -> Result<OwnedFd> {
+        let Some(span) = self.pages else {
+            bail!("only page-aligned GPU buffers can be exported as dma-buf");
+        };
+        driver::set_sync_memops(self.ptr)?;
+        Ok(driver::export_dma_buf(self.ptr, span)?)
+    }
+
+    /// Mark the buffer for peer-to-peer access by a NIC through nvidia-peermem.
+    pub fn set_sync_memops(&self) -> Result<()> {
+        Ok(driver::set_sync_memops(self.ptr)?)
+    }
+
+    /// The GPU address of byte 0: what a registration through nvidia-peermem or a dma-buf
+    /// (its iova) uses. Reading it is harmless; using it needs `unsafe`.
+    pub(crate) fn address(&self) -> u64 {
         self.ptr
     }
 
-    /// The bytes asked for (the allocation may be larger).
-    pub fn len(&self) -> usize {
+    /// Copy the first `out.len()` bytes to the host, after everything queued on the GPU's
+    /// stream.
+    pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
+        self.read_range_into(0, out)
+    }
+
+    /// Copy `out.len()` bytes from `offset` to the host, after the stream's work.
+    pub fn read_range_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.len, "read")?;
+        self.gpu.synchronize()?;
+        // SAFETY: the range lies inside this buffer (checked); the stream is idle and
+        // safe code cannot queue work on the buffer while we hold `&self`'s borrow
+        // without going through an `unsafe` launch whose contract excludes this read.
+        unsafe { driver::memcpy_dtoh(out, self.ptr + offset as u64)? };
+        Ok(())
+    }
+
+    /// Copy `data` into the buffer at `offset`, ordered after the stream's earlier work,
+    /// and wait for it.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.len, "write")?;
+        // SAFETY: the range lies inside this buffer (checked), `&mut self` keeps everyone
+        // else off it, and we wait for the copy before returning.
+        unsafe { driver::memcpy_htod_async(self.ptr + offset as u64, data, self.gpu.stream())? };
+        self.gpu.synchronize()
+    }
+
+    /// Bytes `range` of the buffer, to read with a kernel (verify part of a buffer).
+    pub fn slice(&self, range: Range<usize>) -> Result<DeviceSlice<'_>> {
+        let (ptr, len) = self.range_ptr(range)?;
+        Ok(DeviceSlice {
+            gpu: &self.gpu,
+            ptr,
+            len,
+            _buffer: PhantomData,
+        })
+    }
+
+    /// Bytes `range` of the buffer, to write with a kernel (e.g. with guard words left
+    /// around it).
+    pub fn slice_mut(&mut self, range: Range<usize>) -> Result<DeviceSliceMut<'_>> {
+        let (ptr, len) = self.range_ptr(range)?;
+        Ok(DeviceSliceMut {
+            gpu: &self.gpu,
+            ptr,
+            len,
+            _buffer: PhantomData,
+        })
+    }
+
+    fn range_ptr(&self, range: Range<usize>) -> Result<(u64, usize)> {
+        if range.end < range.start {
+            bail!("bytes {range:?} end before they start");
+        }
+        check_range(range.start, range.len(), self.len, "a slice")?;
+        Ok((self.ptr + range.start as u64, range.len()))
+    }
+}
+
+fn check_range(offset: usize, len: usize, size: usize, what: &str) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        bail!("{what} of {len} bytes at offset {offset} is outside a {size}-byte buffer");
+    }
+    Ok(())
+}
+
+// SAFETY: [ptr, ptr + len) lies in an allocation of this buffer's context that lives
+// until Drop; safe code reaches it only through this value.
+unsafe impl GpuMemory for DeviceBuffer {
+    fn gpu(&self) -> &Rc<Gpu> {
+        &self.gpu
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
         self.len
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The whole-page range that covers the buffer, for dma-buf export: `(start, len,
-    /// offset of the buffer in it)`. cuMemAlloc returns at least 256-byte alignment, so
-    /// the buffer may start inside a page.
-    pub fn page_range(&self) -> (u64, usize, u64) {
-        let start = self.ptr & !(GPU_PAGE as u64 - 1);
-        let offset = self.ptr - start;
-        let len = (offset as usize + self.allocated).next_multiple_of(GPU_PAGE);
-        (start, len, offset)
-    }
-
-    /// Export the buffer's pages as a dma-buf and remember SYNC_MEMOPS on it.
-    pub fn export_dma_buf(&self) -> DriverResult<(OwnedFd, u64)> {
-        driver::set_sync_memops(self.ptr)?;
-        let (start, len, offset) = self.page_range();
-        Ok((driver::export_dma_buf(start, len)?, offset))
-    }
-
-    /// Copy the first `out.len()` bytes back to the host.
-    pub fn read_into(&self, out: &mut [u8]) -> DriverResult<()> {
-        driver::memcpy_dtoh(out, self.ptr)
-    }
 }
 
-impl Drop for DeviceMemory {
+// SAFETY: `&mut DeviceBuffer` is the only way to its bytes while it is held (slices and
+// registrations borrow the buffer).
+unsafe impl GpuMemoryMut for DeviceBuffer {}
+
+impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated by mem_alloc in new(), freed only here; every user (kernel
-        // launch, copy, NIC registration) is synchronised or dropped before the buffer.
-        report_free_error(unsafe { driver::mem_free(self.ptr) });
+        // Queued work (an unsafe launch's caller must have waited, but be defensive)
+        // finishes before the memory goes back.
+        let _ = self.gpu.synchronize();
+        // SAFETY: allocated by mem_alloc, freed only here; every registration borrows the
+        // buffer, so none is left; the context is alive (we hold an Rc to it).
+        report_free_error(unsafe { driver::mem_free(self.allocation) });
     }
 }
 
-/// Page-locked host memory from `cuMemHostAlloc`, optionally mapped into the GPU.
-pub struct PinnedHostMemory {
-    host: *mut u8,
-    device: Option<u64>,
+/// Part of a [`DeviceBuffer`], borrowed from it: for kernels that read.
+pub struct DeviceSlice<'a> {
+    gpu: &'a Rc<Gpu>,
+    ptr: u64,
+    len: usize,
+    _buffer: PhantomData<&'a DeviceBuffer>,
+}
+
+/// Part of a [`DeviceBuffer`], borrowed mutably from it: for kernels that write.
+pub struct DeviceSliceMut<'a> {
+    gpu: &'a Rc<Gpu>,
+    ptr: u64,
+    len: usize,
+    _buffer: PhantomData<&'a mut DeviceBuffer>,
+}
+
+// SAFETY (both): a bounds-checked range of a DeviceBuffer, which the slice borrows for
+// its whole life.
+unsafe impl GpuMemory for DeviceSlice<'_> {
+    fn gpu(&self) -> &Rc<Gpu> {
+        self.gpu
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as above.
+unsafe impl GpuMemory for DeviceSliceMut<'_> {
+    fn gpu(&self) -> &Rc<Gpu> {
+        self.gpu
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: the slice borrows its buffer mutably, so nothing else reaches these bytes.
+unsafe impl GpuMemoryMut for DeviceSliceMut<'_> {}
+
+/// Page-locked host memory from `cuMemHostAlloc`: the staging ring's slots. The NIC
+/// reads it like any host memory; the GPU's copy engine writes it at full PCIe speed.
+pub struct PinnedHostBuffer {
+    gpu: Rc<Gpu>,
+    host: NonNull<u8>,
     len: usize,
 }
 
-impl PinnedHostMemory {
-    /// Pinned host memory the GPU's kernels can write directly (`CU_MEMHOSTALLOC_DEVICEMAP`).
-    pub fn mapped(len: usize) -> DriverResult<Self> {
-        let host = driver::mem_host_alloc(len.max(1), true)?;
-        let mut memory = PinnedHostMemory {
-            host,
-            device: None,
-            len,
-        };
-        memory.device = Some(driver::host_device_pointer(host)?);
-        Ok(memory)
+impl PinnedHostBuffer {
+    pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        Self::alloc(gpu, len, false)
     }
 
-    /// Pinned host memory for copies (a staging ring).
-    pub fn unmapped(len: usize) -> DriverResult<Self> {
-        let host = driver::mem_host_alloc(len.max(1), false)?;
-        Ok(PinnedHostMemory {
+    fn alloc(gpu: &Rc<Gpu>, len: usize, device_map: bool) -> Result<Self> {
+        let host = driver::mem_host_alloc(len.max(1), device_map)?;
+        let Some(host) = NonNull::new(host) else {
+            bail!("cuMemHostAlloc returned no memory for {len} bytes");
+        };
+        Ok(PinnedHostBuffer {
+            gpu: gpu.clone(),
             host,
-            device: None,
             len,
         })
     }
 
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.host
-    }
-
-    /// The GPU's address for mapped memory.
-    pub fn device_ptr(&self) -> Option<u64> {
-        self.device
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }
@@ -124,16 +317,122 @@ impl PinnedHostMemory {
         self.len == 0
     }
 
+    /// The bytes, for the CPU. Safe code cannot have GPU or NIC work on them in flight:
+    /// both are started only through `unsafe` calls whose contracts exclude this read.
     pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: host is valid for len bytes while self lives; callers read only after
-        // the GPU work that writes it has been synchronised.
-        unsafe { std::slice::from_raw_parts(self.host, self.len) }
+        // SAFETY: host is valid for len bytes while self lives (initialised: the driver's
+        // allocations are zero-filled pages, and we only ever write bytes).
+        unsafe { std::slice::from_raw_parts(self.host.as_ptr(), self.len) }
+    }
+
+    /// The base address, for the staging ring's copies (`unsafe` to use).
+    pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
+        self.host.as_ptr()
     }
 }
 
-impl Drop for PinnedHostMemory {
+// SAFETY: the allocation lives, unmoved, until Drop, which cannot run while `&self` is
+// borrowed by a registration.
+unsafe impl Registrable for PinnedHostBuffer {
+    fn target(&self) -> RegistrationTarget<'_> {
+        RegistrationTarget::Host {
+            ptr: self.host,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated by mem_host_alloc, freed only here, after its users.
-        report_free_error(unsafe { driver::mem_free_host(self.host) });
+        let _ = self.gpu.synchronize();
+        // SAFETY: allocated by mem_host_alloc, freed only here, after its users (copies
+        // are waited for above; registrations borrow the buffer, so none is left).
+        report_free_error(unsafe { driver::mem_free_host(self.host.as_ptr()) });
+    }
+}
+
+/// Page-locked host memory mapped into the GPU (`CU_MEMHOSTALLOC_DEVICEMAP`): kernels
+/// write it directly over PCIe, the NIC reads it as host memory (the seed's method).
+pub struct MappedHostBuffer {
+    pinned: PinnedHostBuffer,
+    device: u64,
+}
+
+impl MappedHostBuffer {
+    pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        let pinned = PinnedHostBuffer::alloc(gpu, len, true)?;
+        let device = driver::host_device_pointer(pinned.as_mut_ptr())?;
+        Ok(MappedHostBuffer { pinned, device })
+    }
+
+    pub fn len(&self) -> usize {
+        self.pinned.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pinned.len == 0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.pinned.as_bytes()
+    }
+}
+
+// SAFETY: the GPU address of the pinned allocation, valid in its context while the
+// allocation lives (until Drop).
+unsafe impl GpuMemory for MappedHostBuffer {
+    fn gpu(&self) -> &Rc<Gpu> {
+        &self.pinned.gpu
+    }
+    fn device_ptr(&self) -> u64 {
+        self.device
+    }
+    fn byte_len(&self) -> usize {
+        self.pinned.len
+    }
+}
+
+// SAFETY: `&mut MappedHostBuffer` is the only way to its bytes while held (as_bytes and
+// registrations borrow it).
+unsafe impl GpuMemoryMut for MappedHostBuffer {}
+
+// SAFETY: as for PinnedHostBuffer.
+unsafe impl Registrable for MappedHostBuffer {
+    fn target(&self) -> RegistrationTarget<'_> {
+        self.pinned.target()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = GPU_PAGE as u64;
+
+    #[test]
+    fn an_aligned_base_is_used_as_it_is() {
+        assert_eq!(
+            page_aligned_within(16 * PAGE, 2 * GPU_PAGE, 4),
+            Some((16 * PAGE, GPU_PAGE))
+        );
+    }
+
+    #[test]
+    fn a_misaligned_base_moves_the_buffer_to_the_next_page_inside_the_allocation() {
+        for skew in [256u64, 4096, PAGE - 256] {
+            let base = 16 * PAGE + skew;
+            let (start, span) = page_aligned_within(base, 3 * GPU_PAGE, GPU_PAGE + 4).unwrap();
+            assert_eq!(start, 17 * PAGE, "skew {skew}");
+            assert_eq!(span, 2 * GPU_PAGE);
+            assert!(start >= base && start + span as u64 <= base + 3 * PAGE);
+        }
+    }
+
+    #[test]
+    fn a_buffer_that_does_not_fit_after_aligning_is_refused() {
+        // Exactly one page allocated at a misaligned base: one page does not fit after it.
+        assert_eq!(page_aligned_within(PAGE + 256, GPU_PAGE, 4), None);
+        assert_eq!(page_aligned_within(u64::MAX - 10, GPU_PAGE, 4), None);
+        assert_eq!(page_aligned_within(0, usize::MAX, usize::MAX), None);
     }
 }

@@ -2,14 +2,23 @@
 //! `cuMemsetD32` on the same buffer in the same run, plus the mapped and staged paths.
 //! Prints JSON; the README's numbers are pasted from it.
 
-use super::allocations::{DeviceMemory, PinnedHostMemory};
-use super::context::Gpu;
+use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
+use super::context::{Gpu, GpuMemory};
 use super::driver;
-use anyhow::{Context as _, Result};
+use super::sources::StagedSource;
+use crate::memory::host_buffer::verify_bytes;
+use crate::memory::{DataPath, Registrable, SendSource};
+use crate::rdma::Deadline;
+use crate::transfer::memcpy_wire::MemcpyWire;
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::schedule::{ChunkWire, Posted, Schedule, WireError};
+use anyhow::Result;
 use cust::event::{Event, EventFlags};
-use cust::stream::{Stream, StreamFlags};
+use cust::stream::Stream;
 use serde::Serialize;
-use std::time::Instant;
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 /// Sizes the issue asks for: a launch-bound size, an L2-sized one and two HBM-bound ones.
 pub const FILL_SIZES: [usize; 4] = [16 << 10, 4 << 20, 256 << 20, 1 << 30];
@@ -83,21 +92,21 @@ fn repetitions(bytes: usize) -> usize {
     ((16usize << 30) / bytes).clamp(20, 2000)
 }
 
-fn fill(gpu: &Gpu, bytes: usize) -> Result<FillResult> {
-    let buffer = DeviceMemory::new(bytes)?;
-    let elements = (bytes / 4) as u64;
+fn fill(gpu: &Rc<Gpu>, bytes: usize) -> Result<FillResult> {
+    let mut buffer = DeviceBuffer::new(gpu, bytes)?;
     let reps = repetitions(bytes);
     let stream = gpu.stream();
-    let kernel_ms = time_events(stream, reps, || {
-        gpu.launch_generate(buffer.ptr(), elements, stream)
-    })?;
-    let memset_ms = time_events(stream, reps, || {
-        Ok(gpu.memset_d32_async(buffer.ptr(), 0x5a5a_5a5a, bytes / 4)?)
+    // SAFETY (both): time_events synchronises on its stop event after each launch, and
+    // nothing else touches the buffer meanwhile.
+    let kernel_ms = time_events(stream, reps, || unsafe { gpu.launch_generate(&mut buffer) })?;
+    let memset_ms = time_events(stream, reps, || unsafe {
+        gpu.launch_memset_d32(&mut buffer, 0x5a5a_5a5a)
     })?;
     // The last thing written was the memset: fill once more and check, so the timed
     // kernel is known to be the correct one.
-    gpu.generate(buffer.ptr(), elements)?;
-    let check = gpu.verify(buffer.ptr(), elements)?;
+    gpu.synchronize()?;
+    gpu.generate(&mut buffer)?;
+    let check = gpu.verify(&buffer)?;
     anyhow::ensure!(
         check.mismatches == 0,
         "generate_data wrote wrong values: {check:?}"
@@ -116,22 +125,23 @@ fn fill(gpu: &Gpu, bytes: usize) -> Result<FillResult> {
 
 /// The seed's method: the kernel writes mapped host memory over PCIe, against the
 /// fastest way to get the same bytes to the host, a pinned device-to-host copy.
-fn mapped(gpu: &Gpu, bytes: usize) -> Result<PathResult> {
+fn mapped(gpu: &Rc<Gpu>, bytes: usize) -> Result<PathResult> {
     let stream = gpu.stream();
-    let host = PinnedHostMemory::mapped(bytes)?;
-    let device_view = host
-        .device_ptr()
-        .context("mapped memory without a device address")?;
-    let mapped_ms = time_events(stream, 10, || {
-        gpu.launch_generate(device_view, (bytes / 4) as u64, stream)
-    })?;
-    let source = DeviceMemory::new(bytes)?;
-    let pinned = PinnedHostMemory::unmapped(bytes)?;
+    let mut host = MappedHostBuffer::new(gpu, bytes)?;
+    // SAFETY: time_events synchronises after each launch; nothing else touches `host`.
+    let mapped_ms = time_events(stream, 10, || unsafe { gpu.launch_generate(&mut host) })?;
+    let source = DeviceBuffer::new(gpu, bytes)?;
+    let pinned = PinnedHostBuffer::new(gpu, bytes)?;
     let copy_ms = time_events(stream, 10, || {
-        // SAFETY: pinned is valid for `bytes` and not touched until the stream syncs
-        // (time_events synchronises on the stop event after each repetition).
+        // SAFETY: both ranges are whole buffers of ours, `bytes` long; pinned is not read
+        // until the stream syncs (time_events synchronises after each repetition).
         unsafe {
-            driver::memcpy_dtoh_async(pinned.host_ptr(), source.ptr(), bytes, stream.as_inner())?
+            driver::memcpy_dtoh_async(
+                pinned.as_mut_ptr(),
+                source.device_ptr(),
+                bytes,
+                stream.as_inner(),
+            )?
         };
         Ok(())
     })?;
@@ -146,102 +156,153 @@ fn mapped(gpu: &Gpu, bytes: usize) -> Result<PathResult> {
     })
 }
 
+/// Median and spread of one figure over the rounds.
+#[derive(Debug, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(samples: &[f64]) -> Spread {
+        Spread {
+            median: median(samples.to_vec()),
+            min: samples.iter().copied().fold(f64::INFINITY, f64::min),
+            max: samples.iter().copied().fold(0.0, f64::max),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct StagedResult {
     pub bytes: usize,
     pub chunk_bytes: usize,
     pub slots: usize,
-    /// The consumer that stands in for the NIC (the GPU machine has no RDMA device).
+    /// Chunks the schedule keeps with the wire at once.
+    pub in_flight: u64,
+    /// Interleaved rounds: each runs the three measurements below once, in turn.
+    pub rounds: usize,
+    /// What stands in for the NIC, which the GPU machine does not have.
     pub consumer: &'static str,
-    pub copy_alone_gb_per_s: f64,
-    pub consumer_alone_gb_per_s: f64,
-    /// Copies and consumer overlapped through the ring.
-    pub pipelined_gb_per_s: f64,
-    /// What running the two one after the other would give: 1 / (1/copy + 1/consumer).
+    /// GB/s of the staged source's copies, with a wire that takes each chunk at once.
+    pub copy_alone_gb_per_s: Spread,
+    /// GB/s of the consumer reading the ring's slots, with no copies.
+    pub consumer_alone_gb_per_s: Spread,
+    /// GB/s of the product's staged source and schedule with the consumer: copies and
+    /// consumer overlapped through the ring.
+    pub pipelined_gb_per_s: Spread,
+    /// What running the two one after the other would give (medians):
+    /// 1 / (1/copy + 1/consumer).
     pub serial_gb_per_s: f64,
-    /// pipelined over the slower stage: 1.0 is perfect overlap.
+    /// Pipelined median over the slower stage's median: 1.0 is perfect overlap.
     pub overlap_ratio: f64,
 }
 
-/// The staged pipeline: device-to-host copies into a ring of pinned slots, each slot read
-/// by a consumer as soon as its copy lands, against each stage alone. A CPU CRC-32 stands
-/// in for the NIC, which the GPU machine does not have.
-fn staged(gpu: &Gpu, bytes: usize, chunk: usize) -> Result<StagedResult> {
-    const SLOTS: usize = 8;
-    let device = DeviceMemory::new(bytes)?;
-    gpu.generate(device.ptr(), (bytes / 4) as u64)?;
-    let ring = PinnedHostMemory::unmapped(SLOTS * chunk)?;
-    let copy_stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let events = (0..SLOTS)
-        .map(|_| Event::new(EventFlags::DISABLE_TIMING))
-        .collect::<Result<Vec<_>, _>>()?;
-    let chunks = bytes / chunk;
-    let slot_bytes = |slot: usize| {
-        // SAFETY: slot < SLOTS and the ring holds SLOTS * chunk bytes; callers read a
-        // slot only after the copy into it has completed and before the next is issued.
-        unsafe { std::slice::from_raw_parts(ring.host_ptr().add(slot * chunk), chunk) }
-    };
-    let issue = |k: usize| -> Result<()> {
-        let slot = k % SLOTS;
-        // SAFETY: the slot's previous chunk has been consumed (or waited for) before
-        // chunk k is issued into it, so nobody reads it while the copy writes.
-        unsafe {
-            driver::memcpy_dtoh_async(
-                ring.host_ptr().add(slot * chunk),
-                device.ptr() + (k * chunk) as u64,
-                chunk,
-                copy_stream.as_inner(),
-            )?;
-        }
-        events[slot].record(&copy_stream)?;
+/// A wire that takes every chunk at once: the copies' speed alone.
+struct InstantWire {
+    last: Option<u64>,
+}
+
+impl ChunkWire for InstantWire {
+    unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
+        self.last = chunks.last().map(|p| p.chunk.index).or(self.last);
         Ok(())
+    }
+    fn wait(&mut self, _: &Deadline) -> Result<Option<u64>, WireError> {
+        Ok(self.last)
+    }
+}
+
+/// The ring's slots handed out in the staged source's order, without copying into them:
+/// the consumer's speed alone, on the same memory.
+struct RingOnly<'a> {
+    ring: &'a dyn Registrable,
+    slots: usize,
+    slot_bytes: usize,
+    len: usize,
+}
+
+impl SendSource for RingOnly<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn memory(&self) -> &dyn Registrable {
+        self.ring
+    }
+    fn max_chunks_in_flight(&self) -> Option<usize> {
+        Some(self.slots - 2)
+    }
+    fn prepare_chunk(&self, offset: usize, len: usize, _: Instant) -> Result<Range<usize>> {
+        let start = (offset / self.slot_bytes % self.slots) * self.slot_bytes;
+        Ok(start..start + len)
+    }
+    fn first_values(&self, _: usize) -> Result<Vec<i32>> {
+        Ok(Vec::new())
+    }
+    fn path(&self) -> DataPath {
+        DataPath::StagedThroughHostMemory
+    }
+}
+
+/// The staged pipeline as the sender runs it: the product's [`StagedSource`] and
+/// [`Schedule`], with a consumer that does what the wire would (a host memcpy of each
+/// chunk into a second buffer, on its own thread), against each stage alone, in
+/// interleaved rounds.
+fn staged(gpu: &Rc<Gpu>, bytes: usize, chunk: usize, rounds: usize) -> Result<StagedResult> {
+    let source = StagedSource::generate(gpu, bytes, chunk)?;
+    let (slots, slot_bytes) = source.ring_shape();
+    let plan = ChunkPlan::new(bytes as u64, chunk as u64).map_err(anyhow::Error::msg)?;
+    let schedule = Schedule::new(plan, 16, &source, Duration::from_secs(10));
+    let ring_only = RingOnly {
+        ring: source.memory(),
+        slots,
+        slot_bytes,
+        len: bytes,
     };
-    // One pass over the data; `copy` and `consume` switch the two stages on or off.
-    let run = |copy: bool, consume: bool| -> Result<(f64, u32)> {
-        let started = Instant::now();
-        let mut crc = crc32fast::Hasher::new();
-        if copy {
-            for k in 0..SLOTS.min(chunks) {
-                issue(k)?;
-            }
-        }
-        for k in 0..chunks {
-            let slot = k % SLOTS;
-            if copy {
-                events[slot].synchronize()?;
-            }
-            if consume {
-                crc.update(slot_bytes(slot));
-            }
-            if copy && k + SLOTS < chunks {
-                issue(k + SLOTS)?;
-            }
-        }
-        Ok((started.elapsed().as_secs_f64() * 1e3, crc.finalize()))
+    // One destination for every run, its pages mapped before any is timed.
+    let mut destination = vec![1u8; bytes];
+    let consume = |src: &dyn SendSource, destination: Vec<u8>| -> Result<(f64, Vec<u8>)> {
+        let mut wire = MemcpyWire::with_destination(src.memory(), destination)?;
+        let took = schedule.run(src, &mut wire, "the memcpy consumer")?;
+        Ok((gb_per_s(bytes, took.as_secs_f64() * 1e3), wire.finish()?))
     };
-    run(true, true)?; // warm-up
-    let (copy_ms, _) = run(true, false)?;
-    let (consume_ms, _) = run(false, true)?;
-    let (pipeline_ms, crc) = run(true, true)?;
-    let mut whole = vec![0u8; bytes];
-    device.read_into(&mut whole)?;
+    let (mut copy, mut consumer, mut pipelined) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let mut instant = InstantWire { last: None };
+        let copy_took = schedule.run(&source, &mut instant, "no consumer")?;
+        let (alone, d) = consume(&ring_only, destination)?;
+        let (both, d) = consume(&source, d)?;
+        destination = d;
+        if round > 0 {
+            // Round 0 warms up: first touch of the ring, the copy engine's clocks.
+            copy.push(gb_per_s(bytes, copy_took.as_secs_f64() * 1e3));
+            consumer.push(alone);
+            pipelined.push(both);
+        }
+    }
+    let check = verify_bytes(&destination);
     anyhow::ensure!(
-        crc == crc32fast::hash(&whole),
-        "the staged bytes differ from the device's"
+        check.ok(),
+        "the staged pipeline delivered wrong bytes: {check:?}"
     );
-    let copy = gb_per_s(bytes, copy_ms);
-    let consumer = gb_per_s(bytes, consume_ms);
-    let pipelined = gb_per_s(bytes, pipeline_ms);
+    let (copy, consumer, pipelined) = (
+        Spread::of(&copy),
+        Spread::of(&consumer),
+        Spread::of(&pipelined),
+    );
     Ok(StagedResult {
         bytes,
-        chunk_bytes: chunk,
-        slots: SLOTS,
-        consumer: "CRC-32 (crc32fast) of each chunk on one CPU core",
+        chunk_bytes: slot_bytes,
+        slots,
+        in_flight: schedule.window,
+        rounds,
+        consumer: "memcpy of each chunk into a second host buffer, on its own thread",
+        serial_gb_per_s: 1.0 / (1.0 / copy.median + 1.0 / consumer.median),
+        overlap_ratio: pipelined.median / copy.median.min(consumer.median),
         copy_alone_gb_per_s: copy,
         consumer_alone_gb_per_s: consumer,
         pipelined_gb_per_s: pipelined,
-        serial_gb_per_s: 1.0 / (1.0 / copy + 1.0 / consumer),
-        overlap_ratio: pipelined / copy.min(consumer),
     })
 }
 
@@ -253,15 +314,14 @@ pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
         .map(|&bytes| fill(&gpu, bytes))
         .collect::<Result<Vec<_>>>()?;
 
-    let seed = DeviceMemory::new(4096 * 4)?;
+    let mut seed = DeviceBuffer::new(&gpu, 4096 * 4)?;
     let stream = gpu.stream();
-    let seed_kernel_ms = time_events(stream, 200, || {
-        gpu.launch_generate(seed.ptr(), 4096, stream)
-    })?;
+    // SAFETY: time_events synchronises after each launch.
+    let seed_kernel_ms = time_events(stream, 200, || unsafe { gpu.launch_generate(&mut seed) })?;
     let mut host_samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        gpu.generate(seed.ptr(), 4096)?;
+        gpu.generate(&mut seed)?;
         host_samples.push(t.elapsed().as_secs_f64() * 1e6);
     }
 
@@ -272,6 +332,6 @@ pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
         seed_launch_kernel_us: seed_kernel_ms * 1e3,
         seed_launch_host_us: median(host_samples),
         mapped: mapped(&gpu, 256 << 20)?,
-        staged: staged(&gpu, 256 << 20, 1 << 20)?,
+        staged: staged(&gpu, 256 << 20, 1 << 20, 9)?,
     })
 }

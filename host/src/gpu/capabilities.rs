@@ -79,17 +79,55 @@ pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
     Ok(reports)
 }
 
-/// Do NIC writes need `cuFlushGPUDirectRDMAWrites` before this GPU reads them? Per
-/// NVIDIA's documentation of the writes-ordering attribute: below "owner", the GPU may see
-/// them out of order unless flushed; the flush is available when the flush-options
-/// attribute has the host bit.
-pub fn needs_flush(device: i32) -> (bool, bool) {
+/// How the NIC's writes into this GPU's memory become visible, in order, to the GPU's
+/// next kernel (the receiver's verify kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WritesVisibility {
+    /// `cuFlushGPUDirectRDMAWrites` is available (flush-options host bit): call it after
+    /// the last write, before the kernel.
+    Flush,
+    /// No flush, but the writes-ordering attribute says the owning GPU sees them in order.
+    Ordered,
+    /// Neither: the GPU may see stale data. NCCL flushes with an RDMA READ on a loopback
+    /// queue pair there; this program refuses to receive into such a GPU instead.
+    Unordered,
+}
+
+/// The decision from the two attributes (NVIDIA's documentation of
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` and `..._FLUSH_WRITES_OPTIONS`).
+pub fn classify_writes(ordering: i32, flush_options: i32) -> WritesVisibility {
+    if flush_options & ffi::FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST != 0 {
+        WritesVisibility::Flush
+    } else if ordering >= ffi::GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER {
+        WritesVisibility::Ordered
+    } else {
+        WritesVisibility::Unordered
+    }
+}
+
+/// [`classify_writes`] for `device` (a raw `CUdevice`); an attribute the driver does not
+/// know counts as 0 (the feature is missing).
+pub fn writes_visibility(device: i32) -> WritesVisibility {
     let ordering =
         driver::device_attribute(device, attribute::GPU_DIRECT_RDMA_WRITES_ORDERING).unwrap_or(0);
     let options = driver::device_attribute(device, attribute::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS)
         .unwrap_or(0);
-    (
-        ordering < ffi::GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER,
-        options & ffi::FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST != 0,
-    )
+    classify_writes(ordering, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nic_writes_are_flushed_where_possible_and_refused_where_unordered() {
+        // The H200: ordering "owner" (100), flush options 0x1.
+        assert_eq!(classify_writes(100, 1), WritesVisibility::Flush);
+        assert_eq!(classify_writes(0, 1), WritesVisibility::Flush);
+        assert_eq!(classify_writes(100, 0), WritesVisibility::Ordered);
+        assert_eq!(classify_writes(200, 2), WritesVisibility::Ordered);
+        assert_eq!(classify_writes(0, 0), WritesVisibility::Unordered);
+        assert_eq!(classify_writes(0, 2), WritesVisibility::Unordered);
+    }
 }

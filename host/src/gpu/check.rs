@@ -2,12 +2,11 @@
 //! element against the CPU's pattern (and, for device memory, with the verify kernel too).
 //! The sender's GPU half on its own, for machines without an RDMA device.
 
-use super::allocations::{DeviceMemory, PinnedHostMemory};
+use super::allocations::{DeviceBuffer, MappedHostBuffer};
 use super::context::Gpu;
-use super::sources::leading_values;
-use crate::memory::host_buffer::verify_bytes;
+use crate::memory::host_buffer::{leading_values, verify_bytes};
 use crate::memory::{CheckMemory, Verification};
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -36,24 +35,20 @@ pub fn run(ordinal: u32, bytes: usize, memory: CheckMemory) -> Result<CheckRepor
         bail!("size must be a positive multiple of 4 bytes, got {bytes}");
     }
     let gpu = Gpu::open(ordinal)?;
-    let elements = (bytes / 4) as u64;
     let (host_bytes, kernel_ms, gpu_mismatches) = match memory {
         CheckMemory::Mapped => {
-            let buffer = PinnedHostMemory::mapped(bytes)?;
-            let device = buffer
-                .device_ptr()
-                .context("mapped memory has no device address")?;
+            let mut buffer = MappedHostBuffer::new(&gpu, bytes)?;
             let started = Instant::now();
-            gpu.generate(device, elements)?;
+            gpu.generate(&mut buffer)?;
             let ms = started.elapsed().as_secs_f64() * 1e3;
             (buffer.as_bytes().to_vec(), ms, None)
         }
         CheckMemory::Device => {
-            let buffer = DeviceMemory::new(bytes)?;
+            let mut buffer = DeviceBuffer::new(&gpu, bytes)?;
             let started = Instant::now();
-            gpu.generate(buffer.ptr(), elements)?;
+            gpu.generate(&mut buffer)?;
             let ms = started.elapsed().as_secs_f64() * 1e3;
-            let on_gpu = gpu.verify(buffer.ptr(), elements)?;
+            let on_gpu = gpu.verify(&buffer)?;
             let mut copy = vec![0u8; bytes];
             buffer.read_into(&mut copy)?;
             (copy, ms, Some(on_gpu.mismatches))

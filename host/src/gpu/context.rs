@@ -1,22 +1,55 @@
 //! One GPU, ready to run this project's kernels: the CUDA context, the module loaded from
-//! the PTX embedded at build time, and a stream.
+//! the PTX embedded at build time, and a stream; and the kernel launches, which take
+//! typed GPU memory ([`GpuMemory`]) rather than addresses.
 
-use super::driver::{self, DriverResult};
-use anyhow::{Context as _, Result};
+use super::driver::{self, DriverError};
+use super::ffi;
+use anyhow::{bail, Context as _, Result};
 use cust::context::Context;
 use cust::device::Device;
 use cust::module::Module;
 use cust::prelude::*;
+use gpu_kernels::indexing::{launch_grid, BLOCK_THREADS};
+use gpu_kernels::pattern::ELEMENT_BYTES;
+use std::rc::Rc;
 
 /// The PTX that `build.rs` made from the `gpu-kernels` crate.
 pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
-/// Threads per block: 256 (8 warps) is a good default for a streaming kernel on every
-/// architecture since Volta.
-const BLOCK_THREADS: u32 = 256;
-/// The most blocks one launch asks for; past that the kernels' grid-stride loops take
-/// over (only for buffers over 64 GiB).
-const MAX_BLOCKS: u64 = 1 << 24;
+/// The alignment the kernels' 16-byte vector accesses need (gpu-kernels/src/kernels.rs).
+pub const KERNEL_ALIGN: u64 = 16;
+
+/// Why a GPU could not be opened. Only [`GpuError::NoGpu`] means "this machine has no
+/// GPU": callers may fall back (or tests skip) on that one alone. Every other variant is
+/// a real failure on a machine that has a GPU, and must be reported as such.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The driver reports no GPU: `cuInit` says `CUDA_ERROR_NO_DEVICE`, or it finds no
+    /// device, or NVIDIA's kernel driver is not loaded at all.
+    #[error("no GPU: {why}")]
+    NoGpu { why: String },
+
+    /// `--gpu N` past the last GPU.
+    #[error("GPU {ordinal} does not exist: this machine has {count} GPU(s)")]
+    NoSuchGpu { ordinal: u32, count: u32 },
+
+    /// A driver call failed on a machine with a GPU.
+    #[error("{what}: {source}")]
+    Driver {
+        what: &'static str,
+        source: anyhow::Error,
+    },
+
+    /// The embedded PTX did not load: a broken kernel build, or a driver too old for it.
+    #[error("loading the kernels' PTX (cuModuleLoadData) failed: {0}; the PTX embedded in this build does not load on this GPU and driver")]
+    KernelLoad(cust::error::CudaError),
+}
+
+impl GpuError {
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(self, GpuError::NoGpu { .. })
+    }
+}
 
 /// Counts returned by the verify kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +58,31 @@ pub struct GpuCheck {
     pub first_mismatch: Option<u64>,
 }
 
+/// Memory the kernels of one GPU reach by a device address: device memory, host memory
+/// mapped into the GPU, or a part of either. Kernel launches take this instead of an
+/// address, and check alignment and length from it.
+///
+/// # Safety
+/// Implementors promise that `[device_ptr(), device_ptr() + byte_len())` is memory
+/// allocated in the context of `gpu()`, reachable by its kernels, and that it stays
+/// allocated, and is reached by no other path than through this value, while `self` is
+/// borrowed.
+pub unsafe trait GpuMemory {
+    fn gpu(&self) -> &Rc<Gpu>;
+    fn device_ptr(&self) -> u64;
+    fn byte_len(&self) -> usize;
+}
+
+/// [`GpuMemory`] held exclusively: kernels that write take this.
+///
+/// # Safety
+/// Implementors promise that while `self` is borrowed mutably, no other value gives
+/// access to any byte of the memory.
+pub unsafe trait GpuMemoryMut: GpuMemory {}
+
 pub struct Gpu {
-    // Field order is drop order: stream and module go before the context.
+    // Field order is drop order: stream and module go before the context. Every buffer
+    // holds an `Rc<Gpu>`, so the context outlives all memory allocated in it.
     stream: Stream,
     module: Module,
     device: Device,
@@ -34,26 +90,66 @@ pub struct Gpu {
     _context: Context,
 }
 
+/// Whether NVIDIA's kernel driver is loaded (it creates `/proc/driver/nvidia`).
+fn kernel_driver_loaded() -> bool {
+    std::path::Path::new("/proc/driver/nvidia").exists()
+}
+
+fn driver_error(what: &'static str) -> impl FnOnce(cust::error::CudaError) -> GpuError {
+    move |e| GpuError::Driver {
+        what,
+        source: e.into(),
+    }
+}
+
 impl Gpu {
-    /// Initialise CUDA and open GPU `ordinal`.
-    pub fn open(ordinal: u32) -> Result<Gpu> {
-        cust::init(cust::CudaFlags::empty()).context("cuInit: no usable NVIDIA driver/GPU")?;
-        let count = Device::num_devices().context("cuDeviceGetCount")?;
-        if ordinal >= count {
-            anyhow::bail!("GPU {ordinal} does not exist: this machine has {count} GPU(s)");
+    /// Initialise CUDA and open GPU `ordinal` with the kernels this build embeds.
+    pub fn open(ordinal: u32) -> Result<Rc<Gpu>, GpuError> {
+        Self::open_with_ptx(ordinal, KERNELS_PTX)
+    }
+
+    /// [`open`](Self::open) with other PTX: the tests load corrupted PTX to show that a
+    /// broken kernel build is an error, not a missing GPU.
+    pub fn open_with_ptx(ordinal: u32, ptx: &str) -> Result<Rc<Gpu>, GpuError> {
+        let init = driver::init();
+        if init != 0 {
+            let failure = driver::check_raw("cuInit", init).unwrap_err();
+            // The narrowest test for "no GPU": the driver says so, or there is no
+            // kernel driver for it to talk to. Anything else is a broken installation.
+            if init == ffi::CUDA_ERROR_NO_DEVICE || !kernel_driver_loaded() {
+                return Err(GpuError::NoGpu {
+                    why: failure.to_string(),
+                });
+            }
+            return Err(GpuError::Driver {
+                what: "initialising CUDA",
+                source: failure.into(),
+            });
         }
-        let device = Device::get_device(ordinal).context("cuDeviceGet")?;
-        let context = Context::new(device).context("creating the CUDA context")?;
-        let module = Module::from_ptx(KERNELS_PTX, &[])
-            .context("loading the kernels' PTX (cuModuleLoadData)")?;
-        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).context("cuStreamCreate")?;
-        Ok(Gpu {
+        let count = driver::device_count().map_err(|e: DriverError| GpuError::Driver {
+            what: "counting GPUs",
+            source: e.into(),
+        })? as u32;
+        if count == 0 {
+            return Err(GpuError::NoGpu {
+                why: "the driver finds no GPU (cuDeviceGetCount = 0)".into(),
+            });
+        }
+        if ordinal >= count {
+            return Err(GpuError::NoSuchGpu { ordinal, count });
+        }
+        let device = Device::get_device(ordinal).map_err(driver_error("cuDeviceGet"))?;
+        let context = Context::new(device).map_err(driver_error("creating the CUDA context"))?;
+        let module = Module::from_ptx(ptx, &[]).map_err(GpuError::KernelLoad)?;
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None)
+            .map_err(driver_error("cuStreamCreate"))?;
+        Ok(Rc::new(Gpu {
             stream,
             module,
             device,
             ordinal,
             _context: context,
-        })
+        }))
     }
 
     pub fn ordinal(&self) -> u32 {
@@ -68,31 +164,56 @@ impl Gpu {
         self.device.as_raw()
     }
 
+    /// The stream every launch and copy of this GPU runs on, in order.
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
-    /// Grid for the kernels over `elements` i32s: one 16-byte vector per thread.
-    ///
-    /// Measured on the H200 (gpu-kernels/TUNING.md): a grid that covers the buffer
-    /// reaches 1.02x the bandwidth of cuMemsetD32 at 1 GiB, while a grid capped at a few
-    /// blocks per multiprocessor, looping, stays at 0.92-0.97x.
-    fn grid_for(&self, elements: u64) -> u32 {
-        let vectors = elements.div_ceil(4).max(1);
-        vectors.div_ceil(BLOCK_THREADS as u64).min(MAX_BLOCKS) as u32
+    /// Wait for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .context("the GPU failed while running queued work")
     }
 
-    /// Launch `generate_data` over `elements` i32s at device address `ptr` on `stream`
-    /// (asynchronous: synchronise the stream before reading the data).
+    /// The checks every launch makes: the memory is this GPU's, 16-byte aligned, whole
+    /// elements. Returns the element count.
+    fn kernel_elements(&self, kernel: &str, memory: &(impl GpuMemory + ?Sized)) -> Result<u64> {
+        if !std::ptr::eq(Rc::as_ptr(memory.gpu()), self) {
+            bail!(
+                "{kernel}: the memory belongs to GPU {}'s context, not GPU {}'s",
+                memory.gpu().ordinal(),
+                self.ordinal
+            );
+        }
+        let misalignment = memory.device_ptr() % KERNEL_ALIGN;
+        if misalignment != 0 {
+            bail!(
+                "{kernel}: memory must be {KERNEL_ALIGN}-byte aligned for the kernel's vector accesses; it starts {misalignment} bytes past a boundary"
+            );
+        }
+        let len = memory.byte_len();
+        if !len.is_multiple_of(ELEMENT_BYTES) {
+            bail!("{kernel}: {len} bytes is not a whole number of i32 elements");
+        }
+        Ok((len / ELEMENT_BYTES) as u64)
+    }
+
+    /// Queue `generate_data` over `memory` on this GPU's stream and return at once.
     ///
-    /// `ptr` must be device-accessible memory of at least `4 * elements` bytes that stays
-    /// allocated until the launch completes; the owning types guarantee that in this crate.
-    pub fn launch_generate(&self, ptr: u64, elements: u64, stream: &Stream) -> Result<()> {
+    /// # Safety
+    /// Until the stream has been synchronised (or an event recorded after the launch has
+    /// completed), nothing may read or write `memory` and it must not be freed: the
+    /// borrow ends when this returns, the kernel's writes do not.
+    pub unsafe fn launch_generate(&self, memory: &mut (impl GpuMemoryMut + ?Sized)) -> Result<()> {
+        let elements = self.kernel_elements("generate_data", memory)?;
         let function = self.module.get_function("generate_data")?;
-        let grid = self.grid_for(elements);
+        let grid = launch_grid(elements);
+        let (ptr, stream) = (memory.device_ptr(), &self.stream);
         // SAFETY: the kernel's contract (gpu-kernels/src/kernels.rs): ptr is 16-byte
-        // aligned device-accessible memory for `elements` i32s (every caller passes a
-        // CUDA allocation of that size), and nothing else writes it during the launch.
+        // aligned memory of this context for `elements` i32s (checked above, and
+        // GpuMemory's promise); the caller keeps everyone else off it until the launch
+        // completes.
         unsafe {
             launch!(function<<<grid, BLOCK_THREADS, 0, stream>>>(ptr, elements))
                 .context("launching generate_data")?;
@@ -100,52 +221,75 @@ impl Gpu {
         Ok(())
     }
 
-    /// Fill and wait: `generate_data` on this GPU's stream, then synchronise.
-    pub fn generate(&self, ptr: u64, elements: u64) -> Result<()> {
-        self.launch_generate(ptr, elements, &self.stream)?;
+    /// Fill `memory` with the pattern and wait for the kernel.
+    pub fn generate(&self, memory: &mut (impl GpuMemoryMut + ?Sized)) -> Result<()> {
+        // SAFETY: we synchronise before the borrow of `memory` ends.
+        unsafe { self.launch_generate(memory)? };
         self.stream
             .synchronize()
             .context("generate_data failed while running")
     }
 
-    /// Compare `elements` i32s at `ptr` with the pattern on the GPU, without copying
-    /// the data back.
-    pub fn verify(&self, ptr: u64, elements: u64) -> Result<GpuCheck> {
+    /// Compare `memory` with the pattern on the GPU, without copying the data back.
+    pub fn verify(&self, memory: &(impl GpuMemory + ?Sized)) -> Result<GpuCheck> {
+        let elements = self.kernel_elements("verify_data", memory)?;
         let function = self.module.get_function("verify_data")?;
-        let result = super::allocations::DeviceMemory::new(16)?;
-        let init: [u64; 2] = [0, u64::MAX];
-        driver::memcpy_htod(result.ptr(), bytes_of(&init))?;
-        let grid = self.grid_for(elements);
-        let stream = &self.stream;
-        // SAFETY: as in launch_generate for (ptr, elements); `result` is a 16-byte device
-        // allocation holding [0, u64::MAX] that outlives the launch (we synchronise below).
+        // The kernel's result words, [mismatches, first bad index], start as [0, MAX].
+        // They are set on the launch's own stream, so the kernel sees them set.
+        let gpu = memory.gpu();
+        let mut result = super::allocations::DeviceBuffer::new(gpu, 16)?;
+        let mut init = [0u8; 16];
+        init[8..].copy_from_slice(&u64::MAX.to_ne_bytes());
+        result.write(0, &init)?;
+        let grid = launch_grid(elements);
+        let (ptr, stream, out) = (memory.device_ptr(), &self.stream, result.device_ptr());
+        // SAFETY: as in launch_generate for (ptr, elements), read-only; `result` is a
+        // 16-byte allocation of this context holding [0, u64::MAX] (written on this
+        // stream before the launch) that outlives the launch: we synchronise below.
         unsafe {
-            launch!(function<<<grid, BLOCK_THREADS, 0, stream>>>(ptr, elements, result.ptr()))
+            launch!(function<<<grid, BLOCK_THREADS, 0, stream>>>(ptr, elements, out))
                 .context("launching verify_data")?;
         }
         stream
             .synchronize()
             .context("verify_data failed while running")?;
-        let mut out = [0u64; 2];
-        result.read_into(bytes_of_mut(&mut out))?;
+        let mut out = [0u8; 16];
+        result.read_into(&mut out)?;
+        let word = |i: usize| u64::from_ne_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
         Ok(GpuCheck {
-            mismatches: out[0],
-            first_mismatch: (out[1] != u64::MAX).then_some(out[1]),
+            mismatches: word(0),
+            first_mismatch: (word(1) != u64::MAX).then_some(word(1)),
         })
     }
 
-    /// `cuMemsetD32` on this GPU's stream: the reference the benchmark compares with.
-    pub fn memset_d32_async(&self, ptr: u64, value: u32, count: usize) -> DriverResult<()> {
-        driver::memset_d32_async(ptr, value, count, &self.stream)
+    /// Queue `cuMemsetD32` of `value` over `memory` (the benchmark's reference) and
+    /// return at once.
+    ///
+    /// # Safety
+    /// As for [`launch_generate`](Self::launch_generate).
+    pub unsafe fn launch_memset_d32(
+        &self,
+        memory: &mut (impl GpuMemoryMut + ?Sized),
+        value: u32,
+    ) -> Result<()> {
+        let elements = self.kernel_elements("cuMemsetD32", memory)?;
+        // SAFETY: memory of this context (checked), 4-byte aligned whole words; the
+        // caller keeps everyone else off it until the memset completes.
+        unsafe {
+            driver::memset_d32_async(
+                memory.device_ptr(),
+                value,
+                elements as usize,
+                &self.stream,
+            )?
+        };
+        Ok(())
     }
-}
 
-fn bytes_of(words: &[u64; 2]) -> &[u8] {
-    // SAFETY: u64 has no padding or invalid bit patterns; the view has the same lifetime.
-    unsafe { std::slice::from_raw_parts(words.as_ptr().cast(), 16) }
-}
-
-fn bytes_of_mut(words: &mut [u64; 2]) -> &mut [u8] {
-    // SAFETY: every byte pattern is a valid u64; the view borrows `words` exclusively.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 16) }
+    /// Fill `memory` with the 32-bit `value` and wait.
+    pub fn fill_d32(&self, memory: &mut (impl GpuMemoryMut + ?Sized), value: u32) -> Result<()> {
+        // SAFETY: we synchronise before the borrow ends.
+        unsafe { self.launch_memset_d32(memory, value)? };
+        self.synchronize()
+    }
 }

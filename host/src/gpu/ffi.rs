@@ -10,6 +10,9 @@ use std::os::raw::{c_char, c_int, c_ulonglong, c_void};
 /// `CUresult` as the raw number.
 pub type RawResult = c_int;
 
+/// `CUDA_ERROR_NO_DEVICE`: the driver is installed and finds no GPU.
+pub const CUDA_ERROR_NO_DEVICE: c_int = 100;
+
 /// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD` (CUDA 11.7+).
 pub const MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
 
@@ -36,6 +39,13 @@ pub const GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: c_int = 100;
 
 #[link(name = "cuda")]
 extern "C" {
+    /// Raw so that a code cust_raw's enum does not list (a newer driver's) stays a number.
+    #[link_name = "cuInit"]
+    pub fn cuInit_raw(flags: std::os::raw::c_uint) -> RawResult;
+
+    #[link_name = "cuDeviceGetCount"]
+    pub fn cuDeviceGetCount_raw(count: *mut c_int) -> RawResult;
+
     pub fn cuMemGetHandleForAddressRange(
         handle: *mut c_void,
         dptr: u64,

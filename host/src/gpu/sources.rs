@@ -1,39 +1,42 @@
 //! The GPU's implementations of the sender's [`SendSource`] and the receiver's
 //! [`RecvSink`]: where the kernel writes, and how the NIC gets at it.
 
-use super::allocations::{DeviceMemory, PinnedHostMemory};
+use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
 use super::capabilities;
 use super::context::Gpu;
 use super::driver;
-use crate::memory::host_buffer::verify_bytes;
+use crate::memory::host_buffer::{leading_values, verify_bytes};
 use crate::memory::select::DeviceRegistration;
-use crate::memory::{DataPath, RecvSink, Registration, SendSource, Verification};
-use anyhow::{bail, Context as _, Result};
+use crate::memory::{
+    DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification, POISON,
+};
+use anyhow::{bail, Result};
 use cust::event::{Event, EventFlags, EventStatus};
 use cust::stream::{Stream, StreamFlags};
 use gpu_kernels::pattern::ELEMENT_BYTES;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::cell::RefCell;
+use std::ops::Range;
+use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-fn elements(len: usize) -> Result<u64> {
+fn whole_elements(len: usize) -> Result<u64> {
     if !len.is_multiple_of(ELEMENT_BYTES) {
         bail!("size {len} is not a multiple of {ELEMENT_BYTES} bytes (one i32)");
     }
     Ok((len / ELEMENT_BYTES) as u64)
 }
 
-/// The first `count` whole elements of `bytes`.
-pub(crate) fn leading_values(bytes: &[u8], count: usize) -> Vec<i32> {
-    bytes
-        .chunks_exact(ELEMENT_BYTES)
-        .take(count)
-        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+fn chunk_range(offset: usize, len: usize, total: usize) -> Result<Range<usize>> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(offset..end),
+        _ => bail!("chunk of {len} bytes at {offset} is outside the {total}-byte data"),
+    }
 }
 
-fn read_device_values(memory: &DeviceMemory, count: usize) -> Result<Vec<i32>> {
-    let mut bytes = vec![0u8; (count * ELEMENT_BYTES).min(memory.len())];
+/// The first `count` elements of device memory, read back.
+pub fn read_device_values(memory: &DeviceBuffer, count: usize) -> Result<Vec<i32>> {
+    let mut bytes = vec![0u8; count.saturating_mul(ELEMENT_BYTES).min(memory.len())];
     memory.read_into(&mut bytes)?;
     Ok(leading_values(&bytes, count))
 }
@@ -43,19 +46,15 @@ fn read_device_values(memory: &DeviceMemory, count: usize) -> Result<Vec<i32>> {
 /// The seed's method: the kernel writes page-locked host memory mapped into the GPU,
 /// over PCIe; the NIC then reads host memory. Not GPUDirect RDMA.
 pub struct MappedSource {
-    memory: PinnedHostMemory,
-    _gpu: Rc<Gpu>,
+    memory: MappedHostBuffer,
 }
 
 impl MappedSource {
-    pub fn generate(gpu: Rc<Gpu>, len: usize) -> Result<Self> {
-        let count = elements(len)?;
-        let memory = PinnedHostMemory::mapped(len)?;
-        let device = memory
-            .device_ptr()
-            .context("mapped memory has no device address")?;
-        gpu.generate(device, count)?;
-        Ok(MappedSource { memory, _gpu: gpu })
+    pub fn generate(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        whole_elements(len)?;
+        let mut memory = MappedHostBuffer::new(gpu, len)?;
+        gpu.generate(&mut memory)?;
+        Ok(MappedSource { memory })
     }
 }
 
@@ -63,14 +62,11 @@ impl SendSource for MappedSource {
     fn len(&self) -> usize {
         self.memory.len()
     }
-    fn registration(&self) -> Registration {
-        Registration::Host {
-            addr: self.memory.host_ptr(),
-            len: self.memory.len(),
-        }
+    fn memory(&self) -> &dyn Registrable {
+        &self.memory
     }
-    fn prepare_chunk(&mut self, offset: usize, _len: usize, _deadline: Instant) -> Result<u64> {
-        Ok(self.memory.host_ptr() as u64 + offset as u64)
+    fn prepare_chunk(&self, offset: usize, len: usize, _: Instant) -> Result<Range<usize>> {
+        chunk_range(offset, len, self.memory.len())
     }
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
         Ok(leading_values(self.memory.as_bytes(), count))
@@ -82,62 +78,82 @@ impl SendSource for MappedSource {
 
 // ---------------------------------------------------------------------------------------
 
-/// GPU memory the NIC reads or writes directly: GPUDirect RDMA.
+/// GPU memory the NIC reads or writes directly: GPUDirect RDMA. The buffer starts on a
+/// 64 KiB GPU page, so a dma-buf of whole pages starts exactly at its byte 0.
 pub struct GpuDirectBuffer {
-    // Drop order: the dma-buf fd closes before the memory is freed (the RDMA layer has
-    // deregistered its MR before the buffer is dropped).
-    dma_buf: Option<(OwnedFd, u64)>,
-    memory: DeviceMemory,
-    gpu: Rc<Gpu>,
+    // Drop order: the dma-buf fd closes before the memory is freed (registrations borrow
+    // the buffer, so they are gone by then).
+    dma_buf: Option<OwnedFd>,
+    memory: DeviceBuffer,
 }
 
 impl GpuDirectBuffer {
-    /// Device memory for `len` bytes, prepared for `method`.
-    pub fn new(gpu: Rc<Gpu>, len: usize, method: DeviceRegistration) -> Result<Self> {
-        let memory = DeviceMemory::new(len)?;
+    /// Page-aligned device memory for `len` bytes, prepared for `method`.
+    fn allocate(gpu: &Rc<Gpu>, len: usize, method: DeviceRegistration) -> Result<Self> {
+        let memory = DeviceBuffer::page_aligned(gpu, len)?;
+        Self::prepare(memory, method)
+    }
+
+    /// Export (dma-buf) or mark (peermem) `memory` for the NIC.
+    pub fn prepare(memory: DeviceBuffer, method: DeviceRegistration) -> Result<Self> {
         let dma_buf = match method {
             DeviceRegistration::DmaBuf => Some(memory.export_dma_buf()?),
             DeviceRegistration::PeerMem => {
-                driver::set_sync_memops(memory.ptr())?;
+                memory.set_sync_memops()?;
                 None
             }
         };
-        Ok(GpuDirectBuffer {
-            dma_buf,
-            memory,
-            gpu,
-        })
+        Ok(GpuDirectBuffer { dma_buf, memory })
     }
 
     /// A sender's buffer, filled by the kernel.
-    pub fn generate(gpu: Rc<Gpu>, len: usize, method: DeviceRegistration) -> Result<Self> {
-        let count = elements(len)?;
-        let buffer = Self::new(gpu, len, method)?;
-        buffer.gpu.generate(buffer.memory.ptr(), count)?;
+    pub fn generate(gpu: &Rc<Gpu>, len: usize, method: DeviceRegistration) -> Result<Self> {
+        whole_elements(len)?;
+        let mut buffer = Self::allocate(gpu, len, method)?;
+        gpu.generate(&mut buffer.memory)?;
         Ok(buffer)
     }
 
-    fn registration(&self) -> Registration {
-        match &self.dma_buf {
-            Some((fd, offset)) => Registration::DmaBuf {
-                fd: fd.as_raw_fd(),
-                offset: *offset,
-                len: self.memory.len(),
-                iova: self.memory.ptr(),
-            },
-            None => Registration::DeviceAddress {
-                addr: self.memory.ptr(),
-                len: self.memory.len(),
-            },
-        }
+    /// A receiver's buffer, poisoned on the GPU's stream before anyone registers it, so a
+    /// new buffer cannot hold an earlier transfer's pattern.
+    pub fn receive(gpu: &Rc<Gpu>, len: usize, method: DeviceRegistration) -> Result<Self> {
+        let mut buffer = Self::allocate(gpu, len, method)?;
+        gpu.fill_d32(&mut buffer.memory, POISON)?;
+        Ok(buffer)
     }
 
-    /// The dma-buf's length and the fd's validity, for the H200 self-check.
+    /// The device memory (tests read it back and plant values in it).
+    pub fn device(&self) -> &DeviceBuffer {
+        &self.memory
+    }
+
+    /// The dma-buf's length, for the tests: `lseek(fd, 0, SEEK_END)`.
     pub fn dma_buf_len(&self) -> Option<u64> {
-        let (fd, _) = self.dma_buf.as_ref()?;
+        use std::os::fd::AsRawFd;
+        let fd = self.dma_buf.as_ref()?;
         // SAFETY: lseek on an fd we own; SEEK_END on a dma-buf returns its size.
         let end = unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) };
         (end >= 0).then_some(end as u64)
+    }
+}
+
+// SAFETY: the device memory lives until Drop and the dma-buf fd stays open with it;
+// neither can go while `&self` is borrowed.
+unsafe impl Registrable for GpuDirectBuffer {
+    fn target(&self) -> RegistrationTarget<'_> {
+        let len = self.memory.len();
+        let addr = self.memory.address();
+        match &self.dma_buf {
+            // Offset 0: the dma-buf starts at the buffer's byte 0 (it is page-aligned);
+            // iova = the GPU address, so work requests use GPU addresses.
+            Some(fd) => RegistrationTarget::DmaBuf {
+                fd: fd.as_fd(),
+                offset: 0,
+                len,
+                iova: addr,
+            },
+            None => RegistrationTarget::DeviceAddress { addr, len },
+        }
     }
 }
 
@@ -145,11 +161,11 @@ impl SendSource for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
-    fn registration(&self) -> Registration {
-        GpuDirectBuffer::registration(self)
+    fn memory(&self) -> &dyn Registrable {
+        self
     }
-    fn prepare_chunk(&mut self, offset: usize, _len: usize, _deadline: Instant) -> Result<u64> {
-        Ok(self.memory.ptr() + offset as u64)
+    fn prepare_chunk(&self, offset: usize, len: usize, _: Instant) -> Result<Range<usize>> {
+        chunk_range(offset, len, self.memory.len())
     }
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
         read_device_values(&self.memory, count)
@@ -163,21 +179,30 @@ impl RecvSink for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
-    fn registration(&self) -> Registration {
-        GpuDirectBuffer::registration(self)
+    fn memory(&self) -> &dyn Registrable {
+        self
     }
-    fn verify(&mut self, len: usize) -> Result<Verification> {
-        // Make the NIC's writes visible to the verify kernel first (see needs_flush).
-        let (unordered, can_flush) = capabilities::needs_flush(self.gpu.raw_device());
-        if can_flush {
-            driver::flush_gpudirect_rdma_writes()?;
-        } else if unordered {
-            eprintln!(
-                "warning: this GPU neither orders nor can flush NIC writes; the check may see stale data"
-            );
+    fn poison(&self) -> Result<()> {
+        let words = self.memory.len() / ELEMENT_BYTES;
+        let gpu = self.memory_gpu();
+        // SAFETY: whole words of our own buffer; the trait's contract is that no receive
+        // is outstanding (so the NIC does not write it), and we wait for the memset.
+        unsafe { driver::memset_d32_async(self.memory.address(), POISON, words, gpu.stream())? };
+        gpu.synchronize()
+    }
+    fn verify(&self, len: usize) -> Result<Verification> {
+        // The NIC's writes must be visible to the verify kernel, in order: see
+        // capabilities::writes_visibility.
+        let gpu = self.memory_gpu();
+        match capabilities::writes_visibility(gpu.raw_device()) {
+            capabilities::WritesVisibility::Ordered => {}
+            capabilities::WritesVisibility::Flush => driver::flush_gpudirect_rdma_writes()?,
+            capabilities::WritesVisibility::Unordered => bail!(
+                "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites): receiving into its memory cannot be verified; use --mem host"
+            ),
         }
-        let count = elements(len)?;
-        let check = self.gpu.verify(self.memory.ptr(), count)?;
+        let count = whole_elements(len)?;
+        let check = gpu.verify(&self.memory.slice(0..len)?)?;
         Ok(Verification {
             elements: count,
             mismatches: check.mismatches,
@@ -193,90 +218,147 @@ impl RecvSink for GpuDirectBuffer {
     }
 }
 
+impl GpuDirectBuffer {
+    fn memory_gpu(&self) -> &Rc<Gpu> {
+        use super::context::GpuMemory;
+        self.memory.gpu()
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 
 /// Slots in the staging ring: enough that copies run ahead of the sends in flight.
-const STAGING_SLOTS: usize = 8;
-/// Chunks the NIC may hold at once; the other slots are being filled by copies.
+pub const STAGING_SLOTS: usize = 8;
+/// Chunks the wire may hold at once; the other slots are being filled by copies.
 const STAGING_IN_FLIGHT: usize = 6;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     Free,
     /// A copy of this chunk index is queued on the copy stream.
     Copying(usize),
-    /// The NIC is reading this chunk index.
+    /// The wire is reading this chunk index.
     Sending(usize),
 }
 
-/// GPU memory staged through a ring of registered, page-locked host slots: the copy of
-/// chunk k+1 overlaps the send of chunk k, so the pipeline runs at the slower of PCIe and
-/// the network rather than their sum.
-pub struct StagedSource {
-    ring: PinnedHostMemory,
-    slots: Vec<(SlotState, Event)>,
-    chunk: usize,
+/// Where the ring stands in the current pass.
+struct RingState {
+    slots: Vec<SlotState>,
+    /// The next chunk to copy in this pass.
     next_copy: usize,
+}
+
+/// GPU memory staged through a ring of page-locked host slots, registered once: the copy
+/// of chunk k+1 overlaps the send of chunk k, so the pipeline runs at the slower of PCIe
+/// and the wire rather than their sum. Each pass (transfer) starts again at chunk 0.
+pub struct StagedSource {
+    state: RefCell<RingState>,
+    events: Vec<Event>,
+    slot_bytes: usize,
     copy_stream: Stream,
-    device: DeviceMemory,
-    _gpu: Rc<Gpu>,
+    ring: PinnedHostBuffer,
+    device: DeviceBuffer,
 }
 
 impl StagedSource {
-    pub fn generate(gpu: Rc<Gpu>, len: usize, chunk: usize) -> Result<Self> {
+    /// The pattern in device memory, staged in slots of `chunk` bytes (the transfer's
+    /// chunk size: `prepare_chunk` hands out exactly these chunks).
+    pub fn generate(gpu: &Rc<Gpu>, len: usize, chunk: usize) -> Result<Self> {
+        whole_elements(len)?;
+        let mut device = DeviceBuffer::new(gpu, len)?;
+        gpu.generate(&mut device)?;
+        Self::over(device, chunk)
+    }
+
+    /// Stage `device` (already filled) in slots of `chunk` bytes.
+    pub fn over(device: DeviceBuffer, chunk: usize) -> Result<Self> {
         if chunk == 0 {
             bail!("chunk size must be positive");
         }
-        let count = elements(len)?;
-        let device = DeviceMemory::new(len)?;
-        gpu.generate(device.ptr(), count)?;
-        let slots = STAGING_SLOTS.min(len.div_ceil(chunk)).max(1);
-        let ring = PinnedHostMemory::unmapped(slots * chunk)?;
+        let gpu = {
+            use super::context::GpuMemory;
+            device.gpu().clone()
+        };
+        let slot_bytes = chunk.min(device.len().max(1));
+        let slots = STAGING_SLOTS.min(device.len().div_ceil(slot_bytes)).max(1);
+        let Some(ring_bytes) = slots.checked_mul(slot_bytes) else {
+            bail!("a staging ring of {slots} slots of {slot_bytes} bytes is too large");
+        };
+        let ring = PinnedHostBuffer::new(&gpu, ring_bytes)?;
         let events = (0..slots)
-            .map(|_| Ok((SlotState::Free, Event::new(EventFlags::DISABLE_TIMING)?)))
+            .map(|_| Ok(Event::new(EventFlags::DISABLE_TIMING)?))
             .collect::<Result<Vec<_>>>()?;
         Ok(StagedSource {
-            ring,
-            slots: events,
-            chunk,
-            next_copy: 0,
+            state: RefCell::new(RingState {
+                slots: vec![SlotState::Free; slots],
+                next_copy: 0,
+            }),
+            events,
+            slot_bytes,
             copy_stream: Stream::new(StreamFlags::NON_BLOCKING, None)?,
+            ring,
             device,
-            _gpu: gpu,
         })
     }
 
-    fn chunks(&self) -> usize {
-        self.device.len().div_ceil(self.chunk)
+    /// The ring's size in slots, and the bytes of one slot.
+    pub fn ring_shape(&self) -> (usize, usize) {
+        (self.events.len(), self.slot_bytes)
     }
 
-    fn slot_addr(&self, slot: usize) -> *mut u8 {
-        // SAFETY: slot < slots, and the ring holds slots * chunk bytes.
-        unsafe { self.ring.host_ptr().add(slot * self.chunk) }
+    fn chunks(&self) -> usize {
+        self.device.len().div_ceil(self.slot_bytes)
+    }
+
+    fn chunk_len(&self, index: usize) -> usize {
+        self.slot_bytes
+            .min(self.device.len() - index * self.slot_bytes)
     }
 
     /// Queue copies into every free slot, in chunk order.
-    fn issue_copies(&mut self) -> Result<()> {
-        while self.next_copy < self.chunks() {
-            let slot = self.next_copy % self.slots.len();
-            if self.slots[slot].0 != SlotState::Free {
+    fn issue_copies(&self, state: &mut RingState) -> Result<()> {
+        let slots = state.slots.len();
+        while state.next_copy < self.chunks() {
+            let index = state.next_copy;
+            let slot = index % slots;
+            if state.slots[slot] != SlotState::Free {
                 break;
             }
-            let offset = self.next_copy * self.chunk;
-            let len = self.chunk.min(self.device.len() - offset);
-            // SAFETY: the slot is free (no copy pending, not posted to the NIC), lies in
-            // the pinned ring, and stays untouched until its event reports the copy done.
+            let offset = index * self.slot_bytes;
+            // SAFETY: the slot lies in the pinned ring (slot < slots, the ring holds
+            // slots * slot_bytes bytes) and is free: no copy pending, not handed to the
+            // wire; nobody reads it until its event reports the copy done. The device
+            // range lies inside our buffer (offset + chunk_len <= len), which nothing
+            // writes after generation.
             unsafe {
                 driver::memcpy_dtoh_async(
-                    self.slot_addr(slot),
-                    self.device.ptr() + offset as u64,
-                    len,
+                    self.ring.as_mut_ptr().add(slot * self.slot_bytes),
+                    self.device.address() + offset as u64,
+                    self.chunk_len(index),
                     self.copy_stream.as_inner(),
                 )?;
             }
-            self.slots[slot].1.record(&self.copy_stream)?;
-            self.slots[slot].0 = SlotState::Copying(self.next_copy);
-            self.next_copy += 1;
+            self.events[slot].record(&self.copy_stream)?;
+            state.slots[slot] = SlotState::Copying(index);
+            state.next_copy += 1;
+        }
+        Ok(())
+    }
+
+    /// Wait for slot `slot`'s copy, until `deadline`. Spins briefly first: a 1 MiB copy
+    /// takes about 20 us, less than a sleep's granularity.
+    fn await_copy(&self, slot: usize, index: usize, deadline: Instant) -> Result<()> {
+        let spin_until = Instant::now() + Duration::from_micros(100);
+        while self.events[slot].query()? != EventStatus::Ready {
+            let now = Instant::now();
+            if now >= deadline {
+                bail!("timed out waiting for the GPU-to-host copy of chunk {index}");
+            }
+            if now < spin_until {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(10));
+            }
         }
         Ok(())
     }
@@ -287,49 +369,66 @@ impl SendSource for StagedSource {
         self.device.len()
     }
 
-    fn registration(&self) -> Registration {
-        Registration::Host {
-            addr: self.ring.host_ptr(),
-            len: self.ring.len(),
-        }
+    fn memory(&self) -> &dyn Registrable {
+        &self.ring
     }
 
     fn max_chunks_in_flight(&self) -> Option<usize> {
-        Some(STAGING_IN_FLIGHT.min(self.slots.len()))
+        Some(STAGING_IN_FLIGHT.min(self.events.len()))
     }
 
-    fn prepare_chunk(&mut self, offset: usize, _len: usize, deadline: Instant) -> Result<u64> {
-        if !offset.is_multiple_of(self.chunk) {
+    fn begin_pass(&self) -> Result<()> {
+        let mut state = self.state.borrow_mut();
+        if let Some(SlotState::Sending(index)) = state
+            .slots
+            .iter()
+            .find(|s| matches!(s, SlotState::Sending(_)))
+        {
+            bail!("chunk {index} of the previous transfer is still with the wire");
+        }
+        // Copies queued ahead by the last pass (none, after a complete one) are waited
+        // for and discarded: this pass starts at chunk 0.
+        self.copy_stream.synchronize()?;
+        state.slots.fill(SlotState::Free);
+        state.next_copy = 0;
+        self.issue_copies(&mut state)
+    }
+
+    fn prepare_chunk(&self, offset: usize, len: usize, deadline: Instant) -> Result<Range<usize>> {
+        let (slots, slot_bytes) = self.ring_shape();
+        if !offset.is_multiple_of(slot_bytes) || offset >= self.device.len() {
+            bail!("staged chunks start at multiples of the {slot_bytes}-byte slot, inside the data; {offset} does not");
+        }
+        let index = offset / slot_bytes;
+        if len != self.chunk_len(index) {
             bail!(
-                "staged chunks must start at multiples of {} bytes",
-                self.chunk
+                "chunk {index} is {len} bytes, but the staging ring holds {slots} slots of {slot_bytes} bytes (the largest chunk it can stage): use chunks of {slot_bytes} bytes"
             );
         }
-        let index = offset / self.chunk;
-        self.issue_copies()?;
-        let slot = index % self.slots.len();
-        if self.slots[slot].0 != SlotState::Copying(index) {
-            bail!("chunk {index} was asked for out of order (staging ring slot {slot} is busy)");
+        let mut state = self.state.borrow_mut();
+        self.issue_copies(&mut state)?;
+        let slot = index % slots;
+        if state.slots[slot] != SlotState::Copying(index) {
+            bail!(
+                "chunk {index} was asked for out of order (staging ring slot {slot} holds {:?})",
+                state.slots[slot]
+            );
         }
-        // Every wait has a deadline: poll the copy's event rather than block on it.
-        while self.slots[slot].1.query()? != EventStatus::Ready {
-            if Instant::now() >= deadline {
-                bail!("timed out waiting for the GPU-to-host copy of chunk {index}");
-            }
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-        self.slots[slot].0 = SlotState::Sending(index);
-        Ok(self.slot_addr(slot) as u64)
+        self.await_copy(slot, index, deadline)?;
+        state.slots[slot] = SlotState::Sending(index);
+        let start = slot * slot_bytes;
+        Ok(start..start + len)
     }
 
-    fn release_chunk(&mut self, offset: usize) {
-        let index = offset / self.chunk;
-        let slot = index % self.slots.len();
-        if self.slots[slot].0 == SlotState::Sending(index) {
-            self.slots[slot].0 = SlotState::Free;
+    fn release_chunk(&self, offset: usize) {
+        let index = offset / self.slot_bytes;
+        let mut state = self.state.borrow_mut();
+        let slot = index % state.slots.len();
+        if state.slots[slot] == SlotState::Sending(index) {
+            state.slots[slot] = SlotState::Free;
         }
         // A failure here resurfaces from the next prepare_chunk's issue_copies.
-        let _ = self.issue_copies();
+        let _ = self.issue_copies(&mut state);
     }
 
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
@@ -341,9 +440,16 @@ impl SendSource for StagedSource {
     }
 }
 
+impl Drop for StagedSource {
+    fn drop(&mut self) {
+        // Copies still queued write the ring: let them land before it is freed.
+        let _ = self.copy_stream.synchronize();
+    }
+}
+
 /// Copy a device buffer back and check it on the CPU (the tests' second opinion on the
 /// verify kernel).
-pub fn verify_on_cpu(memory: &DeviceMemory) -> Result<Verification> {
+pub fn verify_on_cpu(memory: &DeviceBuffer) -> Result<Verification> {
     let mut bytes = vec![0u8; memory.len()];
     memory.read_into(&mut bytes)?;
     Ok(verify_bytes(&bytes))

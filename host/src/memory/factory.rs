@@ -47,34 +47,41 @@ pub struct SourceConfig {
     pub chunk: usize,
 }
 
-/// A GPU opened for this run, with what it can do; or why there is none.
+/// A GPU opened for this run with what it can do, or why this machine has none. A GPU
+/// that is there but fails to open (a kernel build that does not load, a broken driver)
+/// is neither: it is an error, never a reason to fall back to the CPU.
 #[cfg(feature = "cuda")]
 type Probe = Result<(std::rc::Rc<crate::gpu::Gpu>, GpuCapabilities), String>;
 #[cfg(not(feature = "cuda"))]
 type Probe = Result<(std::convert::Infallible, GpuCapabilities), String>;
 
-fn probe(selection: GpuSelection, mem: MemKind) -> Probe {
+fn probe(selection: GpuSelection, mem: MemKind) -> Result<Probe> {
     let GpuSelection::Index(ordinal) = selection else {
-        return Err("--gpu none was given".into());
+        return Ok(Err("--gpu none was given".into()));
     };
     if mem == MemKind::Host {
         // Host memory needs no GPU; don't pay for a CUDA context.
-        return Err("--mem host was given".into());
+        return Ok(Err("--mem host was given".into()));
     }
     open_gpu(ordinal)
 }
 
 #[cfg(feature = "cuda")]
-fn open_gpu(ordinal: u32) -> Probe {
-    let gpu = crate::gpu::Gpu::open(ordinal).map_err(|e| format!("no GPU ({e:#})"))?;
-    let caps = crate::gpu::capabilities::capabilities(gpu.raw_device())
-        .map_err(|e| format!("reading GPU capabilities: {e}"))?;
-    Ok((std::rc::Rc::new(gpu), caps))
+fn open_gpu(ordinal: u32) -> Result<Probe> {
+    let gpu = match crate::gpu::Gpu::open(ordinal) {
+        Ok(gpu) => gpu,
+        Err(e) if e.is_no_gpu() => return Ok(Err(e.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    let caps = crate::gpu::capabilities::capabilities(gpu.raw_device())?;
+    Ok(Ok((gpu, caps)))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_gpu(_ordinal: u32) -> Probe {
-    Err("this build has no GPU support (built without the `cuda` feature)".into())
+fn open_gpu(_ordinal: u32) -> Result<Probe> {
+    Ok(Err(
+        "this build has no GPU support (built without the `cuda` feature)".into(),
+    ))
 }
 
 fn say(note: &Option<String>) {
@@ -85,38 +92,34 @@ fn say(note: &Option<String>) {
 
 /// Allocate and fill the sender's data on the path `config` asks for.
 pub fn make_send_source(config: &SourceConfig) -> Result<Box<dyn SendSource>> {
-    let probe = probe(config.gpu, config.mem);
+    let probe = probe(config.gpu, config.mem)?;
     let plan = select::choose_send_memory(
         config.mem,
         probe.as_ref().map(|p| p.1).map_err(Clone::clone),
     )?;
+    if let MemoryPlan::Host { note } = &plan {
+        say(note);
+        return Ok(Box::new(HostBuffer::with_pattern(config.size)?));
+    }
     #[cfg(feature = "cuda")]
     {
         use crate::gpu::sources::{GpuDirectBuffer, MappedSource, StagedSource};
-        if let MemoryPlan::Host { note } = &plan {
-            say(note);
-            return Ok(Box::new(HostBuffer::with_pattern(config.size)?));
-        }
         let gpu = probe.map_err(anyhow::Error::msg)?.0;
         Ok(match plan {
             MemoryPlan::Host { .. } => unreachable!("handled above"),
-            MemoryPlan::Mapped => Box::new(MappedSource::generate(gpu, config.size)?),
-            MemoryPlan::Staged => Box::new(StagedSource::generate(gpu, config.size, config.chunk)?),
+            MemoryPlan::Mapped => Box::new(MappedSource::generate(&gpu, config.size)?),
+            MemoryPlan::Staged => {
+                Box::new(StagedSource::generate(&gpu, config.size, config.chunk)?)
+            }
             MemoryPlan::Device(method) => {
-                Box::new(GpuDirectBuffer::generate(gpu, config.size, method)?)
+                Box::new(GpuDirectBuffer::generate(&gpu, config.size, method)?)
             }
         })
     }
     #[cfg(not(feature = "cuda"))]
     {
         let _ = probe;
-        match plan {
-            MemoryPlan::Host { note } => {
-                say(&note);
-                Ok(Box::new(HostBuffer::with_pattern(config.size)?))
-            }
-            _ => unreachable!("without CUDA the probe always fails, so only host plans exist"),
-        }
+        unreachable!("without CUDA the probe always fails, so only host plans exist")
     }
 }
 
@@ -130,9 +133,23 @@ pub struct SinkFactory {
 impl SinkFactory {
     /// Decide where received data goes (`--mem`, `--gpu` of `host recv`).
     pub fn new(mem: MemKind, gpu: GpuSelection) -> Result<Self> {
-        let probe = probe(gpu, mem);
-        let plan =
+        let probe = probe(gpu, mem)?;
+        #[allow(unused_mut)]
+        let mut plan =
             select::choose_recv_memory(mem, probe.as_ref().map(|p| p.1).map_err(Clone::clone))?;
+        #[cfg(feature = "cuda")]
+        if let (MemoryPlan::Device(_), Ok((gpu, _))) = (&plan, &probe) {
+            use crate::gpu::capabilities::{writes_visibility, WritesVisibility};
+            if writes_visibility(gpu.raw_device()) == WritesVisibility::Unordered {
+                let why = "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites), so data received into its memory cannot be verified";
+                if mem == MemKind::Device {
+                    anyhow::bail!("--mem device: {why}; use --mem host");
+                }
+                plan = MemoryPlan::Host {
+                    note: Some(format!("{why}; receiving into host memory")),
+                };
+            }
+        }
         if let MemoryPlan::Host { note } = &plan {
             say(note);
         }
@@ -143,25 +160,19 @@ impl SinkFactory {
         })
     }
 
-    /// A zeroed buffer of `len` bytes for one transfer.
+    /// A poisoned buffer of `len` bytes for one connection (nothing in it verifies
+    /// before data arrives).
     pub fn make(&self, len: usize) -> Result<Box<dyn RecvSink>> {
-        match (&self.plan, self.gpu()) {
+        match &self.plan {
             #[cfg(feature = "cuda")]
-            (MemoryPlan::Device(method), Some(gpu)) => Ok(Box::new(
-                crate::gpu::sources::GpuDirectBuffer::new(gpu, len, *method)?,
-            )),
-            _ => Ok(Box::new(HostBuffer::zeroed(len)?)),
+            MemoryPlan::Device(method) => {
+                let gpu = self.gpu.as_ref().expect("a device plan has a GPU");
+                Ok(Box::new(crate::gpu::sources::GpuDirectBuffer::receive(
+                    gpu, len, *method,
+                )?))
+            }
+            _ => Ok(Box::new(HostBuffer::poisoned(len)?)),
         }
-    }
-
-    #[cfg(feature = "cuda")]
-    fn gpu(&self) -> Option<std::rc::Rc<crate::gpu::Gpu>> {
-        self.gpu.clone()
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn gpu(&self) -> Option<()> {
-        None
     }
 }
 

@@ -1,35 +1,56 @@
 //! Page-aligned host memory: the CPU-pattern sender and the default receiver buffer.
 
-use super::{DataPath, RecvSink, Registration, SendSource, Verification};
+use super::{DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification};
+use super::POISON;
 use anyhow::{bail, Result};
 use gpu_kernels::pattern;
 use std::alloc::{self, Layout};
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::time::Instant;
 
 /// Page size used for alignment; registration pins whole pages anyway.
 const PAGE: usize = 4096;
 
-/// A zeroed, page-aligned, heap-allocated byte buffer.
+/// A page-aligned, heap-allocated byte buffer.
+///
+/// The NIC may write it (a receiver's buffer) while a memory region borrows it, so its
+/// bytes are reached through its raw pointer, like an `UnsafeCell`: shared methods read
+/// or write them only for the length of the call, and a slice that outlives the call is
+/// handed out only from `&mut self`, when no registration can exist.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
 }
 
-// SAFETY: HostBuffer owns its allocation exclusively, like a Vec<u8>.
+// SAFETY: HostBuffer owns its allocation exclusively, like a Vec<u8>; it is not Sync, so
+// its shared methods never run on two threads at once.
 unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {
     /// A zeroed buffer of `len` bytes (at least one page is allocated).
     pub fn zeroed(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1).next_multiple_of(PAGE), PAGE)?;
+        let Some(size) = len.max(1).checked_next_multiple_of(PAGE) else {
+            bail!("{len} bytes of host memory cannot be allocated (the size overflows)");
+        };
+        let Ok(layout) = Layout::from_size_align(size, PAGE) else {
+            bail!("{len} bytes of host memory cannot be allocated (larger than isize::MAX)");
+        };
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             bail!("cannot allocate {len} bytes of host memory");
         };
         Ok(HostBuffer { ptr, len, layout })
+    }
+
+    /// A buffer for receiving: filled with [`POISON`], so nothing in it verifies before
+    /// data arrives.
+    pub fn poisoned(len: usize) -> Result<Self> {
+        let buffer = Self::zeroed(len)?;
+        buffer.fill_poison();
+        Ok(buffer)
     }
 
     /// A buffer holding the pattern, written by the CPU (`--gpu none`). `len` must be a
@@ -46,36 +67,106 @@ impl HostBuffer {
         Ok(buffer)
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised (zeroed at least) bytes while self lives.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes. `&mut self`: no registration (and so no NIC access) exists meanwhile.
+    pub fn as_bytes(&mut self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes while self lives; the exclusive
+        // borrow keeps every writer away for the slice's life.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The whole elements of the buffer (a trailing partial element is left out).
-    pub fn as_i32(&self) -> &[i32] {
-        // SAFETY: the allocation is page-aligned, so aligned for i32, and holds at least
-        // len / 4 initialised i32s.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast(), self.len / 4) }
-    }
-
     pub fn as_i32_mut(&mut self) -> &mut [i32] {
-        // SAFETY: as in as_i32, and &mut self gives exclusive access.
+        // SAFETY: the allocation is page-aligned, so aligned for i32, and holds at least
+        // len / 4 initialised i32s; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len / 4) }
     }
 
-    fn registration(&self) -> Registration {
-        Registration::Host {
-            addr: self.ptr.as_ptr(),
-            len: self.len,
+    /// Run `f` on the bytes, for the length of the call only.
+    fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> T) -> T {
+        // SAFETY: valid for len initialised bytes. The slice does not outlive the call,
+        // and nothing writes the buffer during it: the CPU only through `&mut self` or
+        // fill_poison (not re-entered from here), the NIC only where a posted receive's
+        // contract says nobody reads meanwhile.
+        f(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    fn fill_poison(&self) {
+        let words = self.len / 4;
+        let ptr = self.ptr.as_ptr().cast::<u32>();
+        for i in 0..words {
+            // SAFETY: i < len / 4 words inside the page-aligned allocation; no slice of
+            // the buffer lives during this call (see with_bytes).
+            unsafe { ptr.add(i).write(POISON) };
         }
+        for i in words * 4..self.len {
+            // SAFETY: as above, the trailing bytes.
+            unsafe { self.ptr.as_ptr().add(i).write(0xff) };
+        }
+    }
+
+    /// Copy `data` into the buffer at `offset`. Through `&self`, because a registered
+    /// buffer (a control message) is rewritten between sends; whoever posted a request on
+    /// it promised not to do so before its completion.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
+            bail!(
+                "{} bytes at offset {offset} do not fit a {}-byte buffer",
+                data.len(),
+                self.len
+            );
+        }
+        // SAFETY: the range lies inside the allocation (checked); `data` is a different
+        // allocation (no slice of this buffer outlives a call of ours, and `&mut self`
+        // slices cannot coexist with `&self`); no slice of the buffer lives meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// A copy of the first `len` bytes (clamped to the buffer).
+    pub fn read_prefix(&self, len: usize) -> Vec<u8> {
+        self.with_bytes(|b| b[..len.min(b.len())].to_vec())
+    }
+
+    fn leading_values(&self, count: usize) -> Vec<i32> {
+        self.with_bytes(|b| leading_values(b, count))
     }
 }
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in zeroed() with this layout, freed once.
+        // SAFETY: allocated in zeroed() with this layout, freed once; registrations borrow
+        // the buffer, so none is left.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
+}
+
+// SAFETY: the allocation lives, unmoved, until Drop, which cannot run while borrowed.
+unsafe impl Registrable for HostBuffer {
+    fn target(&self) -> RegistrationTarget<'_> {
+        RegistrationTarget::Host {
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+/// The first `count` whole elements of `bytes`.
+pub fn leading_values(bytes: &[u8], count: usize) -> Vec<i32> {
+    bytes
+        .chunks_exact(pattern::ELEMENT_BYTES)
+        .take(count)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Check `bytes` against the pattern from element 0 on, on the CPU.
@@ -108,17 +199,19 @@ impl SendSource for HostBuffer {
         self.len
     }
 
-    fn registration(&self) -> Registration {
-        HostBuffer::registration(self)
+    fn memory(&self) -> &dyn Registrable {
+        self
     }
 
-    fn prepare_chunk(&mut self, offset: usize, len: usize, _deadline: Instant) -> Result<u64> {
-        debug_assert!(offset + len <= self.len);
-        Ok(self.ptr.as_ptr() as u64 + offset as u64)
+    fn prepare_chunk(&self, offset: usize, len: usize, _deadline: Instant) -> Result<Range<usize>> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(offset..end),
+            _ => bail!("chunk of {len} bytes at {offset} is outside a {}-byte buffer", self.len),
+        }
     }
 
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
-        Ok(self.as_i32().iter().take(count).copied().collect())
+        Ok(self.leading_values(count))
     }
 
     fn path(&self) -> DataPath {
@@ -131,19 +224,24 @@ impl RecvSink for HostBuffer {
         self.len
     }
 
-    fn registration(&self) -> Registration {
-        HostBuffer::registration(self)
+    fn memory(&self) -> &dyn Registrable {
+        self
     }
 
-    fn verify(&mut self, len: usize) -> Result<Verification> {
+    fn poison(&self) -> Result<()> {
+        self.fill_poison();
+        Ok(())
+    }
+
+    fn verify(&self, len: usize) -> Result<Verification> {
         if len > self.len {
             bail!("asked to verify {len} bytes of a {}-byte buffer", self.len);
         }
-        Ok(verify_bytes(&self.as_bytes()[..len]))
+        Ok(self.with_bytes(|b| verify_bytes(&b[..len])))
     }
 
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
-        Ok(self.as_i32().iter().take(count).copied().collect())
+        Ok(self.leading_values(count))
     }
 
     fn path(&self) -> DataPath {
@@ -176,10 +274,16 @@ mod tests {
     }
 
     #[test]
-    fn zeroed_buffer_fails_from_element_one() {
-        let mut b = HostBuffer::zeroed(64).unwrap();
+    fn a_poisoned_buffer_fails_from_element_zero() {
+        let b = HostBuffer::poisoned(64).unwrap();
         let v = b.verify(64).unwrap();
-        assert_eq!((v.mismatches, v.first_mismatch), (15, Some(1)));
+        assert_eq!((v.mismatches, v.first_mismatch), (16, Some(0)));
+        // And poisoning again after good data makes it fail again.
+        let mut good = HostBuffer::with_pattern(64).unwrap();
+        assert!(good.verify(64).unwrap().ok());
+        RecvSink::poison(&good).unwrap();
+        assert_eq!(good.verify(64).unwrap().mismatches, 16);
+        assert!(good.as_bytes().chunks(4).all(|w| w == POISON.to_ne_bytes()));
     }
 
     #[test]
@@ -197,12 +301,21 @@ mod tests {
     }
 
     #[test]
-    fn chunk_addresses_are_offsets_into_the_buffer() {
-        let mut b = HostBuffer::with_pattern(8192).unwrap();
-        let base = b.registration().base_address();
-        assert_eq!(
-            b.prepare_chunk(4096, 4096, Instant::now()).unwrap(),
-            base + 4096
-        );
+    fn absurd_sizes_are_an_error_not_a_crash() {
+        for len in [usize::MAX, usize::MAX - 3, isize::MAX as usize + 1] {
+            let e = HostBuffer::zeroed(len).err().expect("refused").to_string();
+            assert!(e.contains("cannot be allocated"), "{e}");
+        }
+        assert!(HostBuffer::with_pattern(usize::MAX - 3).is_err());
+    }
+
+    #[test]
+    fn chunks_are_ranges_of_the_registered_memory() {
+        let b = HostBuffer::with_pattern(8192).unwrap();
+        let far = Instant::now();
+        assert_eq!(b.prepare_chunk(4096, 4096, far).unwrap(), 4096..8192);
+        assert!(b.prepare_chunk(4096, 4100, far).is_err());
+        assert!(b.prepare_chunk(usize::MAX, 2, far).is_err());
+        assert_eq!(b.target().len(), 8192);
     }
 }

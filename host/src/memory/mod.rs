@@ -12,33 +12,37 @@ pub use host_buffer::HostBuffer;
 pub use select::CheckMemory;
 
 use anyhow::Result;
-use std::os::fd::RawFd;
+use std::ops::Range;
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
 use std::time::Instant;
 
-/// How the RDMA layer must register a buffer with the NIC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Registration {
+/// How the NIC must register a piece of memory. Only [`Registrable`] implementations,
+/// which are `unsafe`, hand these to the RDMA layer, so a value built by safe code can
+/// never be registered.
+#[derive(Debug, Clone, Copy)]
+pub enum RegistrationTarget<'a> {
     /// Ordinary (or page-locked) host memory: `ibv_reg_mr` on a CPU address.
-    Host { addr: *mut u8, len: usize },
+    Host { ptr: NonNull<u8>, len: usize },
     /// GPU memory exported as a dma-buf: `ibv_reg_dmabuf_mr(fd, offset, len, iova)`.
     /// `iova` is the address work requests use for the region (the GPU address).
     DmaBuf {
-        fd: RawFd,
+        fd: BorrowedFd<'a>,
         offset: u64,
         len: usize,
         iova: u64,
     },
     /// GPU memory by its device address: `ibv_reg_mr` on it, which works only where the
-    /// nvidia-peermem kernel module lets the NIC driver pin GPU pages.
+    /// nvidia-peermem module lets the NIC driver pin GPU pages.
     DeviceAddress { addr: u64, len: usize },
 }
 
-impl Registration {
+impl RegistrationTarget<'_> {
     pub fn len(&self) -> usize {
         match *self {
-            Registration::Host { len, .. }
-            | Registration::DmaBuf { len, .. }
-            | Registration::DeviceAddress { len, .. } => len,
+            RegistrationTarget::Host { len, .. }
+            | RegistrationTarget::DmaBuf { len, .. }
+            | RegistrationTarget::DeviceAddress { len, .. } => len,
         }
     }
 
@@ -49,11 +53,27 @@ impl Registration {
     /// The address a work request uses for byte 0 of the region.
     pub fn base_address(&self) -> u64 {
         match *self {
-            Registration::Host { addr, .. } => addr as u64,
-            Registration::DmaBuf { iova, .. } => iova,
-            Registration::DeviceAddress { addr, .. } => addr,
+            RegistrationTarget::Host { ptr, .. } => ptr.as_ptr() as u64,
+            RegistrationTarget::DmaBuf { iova, .. } => iova,
+            RegistrationTarget::DeviceAddress { addr, .. } => addr,
         }
     }
+
+    /// Whether the NIC would reach GPU memory through this registration.
+    pub fn is_gpu_memory(&self) -> bool {
+        !matches!(self, RegistrationTarget::Host { .. })
+    }
+}
+
+/// Memory that a memory region may cover.
+///
+/// # Safety
+/// Implementors promise that the memory [`target`](Registrable::target) describes (and,
+/// for a dma-buf, the file descriptor) stays allocated, unmoved and open for as long as
+/// `self` is borrowed: a [`MemoryRegion`](crate::rdma::MemoryRegion) borrows the value
+/// it registers, so the memory then outlives the registration by construction.
+pub unsafe trait Registrable {
+    fn target(&self) -> RegistrationTarget<'_>;
 }
 
 /// The road the bytes take between memory and the wire, named truthfully for output.
@@ -84,7 +104,11 @@ impl DataPath {
     }
 }
 
-/// The sender's data, already generated, ready for the NIC.
+/// The sender's data, already generated, ready for the wire.
+///
+/// Every method takes `&self`: the transfer registers [`memory`](SendSource::memory) for
+/// the whole transfer (the region borrows it), and a staging ring still has to move its
+/// slots on meanwhile, through interior mutability.
 pub trait SendSource {
     /// Bytes to send.
     fn len(&self) -> usize;
@@ -93,8 +117,8 @@ pub trait SendSource {
         self.len() == 0
     }
 
-    /// The memory to register once, before the first work request.
-    fn registration(&self) -> Registration;
+    /// The memory the chunks are read from: registered once per connection.
+    fn memory(&self) -> &dyn Registrable;
 
     /// How many chunks may be posted and not yet completed, if this source limits it
     /// (a staging ring has a fixed number of slots).
@@ -102,13 +126,21 @@ pub trait SendSource {
         None
     }
 
-    /// Make the bytes `[offset, offset + len)` of the data available in the registered
-    /// region and return the address a work request must use for them. A staged source
-    /// waits here (until `deadline`) for the copy of that chunk.
-    fn prepare_chunk(&mut self, offset: usize, len: usize, deadline: Instant) -> Result<u64>;
+    /// Start a pass over the data: every transfer is one, from chunk 0 in order. Fails if
+    /// a chunk of the last pass is still in flight.
+    fn begin_pass(&self) -> Result<()> {
+        Ok(())
+    }
 
-    /// The NIC has finished reading the chunk that starts at `offset`.
-    fn release_chunk(&mut self, _offset: usize) {}
+    /// Make bytes `[offset, offset + len)` of the data available in [`memory`] and
+    /// return where in it they lie (a byte range of the registered memory). A staged
+    /// source waits here, until `deadline`, for the copy of that chunk.
+    ///
+    /// [`memory`]: SendSource::memory
+    fn prepare_chunk(&self, offset: usize, len: usize, deadline: Instant) -> Result<Range<usize>>;
+
+    /// The wire has finished reading the chunk that starts at `offset`.
+    fn release_chunk(&self, _offset: usize) {}
 
     /// The first few elements, read back for the user (`First 5 values: ...`).
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
@@ -135,7 +167,8 @@ impl Verification {
     }
 }
 
-/// The receiver's buffer.
+/// The receiver's buffer. As with [`SendSource`], `&self` throughout: the connection's
+/// memory region borrows [`memory`](RecvSink::memory) while transfers come and go.
 pub trait RecvSink {
     fn len(&self) -> usize;
 
@@ -144,13 +177,21 @@ pub trait RecvSink {
     }
 
     /// The memory to register; it is the only remotely writable memory of a connection.
-    fn registration(&self) -> Registration;
+    fn memory(&self) -> &dyn Registrable;
+
+    /// Fill the buffer with a value no element of the pattern has (the pattern is even,
+    /// the poison odd), so data that never arrived cannot pass verification. Called
+    /// before a transfer's receives are posted, never while the NIC may write.
+    fn poison(&self) -> Result<()>;
 
     /// Check the first `len` bytes against the pattern (element `i` = `pattern::value(i)`).
-    fn verify(&mut self, len: usize) -> Result<Verification>;
+    fn verify(&self, len: usize) -> Result<Verification>;
 
     /// Up to `count` leading elements, for the user.
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
 
     fn path(&self) -> DataPath;
 }
+
+/// The 32-bit word [`RecvSink::poison`] fills with: odd, so never `pattern::value(i)`.
+pub const POISON: u32 = 0xdead_beef;

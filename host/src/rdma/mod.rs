@@ -62,9 +62,9 @@ pub use cq::{Completion, CompletionChannel, CompletionQueue, Wake};
 pub use device::{devices, ensure_device, DeviceInfo, GidInfo, PortSummary};
 pub use error::{errno_message, format_duration, RdmaError};
 pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel};
-pub use mr::{Access, MemoryRegion, MessageBuffer};
+pub use mr::{Access, MemoryRegion, MessageBuffer, Sge};
 pub use pd::ProtectionDomain;
-pub use qp::{QpCaps, QueuePair, SendOp, SendWr, Sge, POST_LIST_MAX};
+pub use qp::{QpCaps, QueuePair, SendOp, SendWr, POST_LIST_MAX};
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};

@@ -1,8 +1,17 @@
 //! `ibv_mr`: memory the NIC may read (local) or write (local write, remote write).
+//!
+//! A [`MemoryRegion`] borrows the memory it registers (`'m`), so the memory cannot be
+//! freed while it is registered; an [`Sge`] borrows its region (`'r`), and a queue pair
+//! takes only scatter/gather elements of regions that outlive it
+//! ([`QueuePair`](super::QueuePair)`<'r>`), so the queue pair is destroyed before the
+//! regions it used, and they before their memory: the teardown order holds by
+//! construction.
 
 use super::{ProtectionDomain, RdmaError};
-use crate::memory::Registration;
+use crate::memory::{HostBuffer, Registrable, RegistrationTarget};
 use rdma_sys::*;
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -21,83 +30,134 @@ impl Access {
     };
     pub const REMOTE_WRITE: Access = Access { remote_write: true };
 
-    fn flags(self) -> libc::c_int {
+    fn flags(self, target: &RegistrationTarget) -> libc::c_int {
         let mut flags = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if self.remote_write {
             flags |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if target.is_gpu_memory() {
+            // As NCCL does for GPU buffers: PCIe relaxed ordering lets the NIC's writes to
+            // GPU memory pass each other, which GPUs handle and which is much faster
+            // through some root complexes. It is an optional flag (IBV_ACCESS_OPTIONAL_*):
+            // a device or kernel without it ignores it rather than failing.
+            flags |= ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         }
         flags as libc::c_int
     }
 }
 
-/// A registered memory region. Keeps its PD alive; does not own the memory.
-pub struct MemoryRegion {
+/// One scatter/gather element: `len` bytes inside a registered region, with the region's
+/// local key. Made only by [`MemoryRegion::sge`] and [`MessageBuffer::sge`], bounds
+/// checked; it borrows the region, so the region outlives every queue pair it is posted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge<'r> {
+    addr: u64,
+    len: u32,
+    lkey: u32,
+    _region: PhantomData<&'r ()>,
+}
+
+impl Sge<'_> {
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn raw(&self) -> ibv_sge {
+        ibv_sge {
+            addr: self.addr,
+            length: self.len,
+            lkey: self.lkey,
+        }
+    }
+}
+
+/// A registered memory region over memory borrowed for `'m`. Keeps its PD alive.
+pub struct MemoryRegion<'m> {
     raw: NonNull<ibv_mr>,
     _pd: Rc<ProtectionDomain>,
     base: u64,
     len: usize,
+    _memory: PhantomData<&'m ()>,
 }
 
-impl MemoryRegion {
-    /// Register `registration` with the NIC.
-    ///
-    /// # Safety
-    /// The memory `registration` describes must stay allocated (and, for device memory,
-    /// the dma-buf open) until the returned region is dropped: the NIC may access it at
-    /// any time while it is registered.
-    pub unsafe fn register(
+impl<'m> MemoryRegion<'m> {
+    /// Register `memory` with the NIC. The region borrows it: the memory stays allocated
+    /// (the [`Registrable`] contract) until the region is dropped.
+    pub fn register(
         pd: &Rc<ProtectionDomain>,
-        registration: Registration,
+        memory: &'m (impl Registrable + ?Sized),
         access: Access,
-    ) -> Result<MemoryRegion, RdmaError> {
-        let len = registration.len();
+    ) -> Result<MemoryRegion<'m>, RdmaError> {
+        // SAFETY: Registrable promises the target stays valid while `memory` is borrowed,
+        // and the returned region holds that borrow ('m) until it is dropped.
+        unsafe { Self::register_target(pd, memory.target(), access) }
+    }
+
+    /// # Safety
+    /// The memory `target` describes must stay allocated (a dma-buf open) until the
+    /// returned region is dropped: the NIC may access it at any time meanwhile.
+    unsafe fn register_target(
+        pd: &Rc<ProtectionDomain>,
+        target: RegistrationTarget<'_>,
+        access: Access,
+    ) -> Result<MemoryRegion<'m>, RdmaError> {
+        let len = target.len();
         if len == 0 {
             return Err(RdmaError::InvalidArgument(
                 "cannot register an empty memory region".into(),
             ));
         }
-        let flags = access.flags();
-        let (raw, verb, what) = match registration {
-            Registration::Host { addr, len } => (
-                // SAFETY: the PD is valid; the caller promises [addr, addr+len) stays
+        let flags = access.flags(&target);
+        let (raw, verb, what) = match target {
+            RegistrationTarget::Host { ptr, len } => (
+                // SAFETY: the PD is valid; the caller promises [ptr, ptr+len) stays
                 // allocated while registered.
-                unsafe { ibv_reg_mr(pd.as_ptr(), addr.cast(), len, flags) },
+                unsafe { ibv_reg_mr(pd.as_ptr(), ptr.as_ptr().cast(), len, flags) },
                 "ibv_reg_mr",
                 format!("{len} bytes of host memory"),
             ),
-            Registration::DmaBuf {
+            RegistrationTarget::DmaBuf {
                 fd,
                 offset,
                 len,
                 iova,
-            } => (
-                // SAFETY: the PD is valid; the caller promises the dma-buf stays open and
-                // its memory allocated while registered.
-                unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd, flags) },
-                "ibv_reg_dmabuf_mr",
-                format!("{len} bytes of GPU memory, dma-buf fd {fd}"),
-            ),
-            Registration::DeviceAddress { addr, len } => (
+            } => {
+                use std::os::fd::AsRawFd;
+                let fd = fd.as_raw_fd();
+                (
+                    // SAFETY: the PD is valid; the caller promises the dma-buf stays open
+                    // and its memory allocated while registered.
+                    unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd, flags) },
+                    "ibv_reg_dmabuf_mr",
+                    format!("{len} bytes of GPU memory, dma-buf fd {fd}"),
+                )
+            }
+            RegistrationTarget::DeviceAddress { addr, len } => (
                 // SAFETY: as for host memory; the driver pins the GPU pages (through
                 // nvidia-peermem) or fails.
                 unsafe { ibv_reg_mr(pd.as_ptr(), addr as *mut libc::c_void, len, flags) },
                 "ibv_reg_mr",
-                format!("{len} bytes of GPU memory at {addr:#x}"),
+                format!("{len} bytes of GPU memory at {addr:#x} (nvidia-peermem)"),
             ),
         };
         match NonNull::new(raw) {
             Some(raw) => Ok(MemoryRegion {
                 raw,
                 _pd: pd.clone(),
-                base: registration.base_address(),
+                base: target.base_address(),
                 len,
+                _memory: PhantomData,
             }),
             None => Err(RdmaError::last(verb, what)),
         }
     }
 
     /// The key every local work request (SGE) on this region carries.
-    pub fn lkey(&self) -> u32 {
+    fn lkey(&self) -> u32 {
         // SAFETY: the MR is valid while self lives; lkey is a plain field.
         unsafe { (*self.raw.as_ptr()).lkey }
     }
@@ -108,8 +168,9 @@ impl MemoryRegion {
         unsafe { (*self.raw.as_ptr()).rkey }
     }
 
-    /// The address work requests use for byte 0 of the region.
-    pub fn base_address(&self) -> u64 {
+    /// The address a peer's RDMA WRITE names for byte 0 of the region (what the receiver
+    /// advertises with the rkey).
+    pub fn remote_base(&self) -> u64 {
         self.base
     }
 
@@ -121,19 +182,33 @@ impl MemoryRegion {
         self.len == 0
     }
 
-    /// Whether `[addr, addr + len)` lies inside the region.
-    pub fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.base
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.base + self.len as u64)
+    /// The SGE for bytes `range` of the region (at most 4 GiB - 1 per element).
+    pub fn sge(&self, range: Range<usize>) -> Result<Sge<'_>, RdmaError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(RdmaError::InvalidArgument(format!(
+                "bytes {range:?} are outside a {}-byte memory region",
+                self.len
+            )));
+        }
+        let len = u32::try_from(range.len()).map_err(|_| {
+            RdmaError::InvalidArgument(format!(
+                "{} bytes do not fit one scatter/gather element",
+                range.len()
+            ))
+        })?;
+        Ok(Sge {
+            addr: self.base + range.start as u64,
+            len,
+            lkey: self.lkey(),
+            _region: PhantomData,
+        })
     }
 }
 
-impl Drop for MemoryRegion {
+impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
-        // SAFETY: registered by us, deregistered once. Work requests still naming it
-        // complete in error; the NIC stops accessing the memory.
+        // SAFETY: registered by us, deregistered once. No queue pair that used it is left
+        // (Sge lifetimes), so nothing can still name it.
         unsafe { ibv_dereg_mr(self.raw.as_ptr()) };
     }
 }
@@ -142,49 +217,39 @@ impl Drop for MemoryRegion {
 /// the raw reply) sent and received next to the data.
 pub struct MessageBuffer {
     // Field order is drop order: deregister before freeing.
-    mr: MemoryRegion,
-    buf: Box<[u8]>,
+    mr: MemoryRegion<'static>,
+    buf: HostBuffer,
 }
 
 impl MessageBuffer {
     pub fn new(pd: &Rc<ProtectionDomain>, len: usize) -> Result<MessageBuffer, RdmaError> {
-        let mut buf = vec![0u8; len.max(1)].into_boxed_slice();
-        let registration = Registration::Host {
-            addr: buf.as_mut_ptr(),
-            len: buf.len(),
-        };
-        // SAFETY: the boxed slice lives in this struct, declared after the region, so it is
+        let buf = HostBuffer::zeroed(len.max(1))
+            .map_err(|e| RdmaError::InvalidArgument(format!("{e:#}")))?;
+        // SAFETY: the buffer lives in this struct, declared after the region, so it is
         // freed only after the region is deregistered; its heap address never moves.
-        let mr = unsafe { MemoryRegion::register(pd, registration, Access::LOCAL)? };
+        let mr = unsafe { MemoryRegion::register_target(pd, buf.target(), Access::LOCAL)? };
         Ok(MessageBuffer { mr, buf })
     }
 
-    /// Copy `data` to the start of the buffer, to be sent. Must not be called while a
-    /// work request on the buffer is outstanding (the `&mut` makes the caller think so).
-    pub fn write(&mut self, data: &[u8]) -> Result<(), RdmaError> {
-        if data.len() > self.buf.len() {
-            return Err(RdmaError::InvalidArgument(format!(
-                "{} bytes do not fit a {}-byte message buffer",
-                data.len(),
-                self.buf.len()
-            )));
-        }
-        self.buf[..data.len()].copy_from_slice(data);
-        Ok(())
+    /// Copy `data` to the start of the buffer, to be sent. The caller must not do this
+    /// while a work request on the buffer is outstanding (the contract of posting it).
+    pub fn write(&self, data: &[u8]) -> Result<(), RdmaError> {
+        self.buf
+            .write_at(0, data)
+            .map_err(|e| RdmaError::InvalidArgument(format!("{e:#}")))
     }
 
-    /// The first `len` bytes (a received message, after its completion was polled).
-    pub fn read(&self, len: usize) -> &[u8] {
-        &self.buf[..len.min(self.buf.len())]
+    /// A copy of the first `len` bytes (a received message, after its completion was
+    /// polled).
+    pub fn read(&self, len: usize) -> Vec<u8> {
+        self.buf.read_prefix(len)
     }
 
     /// The SGE for the first `len` bytes (clamped to the buffer).
-    pub fn sge(&self, len: usize) -> super::Sge {
-        super::Sge {
-            addr: self.mr.base_address(),
-            len: len.min(self.buf.len()) as u32,
-            lkey: self.mr.lkey(),
-        }
+    pub fn sge(&self, len: usize) -> Sge<'_> {
+        self.mr
+            .sge(0..len.min(self.buf.len()))
+            .expect("a prefix of the buffer lies inside its own region")
     }
 
     pub fn len(&self) -> usize {

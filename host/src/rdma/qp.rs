@@ -1,8 +1,9 @@
 //! The reliable-connected queue pair of a CM id (`rdma_create_qp`), and posting work
 //! requests on it.
 
-use super::{CmId, CompletionQueue, ProtectionDomain, RdmaError};
+use super::{CmId, CompletionQueue, ProtectionDomain, RdmaError, Sge};
 use rdma_sys::*;
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -17,15 +18,6 @@ pub struct QpCaps {
     /// Bytes a send request may carry inline (copied into the work queue at post time,
     /// so the NIC need not read registered memory): 0 for none.
     pub max_inline_data: u32,
-}
-
-/// One scatter/gather element: `len` bytes at `addr` inside the region whose local key
-/// is `lkey`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sge {
-    pub addr: u64,
-    pub len: u32,
-    pub lkey: u32,
 }
 
 /// The operation of a send-queue work request. Immediate data is given in host order.
@@ -55,11 +47,11 @@ impl SendOp {
     }
 }
 
-/// A send-queue work request with one SGE.
+/// A send-queue work request with one SGE of a region that lives for `'r`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendWr {
+pub struct SendWr<'r> {
     pub wr_id: u64,
-    pub sge: Sge,
+    pub sge: Sge<'r>,
     pub op: SendOp,
     /// Ask for a completion. Unsignaled requests complete silently (unless they fail);
     /// a later signaled completion implies every earlier request of the queue completed.
@@ -75,16 +67,22 @@ pub struct SendWr {
 
 /// An RC queue pair, created on a CM id (which moves it through its states as the
 /// connection is made). Keeps the id, the PD and both CQs alive.
-pub struct QueuePair {
+///
+/// `'r` is the life of the memory regions its work requests name: it takes only
+/// [`Sge`]`<'r>`s, and because it has a destructor, `'r` must outlast it, so every region
+/// it used is deregistered after the queue pair is destroyed (rdma-core's examples tear
+/// down in the same order).
+pub struct QueuePair<'r> {
     raw: NonNull<ibv_qp>,
     caps: QpCaps,
     id: Rc<CmId>,
     _pd: Rc<ProtectionDomain>,
     _send_cq: Rc<CompletionQueue>,
     _recv_cq: Rc<CompletionQueue>,
+    _regions: PhantomData<&'r ()>,
 }
 
-impl QueuePair {
+impl<'r> QueuePair<'r> {
     pub fn new(
         id: &Rc<CmId>,
         pd: &Rc<ProtectionDomain>,
@@ -137,6 +135,7 @@ impl QueuePair {
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
+            _regions: PhantomData,
         })
     }
 
@@ -166,12 +165,12 @@ impl QueuePair {
     /// Post one send-queue work request.
     ///
     /// # Safety
-    /// `wr.sge` must lie inside a live [`MemoryRegion`](super::MemoryRegion) whose
-    /// `lkey` it carries, and that memory must stay registered and unmodified until the
-    /// request's completion (or a later signaled completion) has been polled, or the QP
-    /// is destroyed. For RDMA WRITEs, `remote_addr`/`rkey` must name a region the peer
-    /// registered for remote write.
-    pub unsafe fn post_send(&self, wr: &SendWr) -> Result<(), RdmaError> {
+    /// The memory `wr.sge` names (inside a live region, which the SGE's lifetime
+    /// guarantees) must not be written by anyone until the request's completion (or a
+    /// later signaled completion) has been polled, or the QP is destroyed: the NIC reads
+    /// it at a time of its choosing. `remote_addr`/`rkey` of an RDMA WRITE can only
+    /// reach memory the peer registered for remote write, so they carry no contract here.
+    pub unsafe fn post_send(&self, wr: &SendWr<'r>) -> Result<(), RdmaError> {
         // SAFETY: the caller's contract is post_send_list's.
         unsafe { self.post_send_list(std::slice::from_ref(wr)) }
     }
@@ -183,7 +182,7 @@ impl QueuePair {
     ///
     /// # Safety
     /// As for [`post_send`](Self::post_send), for every request.
-    pub unsafe fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), RdmaError> {
+    pub unsafe fn post_send_list(&self, wrs: &[SendWr<'r>]) -> Result<(), RdmaError> {
         // SAFETY: the QP's context is valid while self lives; `ops` is the provider's table.
         let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_send }.ok_or(
             RdmaError::Unsupported {
@@ -197,11 +196,7 @@ impl QueuePair {
             // SAFETY: as above.
             let mut raws: [ibv_send_wr; POST_LIST_MAX] = unsafe { std::mem::zeroed() };
             for (i, wr) in batch.iter().enumerate() {
-                sges[i] = ibv_sge {
-                    addr: wr.sge.addr,
-                    length: wr.sge.len,
-                    lkey: wr.sge.lkey,
-                };
+                sges[i] = wr.sge.raw();
                 self.fill_send_wr(wr, &mut raws[i])?;
             }
             // Link the list only now that neither array moves any more.
@@ -251,10 +246,11 @@ impl QueuePair {
             raw.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         if wr.inline {
-            if wr.sge.len > self.caps.max_inline_data {
+            if wr.sge.len() > self.caps.max_inline_data {
                 return Err(RdmaError::InvalidArgument(format!(
                     "{} bytes inline exceed the queue pair's {}",
-                    wr.sge.len, self.caps.max_inline_data
+                    wr.sge.len(),
+                    self.caps.max_inline_data
                 )));
             }
             raw.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
@@ -289,15 +285,11 @@ impl QueuePair {
     /// takes the immediate data of an RDMA WRITE with immediate, or a zero-byte SEND).
     ///
     /// # Safety
-    /// `sge` must lie inside a live memory region whose `lkey` it carries, registered
-    /// with local write, and nobody may read or write that memory until the receive's
-    /// completion has been polled or the QP is destroyed.
-    pub unsafe fn post_recv(&self, wr_id: u64, sge: Option<Sge>) -> Result<(), RdmaError> {
-        let mut raw_sge = sge.map(|s| ibv_sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        });
+    /// Nobody may read or write the memory `sge` names until the receive's completion
+    /// has been polled or the QP is destroyed: the NIC writes it at a time of its
+    /// choosing. (Every region is registered with local write.)
+    pub unsafe fn post_recv(&self, wr_id: u64, sge: Option<Sge<'r>>) -> Result<(), RdmaError> {
+        let mut raw_sge = sge.map(|s| s.raw());
         let mut raw = ibv_recv_wr {
             wr_id,
             next: std::ptr::null_mut(),
@@ -323,7 +315,7 @@ impl QueuePair {
     }
 }
 
-impl Drop for QueuePair {
+impl Drop for QueuePair<'_> {
     fn drop(&mut self) {
         // SAFETY: the QP was created on this id and is destroyed once, before the id
         // (which we keep alive), the PD and the CQs (kept alive by our Rcs).

@@ -23,12 +23,45 @@ pub(crate) fn is_data(wr_id: u64) -> bool {
 /// How long a side waits for the other's DISCONNECTED at the end, at most.
 pub(crate) const DISCONNECT_GRACE: Duration = Duration::from_secs(2);
 
-/// The verbs objects of one connection. The QP is declared first so it is destroyed
-/// first; the Rcs inside each object keep the rest in the right order anyway.
-pub(crate) struct Connection {
-    pub qp: QueuePair,
-    pub cq: Rc<CompletionQueue>,
+/// What a connection's memory is registered on before its queue pair exists: the PD,
+/// and the CQ (with a completion channel unless busy-polling) the queue pair will use.
+pub(crate) struct Resources {
     pub pd: Rc<ProtectionDomain>,
+    pub cq: Rc<CompletionQueue>,
+    pub id: Rc<CmId>,
+}
+
+impl Resources {
+    /// PD and a CQ of at least `cq_entries` entries on `id`'s device.
+    pub fn new(id: &Rc<CmId>, cq_entries: u32, busy_poll: bool) -> Result<Resources, RdmaError> {
+        let pd = ProtectionDomain::new(id)?;
+        let channel = if busy_poll {
+            None
+        } else {
+            Some(CompletionChannel::new(id)?)
+        };
+        let cq = CompletionQueue::new(id, cq_entries, channel.as_ref())?;
+        Ok(Resources {
+            pd,
+            cq,
+            id: id.clone(),
+        })
+    }
+
+    /// CQ entries for a queue pair of these sizes (every request may complete at once).
+    pub fn cq_entries(caps: QpCaps) -> u32 {
+        caps.max_send_wr
+            .saturating_add(caps.max_recv_wr)
+            .saturating_add(2)
+    }
+}
+
+/// The RC queue pair of a connection, over [`Resources`], for regions that live `'r`.
+/// Declare it after the regions it uses: it must be dropped (destroyed) first, and the
+/// borrow checker insists on it.
+pub(crate) struct Connection<'r> {
+    pub qp: QueuePair<'r>,
+    pub cq: Rc<CompletionQueue>,
     pub id: Rc<CmId>,
     disconnected: Cell<bool>,
 }
@@ -42,23 +75,14 @@ pub(crate) enum Waited {
     Disconnected,
 }
 
-impl Connection {
-    /// PD, CQ (with a completion channel unless `busy_poll`) and RC QP on `id`.
-    pub fn new(id: &Rc<CmId>, caps: QpCaps, busy_poll: bool) -> Result<Connection, RdmaError> {
-        let pd = ProtectionDomain::new(id)?;
-        let channel = if busy_poll {
-            None
-        } else {
-            Some(CompletionChannel::new(id)?)
-        };
-        let entries = caps.max_send_wr + caps.max_recv_wr + 2;
-        let cq = CompletionQueue::new(id, entries, channel.as_ref())?;
-        let qp = QueuePair::new(id, &pd, &cq, &cq, caps)?;
+impl<'r> Connection<'r> {
+    /// An RC queue pair on `res`'s id, PD and CQ.
+    pub fn new(res: &Resources, caps: QpCaps) -> Result<Connection<'r>, RdmaError> {
+        let qp = QueuePair::new(&res.id, &res.pd, &res.cq, &res.cq, caps)?;
         Ok(Connection {
             qp,
-            cq,
-            pd,
-            id: id.clone(),
+            cq: res.cq.clone(),
+            id: res.id.clone(),
             disconnected: Cell::new(false),
         })
     }

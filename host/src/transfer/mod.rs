@@ -45,8 +45,10 @@
 
 mod conn;
 pub mod header;
+pub mod memcpy_wire;
 pub mod plan;
 pub mod receiver;
+pub mod schedule;
 pub mod sender;
 pub mod units;
 

@@ -6,7 +6,7 @@
 //! most its `--timeout` for the accept.
 
 use super::conn::{
-    is_data, next_event, Connection, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
+    is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
 };
 use super::header::{AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY};
 use super::plan::ChunkPlan;
@@ -16,7 +16,7 @@ use crate::memory::{DataPath, RecvSink, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
     self, Access, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline,
-    EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr, Sge,
+    EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -252,63 +252,59 @@ fn framed(
         Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
     };
     let len = usize::try_from(total).map_err(|e| no_memory(&e))?;
-    let mut sink = make_sink(len).map_err(|e| no_memory(&format!("{e:#}")))?;
-    receive_framed(cfg, &request.id, peer, header, sink.as_mut())
+    let sink = make_sink(len).map_err(|e| no_memory(&format!("{e:#}")))?;
+    receive_framed(cfg, &request.id, peer, header, sink.as_ref())
 }
 
 /// Post the receive for data chunk `index`: send mode into the chunk's place in the
 /// buffer, write mode an empty one for an RDMA WRITE's immediate.
-fn post_data_recv(
-    conn: &Connection,
-    mr: &MemoryRegion,
+fn post_data_recv<'r>(
+    conn: &Connection<'r>,
+    mr: &'r MemoryRegion<'r>,
     plan: &ChunkPlan,
     op: Op,
     index: u64,
 ) -> Result<(), RdmaError> {
-    let sge = match op {
-        Op::Write => None,
-        Op::Send => plan.get(index).map(|chunk| Sge {
-            addr: mr.base_address() + chunk.offset,
-            len: chunk.len as u32,
-            lkey: mr.lkey(),
-        }),
+    let sge = match (op, plan.get(index)) {
+        (Op::Write, _) | (Op::Send, None) => None,
+        (Op::Send, Some(chunk)) => {
+            Some(mr.sge(chunk.offset as usize..chunk.end() as usize)?)
+        }
     };
-    // SAFETY: the SGE lies in `mr` (plan offsets are within the total, which the region
-    // covers), registered until the connection is gone; nobody reads the buffer before
-    // every data receive has completed.
+    // SAFETY: nobody reads the buffer before every data receive of the transfer has
+    // completed (the receiver verifies only then, and poisons only before posting).
     unsafe { conn.qp.post_recv(TAG_DATA | index, sge) }
 }
 
-/// The connection's verbs objects, asking for inline sends big enough for the ack (the
-/// ack buffer may then be rewritten right after posting); without them where the device
+/// The connection's queue pair, asking for inline sends big enough for the ack (the ack
+/// buffer may then be rewritten right after posting); without them where the device
 /// refuses.
-fn receiver_connection(
-    id: &Rc<CmId>,
-    recv_depth: u32,
-    busy_poll: bool,
-) -> Result<Connection, RdmaError> {
-    let caps = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: recv_depth,
-        max_inline_data: ACK_LEN as u32,
-    };
-    match Connection::new(id, caps, busy_poll) {
+fn receiver_connection<'r>(res: &Resources, recv_depth: u32) -> Result<Connection<'r>, RdmaError> {
+    let caps = receiver_caps(recv_depth);
+    match Connection::new(res, caps) {
         Ok(conn) => Ok(conn),
         Err(_) => Connection::new(
-            id,
+            res,
             QpCaps {
                 max_inline_data: 0,
                 ..caps
             },
-            busy_poll,
         ),
     }
 }
 
+fn receiver_caps(recv_depth: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: recv_depth,
+        max_inline_data: ACK_LEN as u32,
+    }
+}
+
 /// The receives of one connection's data.
-struct Receives<'a> {
-    conn: &'a Connection,
-    mr: &'a MemoryRegion,
+struct Receives<'a, 'r> {
+    conn: &'a Connection<'r>,
+    mr: &'r MemoryRegion<'r>,
     plan: &'a ChunkPlan,
     op: Op,
     /// Send mode: receives posted for the current transfer (chunk indices `0..posted`).
@@ -320,7 +316,7 @@ struct Receives<'a> {
     limit: u64,
 }
 
-impl Receives<'_> {
+impl Receives<'_, '_> {
     fn post(&mut self) -> Result<(), RdmaError> {
         post_data_recv(self.conn, self.mr, self.plan, self.op, self.posted)?;
         self.posted += 1;
@@ -353,7 +349,7 @@ fn receive_framed(
     id: &Rc<CmId>,
     peer: &str,
     header: Header,
-    sink: &mut dyn RecvSink,
+    sink: &dyn RecvSink,
 ) -> Result<RecvReport, Failure> {
     let total = header.total_bytes;
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
@@ -366,9 +362,12 @@ fn receive_framed(
         .max(MIN_RECEIVES)
         .min(n)
         .min(2 * MAX_DEPTH as u64) as u32;
-    let conn =
-        receiver_connection(id, recv_depth, cfg.busy_poll).map_err(|e| setup_failed(peer, e))?;
-    let inline_ack = conn.qp.caps().max_inline_data as usize >= ACK_LEN;
+    let res = Resources::new(
+        id,
+        Resources::cq_entries(receiver_caps(recv_depth)),
+        cfg.busy_poll,
+    )
+    .map_err(|e| setup_failed(peer, e))?;
     if (sink.len() as u64) < total {
         return Err(internal(format!(
             "the sink has {} bytes for a {total}-byte transfer",
@@ -380,12 +379,13 @@ fn receive_framed(
         Op::Write => Access::REMOTE_WRITE,
         Op::Send => Access::LOCAL,
     };
-    // SAFETY: `sink` is borrowed for this whole function and outlives `mr`, a local.
-    let mr =
-        unsafe { MemoryRegion::register(&conn.pd, sink.registration(), access) }.map_err(|e| {
-            Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
-        })?;
-    let mut ack_buf = MessageBuffer::new(&conn.pd, ACK_LEN).map_err(internal)?;
+    let mr = MemoryRegion::register(&res.pd, sink.memory(), access).map_err(|e| {
+        Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
+    })?;
+    let ack_buf = MessageBuffer::new(&res.pd, ACK_LEN).map_err(internal)?;
+    // The queue pair last: it may name only regions that outlive it.
+    let conn = receiver_connection(&res, recv_depth).map_err(|e| setup_failed(peer, e))?;
+    let inline_ack = conn.qp.caps().max_inline_data as usize >= ACK_LEN;
     let mut recvs = Receives {
         conn: &conn,
         mr: &mr,
@@ -402,7 +402,7 @@ fn receive_framed(
     }
     let accept = match header.op {
         Op::Write => AcceptInfo {
-            addr: mr.base_address(),
+            addr: mr.remote_base(),
             rkey: mr.rkey(),
             len: total,
         },
@@ -483,7 +483,9 @@ fn receive_framed(
             )?;
             reply_delivered = delivered && acks_delivered;
         } else {
-            // The next transfer's receives go in before the ack that lets it start.
+            // The buffer is poisoned again, so the next transfer cannot verify on this
+            // one's data; then its receives go in, before the ack that lets it start.
+            sink.poison().map_err(internal)?;
             recvs
                 .start_next_transfer(recv_depth as u64)
                 .map_err(Failure::from)?;
@@ -812,35 +814,27 @@ fn raw(
     let port = id.port_info().map_err(internal)?;
     // One receive takes the whole message: --max-bytes, or the device's largest message.
     let len = cfg.max_bytes.min(port.max_msg_sz as u64).max(1);
-    let mut sink = make_sink(len as usize).map_err(|e| {
+    let sink = make_sink(len as usize).map_err(|e| {
         Failure::Refuse(
             RejectReason::NoMemory { bytes: len },
             Some(format!("{e:#}")),
         )
     })?;
-    let sink = sink.as_mut();
-    let conn = Connection::new(
-        id,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 2,
-            max_inline_data: 0,
-        },
-        cfg.busy_poll,
-    )
-    .map_err(|e| setup_failed(peer, e))?;
-    // SAFETY: `sink` lives (in this function's frame) longer than `mr`.
-    let mr = unsafe { MemoryRegion::register(&conn.pd, sink.registration(), Access::LOCAL) }
-        .map_err(|e| Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string())))?;
-    let mut reply_buf = MessageBuffer::new(&conn.pd, RAW_REPLY.len()).map_err(internal)?;
-    reply_buf.write(&RAW_REPLY)?;
-    let sge = Sge {
-        addr: mr.base_address(),
-        len: len as u32,
-        lkey: mr.lkey(),
+    let sink = sink.as_ref();
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_recv_wr: 2,
+        max_inline_data: 0,
     };
-    // SAFETY: the SGE is the whole of `mr`, registered until we return; the sink is read
-    // (verified) only after the receive completed.
+    let res = Resources::new(id, Resources::cq_entries(caps), cfg.busy_poll)
+        .map_err(|e| setup_failed(peer, e))?;
+    let mr = MemoryRegion::register(&res.pd, sink.memory(), Access::LOCAL)
+        .map_err(|e| Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string())))?;
+    let reply_buf = MessageBuffer::new(&res.pd, RAW_REPLY.len()).map_err(internal)?;
+    reply_buf.write(&RAW_REPLY)?;
+    let conn = Connection::new(&res, caps).map_err(|e| setup_failed(peer, e))?;
+    let sge = mr.sge(0..len as usize).map_err(internal)?;
+    // SAFETY: the sink is read (verified) only after the receive completed.
     unsafe { conn.qp.post_recv(TAG_DATA, Some(sge)).map_err(internal)? };
     id.accept(&ConnParams::with_private_data(&[]))?;
     wait_established(id, peer, cfg.timeout)?;

@@ -2,22 +2,22 @@
 //! for the receiver's verdict.
 
 use super::conn::{
-    is_data, next_event, Connection, Waited, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA, WR_ACK,
-    WR_REPLY,
+    is_data, next_event, Connection, Resources, Waited, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA,
+    WR_ACK, WR_REPLY,
 };
 use super::header::{
     AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, HEADER_FLAG_REPEAT,
     RAW_IMM,
 };
 use super::plan::ChunkPlan;
+use super::schedule::{self, ChunkWire, Posted, Schedule};
 use super::units::format_bytes;
 use super::{gigabytes_per_second, TransferError};
-use crate::memory::{Registration, SendSource, Verification};
+use crate::memory::{SendSource, Verification};
 use crate::rdma::{
     self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
-    MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, Sge, POST_LIST_MAX,
+    MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -203,82 +203,8 @@ fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferE
     Ok(())
 }
 
-/// A progress bar that appears only after the transfer has run for a moment.
-struct Progress {
-    enabled: bool,
-    start: Instant,
-    total: u64,
-    bar: Option<ProgressBar>,
-}
-
-impl Progress {
-    const DELAY: Duration = Duration::from_millis(500);
-
-    fn new(enabled: bool, total: u64) -> Self {
-        Progress {
-            enabled,
-            start: Instant::now(),
-            total,
-            bar: None,
-        }
-    }
-
-    fn update(&mut self, done: u64) {
-        if !self.enabled {
-            return;
-        }
-        if self.bar.is_none() && self.start.elapsed() >= Self::DELAY {
-            // A few redraws a second: drawing happens on the transfer's thread.
-            let bar = ProgressBar::with_draw_target(
-                Some(self.total),
-                ProgressDrawTarget::stderr_with_hz(4),
-            );
-            if let Ok(style) = ProgressStyle::with_template(
-                "{spinner} [{bar:40}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
-            ) {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            self.bar = Some(bar);
-        }
-        if let Some(bar) = &self.bar {
-            bar.set_position(done);
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// Map a failed data completion to an error that says how far the transfer got.
-fn broken(peer: &str, done: u64, total: u64, c: &Completion, what: String) -> TransferError {
-    let why = match c.check(|| what) {
-        Err(e) => e.to_string(),
-        Ok(()) => "unexpected completion".into(),
-    };
-    let hint = if c.is_connection_loss() {
-        " (the receiver went away?)"
-    } else {
-        ""
-    };
-    TransferError::Broken {
-        peer: peer.to_string(),
-        done,
-        total,
-        why: format!("{why}{hint}"),
-    }
-}
-
 /// One framed transfer of `source` to `cfg.peer`.
-pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport, TransferError> {
+pub fn send(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport, TransferError> {
     let mut reports = send_repeated(cfg, source, 1)?;
     reports
         .pop()
@@ -292,7 +218,7 @@ pub fn send(cfg: &SendConfig, source: &mut dyn SendSource) -> Result<SendReport,
 /// others 0. With `transfers == 1` the wire traffic is exactly [`send`]'s.
 pub fn send_repeated(
     cfg: &SendConfig,
-    source: &mut dyn SendSource,
+    source: &dyn SendSource,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
     let t0 = Instant::now();
@@ -311,33 +237,21 @@ pub fn send_repeated(
     resolve(&id, cfg.peer, cfg.timeout)?;
     check_message_size(&id, plan.chunk_bytes(), "a chunk (--chunk)")?;
 
-    // Work requests in flight: --depth, limited by the source (a staging ring).
-    let window = (cfg.depth as u64)
-        .min(
-            source
-                .max_chunks_in_flight()
-                .map_or(u64::MAX, |m| m.max(1) as u64),
-        )
-        .min(n) as u32;
-    let conn = Connection::new(
-        &id,
-        QpCaps {
-            max_send_wr: window + 1,
-            max_recv_wr: 2,
-            max_inline_data: 0,
-        },
-        cfg.busy_poll,
-    )?;
-    let data_mr = register_source(&conn, source)?;
-    if (data_mr.len() as u64) < total {
-        return Err(TransferError::Protocol(format!(
-            "the source registered {} bytes for a {total}-byte transfer",
-            data_mr.len()
-        )));
-    }
-    let ack_buf = MessageBuffer::new(&conn.pd, 64)?;
-    // SAFETY: the ack buffer is registered (its lkey is in the SGE), lives until after
-    // the connection is closed, and is read only after the receive completed.
+    let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
+    schedule.progress = cfg.progress;
+    let window = schedule.window as u32;
+    let caps = QpCaps {
+        max_send_wr: window + 1,
+        max_recv_wr: 2,
+        max_inline_data: 0,
+    };
+    // Memory is registered before the queue pair exists, so that the queue pair, which
+    // may only name regions that outlive it, is torn down first.
+    let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
+    let data_mr = register_source(&res, source)?;
+    let ack_buf = MessageBuffer::new(&res.pd, 64)?;
+    let conn = Connection::new(&res, caps)?;
+    // SAFETY: nobody reads the ack buffer before this receive's completion is polled.
     unsafe {
         conn.qp
             .post_recv(WR_ACK, Some(ack_buf.sge(ack_buf.len())))?
@@ -377,15 +291,6 @@ pub fn send_repeated(
     }
     let connect_seconds = t0.elapsed().as_secs_f64();
 
-    let one = OneTransfer {
-        cfg,
-        conn: &conn,
-        data_mr: &data_mr,
-        accept,
-        plan,
-        window,
-        label: &label,
-    };
     let device = id.device_name();
     let mut reports = Vec::new();
     for k in 0..transfers {
@@ -398,8 +303,15 @@ pub fn send_repeated(
                     .post_recv(WR_ACK, Some(ack_buf.sge(ack_buf.len())))?
             };
         }
-        let done = one.run(source, &ack_buf)?;
-        let ack = done.ack;
+        let op = match cfg.op {
+            Op::Send => WireOp::Send,
+            Op::Write => WireOp::Write(accept),
+        };
+        let mut wire = VerbsWire::new(&conn, &data_mr, op, n, &label);
+        let start = Instant::now();
+        let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
+        let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
+        let round_trip_seconds = start.elapsed().as_secs_f64();
         reports.push(SendReport {
             peer: label.clone(),
             device: device.clone(),
@@ -409,15 +321,15 @@ pub fn send_repeated(
             chunk_bytes: plan.chunk_bytes(),
             in_flight: window,
             connect_seconds: if k == 0 { connect_seconds } else { 0.0 },
-            seconds: done.seconds,
-            gbps: gigabytes_per_second(total, done.seconds),
+            seconds,
+            gbps: gigabytes_per_second(total, seconds),
             receiver: Some(ReceiverVerdict {
                 status: ack.status,
                 received_bytes: ack.received_bytes,
                 verification: ack.verification,
             }),
             raw_reply_bytes: None,
-            round_trip_seconds: Some(done.round_trip_seconds),
+            round_trip_seconds: Some(round_trip_seconds),
             receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
         });
     }
@@ -425,234 +337,222 @@ pub fn send_repeated(
     Ok(reports)
 }
 
-/// What one transfer on an established connection needs.
-struct OneTransfer<'a> {
-    cfg: &'a SendConfig,
-    conn: &'a Connection,
-    data_mr: &'a MemoryRegion,
-    accept: AcceptInfo,
-    plan: ChunkPlan,
-    window: u32,
-    label: &'a str,
-}
-
-/// How one transfer went.
-struct TransferDone {
-    /// First work request posted to the last data completion.
-    seconds: f64,
-    /// First work request posted to the receiver's ack.
-    round_trip_seconds: f64,
-    ack: Ack,
-}
-
-impl OneTransfer<'_> {
-    /// Post the chunks with `window` in flight, then wait for the receiver's ack (whose
-    /// receive must already be posted).
-    fn run(
-        &self,
-        source: &mut dyn SendSource,
-        ack_buf: &MessageBuffer,
-    ) -> Result<TransferDone, TransferError> {
-        let (cfg, conn, data_mr, plan, label) =
-            (self.cfg, self.conn, self.data_mr, &self.plan, self.label);
-        let accept = self.accept;
-        let window = self.window as u64;
-        let total = plan.total();
-        let n = plan.count();
-        // Signal every `sig_every`-th chunk (and the last): one completion then stands for
-        // all chunks before it, and a window always holds a signaled chunk, so it drains.
-        let sig_every = (window / 4).max(1);
-        let waiting_for_data = format!("completions of chunks sent to {label}");
-        let mut progress = Progress::new(cfg.progress, total);
-        let mut comps: Vec<Completion> = Vec::with_capacity(64);
-        let mut ack: Option<Completion> = None;
-        let mut next = 0u64; // next chunk to post
-        let mut done = 0u64; // chunks known complete
-        let batch_max = post_batch(source);
-        let mut batch: Vec<SendWr> = Vec::with_capacity(batch_max);
-        let start = Instant::now();
-        let mut deadline = Deadline::after(cfg.timeout);
-        while done < n {
-            while next < n && next - done < window {
-                let Some(chunk) = plan.get(next) else { break };
-                let addr = source
-                    .prepare_chunk(chunk.offset as usize, chunk.len as usize, deadline.at())
-                    .map_err(TransferError::Memory)?;
-                if !data_mr.contains(addr, chunk.len) {
-                    return Err(TransferError::Protocol(format!(
-                        "the source put chunk {next} at {addr:#x}, outside its registered memory"
-                    )));
-                }
-                let last = next + 1 == n;
-                let signaled = last || (next + 1).is_multiple_of(sig_every);
-                let imm = (next + 1) as u32; // chunks delivered through this one (n < 2^32)
-                let op = match cfg.op {
-                    Op::Send if last => SendOp::SendWithImm(imm),
-                    Op::Send => SendOp::Send,
-                    Op::Write => {
-                        let remote_addr = accept.addr + chunk.offset;
-                        if signaled {
-                            SendOp::WriteWithImm {
-                                remote_addr,
-                                rkey: accept.rkey,
-                                imm,
-                            }
-                        } else {
-                            SendOp::Write {
-                                remote_addr,
-                                rkey: accept.rkey,
-                            }
-                        }
-                    }
-                };
-                batch.push(SendWr {
-                    wr_id: TAG_DATA | next,
-                    sge: Sge {
-                        addr,
-                        len: chunk.len as u32,
-                        lkey: data_mr.lkey(),
-                    },
-                    op,
-                    signaled,
-                    inline: false,
-                    // The receiver sleeps until one of these (header hint).
-                    solicited: signaled,
-                });
-                next += 1;
-                if batch.len() >= batch_max {
-                    // SAFETY: every SGE lies in `data_mr` (checked above), which stays
-                    // registered until after the last completion is polled; the source
-                    // does not touch a chunk until release_chunk, called only after its
-                    // completion.
-                    unsafe { conn.qp.post_send_list(&batch)? };
-                    batch.clear();
-                }
-            }
-            if !batch.is_empty() {
-                // SAFETY: as above.
-                unsafe { conn.qp.post_send_list(&batch)? };
-                batch.clear();
-            }
-            comps.clear();
-            let waited = conn
-                .wait(&mut comps, &deadline, &waiting_for_data)
-                .map_err(|e| match e {
-                    rdma::RdmaError::Timeout { .. } => TransferError::Broken {
-                        peer: label.to_string(),
-                        done: plan.bytes_through(done),
-                        total,
-                        why: e.to_string(),
-                    },
-                    e => e.into(),
-                })?;
-            if waited == Waited::Disconnected {
-                return Err(TransferError::Broken {
-                    peer: label.to_string(),
-                    done: plan.bytes_through(done),
-                    total,
-                    why: "the receiver disconnected".into(),
-                });
-            }
-            for c in &comps {
-                if c.wr_id == WR_ACK {
-                    // The receiver only acks after all data; keep it for below.
-                    c.check(|| "the receive for the receiver's ack".into())?;
-                    ack = Some(*c);
-                    continue;
-                }
-                if !is_data(c.wr_id) {
-                    continue;
-                }
-                let index = c.wr_id & INDEX_MASK;
-                if !c.is_ok() {
-                    let what = format!("{} of chunk {index}", op_name(cfg.op, index + 1 == n));
-                    return Err(broken(label, plan.bytes_through(done), total, c, what));
-                }
-                // A signaled completion: every chunk up to `index` is done (RC, in order).
-                while done <= index {
-                    if let Some(chunk) = plan.get(done) {
-                        source.release_chunk(chunk.offset as usize);
-                    }
-                    done += 1;
-                }
-                deadline = Deadline::after(cfg.timeout);
-            }
-            progress.update(plan.bytes_through(done));
-        }
-        let seconds = start.elapsed().as_secs_f64();
-        progress.finish();
-
-        // --- the receiver's verdict ---------------------------------------------------------
-        let deadline = Deadline::after(cfg.timeout);
-        let waiting_for_ack = format!("the verification result from {label}");
-        while ack.is_none() {
-            comps.clear();
-            let waited = conn.wait(&mut comps, &deadline, &waiting_for_ack)?;
-            for c in &comps {
-                if c.wr_id == WR_ACK {
-                    c.check(|| "the receive for the receiver's ack".into())?;
-                    ack = Some(*c);
-                }
-            }
-            if ack.is_none() && waited == Waited::Disconnected {
-                return Err(TransferError::Protocol(format!(
-                    "the receiver at {label} closed the connection without reporting its verification"
-                )));
+/// Wait for the receiver's ack (whose receive is posted; `seen` if it already came with
+/// the data's completions) and decode it.
+fn await_ack(
+    conn: &Connection,
+    seen: Option<Completion>,
+    ack_buf: &MessageBuffer,
+    timeout: Duration,
+    label: &str,
+) -> Result<Ack, TransferError> {
+    let deadline = Deadline::after(timeout);
+    let waiting_for_ack = format!("the verification result from {label}");
+    let mut ack = seen;
+    let mut comps = Vec::new();
+    while ack.is_none() {
+        comps.clear();
+        let waited = conn.wait(&mut comps, &deadline, &waiting_for_ack)?;
+        for c in &comps {
+            if c.wr_id == WR_ACK {
+                c.check(|| "the receive for the receiver's ack".into())?;
+                ack = Some(*c);
             }
         }
-        let round_trip_seconds = start.elapsed().as_secs_f64();
-        let ack_len = ack.map_or(0, |c| c.byte_len as usize);
-        let ack = Ack::decode(ack_buf.read(ack_len.min(ACK_LEN)))
-            .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))?;
-        Ok(TransferDone {
-            seconds,
-            round_trip_seconds,
-            ack,
-        })
+        if ack.is_none() && waited == Waited::Disconnected {
+            return Err(TransferError::Protocol(format!(
+                "the receiver at {label} closed the connection without reporting its verification"
+            )));
+        }
+    }
+    let ack_len = ack.map_or(0, |c| c.byte_len as usize);
+    Ack::decode(&ack_buf.read(ack_len.min(ACK_LEN)))
+        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))
+}
+
+/// What a chunk becomes on the wire.
+#[derive(Debug, Clone, Copy)]
+enum WireOp {
+    /// SEND into the receiver's posted receives; the last SEND_WITH_IMM.
+    Send,
+    /// RDMA WRITE into the buffer the receiver advertised; signaled ones WITH_IMM.
+    Write(AcceptInfo),
+    /// `--raw`: the one chunk (of `bytes`) as SEND_WITH_IMM with the seed's immediate.
+    Raw { bytes: u64 },
+}
+
+/// The verbs wire: chunks become work requests on the connection's queue pair. See the
+/// module documentation of [`crate::transfer`] for the immediate-data convention.
+struct VerbsWire<'c, 'r> {
+    conn: &'c Connection<'r>,
+    data_mr: &'r MemoryRegion<'r>,
+    op: WireOp,
+    chunks: u64,
+    waiting_for: String,
+    comps: Vec<Completion>,
+    wrs: Vec<crate::rdma::SendWr<'r>>,
+    /// The receiver's ack, if it came in with the data's completions.
+    ack: Option<Completion>,
+    /// A raw peer's reply, likewise.
+    reply: Option<Completion>,
+}
+
+impl<'c, 'r> VerbsWire<'c, 'r> {
+    fn new(
+        conn: &'c Connection<'r>,
+        data_mr: &'r MemoryRegion<'r>,
+        op: WireOp,
+        chunks: u64,
+        label: &str,
+    ) -> Self {
+        VerbsWire {
+            conn,
+            data_mr,
+            op,
+            chunks,
+            waiting_for: format!("completions of chunks sent to {label}"),
+            comps: Vec::with_capacity(64),
+            wrs: Vec::with_capacity(POST_BATCH),
+            ack: None,
+            reply: None,
+        }
+    }
+
+    fn send_op(&self, p: &Posted) -> SendOp {
+        let imm = (p.chunk.index + 1) as u32; // chunks delivered through this one (n < 2^32)
+        match self.op {
+            WireOp::Raw { .. } => SendOp::SendWithImm(RAW_IMM),
+            WireOp::Send if p.last => SendOp::SendWithImm(imm),
+            WireOp::Send => SendOp::Send,
+            WireOp::Write(accept) => {
+                let remote_addr = accept.addr + p.chunk.offset;
+                if p.signaled {
+                    SendOp::WriteWithImm {
+                        remote_addr,
+                        rkey: accept.rkey,
+                        imm,
+                    }
+                } else {
+                    SendOp::Write {
+                        remote_addr,
+                        rkey: accept.rkey,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why a failed data completion broke the transfer, with a hint where one helps.
+    fn failure(&self, c: &Completion) -> String {
+        let index = c.wr_id & INDEX_MASK;
+        let what = match (self.op, index + 1 == self.chunks) {
+            (WireOp::Raw { bytes }, _) => {
+                format!("SEND_WITH_IMM of the whole buffer ({})", format_bytes(bytes))
+            }
+            (WireOp::Send, true) => format!("SEND_WITH_IMM of chunk {index}"),
+            (WireOp::Send, false) => format!("SEND of chunk {index}"),
+            (WireOp::Write(_), _) => format!("RDMA_WRITE of chunk {index}"),
+        };
+        let why = match c.check(|| what) {
+            Err(e) => e.to_string(),
+            Ok(()) => "unexpected completion".into(),
+        };
+        let hint = if matches!(self.op, WireOp::Raw { .. })
+            && (c.is_remote_invalid_request() || c.is_remote_operation_error())
+        {
+            " (is the receiver's posted receive smaller than the message? rdma-core's rdma_server takes 16 bytes: try --size 16)"
+        } else if c.is_connection_loss() {
+            " (the receiver went away?)"
+        } else {
+            ""
+        };
+        format!("{why}{hint}")
+    }
+}
+
+impl ChunkWire for VerbsWire<'_, '_> {
+    fn batch(&self) -> usize {
+        POST_BATCH.min(POST_LIST_MAX)
+    }
+
+    unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), schedule::WireError> {
+        self.wrs.clear();
+        for p in chunks {
+            self.wrs.push(SendWr {
+                wr_id: TAG_DATA | p.chunk.index,
+                sge: self.data_mr.sge(p.bytes.clone())?,
+                op: self.send_op(p),
+                signaled: p.signaled,
+                inline: false,
+                // The receiver sleeps until one of these (header hint).
+                solicited: p.signaled,
+            });
+        }
+        // SAFETY: every SGE lies in the source's registered memory (the region checked
+        // it), and the caller keeps those bytes unmodified until we report them done.
+        unsafe { self.conn.qp.post_send_list(&self.wrs)? };
+        Ok(())
+    }
+
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
+        self.comps.clear();
+        let waited = self
+            .conn
+            .wait(&mut self.comps, deadline, &self.waiting_for)
+            .map_err(|e| match e {
+                rdma::RdmaError::Timeout { .. } => schedule::WireError::Broken(e.to_string()),
+                e => e.into(),
+            })?;
+        if waited == Waited::Disconnected {
+            return Err(schedule::WireError::Broken(
+                "the receiver disconnected".into(),
+            ));
+        }
+        let mut highest = None;
+        for c in &self.comps {
+            match c.wr_id {
+                WR_ACK => {
+                    // The receiver only acks after all data; keep it for later.
+                    c.check(|| "the receive for the receiver's ack".into())?;
+                    self.ack = Some(*c);
+                }
+                WR_REPLY => self.reply = Some(*c),
+                id if is_data(id) => {
+                    if !c.is_ok() {
+                        return Err(schedule::WireError::Broken(self.failure(c)));
+                    }
+                    // A signaled completion: every chunk up to it is done (RC, in order).
+                    highest = highest.max(Some(id & INDEX_MASK));
+                }
+                _ => {}
+            }
+        }
+        Ok(highest)
     }
 }
 
 /// Work requests handed to the provider per call (one doorbell for all). Soft-RoCE does
 /// its protocol work in the doorbell's system call, so at 4 KiB a call per request cost
 /// about a third of the throughput (tests/softroce/BENCH.md); 16 takes most of the gain
-/// and keeps the first requests of a window from waiting long for the rest.
+/// and keeps the first requests of a window from waiting long for the rest. A staging
+/// ring's chunks come one at a time anyway (each waits for its copy), and the schedule
+/// posts what it has before it waits.
 const POST_BATCH: usize = 16;
-
-/// Work requests per provider call for `source`: a source that produces chunks as it goes
-/// (a staging ring) gets each posted as soon as it is ready.
-fn post_batch(source: &dyn SendSource) -> usize {
-    if source.max_chunks_in_flight().is_some() {
-        1
-    } else {
-        POST_BATCH.min(POST_LIST_MAX)
-    }
-}
-
-fn op_name(op: Op, last: bool) -> &'static str {
-    match (op, last) {
-        (Op::Send, true) => "SEND_WITH_IMM",
-        (Op::Send, false) => "SEND",
-        (Op::Write, _) => "RDMA_WRITE",
-    }
-}
 
 /// Register the source's memory for the NIC to read. When the NIC refuses GPU memory
 /// (no dma-buf support in its driver, no peermem), say what to use instead.
-fn register_source(
-    conn: &Connection,
-    source: &dyn SendSource,
-) -> Result<MemoryRegion, TransferError> {
-    let registration = source.registration();
-    // SAFETY: the caller borrows `source` for longer than it keeps the returned region
-    // (both send functions drop the region, a local, before they return).
-    unsafe { MemoryRegion::register(&conn.pd, registration, Access::LOCAL) }.map_err(|e| {
-        match registration {
-            Registration::Host { .. } => e.into(),
-            Registration::DmaBuf { .. } | Registration::DeviceAddress { .. } => {
-                TransferError::Protocol(format!(
-                    "the NIC could not register GPU memory for GPUDirect RDMA ({e}); use --mem staged or --mem mapped"
-                ))
-            }
+fn register_source<'s>(
+    res: &Resources,
+    source: &'s dyn SendSource,
+) -> Result<MemoryRegion<'s>, TransferError> {
+    let memory = source.memory();
+    MemoryRegion::register(&res.pd, memory, Access::LOCAL).map_err(|e| {
+        if memory.target().is_gpu_memory() {
+            TransferError::Protocol(format!(
+                "the NIC could not register GPU memory for GPUDirect RDMA ({e}); use --mem staged or --mem mapped"
+            ))
+        } else {
+            e.into()
         }
     })
 }
@@ -662,10 +562,7 @@ const RAW_REPLY_WAIT: Duration = Duration::from_secs(1);
 
 /// The seed's wire behaviour: connect without private data, one SEND_WITH_IMM (imm
 /// 0x1234) of the whole buffer, then up to a second for an optional reply.
-pub fn send_raw(
-    cfg: &SendConfig,
-    source: &mut dyn SendSource,
-) -> Result<SendReport, TransferError> {
+pub fn send_raw(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport, TransferError> {
     let t0 = Instant::now();
     let total = source.len() as u64;
     let label = cfg.peer.to_string();
@@ -683,19 +580,19 @@ pub fn send_raw(
         total,
         "--raw sends the whole buffer as one message; a message",
     )?;
-    let conn = Connection::new(
-        &id,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 2,
-            max_inline_data: 0,
-        },
-        cfg.busy_poll,
-    )?;
-    let data_mr = register_source(&conn, source)?;
-    let reply_buf = MessageBuffer::new(&conn.pd, 64)?;
-    // SAFETY: registered buffer, alive until the connection is closed, read only after
-    // its completion.
+    // One chunk of the whole buffer, through the same schedule as framed transfers.
+    let plan = ChunkPlan::new(total, total).map_err(TransferError::Protocol)?;
+    let schedule = Schedule::new(plan, 1, source, cfg.timeout);
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_recv_wr: 2,
+        max_inline_data: 0,
+    };
+    let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
+    let data_mr = register_source(&res, source)?;
+    let reply_buf = MessageBuffer::new(&res.pd, 64)?;
+    let conn = Connection::new(&res, caps)?;
+    // SAFETY: nobody reads the reply buffer before this receive's completion is polled.
     unsafe {
         conn.qp
             .post_recv(WR_REPLY, Some(reply_buf.sge(reply_buf.len())))?
@@ -703,75 +600,16 @@ pub fn send_raw(
     connect(&id, cfg.peer, &[], cfg.timeout, true)?;
     let connect_seconds = t0.elapsed().as_secs_f64();
 
-    let deadline = Deadline::after(cfg.timeout);
-    let addr = source
-        .prepare_chunk(0, total as usize, deadline.at())
-        .map_err(TransferError::Memory)?;
-    if !data_mr.contains(addr, total) {
-        return Err(TransferError::Protocol(
-            "the source's data lies outside its registered memory".into(),
-        ));
-    }
-    let start = Instant::now();
-    // SAFETY: the SGE lies in `data_mr`, registered until this function returns; the
-    // source is not modified until after the completion below.
-    unsafe {
-        conn.qp.post_send(&SendWr {
-            wr_id: TAG_DATA,
-            sge: Sge {
-                addr,
-                len: total as u32,
-                lkey: data_mr.lkey(),
-            },
-            op: SendOp::SendWithImm(RAW_IMM),
-            signaled: true,
-            inline: false,
-            solicited: false,
-        })?
-    };
-    let mut comps = Vec::new();
-    let mut sent = false;
-    let mut reply: Option<Completion> = None;
-    while !sent {
-        comps.clear();
-        let waited = conn.wait(
-            &mut comps,
-            &deadline,
-            &format!("the send to {label} to complete"),
-        )?;
-        for c in &comps {
-            if c.wr_id == WR_REPLY {
-                reply = Some(*c);
-            } else if is_data(c.wr_id) {
-                c.check(|| format!("SEND_WITH_IMM of the whole buffer ({})", format_bytes(total)))
-                    .map_err(|e| {
-                        let hint = if c.is_remote_invalid_request() || c.is_remote_operation_error() {
-                            " (is the receiver's posted receive smaller than the message? rdma-core's rdma_server takes 16 bytes: try --size 16)"
-                        } else {
-                            ""
-                        };
-                        TransferError::Protocol(format!("{e}{hint}"))
-                    })?;
-                sent = true;
-            }
-        }
-        if !sent && waited == Waited::Disconnected {
-            return Err(TransferError::Broken {
-                peer: label,
-                done: 0,
-                total,
-                why: "the receiver disconnected".into(),
-            });
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    source.release_chunk(0);
+    let mut wire = VerbsWire::new(&conn, &data_mr, WireOp::Raw { bytes: total }, 1, &label);
+    let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
+    let mut reply = wire.reply;
 
     // An optional reply (rdma-core's rdma_server sends 16 bytes; `host recv --raw` too).
     // Keep waiting after the peer's disconnect: rdma_server replies and disconnects at
     // once, and the CM's DISCONNECTED event can overtake the reply's completion (they
     // come through different channels), so stopping at the disconnect misses replies.
     let deadline = Deadline::after(RAW_REPLY_WAIT.min(cfg.timeout));
+    let mut comps = Vec::new();
     while reply.is_none() {
         comps.clear();
         match conn.wait(&mut comps, &deadline, "a reply") {
