@@ -232,6 +232,20 @@ mod tests {
         );
     }
 
+    /// This machine's own sysfs, where it has PCI devices: each resolves and names itself.
+    #[test]
+    fn the_real_sysfs_reads_too() {
+        let Ok(entries) = std::fs::read_dir("/sys/bus/pci/devices") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let f = gpu_function(Path::new("/"), &name).unwrap();
+            assert_eq!(f.address, name);
+            assert!(f.host_bridge.starts_with("pci"), "{f:?}");
+        }
+    }
+
     #[test]
     fn a_missing_device_says_so() {
         let f = Fixture::new();
