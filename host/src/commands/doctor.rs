@@ -56,7 +56,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
                 }
             }
         }
-        Err(e) => println!("GPU {}: none ({e})", args.gpu),
+        Err(e) => println!("GPU {}: none: {e}", args.gpu),
     }
     let chosen = if args.nic.is_some() {
         "as asked".to_string()
