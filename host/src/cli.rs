@@ -4,6 +4,7 @@
 
 use crate::memory::select::MemKind;
 use crate::memory::GpuSelection;
+use crate::topology::PciDistance;
 use crate::transfer::header::MAX_DEPTH;
 use crate::transfer::units::parse_size;
 use crate::transfer::Op;
@@ -23,7 +24,8 @@ pub const MAX_CHUNK: u64 = 2 << 30;
     long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.\n\n\
         Sending (the default command):  host <ip> <port> [options]\n\
         Receiving:                      host recv [options]\n\
-        Devices:                        host info\n\n\
+        Devices:                        host info\n\
+        Will GPUDirect RDMA work here:  host doctor\n\n\
         The data is the pattern element i = 2*i (i32). Without options the sender behaves like the seed: \
         4096 values (16 KiB), one SEND, printing `Data sent successfully via ...` and the first 5 values, \
         plus the receiver's verification.",
@@ -45,6 +47,10 @@ pub enum Command {
     /// List RDMA devices and ports (state, link layer, MTU, GIDs), and GPUs with what
     /// memory registration each supports (dma-buf, GPUDirect RDMA, nvidia-peermem).
     Info,
+    /// Say whether GPUDirect RDMA will work for a GPU and a NIC, and if not the one thing
+    /// to change; and which memory path `--mem auto` will take. Exit code 0 when some path
+    /// can carry a transfer (staged or host memory count), 1 when none can.
+    Doctor(DoctorArgs),
     /// The GPU half alone: generate the data with the kernel, print the first values and
     /// check every element against the CPU's pattern. Needs a GPU, no RDMA device.
     GpuCheck(GpuCheckArgs),
@@ -70,6 +76,27 @@ pub struct GpuCheckArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// `host doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The GPU to check.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: u32,
+    /// The RDMA device to check (`host info` lists them); without it, the one nearest to
+    /// the GPU on the PCIe tree.
+    #[arg(long, value_name = "NAME")]
+    pub nic: Option<String>,
+    #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
+    pub gpudirect_level: PciDistance,
+}
+
+/// `--gpudirect-level`, the same for every command.
+const GPUDIRECT_LEVEL_HELP: &str = "The farthest GPU-NIC distance at which GPUDirect RDMA is tried, in the classes of \
+    `nvidia-smi topo -m` (NCCL_NET_GDR_LEVEL's, whose default PXB this is): PIX (at most one PCIe switch \
+    between them), PXB (several switches), PHB (through the CPU's host bridge), NODE (through two host \
+    bridges of one NUMA node), SYS (across CPU sockets). Farther pairs are not tried: GPU memory goes \
+    through host memory instead. `host info` shows each pair's class";
 
 /// `host bench ...`.
 #[derive(Debug, Subcommand)]
@@ -111,6 +138,15 @@ pub struct SendArgs {
     /// The GPU that generates the data (0, 1, ...), or `none`: the CPU writes the pattern.
     #[arg(long, value_name = "N|none", default_value = "0")]
     pub gpu: GpuSelection,
+
+    /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide the memory
+    /// path (`host info` lists them, e.g. mlx5_0); without it, the device the connection
+    /// to the receiver resolves to.
+    #[arg(long, value_name = "NAME")]
+    pub nic: Option<String>,
+
+    #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
+    pub gpudirect_level: PciDistance,
 
     /// Work requests kept in flight (1..=4096).
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
@@ -193,6 +229,15 @@ pub struct RecvArgs {
     #[arg(long, value_name = "N|none", default_value = "0")]
     pub gpu: GpuSelection,
 
+    /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide where
+    /// received data goes (`host info` lists them); without it, the device each
+    /// connection arrives on.
+    #[arg(long, value_name = "NAME")]
+    pub nic: Option<String>,
+
+    #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
+    pub gpudirect_level: PciDistance,
+
     /// Seconds any single wait may take; while data flows it restarts on progress, so a
     /// sender that vanishes is given up after this long.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
@@ -223,6 +268,10 @@ fn parse_transfer_size(text: &str) -> Result<u64, String> {
         return Err(format!("{n} bytes do not fit this machine's address space"));
     }
     Ok(n)
+}
+
+fn parse_gpudirect_level(text: &str) -> Result<PciDistance, String> {
+    text.parse()
 }
 
 fn parse_chunk_size(text: &str) -> Result<u64, String> {
@@ -278,6 +327,8 @@ mod tests {
         assert_eq!((s.depth, s.chunk, s.iters), (16, 1 << 20, 1));
         assert_eq!(s.timeout, Duration::from_secs(10));
         assert!(!s.raw && !s.json && !s.busy_poll && !s.reuse_connection);
+        assert_eq!(s.nic, None);
+        assert_eq!(s.gpudirect_level, PciDistance::Pxb);
     }
 
     #[test]
@@ -314,9 +365,15 @@ mod tests {
             "--busy-poll",
             "--raw",
             "--json",
+            "--nic",
+            "mlx5_1",
+            "--gpudirect-level",
+            "sys",
         ])
         .unwrap();
         let s = cli.send;
+        assert_eq!(s.nic.as_deref(), Some("mlx5_1"));
+        assert_eq!(s.gpudirect_level, PciDistance::Sys);
         assert_eq!(s.size, 1 << 30);
         assert_eq!(s.op, Op::Write);
         assert_eq!(s.mem, MemKind::Staged);
@@ -362,6 +419,10 @@ mod tests {
         assert_eq!(r.port, 7471);
         assert_eq!(r.max_bytes, 1 << 30);
         assert!(!r.once && !r.raw && !r.json);
+        assert_eq!(
+            (r.nic.as_deref(), r.gpudirect_level),
+            (None, PciDistance::Pxb)
+        );
         let cli = parse(&[
             "recv",
             "--bind",
@@ -379,11 +440,17 @@ mod tests {
             "--timeout",
             "30",
             "--json",
+            "--nic",
+            "rxe0",
+            "--gpudirect-level",
+            "Phb",
         ])
         .unwrap();
         let Some(Command::Recv(r)) = cli.command else {
             panic!("expected recv")
         };
+        assert_eq!(r.nic.as_deref(), Some("rxe0"));
+        assert_eq!(r.gpudirect_level, PciDistance::Phb);
         assert_eq!((r.port, r.max_bytes), (9000, 65536));
         assert!(r.once && r.raw && r.json);
         assert_eq!(r.mem, MemKind::Host);
@@ -398,6 +465,53 @@ mod tests {
             Some(Command::Info)
         ));
         assert!(parse(&["info", "extra"]).is_err());
+    }
+
+    #[test]
+    fn doctor_defaults_and_options() {
+        let Some(Command::Doctor(d)) = parse(&["doctor"]).unwrap().command else {
+            panic!("expected doctor")
+        };
+        assert_eq!(
+            (d.gpu, d.nic, d.gpudirect_level),
+            (0, None, PciDistance::Pxb)
+        );
+        let Some(Command::Doctor(d)) = parse(&[
+            "doctor",
+            "--gpu",
+            "3",
+            "--nic",
+            "mlx5_2",
+            "--gpudirect-level",
+            "NODE",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("expected doctor")
+        };
+        assert_eq!(
+            (d.gpu, d.nic.as_deref(), d.gpudirect_level),
+            (3, Some("mlx5_2"), PciDistance::Node)
+        );
+    }
+
+    #[test]
+    fn gpudirect_levels_are_the_five_classes() {
+        for bad in ["LOC", "NV1", "", "2"] {
+            let arg = format!("--gpudirect-level={bad}");
+            let e = parse(&["192.0.2.1", "7471", &arg]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(parse(&["doctor", &arg]).is_err(), "{bad}");
+        }
+        let help = Cli::command()
+            .find_subcommand_mut("recv")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--gpudirect-level <LEVEL>"), "{help}");
+        assert!(help.contains("NCCL_NET_GDR_LEVEL"), "{help}");
+        assert!(help.contains("--nic <NAME>"), "{help}");
     }
 
     #[test]

@@ -6,4 +6,5 @@ pub mod cli;
 pub mod gpu;
 pub mod memory;
 pub mod rdma;
+pub mod topology;
 pub mod transfer;

@@ -10,7 +10,8 @@
 //! * topology one (one guest, sender and receiver on the same address): the seed
 //!   scenario, RDMA WRITE, 256 MiB in chunks, `--raw` with rdma-core's rdma_server and
 //!   rdma_client and with itself, and the faults: no receiver, a killed sender, a killed
-//!   receiver, rejected offers, a port in use; three concurrent senders;
+//!   receiver, rejected offers, a port in use; three concurrent senders; the NIC probes
+//!   of `host info` and `host doctor` on rxe (dma-buf registration: not supported);
 //! * topology two (guest b receives, guest a sends): seed, WRITE, 64 MiB, no receiver,
 //!   concurrent senders;
 //! * topology two again, with guest b's QEMU killed in the middle of a transfer.
@@ -1254,4 +1255,52 @@ fn one_guest_cuda_build_without_a_gpu_falls_back_to_host_memory() {
         "device_sender",
         "error: --mem device needs a GPU: no GPU (cuInit",
     );
+}
+
+#[test]
+fn one_guest_rxe_is_probed_for_dma_buf_and_found_without_it() {
+    let Some(run) = one_guest("one_guest_rxe_is_probed_for_dma_buf_and_found_without_it") else {
+        return;
+    };
+    let c = run.case('a', "gpudirect_probe");
+    c.rc("info", 0);
+    c.ended_by_itself("info");
+    c.no_error("info");
+    // The provider's own answer to ibv_reg_dmabuf_mr, not an assumption about rxe.
+    c.line(
+        "info",
+        "    dma-buf registration: not supported by the provider (ibv_reg_dmabuf_mr: Operation not supported, EOPNOTSUPP)",
+    );
+    c.line(
+        "info",
+        "    peermem: not loaded (neither nvidia_peermem nor nv_peer_mem)",
+    );
+    c.line("info", "    PCI: software device, no PCI function");
+    c.line(
+        "info",
+        "GPU-NIC distance: not checked (no GPU support in this build)",
+    );
+    // doctor: no GPUDirect here, and why; host memory is still a path, so exit 0.
+    c.rc("doctor", 0);
+    c.no_error("doctor");
+    c.line(
+        "doctor",
+        "NIC rxe0 (the nearest of 1): software device, no PCI function",
+    );
+    c.line("doctor", "GPUDirect RDMA: will not work");
+    c.find(
+        "doctor",
+        0,
+        "to change: GPUDirect RDMA needs a GPU: this build has no GPU support",
+        &[],
+    );
+    c.find(
+        "doctor",
+        0,
+        "--mem auto: the sender takes host (host memory), the receiver host (host memory)",
+        &[],
+    );
+    // Host memory on the same device still carries a transfer: the seed case.
+    let seed_case = run.case('a', "seed");
+    seed_case.sent_and_verified("sender", &seed(&format!("{A}:7471")));
 }

@@ -1,13 +1,17 @@
-//! `host info`: RDMA devices and ports, and GPUs with their RDMA capabilities.
+//! `host info`: RDMA devices and ports with what each can register (the dma-buf probe,
+//! the peermem module) and where it sits on the PCIe tree; GPUs with their RDMA
+//! capabilities, BAR1, and their distance to each RDMA device.
 
 use anyhow::Result;
-use host::rdma;
+use host::rdma::{self, NicProbe};
 use host::transfer::units::format_bytes;
 use std::process::ExitCode;
 
 pub fn run() -> Result<ExitCode> {
     // A listing, like ibv_devinfo and nvidia-smi together: "none" is an answer, not a
     // failure, so the exit code is 0 whenever the listing could be printed.
+    let probes = rdma::probe_nics();
+    let peermem = rdma::describe_peermem(rdma::loaded_peermem_module());
     match rdma::devices() {
         Ok(devices) => {
             println!("RDMA devices:");
@@ -20,6 +24,15 @@ pub fn run() -> Result<ExitCode> {
                     d.max_qp_wr,
                     d.max_cqe
                 );
+                match probes.as_ref().map(|p| p.iter().find(|p| p.name == d.name)) {
+                    Ok(Some(p)) => {
+                        println!("    {}", p.dma_buf.describe());
+                        println!("    {peermem}");
+                        println!("    PCI: {}", p.location.describe());
+                    }
+                    Ok(None) => println!("    dma-buf registration: unknown (not probed)"),
+                    Err(e) => println!("    dma-buf registration: unknown (could not probe: {e})"),
+                }
                 for p in d.ports {
                     println!(
                         "    port {}: {}, link layer {}, MTU {} (max {}), largest message {}",
@@ -46,12 +59,53 @@ pub fn run() -> Result<ExitCode> {
         }
         Err(e) => println!("RDMA devices: none ({e})"),
     }
-    print_gpus();
+    print_gpus(probes.as_deref().unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where the GPU at `bus_id` is, its BAR1, and its distance to every NIC.
 #[cfg(feature = "cuda")]
-fn print_gpus() {
+fn print_placement(bus_id: &str, nics: &[NicProbe]) {
+    use super::facts;
+    use host::topology::PciDistance;
+    // `--gpudirect-level`'s default, against which each GPU-NIC pair is rated.
+    const DEFAULT_LEVEL: PciDistance = PciDistance::Pxb;
+    let function = facts::gpu_function(bus_id);
+    match &function {
+        Ok(f) => {
+            println!("    PCI path: {}", f.path.display());
+            match host::topology::bar1_bytes(f) {
+                Ok(bytes) => println!(
+                    "    BAR1: {} (the window through which a NIC reaches GPU memory)",
+                    format_bytes(bytes)
+                ),
+                Err(e) => println!("    BAR1: unknown ({e})"),
+            }
+        }
+        Err(e) => println!("    PCI path: unknown ({e})"),
+    }
+    if nics.is_empty() {
+        println!("    no RDMA device: GPU-NIC distance not applicable");
+    }
+    for nic in nics {
+        match facts::distance(&function, nic) {
+            Ok(d) => println!(
+                "    to {}: {d} ({}), {} the default --gpudirect-level {DEFAULT_LEVEL}",
+                nic.name,
+                d.describe(),
+                if d <= DEFAULT_LEVEL {
+                    "within"
+                } else {
+                    "beyond"
+                }
+            ),
+            Err(e) => println!("    to {}: distance not applicable ({e})", nic.name),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn print_gpus(nics: &[NicProbe]) {
     use host::gpu::capabilities::{peermem_loaded, report_all};
     use host::memory::select::gpudirect_missing;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
@@ -98,6 +152,7 @@ fn print_gpus() {
                 println!(
                     "    memory the NIC can register: {registration}; mapped and staged always"
                 );
+                print_placement(&g.pci_bus_id, nics);
             }
             if !peermem_loaded() {
                 println!("  (nvidia-peermem is not loaded; dma-buf needs no module)");
@@ -108,8 +163,9 @@ fn print_gpus() {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn print_gpus() {
+fn print_gpus(_nics: &[NicProbe]) {
     println!(
         "GPUs: not checked (this build has no CUDA support: built without the `cuda` feature)"
     );
+    println!("GPU-NIC distance: not checked (no GPU support in this build)");
 }

@@ -3,6 +3,21 @@
 //! This is the one piece of the GPUDirect logic that can be tested anywhere: the
 //! registration of GPU memory with a NIC needs real hardware, but the decision of what to
 //! try, in what order, and what to say when nothing fits is plain data.
+//!
+//! Two generations live here:
+//!
+//! * [`plan::plan`] (the fallback chain): GPU capabilities, the NIC's probe answers, the
+//!   GPU-NIC distance and BAR1 in; an ordered list of [`Method`]s to try, with each
+//!   method left out and why, or a [`Refusal`]. [`walk::walk`] then tries them in order
+//!   at run time and keeps a log of each attempt.
+//! * [`choose_send_memory`] / [`choose_recv_memory`] (one answer from the GPU's
+//!   capabilities alone), kept while the memory factory still uses them.
+
+pub mod plan;
+pub mod walk;
+
+pub use plan::{plan, Bar1Fit, Direction, LeftOut, Method, NicFacts, PathFacts, Plan};
+pub use walk::{walk, Attempt, AttemptLog, NothingWorked, Walked};
 
 use std::fmt;
 
@@ -186,7 +201,7 @@ pub fn choose_recv_memory(
     }
 }
 
-fn mem_name(mem: MemKind) -> &'static str {
+pub(crate) fn mem_name(mem: MemKind) -> &'static str {
     match mem {
         MemKind::Auto => "auto",
         MemKind::Host => "host",

@@ -55,6 +55,7 @@ mod error;
 mod event_channel;
 mod mr;
 mod pd;
+mod probe;
 mod qp;
 
 pub use cm_id::{canonical, CmId, ConnParams, PortInfo};
@@ -64,6 +65,10 @@ pub use error::{errno_message, format_duration, RdmaError};
 pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel};
 pub use mr::{Access, MemoryRegion, MessageBuffer, Sge};
 pub use pd::ProtectionDomain;
+pub use probe::{
+    describe_peermem, errno_in_words, errno_name, loaded_peermem_module, peermem_module,
+    probe_nics, DmaBufProbe, NicLocation, NicProbe, PeerMemModule,
+};
 pub use qp::{QpCaps, QueuePair, SendOp, SendWr, POST_LIST_MAX};
 
 use std::os::fd::RawFd;

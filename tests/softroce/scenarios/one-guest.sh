@@ -154,7 +154,17 @@ case_cuda_build_no_gpu() {
   stop receiver
 }
 
-ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu"
+# 8. GPUDirect facts, asked of the NIC: `host info` probes dma-buf registration on rxe0
+#    the way NCCL does (ibv_reg_dmabuf_mr with fd -1) and must find it not supported,
+#    and place rxe0 as a software device; `host doctor` says GPUDirect will not work, and
+#    why, and still finds a path (exit 0). That host memory on the same device carries a
+#    transfer is case 1 (seed), which the test checks alongside.
+case_gpudirect_probe() {
+  run info 30 host info
+  run doctor 30 host doctor
+}
+
+ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"
