@@ -87,7 +87,9 @@ mod tests {
 
     #[test]
     fn the_host_grid_writes_every_element_exactly_once() {
-        for len in [0u64, 1, 2, 3, 4, 5, 255, 256, 1023, 1024, 1025, 4096, 4099, 100_003] {
+        for len in [
+            0u64, 1, 2, 3, 4, 5, 255, 256, 1023, 1024, 1025, 4096, 4099, 100_003,
+        ] {
             let count = touched(len, launch_grid(len), BLOCK_THREADS);
             if let Some(i) = count.iter().position(|&c| c != 1) {
                 panic!("{len} elements: element {i} written {} times", count[i]);
@@ -106,7 +108,10 @@ mod tests {
             (64, 2, 4),
         ] {
             let count = touched(len, blocks, block_dim);
-            assert!(count.iter().all(|&c| c == 1), "{len} elements, {blocks}x{block_dim}");
+            assert!(
+                count.iter().all(|&c| c == 1),
+                "{len} elements, {blocks}x{block_dim}"
+            );
         }
     }
 

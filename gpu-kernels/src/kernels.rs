@@ -28,9 +28,20 @@ struct Vec4([i32; 4]);
 fn thread_and_stride() -> (u64, u64) {
     // SAFETY: reading the special registers (%ctaid, %ntid, %tid, %nctaid) has no
     // side effects; they are defined in every kernel.
-    let (block, block_dim, thread, grid_dim) =
-        unsafe { (_block_idx_x(), _block_dim_x(), _thread_idx_x(), _grid_dim_x()) };
-    crate::indexing::thread_and_stride(block as u32, block_dim as u32, thread as u32, grid_dim as u32)
+    let (block, block_dim, thread, grid_dim) = unsafe {
+        (
+            _block_idx_x(),
+            _block_dim_x(),
+            _thread_idx_x(),
+            _grid_dim_x(),
+        )
+    };
+    crate::indexing::thread_and_stride(
+        block as u32,
+        block_dim as u32,
+        thread as u32,
+        grid_dim as u32,
+    )
 }
 
 #[inline(always)]

@@ -12,12 +12,12 @@ use host::gpu::allocations::{DeviceBuffer, MappedHostBuffer, GPU_PAGE};
 use host::gpu::capabilities;
 use host::gpu::sources::{verify_on_cpu, GpuDirectBuffer, StagedSource};
 use host::gpu::{Gpu, KERNELS_PTX};
+use host::memory::host_buffer::verify_bytes;
 use host::memory::select::DeviceRegistration;
 use host::memory::{RecvSink, SendSource, POISON};
 use host::transfer::memcpy_wire::MemcpyWire;
 use host::transfer::plan::ChunkPlan;
 use host::transfer::schedule::Schedule;
-use host::memory::host_buffer::verify_bytes;
 use integration_tests::skip;
 use std::rc::Rc;
 use std::time::Duration;
@@ -58,7 +58,10 @@ fn read_all(memory: &DeviceBuffer) -> Vec<i32> {
 /// PTX that cannot load: the real PTX with its body cut off.
 fn corrupted_ptx() -> String {
     let cut = KERNELS_PTX.find(".entry").unwrap_or(KERNELS_PTX.len() / 2);
-    format!("{}\n.entry broken( {{ this is not PTX\n", &KERNELS_PTX[..cut])
+    format!(
+        "{}\n.entry broken( {{ this is not PTX\n",
+        &KERNELS_PTX[..cut]
+    )
 }
 
 #[test]
@@ -111,7 +114,21 @@ fn the_kernel_writes_nothing_past_either_end() {
     // Guard words before (16 bytes, keeping the 16-byte alignment) and after the slice
     // the kernel is given; every tail length 0-3 and sizes around a block.
     const GUARD: usize = 64;
-    for elements in [1usize, 2, 3, 4, 5, 255, 256, 257, 1023, 1024, 1025, 4099, (1 << 20) + 3] {
+    for elements in [
+        1usize,
+        2,
+        3,
+        4,
+        5,
+        255,
+        256,
+        257,
+        1023,
+        1024,
+        1025,
+        4099,
+        (1 << 20) + 3,
+    ] {
         let mut memory = DeviceBuffer::new(&gpu, (elements + 2 * GUARD) * 4).unwrap();
         gpu.fill_d32(&mut memory, POISON).unwrap();
         let start = GUARD * 4;
@@ -144,9 +161,15 @@ fn lengths_that_are_not_whole_elements_are_refused() {
     for len in [1usize, 2, 3, 6, 4097] {
         let mut memory = DeviceBuffer::new(&gpu, len).unwrap();
         let e = gpu.generate(&mut memory).unwrap_err().to_string();
-        assert!(e.contains("not a whole number of i32 elements"), "{len}: {e}");
+        assert!(
+            e.contains("not a whole number of i32 elements"),
+            "{len}: {e}"
+        );
         let e = gpu.verify(&memory).unwrap_err().to_string();
-        assert!(e.contains("not a whole number of i32 elements"), "{len}: {e}");
+        assert!(
+            e.contains("not a whole number of i32 elements"),
+            "{len}: {e}"
+        );
     }
     let mut memory = DeviceBuffer::new(&gpu, 64).unwrap();
     assert!(gpu.generate(&mut memory.slice_mut(0..10).unwrap()).is_err());
@@ -154,8 +177,7 @@ fn lengths_that_are_not_whole_elements_are_refused() {
 
 #[test]
 fn misaligned_addresses_are_refused_and_nothing_is_written() {
-    let Some(gpu) = gpu_or_skip("misaligned_addresses_are_refused_and_nothing_is_written")
-    else {
+    let Some(gpu) = gpu_or_skip("misaligned_addresses_are_refused_and_nothing_is_written") else {
         return;
     };
     let mut memory = DeviceBuffer::new(&gpu, 4096).unwrap();
@@ -194,7 +216,9 @@ fn more_than_2_pow_30_elements_in_a_4_gib_plus_buffer() {
     for first in [(1usize << 30) - 4, elements - 4] {
         let mut bytes = [0u8; 16];
         memory.read_range_into(first * 4, &mut bytes).unwrap();
-        let want: Vec<i32> = (first..first + 4).map(|i| pattern::value(i as u64)).collect();
+        let want: Vec<i32> = (first..first + 4)
+            .map(|i| pattern::value(i as u64))
+            .collect();
         assert_eq!(as_i32(&bytes), want, "elements from {first}");
     }
     assert_eq!(pattern::value(1 << 30), i32::MIN);
@@ -202,7 +226,10 @@ fn more_than_2_pow_30_elements_in_a_4_gib_plus_buffer() {
     let bad = (1usize << 30) + 2;
     memory.write(bad * 4, &7i32.to_ne_bytes()).unwrap();
     let check = gpu.verify(&memory).unwrap();
-    assert_eq!((check.mismatches, check.first_mismatch), (1, Some(bad as u64)));
+    assert_eq!(
+        (check.mismatches, check.first_mismatch),
+        (1, Some(bad as u64))
+    );
 }
 
 #[test]
@@ -368,8 +395,7 @@ fn a_raw_staged_transfer_of_64_mib_sends_exactly_the_copied_bytes() {
 
 #[test]
 fn a_gpu_receive_buffer_that_nobody_wrote_fails_verification() {
-    let Some(gpu) = gpu_or_skip("a_gpu_receive_buffer_that_nobody_wrote_fails_verification")
-    else {
+    let Some(gpu) = gpu_or_skip("a_gpu_receive_buffer_that_nobody_wrote_fails_verification") else {
         return;
     };
     let caps = capabilities::capabilities(gpu.raw_device()).unwrap();
@@ -405,12 +431,17 @@ fn corrupted_ptx_is_an_error_not_a_missing_gpu() {
     if gpu_or_skip(test).is_none() {
         return;
     }
-    let e = Gpu::open_with_ptx(0, &corrupted_ptx()).err().expect("refused");
+    let e = Gpu::open_with_ptx(0, &corrupted_ptx())
+        .err()
+        .expect("refused");
     assert!(!e.is_no_gpu(), "{e}");
     assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
     // And the tests' own helper fails (panics) on it instead of skipping.
     let helper = std::panic::catch_unwind(|| open_or_skip(test, &corrupted_ptx()));
-    assert!(helper.is_err(), "a GPU test would have skipped on a broken kernel build");
+    assert!(
+        helper.is_err(),
+        "a GPU test would have skipped on a broken kernel build"
+    );
 }
 
 /// What a GPU test does when the kernel build is broken: it fails. Run by hand on the GPU

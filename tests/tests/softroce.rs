@@ -1233,9 +1233,10 @@ fn one_guest_cuda_build_without_a_gpu_falls_back_to_host_memory() {
     c.find(
         "auto_sender",
         0,
-        "note: no GPU (cuInit",
-        &["the CPU writes the pattern into host memory"],
+        "note: dma-buf, peermem, staged, mapped not tried: no GPU: cuInit failed: CUDA_ERROR_",
+        &[],
     );
+    c.line("auto_sender", "note: memory path: host (host memory)");
     c.line(
         "auto_sender",
         "Data sent successfully via RDMA from host memory (pattern written by the CPU)",
@@ -1253,7 +1254,7 @@ fn one_guest_cuda_build_without_a_gpu_falls_back_to_host_memory() {
     );
     c.one_error(
         "device_sender",
-        "error: --mem device needs a GPU: no GPU (cuInit",
+        "error: --mem device needs a GPU: no GPU: cuInit failed: CUDA_ERROR_",
     );
 }
 

@@ -5,7 +5,7 @@
 //! function's own plan ([`plan`]), so what doctor says is what a transfer will do. The
 //! advice and the choice of NIC are pure functions, tested below.
 
-use super::facts::{self, GpuFacts};
+use super::facts::{self, choose_nic, GpuFacts};
 use anyhow::{bail, Result};
 use host::cli::DoctorArgs;
 use host::memory::select::{plan, Direction, GpuCapabilities, Method, NicFacts, PathFacts, Plan};
@@ -129,25 +129,6 @@ fn describe_caps(c: &GpuCapabilities) -> String {
         yes_no(c.gpudirect_rdma),
         yes_no(c.can_map_host_memory)
     )
-}
-
-/// The NIC to check: the one asked for, else the nearest to the GPU (unknown distances
-/// last, the first of equals).
-pub fn choose_nic(
-    nics: &[(&str, Result<PciDistance, String>)],
-    asked: Option<&str>,
-) -> Result<usize, String> {
-    if let Some(name) = asked {
-        return nics.iter().position(|(n, _)| *n == name).ok_or_else(|| {
-            let names: Vec<&str> = nics.iter().map(|(n, _)| *n).collect();
-            format!("no RDMA device {name} (there are: {})", names.join(", "))
-        });
-    }
-    nics.iter()
-        .enumerate()
-        .min_by_key(|(_, (_, d))| d.as_ref().ok().copied().map_or(usize::MAX, |d| d as usize))
-        .map(|(i, _)| i)
-        .ok_or_else(|| "no RDMA device".to_string())
 }
 
 /// "GPUDirect RDMA: ..." and, when it will not work, why for each method and the one

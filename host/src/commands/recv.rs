@@ -1,9 +1,11 @@
 //! `host recv`: serve senders, verify each transfer, report.
 
+use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
 use anyhow::Result;
 use host::cli::RecvArgs;
-use host::memory::{DataPath, SinkFactory};
+use host::memory::select::{plan, Attempt, AttemptLog, Direction, Method};
+use host::memory::{DataPath, GpuChoice, SinkFactory};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, RecvConfig, RecvOutcome, RecvReport};
 use serde_json::json;
@@ -50,6 +52,15 @@ fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
             }
         }
         RecvOutcome::Completed(r) => {
+            if r.memory
+                .attempts
+                .iter()
+                .any(|a| matches!(a, Attempt::Refused { .. }))
+            {
+                for note in memory_notes(&r.memory) {
+                    eprintln!("note: {note}");
+                }
+            }
             print_report(r, &human);
             if json_out {
                 println!(
@@ -109,6 +120,68 @@ fn print_report(r: &RecvReport, human: &Human) {
     }
 }
 
+/// Where received data goes: the plan from the GPU's and the NIC's facts, refined per
+/// connection by what the NIC really registers.
+fn sink_factory(args: &RecvArgs) -> Result<SinkFactory> {
+    let gpu = GpuChoice::open(args.gpu, args.mem)?;
+    let facts = path_facts(
+        &gpu,
+        args.nic.as_deref(),
+        args.gpudirect_level,
+        args.max_bytes,
+    )?;
+    #[allow(unused_mut)]
+    let mut plan = plan(Direction::Recv, args.mem, &facts)?;
+    #[cfg(feature = "cuda")]
+    refuse_unordered_writes(&gpu, args.mem, &mut plan)?;
+    let left_out = AttemptLog {
+        attempts: plan
+            .left_out
+            .iter()
+            .map(|l| Attempt::Skipped {
+                method: l.method,
+                why: l.why.clone(),
+            })
+            .collect(),
+    };
+    for line in left_out.lines() {
+        eprintln!("note: {line}");
+    }
+    if plan.attempts.first() == Some(&Method::Host) && !plan.left_out.is_empty() {
+        eprintln!("note: receiving into host memory");
+    }
+    Ok(SinkFactory::new(plan, gpu))
+}
+
+/// A GPU that may see the NIC's writes out of order and cannot flush them cannot have
+/// received data verified in its memory: no GPUDirect receive there.
+#[cfg(feature = "cuda")]
+fn refuse_unordered_writes(
+    gpu: &GpuChoice,
+    mem: host::memory::select::MemKind,
+    plan: &mut host::memory::select::Plan,
+) -> Result<()> {
+    use host::gpu::capabilities::{writes_visibility, WritesVisibility};
+    let Some(device) = gpu.raw_device() else {
+        return Ok(());
+    };
+    if writes_visibility(device) != WritesVisibility::Unordered {
+        return Ok(());
+    }
+    let why = "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites)";
+    if mem == host::memory::select::MemKind::Device {
+        anyhow::bail!("--mem device: {why}, so received data cannot be verified in its memory; use --mem host");
+    }
+    for method in plan.attempts.iter().filter(|m| m.is_gpudirect()) {
+        plan.left_out.push(host::memory::select::LeftOut {
+            method: *method,
+            why: why.to_string(),
+        });
+    }
+    plan.attempts.retain(|m| !m.is_gpudirect());
+    Ok(())
+}
+
 pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     let cfg = RecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
@@ -118,10 +191,9 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         timeout: args.timeout,
         busy_poll: args.busy_poll,
     };
-    let factory = SinkFactory::new(args.mem, args.gpu)?;
-    let mut make_sink = |len: usize| factory.make(len);
+    let factory = sink_factory(args)?;
     let json_out = args.json;
-    let verified = transfer::serve(&cfg, &mut make_sink, &mut |o| print_outcome(o, json_out))?;
+    let verified = transfer::serve(&cfg, &factory, &mut |o| print_outcome(o, json_out))?;
     Ok(if verified {
         ExitCode::SUCCESS
     } else {

@@ -1,9 +1,11 @@
 //! `host <ip> <port>`: generate the data, send it, report the receiver's verdict.
 
+use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
-use host::memory::{self, SourceConfig};
+use host::memory::select::{plan, Direction};
+use host::memory::{GpuChoice, SendMemory};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, SendConfig, SendReport};
 use serde_json::json;
@@ -37,18 +39,21 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         to_stderr: args.json,
     };
     let size = usize::try_from(args.size).context("--size does not fit this machine")?;
-    let chunk = usize::try_from(args.chunk.min(args.size)).context("--chunk does not fit")?;
-    let mut source = memory::make_send_source(&SourceConfig {
-        mem: args.mem,
-        gpu: args.gpu,
-        size,
-        chunk,
-    })?;
-    let path = source.path();
-    let first_values = source.first_values(5)?;
+    // --raw sends the whole buffer as one message: a staging ring then has one slot of it.
+    let chunk = if args.raw {
+        args.size
+    } else {
+        args.chunk.min(args.size)
+    };
+    let chunk = usize::try_from(chunk).context("--chunk does not fit")?;
+    let gpu = GpuChoice::open(args.gpu, args.mem)?;
+    let facts = path_facts(&gpu, args.nic.as_deref(), args.gpudirect_level, args.size)?;
+    let mut memory = SendMemory::new(plan(Direction::Send, args.mem, &facts)?, gpu, size, chunk);
     let cfg = SendConfig {
         peer,
         op: args.op,
+        bytes: args.size,
+        nic: args.nic.clone(),
         chunk: args.chunk,
         depth: args.depth,
         timeout: args.timeout,
@@ -60,13 +65,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let mut reports: Vec<SendReport> = Vec::new();
     if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
-        reports = transfer::send_repeated(&cfg, source.as_mut(), args.iters)?;
+        reports = transfer::send_repeated(&cfg, &mut memory, args.iters)?;
     } else {
         for i in 0..args.iters {
             let result = if args.raw {
-                transfer::send_raw(&cfg, source.as_mut())
+                transfer::send_raw(&cfg, &mut memory)
             } else {
-                transfer::send(&cfg, source.as_mut())
+                transfer::send(&cfg, &mut memory)
             };
             let report = match result {
                 Ok(r) => r,
@@ -88,6 +93,18 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let seconds: f64 = reports.iter().map(|r| r.seconds).sum();
     let gbps = transfer::gigabytes_per_second(bytes, seconds);
 
+    let Some(source) = memory.settled() else {
+        bail!("no transfer was made");
+    };
+    let path = source.path();
+    let first_values = source.first_values(5)?;
+    let memory_log = reports
+        .first()
+        .map(|r| r.memory.clone())
+        .unwrap_or_default();
+    for note in memory_notes(&memory_log) {
+        eprintln!("note: {note}");
+    }
     human.line(format!("Data sent successfully via {}", path.describe()));
     human.line(values_line(&first_values));
     let n = reports.len();
@@ -159,6 +176,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 "op": if args.raw { "raw" } else { args.op.name() },
                 "path": path,
                 "path_description": path.describe(),
+                "memory": memory_log,
                 "bytes": args.size,
                 "first_values": first_values,
                 "iterations": reports,

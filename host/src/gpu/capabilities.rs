@@ -22,12 +22,10 @@ pub struct GpuReport {
     pub rdma_flush_writes_options: i32,
 }
 
-/// Is the nvidia-peermem module loaded (`ibv_reg_mr` on GPU addresses)?
+/// Is a peermem module loaded (`nvidia_peermem`, or the older `nv_peer_mem`), so that
+/// `ibv_reg_mr` accepts GPU addresses?
 pub fn peermem_loaded() -> bool {
-    std::path::Path::new("/sys/module/nvidia_peermem").exists()
-        || std::fs::read_to_string("/proc/modules")
-            .map(|m| m.lines().any(|l| l.starts_with("nvidia_peermem ")))
-            .unwrap_or(false)
+    crate::rdma::loaded_peermem_module().is_some()
 }
 
 fn flag(device: i32, attr: i32) -> DriverResult<bool> {
@@ -45,6 +43,17 @@ pub fn capabilities(device: i32) -> DriverResult<GpuCapabilities> {
     })
 }
 
+/// The PCI bus id of `device` as sysfs names it (`0000:00:06.0`).
+pub fn pci_bus_id(device: i32) -> DriverResult<String> {
+    let attr = |a| driver::device_attribute(device, a);
+    Ok(format!(
+        "{:04x}:{:02x}:{:02x}.0",
+        attr(attribute::PCI_DOMAIN_ID)?,
+        attr(attribute::PCI_BUS_ID)?,
+        attr(attribute::PCI_DEVICE_ID)?
+    ))
+}
+
 /// Report every GPU of the machine (an empty list when CUDA finds none).
 pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
     use cust::device::Device;
@@ -57,12 +66,7 @@ pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
         reports.push(GpuReport {
             ordinal,
             name: device.name()?,
-            pci_bus_id: format!(
-                "{:04x}:{:02x}:{:02x}.0",
-                attr(attribute::PCI_DOMAIN_ID)?,
-                attr(attribute::PCI_BUS_ID)?,
-                attr(attribute::PCI_DEVICE_ID)?
-            ),
+            pci_bus_id: pci_bus_id(raw)?,
             compute_capability: format!(
                 "{}.{}",
                 attr(attribute::COMPUTE_CAPABILITY_MAJOR)?,

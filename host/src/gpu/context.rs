@@ -141,8 +141,8 @@ impl Gpu {
         let device = Device::get_device(ordinal).map_err(driver_error("cuDeviceGet"))?;
         let context = Context::new(device).map_err(driver_error("creating the CUDA context"))?;
         let module = Module::from_ptx(ptx, &[]).map_err(GpuError::KernelLoad)?;
-        let stream = Stream::new(StreamFlags::NON_BLOCKING, None)
-            .map_err(driver_error("cuStreamCreate"))?;
+        let stream =
+            Stream::new(StreamFlags::NON_BLOCKING, None).map_err(driver_error("cuStreamCreate"))?;
         Ok(Rc::new(Gpu {
             stream,
             module,
@@ -276,12 +276,7 @@ impl Gpu {
         // SAFETY: memory of this context (checked), 4-byte aligned whole words; the
         // caller keeps everyone else off it until the memset completes.
         unsafe {
-            driver::memset_d32_async(
-                memory.device_ptr(),
-                value,
-                elements as usize,
-                &self.stream,
-            )?
+            driver::memset_d32_async(memory.device_ptr(), value, elements as usize, &self.stream)?
         };
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Build the sender's source and the receiver's sink from the command line's choices:
 //! probe the GPU, pick the path (`select`), allocate, and say what was chosen.
 
-use super::select::{self, GpuCapabilities, MemKind, MemoryPlan};
+use super::select::{GpuCapabilities, MemKind, Method, Plan};
 use super::{HostBuffer, RecvSink, SendSource};
 use anyhow::Result;
 use std::fmt;
@@ -36,143 +36,217 @@ impl fmt::Display for GpuSelection {
     }
 }
 
-/// What the sender's data needs.
-#[derive(Debug, Clone, Copy)]
-pub struct SourceConfig {
-    pub mem: MemKind,
-    pub gpu: GpuSelection,
-    /// Bytes to generate (a multiple of 4).
-    pub size: usize,
-    /// The transfer's chunk size (the staging ring's slot size).
-    pub chunk: usize,
-}
-
-/// A GPU opened for this run with what it can do, or why this machine has none. A GPU
-/// that is there but fails to open (a kernel build that does not load, a broken driver)
-/// is neither: it is an error, never a reason to fall back to the CPU.
-#[cfg(feature = "cuda")]
-type Probe = Result<(std::rc::Rc<crate::gpu::Gpu>, GpuCapabilities), String>;
-#[cfg(not(feature = "cuda"))]
-type Probe = Result<(std::convert::Infallible, GpuCapabilities), String>;
-
-fn probe(selection: GpuSelection, mem: MemKind) -> Result<Probe> {
-    let GpuSelection::Index(ordinal) = selection else {
-        return Ok(Err("--gpu none was given".into()));
-    };
-    if mem == MemKind::Host {
-        // Host memory needs no GPU; don't pay for a CUDA context.
-        return Ok(Err("--mem host was given".into()));
-    }
-    open_gpu(ordinal)
-}
-
-#[cfg(feature = "cuda")]
-fn open_gpu(ordinal: u32) -> Result<Probe> {
-    let gpu = match crate::gpu::Gpu::open(ordinal) {
-        Ok(gpu) => gpu,
-        Err(e) if e.is_no_gpu() => return Ok(Err(e.to_string())),
-        Err(e) => return Err(e.into()),
-    };
-    let caps = crate::gpu::capabilities::capabilities(gpu.raw_device())?;
-    Ok(Ok((gpu, caps)))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_gpu(_ordinal: u32) -> Result<Probe> {
-    Ok(Err(
-        "this build has no GPU support (built without the `cuda` feature)".into(),
-    ))
-}
-
-fn say(note: &Option<String>) {
-    if let Some(note) = note {
-        eprintln!("note: {note}");
-    }
-}
-
-/// Allocate and fill the sender's data on the path `config` asks for.
-pub fn make_send_source(config: &SourceConfig) -> Result<Box<dyn SendSource>> {
-    let probe = probe(config.gpu, config.mem)?;
-    let plan = select::choose_send_memory(
-        config.mem,
-        probe.as_ref().map(|p| p.1).map_err(Clone::clone),
-    )?;
-    if let MemoryPlan::Host { note } = &plan {
-        say(note);
-        return Ok(Box::new(HostBuffer::with_pattern(config.size)?));
-    }
-    #[cfg(feature = "cuda")]
-    {
-        use crate::gpu::sources::{GpuDirectBuffer, MappedSource, StagedSource};
-        let gpu = probe.map_err(anyhow::Error::msg)?.0;
-        Ok(match plan {
-            MemoryPlan::Host { .. } => unreachable!("handled above"),
-            MemoryPlan::Mapped => Box::new(MappedSource::generate(&gpu, config.size)?),
-            MemoryPlan::Staged => {
-                Box::new(StagedSource::generate(&gpu, config.size, config.chunk)?)
-            }
-            MemoryPlan::Device(method) => {
-                Box::new(GpuDirectBuffer::generate(&gpu, config.size, method)?)
-            }
-        })
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = probe;
-        unreachable!("without CUDA the probe always fails, so only host plans exist")
-    }
-}
-
-/// Makes one receive buffer per connection; the GPU (if any) is opened once.
-pub struct SinkFactory {
-    plan: MemoryPlan,
+/// The GPU this run uses, with what it can do, or why this machine has none. A GPU that
+/// is there but fails to open (a kernel build that does not load, a broken driver) is
+/// neither: [`GpuChoice::open`] returns that as an error, never as a reason to fall
+/// back to the CPU.
+pub struct GpuChoice {
     #[cfg(feature = "cuda")]
     gpu: Option<std::rc::Rc<crate::gpu::Gpu>>,
+    /// The capabilities, or why there is no GPU.
+    pub caps: Result<GpuCapabilities, String>,
+    /// The GPU's PCI bus id (`0000:00:06.0`), for the GPU-NIC distance.
+    pub pci_bus_id: Option<String>,
+}
+
+impl GpuChoice {
+    /// Open the GPU `selection` names, unless `mem` needs none.
+    pub fn open(selection: GpuSelection, mem: MemKind) -> Result<GpuChoice> {
+        let none = |why: &str| GpuChoice {
+            #[cfg(feature = "cuda")]
+            gpu: None,
+            caps: Err(why.to_string()),
+            pci_bus_id: None,
+        };
+        let GpuSelection::Index(ordinal) = selection else {
+            return Ok(none("--gpu none was given"));
+        };
+        if mem == MemKind::Host {
+            // Host memory needs no GPU; don't pay for a CUDA context.
+            return Ok(none("--mem host was given"));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            use crate::gpu::{capabilities, Gpu};
+            let gpu = match Gpu::open(ordinal) {
+                Ok(gpu) => gpu,
+                Err(e) if e.is_no_gpu() => return Ok(none(&e.to_string())),
+                Err(e) => return Err(e.into()),
+            };
+            let caps = capabilities::capabilities(gpu.raw_device())?;
+            let pci_bus_id = capabilities::pci_bus_id(gpu.raw_device()).ok();
+            Ok(GpuChoice {
+                gpu: Some(gpu),
+                caps: Ok(caps),
+                pci_bus_id,
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            Ok(none(
+                "this build has no GPU support (built without the `cuda` feature)",
+            ))
+        }
+    }
+
+    /// The raw `CUdevice` of the GPU in use, if there is one.
+    #[cfg(feature = "cuda")]
+    pub fn raw_device(&self) -> Option<i32> {
+        self.gpu.as_ref().map(|g| g.raw_device())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu(&self) -> Result<&std::rc::Rc<crate::gpu::Gpu>> {
+        match (&self.gpu, &self.caps) {
+            (Some(gpu), _) => Ok(gpu),
+            (None, Err(why)) => anyhow::bail!("no GPU: {why}"),
+            (None, Ok(_)) => anyhow::bail!("no GPU"),
+        }
+    }
+}
+
+/// The sender's data on each path of a [`Plan`], made when the walk first asks for it
+/// (a path the NIC refuses costs one generation) and kept.
+pub struct SendMemory {
+    plan: Plan,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    gpu: GpuChoice,
+    /// Bytes to generate (a multiple of 4).
+    size: usize,
+    /// The transfer's chunk size (the staging ring's slot size).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    chunk: usize,
+    made: Vec<(Method, Box<dyn SendSource>)>,
+}
+
+impl SendMemory {
+    pub fn new(plan: Plan, gpu: GpuChoice, size: usize, chunk: usize) -> SendMemory {
+        SendMemory {
+            plan,
+            gpu,
+            size,
+            chunk,
+            made: Vec::new(),
+        }
+    }
+
+    /// What to try, in order.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The data on `method`'s path.
+    pub fn source(&mut self, method: Method) -> Result<&dyn SendSource> {
+        let index = match self.made.iter().position(|(m, _)| *m == method) {
+            Some(i) => i,
+            None => {
+                let made = self.make(method)?;
+                self.made.push((method, made));
+                self.made.len() - 1
+            }
+        };
+        Ok(self.made[index].1.as_ref())
+    }
+
+    fn make(&self, method: Method) -> Result<Box<dyn SendSource>> {
+        if method == Method::Host {
+            return Ok(Box::new(HostBuffer::with_pattern(self.size)?));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            use crate::gpu::sources::{GpuDirectBuffer, MappedSource, StagedSource};
+            let gpu = self.gpu.gpu()?;
+            Ok(match method {
+                Method::Mapped => Box::new(MappedSource::generate(gpu, self.size)?),
+                Method::Staged => Box::new(StagedSource::generate(gpu, self.size, self.chunk)?),
+                Method::DmaBuf | Method::PeerMem => {
+                    let registration = method.device_registration().expect("GPUDirect");
+                    Box::new(GpuDirectBuffer::generate(gpu, self.size, registration)?)
+                }
+                Method::Host => unreachable!("handled above"),
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!(
+            "{}: this build has no GPU support (built without the `cuda` feature)",
+            method.name()
+        )
+    }
+
+    /// `method` worked: later connections go straight to it, and the rest is freed.
+    pub fn settle(&mut self, method: Method) {
+        self.plan = Plan {
+            attempts: vec![method],
+            left_out: Vec::new(),
+        };
+        self.made.retain(|(m, _)| *m == method);
+    }
+
+    /// The source of the method the last walk settled on.
+    pub fn settled(&self) -> Option<&dyn SendSource> {
+        match self.plan.attempts.as_slice() {
+            [only] => self
+                .made
+                .iter()
+                .find(|(m, _)| m == only)
+                .map(|(_, s)| s.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Makes the receiver's buffer for each connection, on a method of its [`Plan`]; the
+/// GPU (if any) is opened once.
+pub struct SinkFactory {
+    plan: std::cell::RefCell<Plan>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    gpu: GpuChoice,
 }
 
 impl SinkFactory {
-    /// Decide where received data goes (`--mem`, `--gpu` of `host recv`).
-    pub fn new(mem: MemKind, gpu: GpuSelection) -> Result<Self> {
-        let probe = probe(gpu, mem)?;
-        #[allow(unused_mut)]
-        let mut plan =
-            select::choose_recv_memory(mem, probe.as_ref().map(|p| p.1).map_err(Clone::clone))?;
-        #[cfg(feature = "cuda")]
-        if let (MemoryPlan::Device(_), Ok((gpu, _))) = (&plan, &probe) {
-            use crate::gpu::capabilities::{writes_visibility, WritesVisibility};
-            if writes_visibility(gpu.raw_device()) == WritesVisibility::Unordered {
-                let why = "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites), so data received into its memory cannot be verified";
-                if mem == MemKind::Device {
-                    anyhow::bail!("--mem device: {why}; use --mem host");
-                }
-                plan = MemoryPlan::Host {
-                    note: Some(format!("{why}; receiving into host memory")),
-                };
-            }
+    pub fn new(plan: Plan, gpu: GpuChoice) -> SinkFactory {
+        SinkFactory {
+            plan: std::cell::RefCell::new(plan),
+            gpu,
         }
-        if let MemoryPlan::Host { note } = &plan {
-            say(note);
-        }
-        Ok(SinkFactory {
-            #[cfg(feature = "cuda")]
-            gpu: probe.ok().map(|p| p.0),
-            plan,
-        })
     }
 
-    /// A poisoned buffer of `len` bytes for one connection (nothing in it verifies
-    /// before data arrives).
-    pub fn make(&self, len: usize) -> Result<Box<dyn RecvSink>> {
-        match &self.plan {
+    /// What to try for the next connection, in order.
+    pub fn plan(&self) -> Plan {
+        self.plan.borrow().clone()
+    }
+
+    /// A poisoned buffer of `len` bytes for one connection on `method`'s path (nothing
+    /// in it verifies before data arrives).
+    pub fn make(&self, method: Method, len: usize) -> Result<Box<dyn RecvSink>> {
+        match method {
+            Method::Host => Ok(Box::new(HostBuffer::poisoned(len)?)),
             #[cfg(feature = "cuda")]
-            MemoryPlan::Device(method) => {
-                let gpu = self.gpu.as_ref().expect("a device plan has a GPU");
+            Method::DmaBuf | Method::PeerMem => {
+                let registration = method.device_registration().expect("GPUDirect");
                 Ok(Box::new(crate::gpu::sources::GpuDirectBuffer::receive(
-                    gpu, len, *method,
+                    self.gpu.gpu()?,
+                    len,
+                    registration,
                 )?))
             }
-            _ => Ok(Box::new(HostBuffer::poisoned(len)?)),
+            other => anyhow::bail!("a receiver cannot take {} memory", other.name()),
         }
+    }
+
+    /// `method` worked: later connections try it first (the rest stay as fallbacks:
+    /// a later, larger buffer may not fit where a smaller one did).
+    pub fn settle(&self, method: Method) {
+        let mut plan = self.plan.borrow_mut();
+        if let Some(i) = plan.attempts.iter().position(|m| *m == method) {
+            plan.attempts[..=i].rotate_right(1);
+        }
+    }
+
+    /// Whether any connection's buffer could be in GPU memory.
+    pub fn may_use_gpu(&self) -> bool {
+        self.plan.borrow().attempts.iter().any(|m| m.is_gpudirect())
     }
 }
 
@@ -191,31 +265,49 @@ mod tests {
             .contains("`gpu0`"));
     }
 
-    #[test]
-    fn cpu_sender_makes_the_pattern_without_touching_a_gpu() {
-        let config = SourceConfig {
-            mem: MemKind::Auto,
-            gpu: GpuSelection::None,
-            size: 16384,
-            chunk: 4096,
-        };
-        let source = make_send_source(&config).unwrap();
-        assert_eq!(source.first_values(5).unwrap(), [0, 2, 4, 6, 8]);
-        assert_eq!(source.path(), super::super::DataPath::HostMemory);
+    fn host_only() -> Plan {
+        Plan {
+            attempts: vec![Method::Host],
+            left_out: Vec::new(),
+        }
     }
 
     #[test]
-    fn gpu_paths_with_gpu_none_are_refused() {
-        let config = SourceConfig {
-            mem: MemKind::Device,
-            gpu: GpuSelection::None,
-            size: 16,
-            chunk: 16,
+    fn cpu_sender_makes_the_pattern_without_touching_a_gpu() {
+        let gpu = GpuChoice::open(GpuSelection::None, MemKind::Auto).unwrap();
+        assert_eq!(gpu.caps, Err("--gpu none was given".to_string()));
+        let mut memory = SendMemory::new(host_only(), gpu, 16384, 4096);
+        let source = memory.source(Method::Host).unwrap();
+        assert_eq!(source.first_values(5).unwrap(), [0, 2, 4, 6, 8]);
+        assert_eq!(source.path(), super::super::DataPath::HostMemory);
+        memory.settle(Method::Host);
+        assert!(memory.settled().is_some());
+    }
+
+    #[test]
+    fn gpu_paths_without_a_gpu_are_an_error_not_a_crash() {
+        let gpu = GpuChoice::open(GpuSelection::None, MemKind::Auto).unwrap();
+        let mut memory = SendMemory::new(host_only(), gpu, 16, 16);
+        for method in [Method::DmaBuf, Method::Staged, Method::Mapped] {
+            assert!(memory.source(method).is_err(), "{method:?}");
+        }
+    }
+
+    #[test]
+    fn receivers_start_with_what_worked_and_keep_the_rest() {
+        let gpu = GpuChoice::open(GpuSelection::None, MemKind::Auto).unwrap();
+        let plan = Plan {
+            attempts: vec![Method::DmaBuf, Method::PeerMem, Method::Host],
+            left_out: Vec::new(),
         };
-        let err = make_send_source(&config)
-            .err()
-            .expect("refused")
-            .to_string();
-        assert!(err.contains("--mem device needs a GPU"), "{err}");
+        let factory = SinkFactory::new(plan, gpu);
+        factory.settle(Method::Host);
+        assert_eq!(
+            factory.plan().attempts,
+            [Method::Host, Method::DmaBuf, Method::PeerMem]
+        );
+        let sink = factory.make(Method::Host, 64).unwrap();
+        assert_eq!(sink.verify(64).unwrap().first_mismatch, Some(0));
+        assert!(factory.make(Method::Staged, 64).is_err());
     }
 }

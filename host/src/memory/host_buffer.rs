@@ -1,7 +1,7 @@
 //! Page-aligned host memory: the CPU-pattern sender and the default receiver buffer.
 
-use super::{DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification};
 use super::POISON;
+use super::{DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification};
 use anyhow::{bail, Result};
 use gpu_kernels::pattern;
 use std::alloc::{self, Layout};
@@ -116,7 +116,10 @@ impl HostBuffer {
     /// buffer (a control message) is rewritten between sends; whoever posted a request on
     /// it promised not to do so before its completion.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
+        if offset
+            .checked_add(data.len())
+            .is_none_or(|end| end > self.len)
+        {
             bail!(
                 "{} bytes at offset {offset} do not fit a {}-byte buffer",
                 data.len(),
@@ -206,7 +209,10 @@ impl SendSource for HostBuffer {
     fn prepare_chunk(&self, offset: usize, len: usize, _deadline: Instant) -> Result<Range<usize>> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(offset..end),
-            _ => bail!("chunk of {len} bytes at {offset} is outside a {}-byte buffer", self.len),
+            _ => bail!(
+                "chunk of {len} bytes at {offset} is outside a {}-byte buffer",
+                self.len
+            ),
         }
     }
 

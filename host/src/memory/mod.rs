@@ -7,7 +7,7 @@ pub mod factory;
 pub mod host_buffer;
 pub mod select;
 
-pub use factory::{make_send_source, GpuSelection, SinkFactory, SourceConfig};
+pub use factory::{GpuChoice, GpuSelection, SendMemory, SinkFactory};
 pub use host_buffer::HostBuffer;
 pub use select::CheckMemory;
 

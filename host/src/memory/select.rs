@@ -4,14 +4,11 @@
 //! registration of GPU memory with a NIC needs real hardware, but the decision of what to
 //! try, in what order, and what to say when nothing fits is plain data.
 //!
-//! Two generations live here:
-//!
-//! * [`plan::plan`] (the fallback chain): GPU capabilities, the NIC's probe answers, the
-//!   GPU-NIC distance and BAR1 in; an ordered list of [`Method`]s to try, with each
-//!   method left out and why, or a [`Refusal`]. [`walk::walk`] then tries them in order
-//!   at run time and keeps a log of each attempt.
-//! * [`choose_send_memory`] / [`choose_recv_memory`] (one answer from the GPU's
-//!   capabilities alone), kept while the memory factory still uses them.
+//! [`plan::plan`] (the fallback chain): GPU capabilities, the NIC's probe answers, the
+//! GPU-NIC distance and BAR1 in; an ordered list of [`Method`]s to try, with each method
+//! left out and why, or a [`Refusal`]. [`walk::walk`] then tries them in order at run
+//! time (the sender and the receiver, on each connection's protection domain) and keeps
+//! a log of each attempt.
 
 pub mod plan;
 pub mod walk;
@@ -73,18 +70,6 @@ pub enum DeviceRegistration {
     PeerMem,
 }
 
-/// The decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MemoryPlan {
-    /// Host memory filled by the CPU; `note` says why, when it was a fallback.
-    Host {
-        note: Option<String>,
-    },
-    Mapped,
-    Device(DeviceRegistration),
-    Staged,
-}
-
 /// Why the asked-for path cannot be had; Display is the one-line error for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal(pub String);
@@ -114,93 +99,6 @@ pub fn gpudirect_missing(caps: &GpuCapabilities) -> String {
     )
 }
 
-fn device_registration(caps: &GpuCapabilities) -> Option<DeviceRegistration> {
-    if caps.dma_buf {
-        Some(DeviceRegistration::DmaBuf)
-    } else if caps.peermem_loaded {
-        Some(DeviceRegistration::PeerMem)
-    } else {
-        None
-    }
-}
-
-/// The sender's choice. `gpu` is the probed GPU's capabilities, or why there is none
-/// (`--gpu none`, no driver, no device, a build without CUDA).
-pub fn choose_send_memory(
-    mem: MemKind,
-    gpu: Result<GpuCapabilities, String>,
-) -> Result<MemoryPlan, Refusal> {
-    let caps = match (mem, gpu) {
-        (MemKind::Host, _) => return Ok(MemoryPlan::Host { note: None }),
-        (MemKind::Auto, Err(why)) => {
-            return Ok(MemoryPlan::Host {
-                note: Some(format!(
-                    "{why}; the CPU writes the pattern into host memory"
-                )),
-            })
-        }
-        (_, Err(why)) => {
-            return Err(Refusal(format!(
-                "--mem {} needs a GPU: {why}",
-                mem_name(mem)
-            )))
-        }
-        (_, Ok(caps)) => caps,
-    };
-    match mem {
-        MemKind::Host => unreachable!("handled above"),
-        MemKind::Mapped if !caps.can_map_host_memory => Err(Refusal(
-            "--mem mapped: this GPU cannot map host memory".into(),
-        )),
-        MemKind::Mapped => Ok(MemoryPlan::Mapped),
-        MemKind::Staged => Ok(MemoryPlan::Staged),
-        MemKind::Device => device_registration(&caps)
-            .map(MemoryPlan::Device)
-            .ok_or_else(|| {
-                Refusal(format!(
-                    "--mem device: {}; use --mem staged or --mem mapped",
-                    gpudirect_missing(&caps)
-                ))
-            }),
-        MemKind::Auto => Ok(match device_registration(&caps) {
-            Some(method) => MemoryPlan::Device(method),
-            None if caps.can_map_host_memory => MemoryPlan::Mapped,
-            None => MemoryPlan::Staged,
-        }),
-    }
-}
-
-/// The receiver's choice: host memory (checked on the CPU) or GPU memory written by the
-/// NIC (checked on the GPU). Mapped and staged make no sense for receiving.
-pub fn choose_recv_memory(
-    mem: MemKind,
-    gpu: Result<GpuCapabilities, String>,
-) -> Result<MemoryPlan, Refusal> {
-    match (mem, gpu) {
-        (MemKind::Host, _) => Ok(MemoryPlan::Host { note: None }),
-        (MemKind::Mapped | MemKind::Staged, _) => Err(Refusal(format!(
-            "--mem {} is for senders; a receiver takes host, device or auto",
-            mem_name(mem)
-        ))),
-        (MemKind::Auto, Err(why)) => Ok(MemoryPlan::Host {
-            note: Some(format!("{why}; receiving into host memory")),
-        }),
-        (MemKind::Device, Err(why)) => Err(Refusal(format!("--mem device needs a GPU: {why}"))),
-        (MemKind::Auto, Ok(caps)) => Ok(match device_registration(&caps) {
-            Some(method) => MemoryPlan::Device(method),
-            None => MemoryPlan::Host {
-                note: Some(format!(
-                    "{}; receiving into host memory",
-                    gpudirect_missing(&caps)
-                )),
-            },
-        }),
-        (MemKind::Device, Ok(caps)) => device_registration(&caps)
-            .map(MemoryPlan::Device)
-            .ok_or_else(|| Refusal(format!("--mem device: {}", gpudirect_missing(&caps)))),
-    }
-}
-
 pub(crate) fn mem_name(mem: MemKind) -> &'static str {
     match mem {
         MemKind::Auto => "auto",
@@ -208,124 +106,5 @@ pub(crate) fn mem_name(mem: MemKind) -> &'static str {
         MemKind::Mapped => "mapped",
         MemKind::Device => "device",
         MemKind::Staged => "staged",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const NOTHING: GpuCapabilities = GpuCapabilities {
-        dma_buf: false,
-        gpudirect_rdma: false,
-        peermem_loaded: false,
-        can_map_host_memory: true,
-    };
-    const DMA_BUF: GpuCapabilities = GpuCapabilities {
-        dma_buf: true,
-        gpudirect_rdma: true,
-        ..NOTHING
-    };
-    const PEERMEM: GpuCapabilities = GpuCapabilities {
-        peermem_loaded: true,
-        gpudirect_rdma: true,
-        ..NOTHING
-    };
-
-    fn no_gpu() -> Result<GpuCapabilities, String> {
-        Err("no GPU found".into())
-    }
-
-    #[test]
-    fn auto_prefers_dma_buf_then_peermem_then_mapped() {
-        let both = GpuCapabilities {
-            peermem_loaded: true,
-            ..DMA_BUF
-        };
-        assert_eq!(
-            choose_send_memory(MemKind::Auto, Ok(both)),
-            Ok(MemoryPlan::Device(DeviceRegistration::DmaBuf))
-        );
-        assert_eq!(
-            choose_send_memory(MemKind::Auto, Ok(PEERMEM)),
-            Ok(MemoryPlan::Device(DeviceRegistration::PeerMem))
-        );
-        assert_eq!(
-            choose_send_memory(MemKind::Auto, Ok(NOTHING)),
-            Ok(MemoryPlan::Mapped)
-        );
-        let unmappable = GpuCapabilities {
-            can_map_host_memory: false,
-            ..NOTHING
-        };
-        assert_eq!(
-            choose_send_memory(MemKind::Auto, Ok(unmappable)),
-            Ok(MemoryPlan::Staged)
-        );
-    }
-
-    #[test]
-    fn auto_without_a_gpu_falls_back_to_host_memory_and_says_why() {
-        let plan = choose_send_memory(MemKind::Auto, no_gpu()).unwrap();
-        let MemoryPlan::Host { note: Some(note) } = plan else {
-            panic!("expected a host plan with a note, got {plan:?}");
-        };
-        assert!(note.contains("no GPU found"), "{note}");
-    }
-
-    #[test]
-    fn device_without_gpudirect_is_refused_with_what_is_missing() {
-        let err = choose_send_memory(MemKind::Device, Ok(NOTHING))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("open kernel module"), "{err}");
-        assert!(err.contains("nvidia-peermem"), "{err}");
-        assert!(err.contains("--mem staged"), "{err}");
-    }
-
-    #[test]
-    fn gpu_paths_without_a_gpu_are_refused() {
-        for mem in [MemKind::Mapped, MemKind::Device, MemKind::Staged] {
-            let err = choose_send_memory(mem, no_gpu()).unwrap_err().to_string();
-            assert!(err.contains("needs a GPU: no GPU found"), "{err}");
-        }
-    }
-
-    #[test]
-    fn explicit_choices_are_taken_as_asked() {
-        assert_eq!(
-            choose_send_memory(MemKind::Staged, Ok(DMA_BUF)),
-            Ok(MemoryPlan::Staged)
-        );
-        assert_eq!(
-            choose_send_memory(MemKind::Mapped, Ok(DMA_BUF)),
-            Ok(MemoryPlan::Mapped)
-        );
-        assert_eq!(
-            choose_send_memory(MemKind::Host, Ok(DMA_BUF)),
-            Ok(MemoryPlan::Host { note: None })
-        );
-        assert_eq!(
-            choose_send_memory(MemKind::Device, Ok(PEERMEM)),
-            Ok(MemoryPlan::Device(DeviceRegistration::PeerMem))
-        );
-    }
-
-    #[test]
-    fn receiver_choices() {
-        assert_eq!(
-            choose_recv_memory(MemKind::Device, Ok(DMA_BUF)),
-            Ok(MemoryPlan::Device(DeviceRegistration::DmaBuf))
-        );
-        assert!(choose_recv_memory(MemKind::Device, Ok(NOTHING)).is_err());
-        assert!(choose_recv_memory(MemKind::Staged, Ok(DMA_BUF)).is_err());
-        assert!(matches!(
-            choose_recv_memory(MemKind::Auto, no_gpu()),
-            Ok(MemoryPlan::Host { note: Some(_) })
-        ));
-        assert!(matches!(
-            choose_recv_memory(MemKind::Auto, Ok(NOTHING)),
-            Ok(MemoryPlan::Host { note: Some(_) })
-        ));
     }
 }

@@ -463,6 +463,10 @@ pub enum RejectReason {
     ChunkTooLarge { chunk: u64, max: u64 },
     #[error("it could not allocate or register {} for the data (see its log)", format_bytes(*bytes))]
     NoMemory { bytes: u64 },
+    /// Memory was there, but its NIC refused to register it on every path the receiver
+    /// may use (`--mem device` with a NIC that takes no GPU memory, say).
+    #[error("its NIC refused to register {} on every memory path it may use (see its log)", format_bytes(*bytes))]
+    NotRegistrable { bytes: u64 },
     #[error("it failed to set up the connection (see its log)")]
     Internal,
     #[error(
@@ -485,6 +489,7 @@ impl RejectReason {
             RejectReason::NoMemory { bytes } => (4, 0, bytes, 0),
             RejectReason::Internal => (5, 0, 0, 0),
             RejectReason::RawOnly => (6, 0, 0, 0),
+            RejectReason::NotRegistrable { bytes } => (7, 0, bytes, 0),
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         let mut out = [0u8; REJECT_LEN];
@@ -520,6 +525,7 @@ impl RejectReason {
             4 => RejectReason::NoMemory { bytes: a },
             5 => RejectReason::Internal,
             6 => RejectReason::RawOnly,
+            7 => RejectReason::NotRegistrable { bytes: a },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -917,6 +923,7 @@ mod tests {
                 max: 8 << 20,
             },
             RejectReason::NoMemory { bytes: 1 << 30 },
+            RejectReason::NotRegistrable { bytes: 1 << 20 },
             RejectReason::Internal,
             RejectReason::RawOnly,
         ];

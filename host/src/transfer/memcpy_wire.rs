@@ -138,7 +138,9 @@ impl ChunkWire for MemcpyWire<'_> {
         let first = match self.done.recv_timeout(deadline.remaining()) {
             Ok(index) => index,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                return Err(WireError::Broken(deadline.timeout_error("chunks to be copied").to_string()))
+                return Err(WireError::Broken(
+                    deadline.timeout_error("chunks to be copied").to_string(),
+                ))
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(WireError::Broken("the copying thread is gone".into()))
@@ -195,6 +197,9 @@ mod tests {
             last: true,
         };
         // SAFETY: refused before anything is copied.
-        assert!(matches!(unsafe { wire.post(&[p]) }, Err(WireError::Broken(_))));
+        assert!(matches!(
+            unsafe { wire.post(&[p]) },
+            Err(WireError::Broken(_))
+        ));
     }
 }

@@ -12,7 +12,8 @@ use super::header::{AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPT
 use super::plan::ChunkPlan;
 use super::units::format_bytes;
 use super::{gigabytes_per_second, TransferError};
-use crate::memory::{DataPath, RecvSink, Verification};
+use crate::memory::select::{walk, AttemptLog};
+use crate::memory::{DataPath, RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
     self, Access, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline,
@@ -69,6 +70,8 @@ pub struct RecvReport {
     pub transfers: u32,
     /// Time spent verifying (all transfers), after the data and before each ack.
     pub verify_seconds: f64,
+    /// How this connection's buffer was chosen: methods left out, refused, taken.
+    pub memory: AttemptLog,
 }
 
 impl RecvReport {
@@ -97,15 +100,12 @@ pub enum RecvOutcome {
     },
 }
 
-/// Makes the buffer for one transfer of the given length.
-pub type SinkMaker<'a> = dyn FnMut(usize) -> anyhow::Result<Box<dyn RecvSink>> + 'a;
-
 /// Listen on `cfg.bind` and serve senders one after another, telling `report` about each.
 /// Returns only with `--once` (`Ok(true)` if that one transfer verified) or on an error
 /// of the listener itself.
 pub fn serve(
     cfg: &RecvConfig,
-    make_sink: &mut SinkMaker,
+    sinks: &SinkFactory,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     rdma::ensure_device()?;
@@ -133,9 +133,9 @@ pub fn serve(
         let outcome = match event.into_connect_request(&channel) {
             Ok(request) => {
                 if cfg.raw {
-                    serve_raw(cfg, request, make_sink)
+                    serve_raw(cfg, request, sinks)
                 } else {
-                    serve_framed(cfg, request, make_sink)
+                    serve_framed(cfg, request, sinks)
                 }
             }
             Err(e) => RecvOutcome::Failed {
@@ -210,13 +210,9 @@ fn conclude(id: &CmId, peer: String, result: Result<RecvReport, Failure>) -> Rec
     }
 }
 
-fn serve_framed(
-    cfg: &RecvConfig,
-    request: ConnectRequest,
-    make_sink: &mut SinkMaker,
-) -> RecvOutcome {
+fn serve_framed(cfg: &RecvConfig, request: ConnectRequest, sinks: &SinkFactory) -> RecvOutcome {
     let peer = peer_label(request.peer);
-    let result = framed(cfg, &request, &peer, make_sink);
+    let result = framed(cfg, &request, &peer, sinks);
     conclude(&request.id, peer, result)
 }
 
@@ -224,7 +220,7 @@ fn framed(
     cfg: &RecvConfig,
     request: &ConnectRequest,
     peer: &str,
-    make_sink: &mut SinkMaker,
+    sinks: &SinkFactory,
 ) -> Result<RecvReport, Failure> {
     let header = Header::decode(&request.private_data)
         .map_err(|e| Failure::Refuse(RejectReason::BadHeader(e), None))?;
@@ -248,12 +244,38 @@ fn framed(
             None,
         ));
     }
+    receive_framed(cfg, &request.id, peer, header, sinks)
+}
+
+/// Walk the receiver's memory plan on this connection's protection domain: make a
+/// buffer for the first method and trial-register it; a refusal (the NIC takes no GPU
+/// memory, say) moves on to the next. Nothing that works is a refusal of its own.
+fn choose_sink(
+    res: &Resources,
+    sinks: &SinkFactory,
+    len: u64,
+    access: Access,
+) -> Result<(Box<dyn RecvSink>, AttemptLog), Failure> {
     let no_memory = |e: &dyn std::fmt::Display| {
-        Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
+        Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string()))
     };
-    let len = usize::try_from(total).map_err(|e| no_memory(&e))?;
-    let sink = make_sink(len).map_err(|e| no_memory(&format!("{e:#}")))?;
-    receive_framed(cfg, &request.id, peer, header, sink.as_ref())
+    let bytes = usize::try_from(len).map_err(|e| no_memory(&e))?;
+    let plan = sinks.plan();
+    let walked = walk(&plan, |method| {
+        let sink = sinks.make(method, bytes).map_err(|e| format!("{e:#}"))?;
+        MemoryRegion::register(&res.pd, sink.memory(), access)
+            .map(drop)
+            .map_err(|e| e.to_string())?;
+        Ok(sink)
+    })
+    .map_err(|e| {
+        Failure::Refuse(
+            RejectReason::NotRegistrable { bytes: len },
+            Some(e.to_string()),
+        )
+    })?;
+    sinks.settle(walked.method);
+    Ok((walked.value, walked.log))
 }
 
 /// Post the receive for data chunk `index`: send mode into the chunk's place in the
@@ -267,9 +289,7 @@ fn post_data_recv<'r>(
 ) -> Result<(), RdmaError> {
     let sge = match (op, plan.get(index)) {
         (Op::Write, _) | (Op::Send, None) => None,
-        (Op::Send, Some(chunk)) => {
-            Some(mr.sge(chunk.offset as usize..chunk.end() as usize)?)
-        }
+        (Op::Send, Some(chunk)) => Some(mr.sge(chunk.offset as usize..chunk.end() as usize)?),
     };
     // SAFETY: nobody reads the buffer before every data receive of the transfer has
     // completed (the receiver verifies only then, and poisons only before posting).
@@ -349,7 +369,7 @@ fn receive_framed(
     id: &Rc<CmId>,
     peer: &str,
     header: Header,
-    sink: &dyn RecvSink,
+    sinks: &SinkFactory,
 ) -> Result<RecvReport, Failure> {
     let total = header.total_bytes;
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
@@ -368,17 +388,19 @@ fn receive_framed(
         cfg.busy_poll,
     )
     .map_err(|e| setup_failed(peer, e))?;
+    // Remote write only for write mode, only on this connection's buffer.
+    let access = match header.op {
+        Op::Write => Access::REMOTE_WRITE,
+        Op::Send => Access::LOCAL,
+    };
+    let (sink, memory_log) = choose_sink(&res, sinks, total, access)?;
+    let sink = sink.as_ref();
     if (sink.len() as u64) < total {
         return Err(internal(format!(
             "the sink has {} bytes for a {total}-byte transfer",
             sink.len()
         )));
     }
-    // Remote write only for write mode, only on this connection's buffer.
-    let access = match header.op {
-        Op::Write => Access::REMOTE_WRITE,
-        Op::Send => Access::LOCAL,
-    };
     let mr = MemoryRegion::register(&res.pd, sink.memory(), access).map_err(|e| {
         Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
     })?;
@@ -528,6 +550,7 @@ fn receive_framed(
         reply_delivered,
         transfers: header.transfers,
         verify_seconds,
+        memory: memory_log,
     })
 }
 
@@ -794,9 +817,9 @@ fn send_and_wait(
     }
 }
 
-fn serve_raw(cfg: &RecvConfig, request: ConnectRequest, make_sink: &mut SinkMaker) -> RecvOutcome {
+fn serve_raw(cfg: &RecvConfig, request: ConnectRequest, sinks: &SinkFactory) -> RecvOutcome {
     let peer = peer_label(request.peer);
-    let result = raw(cfg, &request, &peer, make_sink);
+    let result = raw(cfg, &request, &peer, sinks);
     conclude(&request.id, peer, result)
 }
 
@@ -804,7 +827,7 @@ fn raw(
     cfg: &RecvConfig,
     request: &ConnectRequest,
     peer: &str,
-    make_sink: &mut SinkMaker,
+    sinks: &SinkFactory,
 ) -> Result<RecvReport, Failure> {
     if Header::decode(&request.private_data).is_ok() {
         // A framed sender would wait for an accept with a buffer offer we do not make.
@@ -814,13 +837,6 @@ fn raw(
     let port = id.port_info().map_err(internal)?;
     // One receive takes the whole message: --max-bytes, or the device's largest message.
     let len = cfg.max_bytes.min(port.max_msg_sz as u64).max(1);
-    let sink = make_sink(len as usize).map_err(|e| {
-        Failure::Refuse(
-            RejectReason::NoMemory { bytes: len },
-            Some(format!("{e:#}")),
-        )
-    })?;
-    let sink = sink.as_ref();
     let caps = QpCaps {
         max_send_wr: 2,
         max_recv_wr: 2,
@@ -828,6 +844,8 @@ fn raw(
     };
     let res = Resources::new(id, Resources::cq_entries(caps), cfg.busy_poll)
         .map_err(|e| setup_failed(peer, e))?;
+    let (sink, memory_log) = choose_sink(&res, sinks, len, Access::LOCAL)?;
+    let sink = sink.as_ref();
     let mr = MemoryRegion::register(&res.pd, sink.memory(), Access::LOCAL)
         .map_err(|e| Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string())))?;
     let reply_buf = MessageBuffer::new(&res.pd, RAW_REPLY.len()).map_err(internal)?;
@@ -913,5 +931,6 @@ fn raw(
         reply_delivered,
         transfers: 1,
         verify_seconds,
+        memory: memory_log,
     })
 }

@@ -82,7 +82,11 @@ impl Schedule {
     /// always holds a signaled chunk, so it drains.
     pub fn new(plan: ChunkPlan, depth: u32, source: &dyn SendSource, timeout: Duration) -> Self {
         let window = (depth as u64)
-            .min(source.max_chunks_in_flight().map_or(u64::MAX, |m| m.max(1) as u64))
+            .min(
+                source
+                    .max_chunks_in_flight()
+                    .map_or(u64::MAX, |m| m.max(1) as u64),
+            )
             .min(plan.count())
             .max(1);
         Schedule {

@@ -13,7 +13,8 @@ use super::plan::ChunkPlan;
 use super::schedule::{self, ChunkWire, Posted, Schedule};
 use super::units::format_bytes;
 use super::{gigabytes_per_second, TransferError};
-use crate::memory::{SendSource, Verification};
+use crate::memory::select::{walk, AttemptLog};
+use crate::memory::{DataPath, SendMemory, SendSource, Verification};
 use crate::rdma::{
     self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
@@ -26,6 +27,10 @@ use std::time::{Duration, Instant};
 pub struct SendConfig {
     pub peer: SocketAddr,
     pub op: Op,
+    /// Bytes per transfer (the data's size).
+    pub bytes: u64,
+    /// The RDMA device the route must use (`--nic`), if one was named.
+    pub nic: Option<String>,
     /// Bytes per work request (clamped to the transfer size).
     pub chunk: u64,
     /// Work requests kept in flight.
@@ -84,6 +89,11 @@ pub struct SendReport {
     /// How long the receiver's verification took, as it reported (only receivers serving
     /// `--reuse-connection` report it).
     pub receiver_verify_seconds: Option<f64>,
+    /// Where the data was when the NIC read it.
+    pub path: DataPath,
+    /// How the memory path was chosen on this connection: what was left out, refused
+    /// and taken (the first connection's; later ones go straight to what worked).
+    pub memory: AttemptLog,
 }
 
 /// Extra time given to the CM to report its own timeout.
@@ -203,9 +213,9 @@ fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferE
     Ok(())
 }
 
-/// One framed transfer of `source` to `cfg.peer`.
-pub fn send(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport, TransferError> {
-    let mut reports = send_repeated(cfg, source, 1)?;
+/// One framed transfer of `memory`'s data to `cfg.peer`.
+pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    let mut reports = send_repeated(cfg, memory, 1)?;
     reports
         .pop()
         .ok_or_else(|| TransferError::Protocol("no transfer was made".into()))
@@ -218,11 +228,11 @@ pub fn send(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport, Tra
 /// others 0. With `transfers == 1` the wire traffic is exactly [`send`]'s.
 pub fn send_repeated(
     cfg: &SendConfig,
-    source: &dyn SendSource,
+    memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
     let t0 = Instant::now();
-    let total = source.len() as u64;
+    let total = cfg.bytes;
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
     let n = plan.count();
     let header = Header::new(cfg.op, total, plan.chunk_bytes(), cfg.depth)
@@ -236,19 +246,26 @@ pub fn send_repeated(
     let id = CmId::new(&channel)?;
     resolve(&id, cfg.peer, cfg.timeout)?;
     check_message_size(&id, plan.chunk_bytes(), "a chunk (--chunk)")?;
+    check_nic(&id, cfg)?;
 
+    // Memory is registered before the queue pair exists, so that the queue pair, which
+    // may only name regions that outlive it, is torn down first. The CQ is sized for the
+    // deepest window the queue pair may get.
+    let most = QpCaps {
+        max_send_wr: cfg.depth + 1,
+        max_recv_wr: 2,
+        max_inline_data: 0,
+    };
+    let res = Resources::new(&id, Resources::cq_entries(most), cfg.busy_poll)?;
+    let (source, memory_log) = choose_source(&res, memory)?;
+    let data_mr = register_source(&res, source)?;
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
     schedule.progress = cfg.progress;
     let window = schedule.window as u32;
     let caps = QpCaps {
         max_send_wr: window + 1,
-        max_recv_wr: 2,
-        max_inline_data: 0,
+        ..most
     };
-    // Memory is registered before the queue pair exists, so that the queue pair, which
-    // may only name regions that outlive it, is torn down first.
-    let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
-    let data_mr = register_source(&res, source)?;
     let ack_buf = MessageBuffer::new(&res.pd, 64)?;
     let conn = Connection::new(&res, caps)?;
     // SAFETY: nobody reads the ack buffer before this receive's completion is polled.
@@ -331,6 +348,12 @@ pub fn send_repeated(
             raw_reply_bytes: None,
             round_trip_seconds: Some(round_trip_seconds),
             receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
+            path: source.path(),
+            memory: if k == 0 {
+                memory_log.clone()
+            } else {
+                AttemptLog::default()
+            },
         });
     }
     conn.close(true, DISCONNECT_GRACE);
@@ -447,7 +470,10 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         let index = c.wr_id & INDEX_MASK;
         let what = match (self.op, index + 1 == self.chunks) {
             (WireOp::Raw { bytes }, _) => {
-                format!("SEND_WITH_IMM of the whole buffer ({})", format_bytes(bytes))
+                format!(
+                    "SEND_WITH_IMM of the whole buffer ({})",
+                    format_bytes(bytes)
+                )
             }
             (WireOp::Send, true) => format!("SEND_WITH_IMM of chunk {index}"),
             (WireOp::Send, false) => format!("SEND of chunk {index}"),
@@ -539,6 +565,43 @@ impl ChunkWire for VerbsWire<'_, '_> {
 /// posts what it has before it waits.
 const POST_BATCH: usize = 16;
 
+/// With `--nic`, the route to the peer must leave through that device.
+fn check_nic(id: &CmId, cfg: &SendConfig) -> Result<(), TransferError> {
+    let Some(wanted) = cfg.nic.as_deref() else {
+        return Ok(());
+    };
+    match id.device_name() {
+        Some(bound) if bound != wanted => Err(TransferError::Protocol(format!(
+            "the route to {} leaves through RDMA device {bound}, not --nic {wanted}: give the receiver an address reached through {wanted}, or drop --nic",
+            cfg.peer
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Walk the memory plan on this connection's protection domain: the first method whose
+/// memory the NIC registers is the one the transfer uses (a trial registration, dropped
+/// at once; the transfer registers the memory again for itself). A refusal (no dma-buf in
+/// the NIC's driver, no peermem, a BAR1 too small) moves on to the next method.
+fn choose_source<'m>(
+    res: &Resources,
+    memory: &'m mut SendMemory,
+) -> Result<(&'m dyn SendSource, AttemptLog), TransferError> {
+    let plan = memory.plan().clone();
+    let walked = walk(&plan, |method| {
+        let source = memory.source(method).map_err(|e| format!("{e:#}"))?;
+        MemoryRegion::register(&res.pd, source.memory(), Access::LOCAL)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .map_err(|e| TransferError::Memory(e.into()))?;
+    memory.settle(walked.method);
+    let source = memory
+        .source(walked.method)
+        .map_err(TransferError::Memory)?;
+    Ok((source, walked.log))
+}
+
 /// Register the source's memory for the NIC to read. When the NIC refuses GPU memory
 /// (no dma-buf support in its driver, no peermem), say what to use instead.
 fn register_source<'s>(
@@ -562,9 +625,9 @@ const RAW_REPLY_WAIT: Duration = Duration::from_secs(1);
 
 /// The seed's wire behaviour: connect without private data, one SEND_WITH_IMM (imm
 /// 0x1234) of the whole buffer, then up to a second for an optional reply.
-pub fn send_raw(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport, TransferError> {
+pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
     let t0 = Instant::now();
-    let total = source.len() as u64;
+    let total = cfg.bytes;
     let label = cfg.peer.to_string();
     if total == 0 || total > u32::MAX as u64 {
         return Err(TransferError::Protocol(format!(
@@ -580,16 +643,18 @@ pub fn send_raw(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport,
         total,
         "--raw sends the whole buffer as one message; a message",
     )?;
-    // One chunk of the whole buffer, through the same schedule as framed transfers.
-    let plan = ChunkPlan::new(total, total).map_err(TransferError::Protocol)?;
-    let schedule = Schedule::new(plan, 1, source, cfg.timeout);
+    check_nic(&id, cfg)?;
     let caps = QpCaps {
         max_send_wr: 2,
         max_recv_wr: 2,
         max_inline_data: 0,
     };
     let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
+    let (source, memory_log) = choose_source(&res, memory)?;
     let data_mr = register_source(&res, source)?;
+    // One chunk of the whole buffer, through the same schedule as framed transfers.
+    let plan = ChunkPlan::new(total, total).map_err(TransferError::Protocol)?;
+    let schedule = Schedule::new(plan, 1, source, cfg.timeout);
     let reply_buf = MessageBuffer::new(&res.pd, 64)?;
     let conn = Connection::new(&res, caps)?;
     // SAFETY: nobody reads the reply buffer before this receive's completion is polled.
@@ -640,5 +705,7 @@ pub fn send_raw(cfg: &SendConfig, source: &dyn SendSource) -> Result<SendReport,
         raw_reply_bytes,
         round_trip_seconds: None,
         receiver_verify_seconds: None,
+        path: source.path(),
+        memory: memory_log,
     })
 }
