@@ -15,14 +15,6 @@ use host::transfer::units::format_bytes;
 use std::process::ExitCode;
 
 pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
-    let nics = match rdma::probe_nics() {
-        Ok(nics) => nics,
-        Err(e) => {
-            println!("RDMA devices: none ({e})");
-            println!("verdict: nothing can carry a transfer without an RDMA device");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
     let gpu: Result<GpuFacts, String> = facts::gpus().and_then(|gpus| {
         let count = gpus.len();
         gpus.into_iter()
@@ -32,6 +24,17 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     let function = match &gpu {
         Ok(g) => g.function.clone(),
         Err(e) => Err(e.clone()),
+    };
+    print_gpu(args.gpu, &gpu);
+    let nics = match rdma::probe_nics() {
+        Ok(nics) => nics,
+        Err(e) => {
+            println!("NIC: none ({e})");
+            println!("GPUDirect RDMA: will not work: there is no RDMA NIC on this machine");
+            println!("to change: add an RDMA NIC (InfiniBand or RoCE), ideally on the GPU's PCIe switch; without hardware, Soft-RoCE (README section 'Soft-RoCE')");
+            println!("verdict: nothing can carry a transfer without an RDMA device");
+            return Ok(ExitCode::FAILURE);
+        }
     };
     let distances: Vec<(&str, Result<PciDistance, String>)> = nics
         .iter()
@@ -45,19 +48,6 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     let distance = distances[index].1.clone();
     let peermem = rdma::loaded_peermem_module();
 
-    match &gpu {
-        Ok(g) => {
-            println!("GPU {}: {} (PCI {})", g.ordinal, g.name, g.bus_id);
-            println!("  {}", describe_caps(&g.caps));
-            if let Ok(f) = &g.function {
-                match topology::bar1_bytes(f) {
-                    Ok(b) => println!("  BAR1: {}", format_bytes(b)),
-                    Err(e) => println!("  BAR1: unknown ({e})"),
-                }
-            }
-        }
-        Err(e) => println!("GPU {}: none: {e}", args.gpu),
-    }
     let chosen = if args.nic.is_some() {
         "as asked".to_string()
     } else {
@@ -119,6 +109,27 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     println!("--mem auto: {}", auto_summary(&send, &recv));
     // Staged and host memory are paths too: with an RDMA device, something always works.
     Ok(ExitCode::SUCCESS)
+}
+
+/// The GPU's identity, PCI path, capabilities and BAR1.
+fn print_gpu(ordinal: u32, gpu: &Result<GpuFacts, String>) {
+    match gpu {
+        Ok(g) => {
+            println!("GPU {}: {} (PCI {})", g.ordinal, g.name, g.bus_id);
+            match &g.function {
+                Ok(f) => println!("  PCI path: {}", f.path.display()),
+                Err(e) => println!("  PCI path: unknown ({e})"),
+            }
+            println!("  {}", describe_caps(&g.caps));
+            if let Ok(f) = &g.function {
+                match topology::bar1_bytes(f) {
+                    Ok(b) => println!("  BAR1: {}", format_bytes(b)),
+                    Err(e) => println!("  BAR1: unknown ({e})"),
+                }
+            }
+        }
+        Err(e) => println!("GPU {ordinal}: none: {e}"),
+    }
 }
 
 fn describe_caps(c: &GpuCapabilities) -> String {

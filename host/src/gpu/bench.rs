@@ -205,6 +205,8 @@ struct InstantWire {
 }
 
 impl ChunkWire for InstantWire {
+    /// # Safety
+    /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
         self.last = chunks.last().map(|p| p.chunk.index).or(self.last);
         Ok(())

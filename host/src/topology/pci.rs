@@ -147,12 +147,38 @@ pub fn parse_bar_size(resource: &str, index: usize) -> Result<u64, String> {
     }
 }
 
-/// BAR1's size in bytes (see [`parse_bar_size`]).
+/// `IORESOURCE_PREFETCH` in a resource line's flags (include/linux/ioport.h).
+const IORESOURCE_PREFETCH: u64 = 0x2000;
+
+/// The size of the GPU's framebuffer aperture, what NVIDIA calls BAR1: the first
+/// prefetchable memory BAR. It is register 1 where BAR0 is 32-bit (an H100 on bare
+/// metal), register 2 where a hypervisor gives BAR0 64 bits (then lines 0-1 are BAR0 and
+/// line 1 is zeros): counting registers alone would miss it there.
+pub fn parse_aperture_size(resource: &str) -> Result<u64, String> {
+    for index in 0..6 {
+        let Ok(size) = parse_bar_size(resource, index) else {
+            continue;
+        };
+        let flags = resource
+            .lines()
+            .nth(index)
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .unwrap_or(0);
+        if flags & IORESOURCE_PREFETCH != 0 {
+            return Ok(size);
+        }
+    }
+    Err("no prefetchable memory BAR (the framebuffer aperture) is assigned".into())
+}
+
+/// BAR1's size in bytes: the aperture through which a NIC reaches GPU memory (see
+/// [`parse_aperture_size`]).
 pub fn bar1_bytes(function: &PciFunction) -> Result<u64, String> {
     let file = function.path.join("resource");
     let text = std::fs::read_to_string(&file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    parse_bar_size(&text, 1)
+    parse_aperture_size(&text)
 }
 
 /// A function's IOMMU group and how the IOMMU treats its DMA.
@@ -292,6 +318,27 @@ mod tests {
 0x0000000000000000 0x0000000000000000 0x0000000000000000
 0x0000000000000000 0x0000000000000000 0x0000000000000000
 ";
+
+    // A GPU whose BAR0 a hypervisor made 64-bit: lines 0-1 are BAR0, the aperture is
+    // line 2.
+    const VM_RESOURCE: &str = "\
+0x0000000060000000 0x0000000060ffffff 0x0000000000140204
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000004000000000 0x00000047ffffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000004800000000 0x0000004801ffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+";
+
+    #[test]
+    fn the_aperture_is_the_first_prefetchable_bar() {
+        assert_eq!(parse_aperture_size(H100_RESOURCE), Ok(32 << 30));
+        assert_eq!(parse_aperture_size(VM_RESOURCE), Ok(32 << 30));
+        let none = "0x0000000060000000 0x0000000060ffffff 0x0000000000040200\n";
+        assert!(parse_aperture_size(none).is_err());
+        assert!(parse_aperture_size("").is_err());
+    }
 
     #[test]
     fn bar1_is_line_one_of_resource() {

@@ -103,6 +103,8 @@ impl ChunkWire for MemcpyWire<'_> {
         1
     }
 
+    /// # Safety
+    /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
         let jobs = self
             .jobs

@@ -273,6 +273,8 @@ mod tests {
         fn batch(&self) -> usize {
             3
         }
+        /// # Safety
+        /// As [`ChunkWire::post`] says.
         unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
             for p in chunks {
                 if self.fail_at == Some(p.chunk.index) {

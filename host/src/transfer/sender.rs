@@ -501,6 +501,8 @@ impl ChunkWire for VerbsWire<'_, '_> {
         POST_BATCH.min(POST_LIST_MAX)
     }
 
+    /// # Safety
+    /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), schedule::WireError> {
         self.wrs.clear();
         for p in chunks {
