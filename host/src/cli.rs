@@ -247,6 +247,23 @@ pub struct RecvArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
+    /// Senders served at once (each on its own thread, with its own buffer and
+    /// deadlines); one more is rejected at once with "receiver busy".
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_connections: u32,
+
+    /// Receive buffers held at once, all connections together; an offer that would go
+    /// over is rejected at once with "receiver busy".
+    #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = parse_size)]
+    pub max_memory: u64,
+
+    /// The slowest a transfer may average, in bytes per second (suffixes as for
+    /// --max-bytes): one of N bytes must be done within --timeout + N / RATE, else the
+    /// receiver ends it as "sender too slow", whatever the per-wait --timeout says. 0
+    /// turns the rule off.
+    #[arg(long, value_name = "BYTES/S", default_value = "1MiB", value_parser = parse_size)]
+    pub min_rate: u64,
+
     /// One JSON object per line on stdout for each event (listening, completed,
     /// rejected, failed); human lines go to stderr.
     #[arg(long)]

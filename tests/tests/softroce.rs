@@ -73,6 +73,13 @@ const TWO: Spec = Spec {
     timeout_s: 600,
     extra: &[],
 };
+const SERVER: Spec = Spec {
+    what: "topology one, the receiver as a server",
+    topology: "one",
+    script: "server.sh",
+    timeout_s: 1500,
+    extra: &[],
+};
 const VANISHING: Spec = Spec {
     what: "topology two, receiver host killed",
     topology: "two",
@@ -146,6 +153,11 @@ fn one_guest(test: &str) -> Option<&'static Run> {
 fn two_guests(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&TWO)))
+}
+
+fn server(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&SERVER)))
 }
 
 fn vanishing(test: &str) -> Option<&'static Run> {
@@ -1304,4 +1316,208 @@ fn one_guest_rxe_is_probed_for_dma_buf_and_found_without_it() {
     // Host memory on the same device still carries a transfer: the seed case.
     let seed_case = run.case('a', "seed");
     seed_case.sent_and_verified("sender", &seed(&format!("{A}:7471")));
+}
+
+// ---------------------------------------------------------------------------------------
+// The receiver as a server (server.sh)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn server_eight_senders_at_once_all_verified_and_nothing_leaks() {
+    let Some(run) = server("server_eight_senders_at_once_all_verified_and_nothing_leaks") else {
+        return;
+    };
+    let c = run.case('a', "many_senders");
+    let peer = format!("{A}:7471");
+    let kinds = [
+        Sent::new(&peer, "16 KiB", 16 << 10, "SEND"),
+        Sent::new(&peer, "16 KiB", 16 << 10, "WRITE"),
+        Sent::new(&peer, "1 MiB", 1 << 20, "SEND"),
+        Sent::new(&peer, "4 MiB", 4 << 20, "WRITE").chunks(64, "64 KiB"),
+        Sent::new(&peer, "16 MiB", 16 << 20, "SEND").chunks(16, "1 MiB"),
+        Sent::new(&peer, "16 MiB", 16 << 20, "WRITE").chunks(16, "1 MiB"),
+        Sent::new(&peer, "64 MiB", 64 << 20, "SEND").chunks(64, "1 MiB"),
+        Sent::new(&peer, "64 MiB", 64 << 20, "WRITE").chunks(64, "1 MiB"),
+    ];
+    for (i, sent) in kinds.iter().enumerate() {
+        c.sent_and_verified(&format!("s{}", i + 1), sent);
+        c.received_verified("receiver", 0, sent, A);
+    }
+    c.still_serving("receiver");
+    let (before, after) = (c.val("fds_before"), c.val("fds_after"));
+    c.check(
+        before == after,
+        &format!("the receiver had {before} descriptors open before the eight, {after} after"),
+    );
+    let peak = c.val("peak_kib");
+    // --max-memory 256MiB bounds the buffers; the rest is the process itself.
+    c.check(
+        peak < (256.0 + 64.0) * 1024.0,
+        &format!("peak memory {peak} KiB is over --max-memory 256 MiB + 64 MiB"),
+    );
+    note(&format!(
+        "server: 8 senders at once verified; receiver descriptors {before} before, {after} after; peak memory {:.1} MiB",
+        peak / 1024.0
+    ));
+}
+
+#[test]
+fn server_a_stalled_sender_costs_only_itself() {
+    let Some(run) = server("server_a_stalled_sender_costs_only_itself") else {
+        return;
+    };
+    let c = run.case('a', "stalled_sender");
+    let peer = format!("{A}:7471");
+    // The other sender completes within its own --timeout 8 while the first is stopped.
+    c.sent_and_verified("other", &Sent::new(&peer, "1 MiB", 1 << 20, "SEND"));
+    let other = c.out("other");
+    c.check(other.secs < 8.0, &format!("`other` took {} s", other.secs));
+    c.find(
+        "receiver",
+        0,
+        "error: incomplete transfer from ",
+        &["timed out"],
+    );
+    c.check(c.out("stalled").rc != 0, "the stalled sender must fail");
+    c.sent_and_verified("after", &seed(&peer));
+    c.still_serving("receiver");
+    note(&format!(
+        "server: a SIGSTOPped sender; another finished in {:.2} s, the stalled one was given up {:.1} s after its stop",
+        other.secs,
+        c.val("stalled_given_up_at") - c.val("stopped_at")
+    ));
+}
+
+#[test]
+fn server_limits_reject_at_once_with_the_reason() {
+    let Some(run) = server("server_limits_reject_at_once_with_the_reason") else {
+        return;
+    };
+    let c = run.case('a', "busy");
+    let peer = format!("{A}:7471");
+    c.rc("second", 1);
+    c.one_error(
+        "second",
+        "error: receiver rejected the transfer: receiver busy: it serves 1 connections, its --max-connections 1",
+    );
+    c.check(
+        c.out("second").secs < 5.0,
+        "a busy receiver must say so at once",
+    );
+    c.sent_and_verified(
+        "holder",
+        &Sent::new(&peer, "16 MiB", 16 << 20, "SEND").chunks(16, "1 MiB"),
+    );
+    c.rc("big", 1);
+    c.one_error(
+        "big",
+        "error: receiver rejected the transfer: receiver busy: 64 MiB more would put its buffers over its --max-memory 32 MiB",
+    );
+    c.still_serving("receiver");
+}
+
+#[test]
+fn server_a_sender_below_min_rate_is_ended_on_both_sides() {
+    let Some(run) = server("server_a_sender_below_min_rate_is_ended_on_both_sides") else {
+        return;
+    };
+    let c = run.case('a', "too_slow");
+    c.rc("slow", 1);
+    c.one_error("slow", "error: transfer to ");
+    c.find("slow", 0, "error: ", &["sender too slow"]);
+    c.find(
+        "receiver",
+        0,
+        "error: sender ",
+        &["too slow", "--min-rate 1 GiB/s"],
+    );
+    c.sent_and_verified("after", &seed(&format!("{A}:7471")));
+    c.still_serving("receiver");
+}
+
+#[test]
+fn server_absurd_sizes_end_in_an_error_not_a_signal() {
+    let Some(run) = server("server_absurd_sizes_end_in_an_error_not_a_signal") else {
+        return;
+    };
+    let c = run.case('a', "absurd_sizes");
+    for label in ["huge", "huge_chunks"] {
+        c.rc(label, 1);
+        c.ended_by_itself(label);
+        c.one_error(label, "error: ");
+    }
+    c.sent_and_verified("after", &seed(&format!("{A}:7471")));
+    c.still_serving("receiver");
+}
+
+#[test]
+fn server_once_is_used_up_only_by_a_transfer() {
+    let Some(run) = server("server_once_is_used_up_only_by_a_transfer") else {
+        return;
+    };
+    let c = run.case('a', "once_after_garbage");
+    c.rc("bad", 1);
+    c.sent_and_verified("good", &seed(&format!("{A}:7471")));
+    c.rc("receiver", 0);
+    c.ended_by_itself("receiver");
+    c.find(
+        "receiver",
+        0,
+        "receiver: rejected ",
+        &["protocol version 2"],
+    );
+}
+
+#[test]
+fn server_soak_1000_in_a_row_and_100_at_once() {
+    let Some(run) = server("server_soak_1000_in_a_row_and_100_at_once") else {
+        return;
+    };
+    let c = run.case('a', "soak");
+    c.rc("row", 0);
+    c.no_error("row");
+    c.find("row", 0, "aggregate: 1000 transfers", &[]);
+    let verified = c
+        .out("row")
+        .lines
+        .iter()
+        .filter(|l| l.contains("Receiver: verified 16 KiB: all 4096 elements match"))
+        .count();
+    c.check(verified == 1000, &format!("{verified} of 1000 verified"));
+    c.check(
+        c.val("many_verified") == 100.0,
+        &format!(
+            "{} of 100 concurrent senders verified",
+            c.val("many_verified")
+        ),
+    );
+    c.check(
+        !c.vals.contains_key("many_killed"),
+        "senders had to be killed",
+    );
+    let (before, after) = (c.val("fds_before"), c.val("fds_after"));
+    c.check(
+        before == after,
+        &format!("descriptors {before} before, {after} after"),
+    );
+    let (peak_before, peak_row, peak_after) = (
+        c.val("peak_before_kib"),
+        c.val("peak_after_row_kib"),
+        c.val("peak_after_kib"),
+    );
+    // 1000 transfers one after another must not grow the receiver (a leak of even 1 KiB
+    // a transfer would show as 1 MiB).
+    c.check(
+        peak_row - peak_before < 1024.0,
+        &format!("peak memory grew from {peak_before} to {peak_row} KiB over 1000 transfers"),
+    );
+    c.still_serving("receiver");
+    note(&format!(
+        "server soak: 1000 in a row in {:.1} s, 100 at once in {:.1} s; descriptors {before} -> {after}; peak {:.1} -> {:.1} -> {:.1} MiB",
+        c.val("row_done") - c.val("row_started"),
+        c.val("many_done") - c.val("row_done"),
+        peak_before / 1024.0,
+        peak_row / 1024.0,
+        peak_after / 1024.0
+    ));
 }

@@ -4,13 +4,15 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
 use anyhow::Result;
 use host::cli::RecvArgs;
-use host::memory::select::{plan, Attempt, AttemptLog, Direction, Method};
-use host::memory::{DataPath, GpuChoice, SinkFactory};
+use host::memory::select::{plan, Attempt, AttemptLog, Direction, Method, Plan};
+use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
+use host::transfer::receiver::SinkFactoryMaker;
 use host::transfer::units::format_bytes;
 use host::transfer::{self, RecvConfig, RecvOutcome, RecvReport};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// The receiver's words for where data lands.
 fn sink_words(path: DataPath) -> &'static str {
@@ -121,8 +123,25 @@ fn print_report(r: &RecvReport, human: &Human) {
 }
 
 /// Where received data goes: the plan from the GPU's and the NIC's facts, refined per
-/// connection by what the NIC really registers.
-fn sink_factory(args: &RecvArgs) -> Result<SinkFactory> {
+/// connection by what the NIC really registers. Each connection's thread makes its own
+/// factory from it (GPU objects stay on the thread that made them), opening the GPU only
+/// where the plan may put data there.
+fn sink_factory_maker(args: &RecvArgs) -> Result<Arc<SinkFactoryMaker>> {
+    let plan = sink_plan(args)?;
+    let (gpu, mem) = (args.gpu, args.mem);
+    let needs_gpu = plan.attempts.iter().any(|m| m.is_gpudirect());
+    Ok(Arc::new(move || {
+        let selection = if needs_gpu { gpu } else { GpuSelection::None };
+        Ok(SinkFactory::new(
+            plan.clone(),
+            GpuChoice::open(selection, mem)?,
+        ))
+    }))
+}
+
+/// The receiver's plan, decided once on the main thread (which opens the GPU only for
+/// its facts).
+fn sink_plan(args: &RecvArgs) -> Result<Plan> {
     let gpu = GpuChoice::open(args.gpu, args.mem)?;
     let facts = path_facts(
         &gpu,
@@ -150,7 +169,7 @@ fn sink_factory(args: &RecvArgs) -> Result<SinkFactory> {
     if plan.attempts.first() == Some(&Method::Host) && !plan.left_out.is_empty() {
         eprintln!("note: receiving into host memory");
     }
-    Ok(SinkFactory::new(plan, gpu))
+    Ok(plan)
 }
 
 /// A GPU that may see the NIC's writes out of order and cannot flush them cannot have
@@ -190,10 +209,13 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         max_bytes: args.max_bytes,
         timeout: args.timeout,
         busy_poll: args.busy_poll,
+        max_connections: args.max_connections as usize,
+        max_memory: args.max_memory,
+        min_rate: args.min_rate,
     };
-    let factory = sink_factory(args)?;
+    let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
-    let verified = transfer::serve(&cfg, &factory, &mut |o| print_outcome(o, json_out))?;
+    let verified = transfer::serve(&cfg, make_sinks, &mut |o| print_outcome(o, json_out))?;
     Ok(if verified {
         ExitCode::SUCCESS
     } else {

@@ -279,3 +279,38 @@ pub struct ConnectRequest {
     pub private_data: Vec<u8>,
     pub peer: Option<SocketAddr>,
 }
+
+impl ConnectRequest {
+    /// The request as a value that may move to the thread that will serve it, if nothing
+    /// else holds its id or the id's event channel (else the request back).
+    pub fn into_sendable(self) -> Result<SendableRequest, ConnectRequest> {
+        let unique = |strong: usize, weak: usize| strong == 1 && weak == 0;
+        if unique(Rc::strong_count(&self.id), Rc::weak_count(&self.id))
+            && unique(
+                Rc::strong_count(self.id.channel()),
+                Rc::weak_count(self.id.channel()),
+            )
+        {
+            Ok(SendableRequest(self))
+        } else {
+            Err(self)
+        }
+    }
+}
+
+/// A [`ConnectRequest`] whose id and event channel nothing else references: it moves to
+/// another thread as a whole, and becomes a `ConnectRequest` again there.
+pub struct SendableRequest(ConnectRequest);
+
+// SAFETY: the `Rc`s inside (the id, and the event channel the id holds) have a strong
+// count of 1 and no weak references (checked in `into_sendable`), so moving the value moves
+// every reference to them: no other thread can touch the counts or the C objects. The C
+// objects themselves (an rdma_cm_id and its event channel) may be used from any thread:
+// librdmacm is thread-safe, and from here on only the receiving thread uses them.
+unsafe impl Send for SendableRequest {}
+
+impl SendableRequest {
+    pub fn into_inner(self) -> ConnectRequest {
+        self.0
+    }
+}

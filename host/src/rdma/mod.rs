@@ -24,8 +24,10 @@
 //!   completion channel, everything before the `rdma_cm_id` (whose verbs context the
 //!   others live in), the id before its event channel. `Drop` cannot report errors; a
 //!   failing destroy call is ignored, as it can only fail when the tree above is broken.
-//! * **Single-threaded.** The wrappers hold raw pointers and are neither `Send` nor
-//!   `Sync`; a connection and everything of it lives on one thread.
+//! * **One thread per connection.** The wrappers hold raw pointers and are neither `Send`
+//!   nor `Sync`; a connection and everything of it lives on one thread. The one crossing
+//!   is a connect request handed from the listener to the thread that serves it, as a
+//!   [`SendableRequest`], which exists only while nothing else references its id.
 //! * **Events are acknowledged by a guard.** [`CmEvent`] acks its `rdma_cm_event` when
 //!   dropped and borrows the channel it came from. `rdma_destroy_id` waits for every
 //!   event of the id to be acked, so a connect request is turned into an owned
@@ -62,7 +64,7 @@ pub use cm_id::{canonical, CmId, ConnParams, PortInfo};
 pub use cq::{Completion, CompletionChannel, CompletionQueue, Wake};
 pub use device::{devices, ensure_device, DeviceInfo, GidInfo, PortSummary};
 pub use error::{errno_message, format_duration, RdmaError};
-pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel};
+pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel, SendableRequest};
 pub use mr::{Access, MemoryRegion, MessageBuffer, Sge};
 pub use pd::ProtectionDomain;
 pub use probe::{
@@ -82,11 +84,20 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// `timeout` from now.
+    /// `timeout` from now (at most about a century: `Instant` cannot hold more).
     pub fn after(timeout: Duration) -> Self {
+        let timeout = timeout.min(Duration::from_secs(3_000_000_000));
         Deadline {
             at: Instant::now() + timeout,
             timeout,
+        }
+    }
+
+    /// Whichever of the two ends first.
+    pub fn earliest(self, other: Option<Deadline>) -> Deadline {
+        match other {
+            Some(o) if o.at < self.at => o,
+            _ => self,
         }
     }
 

@@ -463,6 +463,15 @@ pub enum RejectReason {
     ChunkTooLarge { chunk: u64, max: u64 },
     #[error("it could not allocate or register {} for the data (see its log)", format_bytes(*bytes))]
     NoMemory { bytes: u64 },
+    /// The receiver serves as many connections as its `--max-connections` allows.
+    #[error("receiver busy: it serves {active} connections, its --max-connections {max}; try again later")]
+    BusyConnections { active: u64, max: u64 },
+    /// Taking this transfer would put the receiver's buffers over its `--max-memory`.
+    #[error(
+        "receiver busy: {} more would put its buffers over its --max-memory {}; try again later",
+        format_bytes(*wanted), format_bytes(*max)
+    )]
+    BusyMemory { wanted: u64, max: u64 },
     /// Memory was there, but its NIC refused to register it on every path the receiver
     /// may use (`--mem device` with a NIC that takes no GPU memory, say).
     #[error("its NIC refused to register {} on every memory path it may use (see its log)", format_bytes(*bytes))]
@@ -490,6 +499,8 @@ impl RejectReason {
             RejectReason::Internal => (5, 0, 0, 0),
             RejectReason::RawOnly => (6, 0, 0, 0),
             RejectReason::NotRegistrable { bytes } => (7, 0, bytes, 0),
+            RejectReason::BusyConnections { active, max } => (8, 0, active, max),
+            RejectReason::BusyMemory { wanted, max } => (9, 0, wanted, max),
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         let mut out = [0u8; REJECT_LEN];
@@ -526,6 +537,8 @@ impl RejectReason {
             5 => RejectReason::Internal,
             6 => RejectReason::RawOnly,
             7 => RejectReason::NotRegistrable { bytes: a },
+            8 => RejectReason::BusyConnections { active: a, max: b },
+            9 => RejectReason::BusyMemory { wanted: a, max: b },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -541,6 +554,9 @@ pub enum AckStatus {
     Mismatch,
     /// The receiver could not check (its verification itself failed).
     VerifyFailed,
+    /// The receiver ended the transfer before all data came: the sender stayed below its
+    /// `--min-rate` (`received_bytes` says how far it got). Sent instead of a verdict.
+    TooSlow,
 }
 
 /// The final message, receiver to sender.
@@ -576,6 +592,16 @@ impl Ack {
         }
     }
 
+    /// The receiver's word that the sender was too slow, after `received_bytes`.
+    pub fn too_slow(received_bytes: u64) -> Ack {
+        Ack {
+            status: AckStatus::TooSlow,
+            received_bytes,
+            verification: None,
+            verify_micros: None,
+        }
+    }
+
     /// The same ack, telling how long the verification took.
     pub fn with_verify_time(self, took: std::time::Duration) -> Ack {
         Ack {
@@ -592,6 +618,7 @@ impl Ack {
             AckStatus::Verified => 0,
             AckStatus::Mismatch => 1,
             AckStatus::VerifyFailed => 2,
+            AckStatus::TooSlow => 3,
         };
         let mut flags = 0u8;
         let v = self.verification;
@@ -628,6 +655,7 @@ impl Ack {
             0 => AckStatus::Verified,
             1 => AckStatus::Mismatch,
             2 => AckStatus::VerifyFailed,
+            3 => AckStatus::TooSlow,
             _ => return Err(WireError::UnknownStatus { code }),
         };
         let flags = r.u8();
@@ -651,7 +679,7 @@ impl Ack {
         let consistent = match (status, &verification) {
             (AckStatus::Verified, Some(v)) => v.mismatches == 0 && v.first_mismatch.is_none(),
             (AckStatus::Mismatch, Some(v)) => v.mismatches > 0,
-            (AckStatus::VerifyFailed, None) => true,
+            (AckStatus::VerifyFailed | AckStatus::TooSlow, None) => true,
             _ => false,
         };
         if !consistent {
@@ -924,6 +952,14 @@ mod tests {
             },
             RejectReason::NoMemory { bytes: 1 << 30 },
             RejectReason::NotRegistrable { bytes: 1 << 20 },
+            RejectReason::BusyConnections {
+                active: 16,
+                max: 16,
+            },
+            RejectReason::BusyMemory {
+                wanted: 1 << 30,
+                max: 2 << 30,
+            },
             RejectReason::Internal,
             RejectReason::RawOnly,
         ];
@@ -971,6 +1007,11 @@ mod tests {
         assert_eq!(mismatch.status, AckStatus::Mismatch);
         let failed = Ack::new(1 << 20, None);
         assert_eq!(failed.status, AckStatus::VerifyFailed);
+        let slow = Ack::decode(&Ack::too_slow(1 << 20).encode()).unwrap();
+        assert_eq!(
+            (slow.status, slow.received_bytes, slow.verification),
+            (AckStatus::TooSlow, 1 << 20, None)
+        );
         let timed = verified.with_verify_time(std::time::Duration::from_micros(1234));
         assert_eq!(timed.verify_micros, Some(1234));
         let saturated = failed.with_verify_time(std::time::Duration::from_secs(1 << 40));

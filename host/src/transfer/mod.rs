@@ -58,6 +58,7 @@ pub use receiver::{serve, RecvConfig, RecvOutcome, RecvReport};
 pub use sender::{send, send_raw, send_repeated, ReceiverVerdict, SendConfig, SendReport};
 
 use crate::rdma::RdmaError;
+use units::format_bytes;
 
 /// The errors of a transfer that a user can act on; the rest are [`RdmaError`]s.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +94,18 @@ pub enum TransferError {
         got: u64,
         total: u64,
         why: String,
+    },
+
+    #[error(
+        "sender {peer} too slow: {} of {} in {seconds:.1} s, below this receiver's --min-rate {}/s",
+        format_bytes(*got), format_bytes(*total), format_bytes(*min_rate)
+    )]
+    TooSlow {
+        peer: String,
+        got: u64,
+        total: u64,
+        seconds: f64,
+        min_rate: u64,
     },
 
     #[error("{0}")]

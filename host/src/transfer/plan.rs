@@ -165,4 +165,44 @@ mod tests {
         assert_eq!(p.count(), 1024);
         check_covers(&p);
     }
+
+    /// The size arithmetic never overflows or panics, whatever a peer or the command line
+    /// puts in: every combination of edge values (a property test over a grid).
+    #[test]
+    fn no_size_overflows_on_any_edge_value() {
+        let edges = [
+            0u64,
+            1,
+            3,
+            4,
+            4095,
+            4096,
+            (1 << 20) + 3,
+            u32::MAX as u64,
+            u32::MAX as u64 + 1,
+            1 << 62,
+            u64::MAX - 3,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for &total in &edges {
+            for &chunk in &edges {
+                let Ok(p) = ChunkPlan::new(total, chunk) else {
+                    assert!(total == 0 || chunk == 0);
+                    continue;
+                };
+                let n = p.count();
+                assert!(n >= 1 && p.chunk_bytes() <= total);
+                for i in [0, 1, n / 2, n - 1, n, n.saturating_add(1), u64::MAX] {
+                    if let Some(c) = p.get(i) {
+                        assert!(c.len >= 1 && c.offset.checked_add(c.len).unwrap() <= total);
+                    } else {
+                        assert!(i >= n);
+                    }
+                    assert!(p.bytes_through(i) <= total);
+                }
+                assert_eq!(p.bytes_through(n), total);
+            }
+        }
+    }
 }

@@ -1,9 +1,20 @@
-//! The receiving side: listen, and serve one sender after another.
+//! The receiving side: listen, and serve many senders at once.
 //!
-//! Connection requests that arrive while a transfer is served wait on the listener's
-//! event channel (each connection's own events go to a channel of its own, see
-//! [`crate::rdma`]), so concurrent senders are served in turn; a queued sender waits at
-//! most its `--timeout` for the accept.
+//! **A thread per connection.** The listener thread takes each connect request, decides
+//! at once whether it may be served (`--max-connections`, `--max-memory`: if not, the
+//! sender is told "receiver busy" and nothing waits), and hands it to a thread of its own
+//! that runs the whole transfer with its own queue pair, buffer, deadlines and verdict.
+//! Threads rather than one event loop over all the completion channels: each transfer
+//! stays the straight sequence of steps below, with its own blocking waits and deadlines,
+//! and a sender that stalls, trickles or sends garbage can only ever block its own
+//! thread. The cost, a thread and a stack per connection, is bounded by
+//! `--max-connections`. GPU objects are not `Send`, so each thread makes its own buffers
+//! (and opens the GPU itself where the plan may put data there).
+//!
+//! **Deadlines a slow peer cannot stretch.** Besides `--timeout` for every wait (which
+//! restarts on progress), a transfer of `n` bytes must be done within `--timeout` plus
+//! `n / --min-rate`; past that the receiver sends a "too slow" ack and disconnects, and
+//! both sides say so.
 
 use super::conn::{
     is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
@@ -21,6 +32,7 @@ use crate::rdma::{
 };
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Receives kept posted at least (if the transfer has that many chunks).
@@ -42,6 +54,12 @@ pub struct RecvConfig {
     /// Bound of every wait; while data flows it restarts on progress.
     pub timeout: Duration,
     pub busy_poll: bool,
+    /// Connections served at once; more are rejected as busy.
+    pub max_connections: usize,
+    /// Bytes of receive buffers held at once; an offer that would go over is rejected.
+    pub max_memory: u64,
+    /// Bytes per second a transfer must average (beyond its first `timeout`); 0: no limit.
+    pub min_rate: u64,
 }
 
 /// One finished transfer.
@@ -100,25 +118,53 @@ pub enum RecvOutcome {
     },
 }
 
-/// Listen on `cfg.bind` and serve senders one after another, telling `report` about each.
+/// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
+/// on the thread that made them).
+pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
+
+/// A connection's thread, done: what happened, and the buffer bytes it had reserved.
+struct Finished {
+    outcome: RecvOutcome,
+    reserved: u64,
+}
+
+/// Listen on `cfg.bind` and serve senders, many at once, telling `report` about each.
 /// Returns only with `--once` (`Ok(true)` if that one transfer verified) or on an error
 /// of the listener itself.
 pub fn serve(
     cfg: &RecvConfig,
-    sinks: &SinkFactory,
+    make_sinks: Arc<SinkFactoryMaker>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     rdma::ensure_device()?;
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
     listener.bind(cfg.bind)?;
-    listener.listen(16)?;
+    listener.listen(LISTEN_BACKLOG)?;
     let addr = listener
         .local_addr()
         .map_or_else(|| cfg.bind.to_string(), |a| a.to_string());
     report(&RecvOutcome::Listening { addr });
+    // `--once` serves one transfer: one connection at a time, and only a transfer (not a
+    // rejected offer) uses it up.
+    let max_connections = if cfg.once {
+        1
+    } else {
+        cfg.max_connections.max(1)
+    };
+    let (done_tx, done_rx) = mpsc::channel::<Finished>();
+    let mut active = 0usize;
+    let mut reserved = 0u64;
     loop {
-        let Some(event) = channel.get_event_within(Duration::from_secs(1))? else {
+        for finished in done_rx.try_iter() {
+            active -= 1;
+            reserved -= finished.reserved;
+            report(&finished.outcome);
+            if cfg.once && !matches!(finished.outcome, RecvOutcome::Rejected { .. }) {
+                return Ok(matches!(&finished.outcome, RecvOutcome::Completed(r) if r.ok()));
+            }
+        }
+        let Some(event) = channel.get_event_within(LISTENER_TICK)? else {
             continue;
         };
         match event.kind() {
@@ -130,23 +176,115 @@ pub fn serve(
             }
             _ => continue, // nothing else concerns the listener
         }
-        let outcome = match event.into_connect_request(&channel) {
-            Ok(request) => {
-                if cfg.raw {
-                    serve_raw(cfg, request, sinks)
-                } else {
-                    serve_framed(cfg, request, sinks)
-                }
+        let request = match event.into_connect_request(&channel) {
+            Ok(request) => request,
+            Err(e) => {
+                report(&RecvOutcome::Failed {
+                    peer: "?".into(),
+                    error: format!("taking a connection request: {e}"),
+                });
+                continue;
             }
-            Err(e) => RecvOutcome::Failed {
-                peer: "?".into(),
-                error: format!("taking a connection request: {e}"),
-            },
         };
-        report(&outcome);
-        if cfg.once {
-            return Ok(matches!(&outcome, RecvOutcome::Completed(r) if r.ok()));
+        let peer = peer_label(request.peer);
+        let wanted = match admit(cfg, &request, active, max_connections, reserved) {
+            Ok(wanted) => wanted,
+            Err(reason) => {
+                report(&conclude(
+                    &request.id,
+                    peer,
+                    Err(Failure::Refuse(reason, None)),
+                ));
+                continue;
+            }
+        };
+        let request = match request.into_sendable() {
+            Ok(r) => r,
+            Err(request) => {
+                let e = internal("the connection request is still referenced elsewhere");
+                report(&conclude(&request.id, peer, Err(e)));
+                continue;
+            }
+        };
+        let (cfg_for_thread, maker, done) = (cfg.clone(), make_sinks.clone(), done_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("recv {peer}"))
+            .spawn(move || {
+                let request = request.into_inner();
+                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref());
+                // The listener may be gone (--once ended): nothing left to tell.
+                let _ = done.send(Finished {
+                    outcome,
+                    reserved: wanted,
+                });
+            });
+        match spawned {
+            Ok(_) => {
+                active += 1;
+                reserved += wanted;
+            }
+            Err(e) => report(&RecvOutcome::Failed {
+                peer,
+                error: format!("starting a thread for the connection: {e}"),
+            }),
         }
+    }
+}
+
+/// Connection requests the CM queues for the listener before it takes them.
+const LISTEN_BACKLOG: i32 = 64;
+/// How often the listener looks for finished connections when no request comes.
+const LISTENER_TICK: Duration = Duration::from_millis(50);
+
+/// May this request be served now? The buffer bytes it will hold, or why not. Offers the
+/// connection's thread will reject anyway (a bad header, too large) reserve nothing.
+fn admit(
+    cfg: &RecvConfig,
+    request: &ConnectRequest,
+    active: usize,
+    max_connections: usize,
+    reserved: u64,
+) -> Result<u64, RejectReason> {
+    if active >= max_connections {
+        return Err(RejectReason::BusyConnections {
+            active: active as u64,
+            max: max_connections as u64,
+        });
+    }
+    let wanted = if cfg.raw {
+        cfg.max_bytes
+    } else {
+        match Header::decode(&request.private_data) {
+            Ok(h) if h.total_bytes <= cfg.max_bytes => h.total_bytes,
+            _ => 0,
+        }
+    };
+    if reserved.saturating_add(wanted) > cfg.max_memory {
+        return Err(RejectReason::BusyMemory {
+            wanted,
+            max: cfg.max_memory,
+        });
+    }
+    Ok(wanted)
+}
+
+/// Serve one connection on its own thread, with buffers made there.
+fn serve_connection(
+    cfg: &RecvConfig,
+    request: ConnectRequest,
+    make_sinks: &SinkFactoryMaker,
+) -> RecvOutcome {
+    let sinks = match make_sinks() {
+        Ok(sinks) => sinks,
+        Err(e) => {
+            let peer = peer_label(request.peer);
+            return conclude(&request.id, peer, Err(internal(format!("{e:#}"))));
+        }
+    };
+    if cfg.raw {
+        serve_raw(cfg, request, &sinks)
+    } else {
+        serve_framed(cfg, request, &sinks)
     }
 }
 
@@ -159,6 +297,9 @@ fn peer_label(peer: Option<SocketAddr>) -> String {
 enum Failure {
     Refuse(RejectReason, Option<String>),
     Broken(TransferError),
+    /// The sender stayed below `--min-rate` (a [`TransferError::TooSlow`]): it is told
+    /// with a "too slow" ack before the receiver disconnects.
+    TooSlow(TransferError),
 }
 
 impl From<TransferError> for Failure {
@@ -203,7 +344,7 @@ fn conclude(id: &CmId, peer: String, result: Result<RecvReport, Failure>) -> Rec
             }
             RecvOutcome::Rejected { peer, reason: text }
         }
-        Err(Failure::Broken(e)) => RecvOutcome::Failed {
+        Err(Failure::Broken(e) | Failure::TooSlow(e)) => RecvOutcome::Failed {
             peer,
             error: e.to_string(),
         },
@@ -461,7 +602,7 @@ fn receive_framed(
             acks_pending = acks_pending.saturating_sub(1);
             acks_delivered &= c.is_ok();
         };
-        receive_transfer(
+        let received = receive_transfer(
             cfg,
             &conn,
             peer,
@@ -471,7 +612,25 @@ fn receive_framed(
             &mut comps,
             context,
             &mut on_ack,
-        )?;
+        );
+        if let Err(Failure::TooSlow(TransferError::TooSlow { got, .. })) = &received {
+            // Tell the sender why, as its ack, before the disconnect ends it: best effort,
+            // and only where the ack buffer is free (inline acks, or none in flight).
+            let buffer_free = inline_ack || acks_pending == 0;
+            if buffer_free && ack_buf.write(&Ack::too_slow(*got).encode()).is_ok() {
+                let _ = send_and_wait(
+                    &conn,
+                    &ack_buf,
+                    WR_ACK | (k & INDEX_MASK),
+                    ACK_LEN,
+                    inline_ack,
+                    Duration::from_secs(1),
+                    "the too-slow ack",
+                );
+            }
+            conn.close(true, Duration::from_secs(1));
+        }
+        received?;
         seconds = start.elapsed().as_secs_f64();
         conn.cq.set_solicited_only(false);
 
@@ -644,18 +803,33 @@ fn receive_transfer(
         })
     };
     let mut deadline = Deadline::after(cfg.timeout);
+    // The whole transfer's end: progress cannot push it back (see the module docs).
+    let started = Instant::now();
+    let whole = (cfg.min_rate > 0).then(|| {
+        let allowed = total as f64 / cfg.min_rate as f64;
+        Deadline::after(cfg.timeout + Duration::from_secs_f64(allowed.min(1e9)))
+    });
     let mut gone = false;
     while got < n {
         if gone {
             return Err(incomplete(got, "peer disconnected".into()));
         }
         comps.clear();
-        match conn.wait(comps, &deadline, "data") {
+        match conn.wait(comps, &deadline.earliest(whole), "data") {
             Ok(Waited::Completions) => {}
             Ok(Waited::Disconnected) => {
                 // Take what landed before the disconnect, then give up.
                 gone = true;
                 conn.cq.poll(comps)?;
+            }
+            Err(RdmaError::Timeout { .. }) if whole.is_some_and(|w| w.expired()) => {
+                return Err(Failure::TooSlow(TransferError::TooSlow {
+                    peer: peer.to_string(),
+                    got: plan.bytes_through(got),
+                    total,
+                    seconds: started.elapsed().as_secs_f64(),
+                    min_rate: cfg.min_rate,
+                }))
             }
             Err(RdmaError::Timeout { after, .. }) => {
                 return Err(incomplete(

@@ -324,7 +324,7 @@ pub fn send_repeated(
             Op::Send => WireOp::Send,
             Op::Write => WireOp::Write(accept),
         };
-        let mut wire = VerbsWire::new(&conn, &data_mr, op, n, &label);
+        let mut wire = VerbsWire::new(&conn, &data_mr, Some(&ack_buf), op, n, &label);
         let start = Instant::now();
         let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
         let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
@@ -414,6 +414,8 @@ struct VerbsWire<'c, 'r> {
     waiting_for: String,
     comps: Vec<Completion>,
     wrs: Vec<crate::rdma::SendWr<'r>>,
+    /// Where the receiver's ack lands (framed transfers).
+    ack_buf: Option<&'c MessageBuffer>,
     /// The receiver's ack, if it came in with the data's completions.
     ack: Option<Completion>,
     /// A raw peer's reply, likewise.
@@ -424,6 +426,7 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
     fn new(
         conn: &'c Connection<'r>,
         data_mr: &'r MemoryRegion<'r>,
+        ack_buf: Option<&'c MessageBuffer>,
         op: WireOp,
         chunks: u64,
         label: &str,
@@ -431,6 +434,7 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         VerbsWire {
             conn,
             data_mr,
+            ack_buf,
             op,
             chunks,
             waiting_for: format!("completions of chunks sent to {label}"),
@@ -463,6 +467,18 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
                 }
             }
         }
+    }
+
+    /// The receiver's reason, if the ack in `c` ends the transfer before its data is in.
+    fn ended_early(&self, c: &Completion) -> Option<String> {
+        let buf = self.ack_buf?;
+        let ack = Ack::decode(&buf.read((c.byte_len as usize).min(ACK_LEN))).ok()?;
+        (ack.status == AckStatus::TooSlow).then(|| {
+            format!(
+                "the receiver ended the transfer: sender too slow ({} had arrived by its --min-rate deadline)",
+                format_bytes(ack.received_bytes)
+            )
+        })
     }
 
     /// Why a failed data completion broke the transfer, with a hint where one helps.
@@ -540,9 +556,13 @@ impl ChunkWire for VerbsWire<'_, '_> {
         for c in &self.comps {
             match c.wr_id {
                 WR_ACK => {
-                    // The receiver only acks after all data; keep it for later.
+                    // The receiver acks after all data, or early to end a transfer that
+                    // stayed below its --min-rate: say so rather than "disconnected".
                     c.check(|| "the receive for the receiver's ack".into())?;
                     self.ack = Some(*c);
+                    if let Some(why) = self.ended_early(c) {
+                        return Err(schedule::WireError::Broken(why));
+                    }
                 }
                 WR_REPLY => self.reply = Some(*c),
                 id if is_data(id) => {
@@ -667,7 +687,14 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
     connect(&id, cfg.peer, &[], cfg.timeout, true)?;
     let connect_seconds = t0.elapsed().as_secs_f64();
 
-    let mut wire = VerbsWire::new(&conn, &data_mr, WireOp::Raw { bytes: total }, 1, &label);
+    let mut wire = VerbsWire::new(
+        &conn,
+        &data_mr,
+        None,
+        WireOp::Raw { bytes: total },
+        1,
+        &label,
+    );
     let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
     let mut reply = wire.reply;
 

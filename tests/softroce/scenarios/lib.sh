@@ -136,10 +136,20 @@ kill_now() {
   kill "-$2" "$(pid_of "$1")" 2>/dev/null
 }
 
-# stop LABEL: SIGTERM (a receiver that serves forever), then finish within 10 s.
+# stop LABEL: SIGTERM (a receiver that serves forever), then finish within 10 s of the
+# signal (however long it ran before); still alive then, it is killed (killed=bound).
 stop() {
+  local pid t0
   kill_now "$1" TERM
-  finish "$1" 10
+  pid=$(pid_of "$1")
+  t0=$(now_cs)
+  while alive "$pid" && [ $(($(now_cs) - t0)) -lt 1000 ]; do sleep 0.1; done
+  if alive "$pid"; then
+    kill -9 "$pid" 2>/dev/null
+    eval "K_$1=bound"
+    CASE_RC=1
+  fi
+  finish "$1" 100000
 }
 
 # wait_for LABEL TEXT SECS: until LABEL's output contains TEXT (fixed string); 1 on timeout.

@@ -1,0 +1,181 @@
+# server.sh - the receiver as a server (topology one): many senders at once, a stalled
+# sender that costs only itself, the limits that reject at once, the --min-rate rule,
+# absurd sizes, --once used up only by a real transfer, and a soak. Run by
+# tests/tests/softroce.rs like one-guest.sh; output format: lib.sh.
+. /opt/bin/lib.sh || exit 2
+A=$RXE_ADDR
+
+# fds PID: open file descriptors of PID (no fork: a glob and a counter).
+fds() {
+  local n=0 f
+  for f in /proc/"$1"/fd/*; do n=$((n + 1)); done
+  echo "$n"
+}
+
+# peak_kib PID: the process's peak resident memory (VmHWM) in KiB.
+peak_kib() {
+  local key value _unit
+  while read -r key value _unit; do
+    [ "$key" = "VmHWM:" ] && { echo "$value"; return; }
+  done < /proc/"$1"/status
+}
+
+# 9a. Eight senders at once into one receiver, SEND and WRITE, 16 KiB to 64 MiB; every
+#     one verified. Open descriptors after a first transfer and after all eight must be
+#     the same (every connection's channels, queue pair and buffer are gone); the peak
+#     memory is reported against --max-memory.
+case_many_senders() {
+  local pid
+  start receiver host recv --gpu none --timeout 60 --max-memory 256MiB
+  wait_for receiver "receiver: listening" 30
+  pid=$(pid_of receiver)
+  run warmup 60 host "$A" 7471 --gpu none
+  val fds_before "$(fds "$pid")"
+  start s1 host "$A" 7471 --gpu none --size 16KiB --timeout 120
+  start s2 host "$A" 7471 --gpu none --size 16KiB --op write --timeout 120
+  start s3 host "$A" 7471 --gpu none --size 1MiB --timeout 120
+  start s4 host "$A" 7471 --gpu none --size 4MiB --op write --chunk 64KiB --timeout 120
+  start s5 host "$A" 7471 --gpu none --size 16MiB --timeout 120
+  start s6 host "$A" 7471 --gpu none --size 16MiB --op write --timeout 120
+  start s7 host "$A" 7471 --gpu none --size 64MiB --timeout 120
+  start s8 host "$A" 7471 --gpu none --size 64MiB --op write --timeout 120
+  for s in s1 s2 s3 s4 s5 s6 s7 s8; do finish "$s" 240; done
+  wait_outcomes receiver 9 60
+  val fds_after "$(fds "$pid")"
+  val peak_kib "$(peak_kib "$pid")"
+  stop receiver
+}
+
+# 9b. A sender stopped (SIGSTOP) in the middle of 256 MiB costs only itself: another
+#     sender completes within its own 8 s timeout meanwhile; the stalled transfer ends
+#     on the receiver's --timeout; the receiver serves on.
+case_stalled_sender() {
+  local base
+  start receiver host recv --gpu none --timeout 6
+  wait_for receiver "receiver: listening" 30
+  base=$(recvs)
+  start stalled host "$A" 7471 --gpu none --size 256MiB --timeout 30
+  wait_data "$base" 8 120
+  kill_now stalled STOP
+  mark stopped_at
+  run other 30 host "$A" 7471 --gpu none --size 1MiB --timeout 8
+  wait_for receiver "incomplete transfer from" 30
+  mark stalled_given_up_at
+  kill -CONT "$(pid_of stalled)" 2>/dev/null
+  finish stalled 60
+  run after 30 host "$A" 7471 --gpu none --timeout 10
+  wait_outcomes receiver 3 30
+  stop receiver
+}
+
+# 9c. The limits reject at once, with the reason, and the receiver serves on: with
+#     --max-connections 1 and one sender (stopped) holding it, a second is "busy"; with
+#     --max-memory 32MiB, a 64 MiB offer is "busy" too. The stopped sender, resumed,
+#     completes.
+case_busy() {
+  local base
+  start receiver host recv --gpu none --timeout 30 --max-connections 1 --max-memory 32MiB
+  wait_for receiver "receiver: listening" 30
+  base=$(recvs)
+  start holder host "$A" 7471 --gpu none --size 16MiB --timeout 60
+  wait_data "$base" 2 120
+  kill -STOP "$(pid_of holder)" 2>/dev/null
+  run second 30 host "$A" 7471 --gpu none --timeout 10
+  kill -CONT "$(pid_of holder)" 2>/dev/null
+  finish holder 60
+  run big 30 host "$A" 7471 --gpu none --size 64MiB --timeout 10
+  wait_outcomes receiver 3 30
+  stop receiver
+}
+
+# 9d. --min-rate: a transfer of 256 MiB must be done within --timeout (1 s) + 256 MiB /
+#     1 GiB/s; Soft-RoCE moves about 0.1 GB/s, so the receiver ends it as too slow, and
+#     both sides say so. Then an ordinary transfer.
+case_too_slow() {
+  start receiver host recv --gpu none --timeout 1 --min-rate 1GiB
+  wait_for receiver "receiver: listening" 30
+  run slow 60 host "$A" 7471 --gpu none --size 256MiB --timeout 30
+  run after 30 host "$A" 7471 --gpu none --timeout 10
+  wait_outcomes receiver 2 30
+  stop receiver
+}
+
+# 9e. Absurd sizes end in a clear error and exit code 1, never a signal.
+case_absurd_sizes() {
+  start receiver host recv --gpu none --timeout 10
+  wait_for receiver "receiver: listening" 30
+  run huge 30 host "$A" 7471 --gpu none --size 18446744073709551612
+  run huge_chunks 30 host "$A" 7471 --gpu none --size 17179869184 --chunk 4
+  run after 30 host "$A" 7471 --gpu none --timeout 10
+  wait_outcomes receiver 1 30
+  stop receiver
+}
+
+# 9f. --once is used up only by a transfer: a rejected offer (protocol version 2) before
+#     it leaves the receiver serving, and the good transfer after it ends it with exit 0.
+case_once_after_garbage() {
+  start receiver host recv --gpu none --once --timeout 10
+  wait_for receiver "receiver: listening" 30
+  run bad 30 host "$A" 7471 --gpu none --protocol-version 2
+  run good 30 host "$A" 7471 --gpu none --timeout 10
+  finish receiver 30
+}
+
+# 9g. Soak: 1000 transfers in a row (one sender, a connection each) and 100 senders at
+#     once; every transfer verified, and the receiver's descriptors and peak memory
+#     after them are reported against a first transfer's.
+case_soak() {
+  local pid i
+  start receiver host recv --gpu none --timeout 60 --max-connections 128
+  wait_for receiver "receiver: listening" 30
+  pid=$(pid_of receiver)
+  run warmup 60 host "$A" 7471 --gpu none
+  val fds_before "$(fds "$pid")"
+  val peak_before_kib "$(peak_kib "$pid")"
+  mark row_started
+  run row 600 host "$A" 7471 --gpu none --iters 1000 --timeout 30
+  mark row_done
+  val peak_after_row_kib "$(peak_kib "$pid")"
+  local pids="" left t0
+  i=0
+  while [ $i -lt 100 ]; do
+    i=$((i + 1))
+    host "$A" 7471 --gpu none --timeout 120 > "$OUTDIR/many_$i" 2>&1 &
+    pids="$pids $!"
+  done
+  CASE_PIDS="$CASE_PIDS $pids"
+  # Bounded: every sender ends by its own --timeout; past 300 s the rest is killed.
+  t0=$(now_cs)
+  while :; do
+    left=0
+    for p in $pids; do alive "$p" && left=$((left + 1)); done
+    [ $left -eq 0 ] && break
+    if [ $(($(now_cs) - t0)) -ge 30000 ]; then
+      val many_killed "$left"
+      for p in $pids; do kill -9 "$p" 2>/dev/null; done
+      break
+    fi
+    sleep 0.2
+  done
+  for p in $pids; do wait "$p" 2>/dev/null; done
+  mark many_done
+  i=0
+  ok=0
+  while [ $i -lt 100 ]; do
+    i=$((i + 1))
+    grep -q "^Receiver: verified 16 KiB: all 4096 elements match" "$OUTDIR/many_$i" && ok=$((ok + 1))
+  done
+  val many_verified "$ok"
+  wait_outcomes receiver 1101 120
+  val fds_after "$(fds "$pid")"
+  val peak_after_kib "$(peak_kib "$pid")"
+  stop receiver
+}
+
+ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage soak"
+for c in ${*:-$ALL}; do
+  case_begin "$c"
+  "case_$c"
+  case_end
+done
+exit 0
