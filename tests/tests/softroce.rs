@@ -540,6 +540,19 @@ impl Case {
         );
     }
 
+    /// A receiver that was still serving when the case stopped it (SIGTERM), whatever
+    /// errors it reported on the way.
+    fn served_until_stopped(&self, label: &str) {
+        let o = self.out(label);
+        self.check(
+            o.killed.as_deref() == Some("test") && o.rc == 143,
+            &format!(
+                "`{label}` should have served until the case stopped it (rc 143), but ended with rc {}",
+                o.rc
+            ),
+        );
+    }
+
     /// A receiver that was still serving when the case stopped it (SIGTERM).
     fn still_serving(&self, label: &str) {
         let o = self.out(label);
@@ -1380,7 +1393,7 @@ fn server_a_stalled_sender_costs_only_itself() {
     );
     c.check(c.out("stalled").rc != 0, "the stalled sender must fail");
     c.sent_and_verified("after", &seed(&peer));
-    c.still_serving("receiver");
+    c.served_until_stopped("receiver");
     note(&format!(
         "server: a SIGSTOPped sender; another finished in {:.2} s, the stalled one was given up {:.1} s after its stop",
         other.secs,
@@ -1432,7 +1445,7 @@ fn server_a_sender_below_min_rate_is_ended_on_both_sides() {
         &["too slow", "--min-rate 1 GiB/s"],
     );
     c.sent_and_verified("after", &seed(&format!("{A}:7471")));
-    c.still_serving("receiver");
+    c.served_until_stopped("receiver");
 }
 
 #[test]

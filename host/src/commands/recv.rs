@@ -4,7 +4,7 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
 use anyhow::Result;
 use host::cli::RecvArgs;
-use host::memory::select::{plan, Attempt, AttemptLog, Direction, Method, Plan};
+use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
 use host::transfer::receiver::SinkFactoryMaker;
 use host::transfer::units::format_bytes;
@@ -163,11 +163,14 @@ fn sink_plan(args: &RecvArgs) -> Result<Plan> {
             })
             .collect(),
     };
-    for line in left_out.lines() {
-        eprintln!("note: {line}");
-    }
-    if plan.attempts.first() == Some(&Method::Host) && !plan.left_out.is_empty() {
-        eprintln!("note: receiving into host memory");
+    // Notes only where the path was not simply what was asked (`--gpu none`, `--mem host`).
+    if args.gpu != GpuSelection::None && args.mem != MemKind::Host {
+        for line in left_out.lines() {
+            eprintln!("note: {line}");
+        }
+        if plan.attempts.first() == Some(&Method::Host) && !plan.left_out.is_empty() {
+            eprintln!("note: receiving into host memory");
+        }
     }
     Ok(plan)
 }
@@ -177,7 +180,7 @@ fn sink_plan(args: &RecvArgs) -> Result<Plan> {
 #[cfg(feature = "cuda")]
 fn refuse_unordered_writes(
     gpu: &GpuChoice,
-    mem: host::memory::select::MemKind,
+    mem: MemKind,
     plan: &mut host::memory::select::Plan,
 ) -> Result<()> {
     use host::gpu::capabilities::{writes_visibility, WritesVisibility};
@@ -188,7 +191,7 @@ fn refuse_unordered_writes(
         return Ok(());
     }
     let why = "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites)";
-    if mem == host::memory::select::MemKind::Device {
+    if mem == MemKind::Device {
         anyhow::bail!("--mem device: {why}, so received data cannot be verified in its memory; use --mem host");
     }
     for method in plan.attempts.iter().filter(|m| m.is_gpudirect()) {

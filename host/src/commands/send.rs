@@ -4,8 +4,8 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
-use host::memory::select::{plan, Direction};
-use host::memory::{GpuChoice, SendMemory};
+use host::memory::select::{plan, Direction, MemKind};
+use host::memory::{GpuChoice, GpuSelection, SendMemory};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, SendConfig, SendReport};
 use serde_json::json;
@@ -102,8 +102,12 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         .first()
         .map(|r| r.memory.clone())
         .unwrap_or_default();
-    for note in memory_notes(&memory_log) {
-        eprintln!("note: {note}");
+    // Notes only where the path was not simply what was asked (`--gpu none`, `--mem host`).
+    let asked_for_host = args.gpu == GpuSelection::None || args.mem == MemKind::Host;
+    if !asked_for_host {
+        for note in memory_notes(&memory_log) {
+            eprintln!("note: {note}");
+        }
     }
     human.line(format!("Data sent successfully via {}", path.describe()));
     human.line(values_line(&first_values));

@@ -147,29 +147,16 @@ pub fn parse_bar_size(resource: &str, index: usize) -> Result<u64, String> {
     }
 }
 
-/// `IORESOURCE_PREFETCH` in a resource line's flags (include/linux/ioport.h).
-const IORESOURCE_PREFETCH: u64 = 0x2000;
-
-/// The size of the GPU's framebuffer aperture, what NVIDIA calls BAR1: the first
-/// prefetchable memory BAR. It is register 1 where BAR0 is 32-bit (an H100 on bare
-/// metal), register 2 where a hypervisor gives BAR0 64 bits (then lines 0-1 are BAR0 and
-/// line 1 is zeros): counting registers alone would miss it there.
+/// The size of the GPU's framebuffer aperture, what NVIDIA calls BAR1: the second
+/// assigned memory BAR, BAR0 being the GPU's registers. It is resource line 1 where BAR0
+/// is 32-bit (an H100 on bare metal) and line 2 where BAR0 is 64-bit and takes lines 0-1
+/// (the H200 machine here: its line 0 is even prefetchable, so neither the line number
+/// nor the prefetch flag alone finds it; nvidia-smi agrees with this rule there, 256 GiB).
 pub fn parse_aperture_size(resource: &str) -> Result<u64, String> {
-    for index in 0..6 {
-        let Ok(size) = parse_bar_size(resource, index) else {
-            continue;
-        };
-        let flags = resource
-            .lines()
-            .nth(index)
-            .and_then(|l| l.split_whitespace().nth(2))
-            .and_then(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
-            .unwrap_or(0);
-        if flags & IORESOURCE_PREFETCH != 0 {
-            return Ok(size);
-        }
-    }
-    Err("no prefetchable memory BAR (the framebuffer aperture) is assigned".into())
+    (0..6)
+        .filter_map(|index| parse_bar_size(resource, index).ok())
+        .nth(1)
+        .ok_or_else(|| "no second memory BAR (the framebuffer aperture) is assigned".into())
 }
 
 /// BAR1's size in bytes: the aperture through which a NIC reaches GPU memory (see
@@ -319,24 +306,24 @@ mod tests {
 0x0000000000000000 0x0000000000000000 0x0000000000000000
 ";
 
-    // A GPU whose BAR0 a hypervisor made 64-bit: lines 0-1 are BAR0, the aperture is
-    // line 2.
-    const VM_RESOURCE: &str = "\
-0x0000000060000000 0x0000000060ffffff 0x0000000000140204
+    // The H200 machine's own resource file (2026-12-03): BAR0 64-bit and prefetchable at
+    // lines 0-1, the 256 GiB aperture at line 2 (nvidia-smi: BAR1 Total 262144 MiB).
+    const H200_VM_RESOURCE: &str = "\
+0x0000104002000000 0x0000104002ffffff 0x000000000014220c
 0x0000000000000000 0x0000000000000000 0x0000000000000000
-0x0000004000000000 0x00000047ffffffff 0x000000000014220c
+0x0000100000000000 0x0000103fffffffff 0x000000000014220c
 0x0000000000000000 0x0000000000000000 0x0000000000000000
-0x0000004800000000 0x0000004801ffffff 0x000000000014220c
+0x0000104000000000 0x0000104001ffffff 0x000000000014220c
 0x0000000000000000 0x0000000000000000 0x0000000000000000
 0x0000000000000000 0x0000000000000000 0x0000000000000000
 ";
 
     #[test]
-    fn the_aperture_is_the_first_prefetchable_bar() {
+    fn the_aperture_is_the_second_assigned_bar() {
         assert_eq!(parse_aperture_size(H100_RESOURCE), Ok(32 << 30));
-        assert_eq!(parse_aperture_size(VM_RESOURCE), Ok(32 << 30));
-        let none = "0x0000000060000000 0x0000000060ffffff 0x0000000000040200\n";
-        assert!(parse_aperture_size(none).is_err());
+        assert_eq!(parse_aperture_size(H200_VM_RESOURCE), Ok(256 << 30));
+        let only_bar0 = "0x0000000060000000 0x0000000060ffffff 0x0000000000040200\n";
+        assert!(parse_aperture_size(only_bar0).is_err());
         assert!(parse_aperture_size("").is_err());
     }
 
