@@ -1482,6 +1482,37 @@ fn server_once_is_used_up_only_by_a_transfer() {
 }
 
 #[test]
+fn server_a_port_going_down_ends_both_sides_at_once() {
+    let Some(run) = server("server_a_port_going_down_ends_both_sides_at_once") else {
+        return;
+    };
+    let c = run.case('a', "port_down");
+    c.rc("sender", 1);
+    c.find(
+        "sender",
+        0,
+        &format!("error: transfer to {A}:7471 failed after "),
+        &["port 1 of RDMA device rxe0 went down (IBV_EVENT_PORT_ERR)"],
+    );
+    c.find(
+        "receiver",
+        0,
+        "error: incomplete transfer from ",
+        &["port 1 of RDMA device rxe0 went down (IBV_EVENT_PORT_ERR)"],
+    );
+    let noticed = c.val("noticed_at") - c.val("down_at");
+    // The retries alone took 15 s to give up on a vanished peer (two_guests test).
+    c.check(
+        noticed < 5.0,
+        &format!("the receiver noticed after {noticed:.1} s"),
+    );
+    c.served_until_stopped("receiver");
+    note(&format!(
+        "server: port down mid-transfer; both ends stopped, the receiver {noticed:.2} s after the link went down"
+    ));
+}
+
+#[test]
 fn server_soak_1000_in_a_row_and_100_at_once() {
     let Some(run) = server("server_soak_1000_in_a_row_and_100_at_once") else {
         return;

@@ -162,6 +162,26 @@ fn signature(lines: &[&str], i: usize) -> String {
     sig
 }
 
+/// The parameter list of a signature: from its first `(` to the matching `)` (the
+/// return type may have parentheses of its own).
+fn parameters(sig: &str) -> &str {
+    let Some(open) = sig.find('(') else { return "" };
+    let mut depth = 0;
+    for (i, c) in sig[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &sig[open + 1..open + i];
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
+}
+
 #[test]
 fn no_safe_public_function_takes_a_raw_address() {
     const ADDRESS_NAMES: [&str; 6] = [
@@ -197,10 +217,7 @@ fn no_safe_public_function_takes_a_raw_address() {
                 continue; // unsafe fns, pub(crate) and private functions are not this rule's
             }
             let sig = signature(&lines, i);
-            let params = sig
-                .split_once('(')
-                .and_then(|(_, rest)| rest.rsplit_once(')'))
-                .map_or("", |(p, _)| p);
+            let params = parameters(&sig);
             let raw_pointer = params.contains("*mut") || params.contains("*const");
             let raw_address = params.split(',').any(|p| {
                 p.split_once(':').is_some_and(|(name, ty)| {
@@ -229,4 +246,8 @@ fn the_checks_see_what_they_look_for() {
     assert!(!has_word(&code_of("    let unsafely = 1;"), "unsafe"));
     let lines = ["pub fn f(", "    addr: u64,", ") -> u64 {"];
     assert!(signature(&lines, 0).contains("addr: u64"));
+    assert_eq!(
+        parameters("pub fn g(x: (u8, u8)) -> impl Iterator<Item = (*mut T, u8)> {"),
+        "x: (u8, u8)"
+    );
 }

@@ -138,7 +138,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
 pub enum Wake {
     /// This many completions were appended to the output.
     Completions(usize),
-    /// The extra descriptor the caller asked to watch became readable.
+    /// One of the extra descriptors the caller asked to watch became readable.
     Watched,
 }
 
@@ -218,13 +218,13 @@ impl CompletionQueue {
         Ok(n)
     }
 
-    /// Wait until at least one completion is there (appended to `out`), `watch` becomes
-    /// readable, or `deadline` passes (a timeout error naming `waiting_for`).
+    /// Wait until at least one completion is there (appended to `out`), one of `watch`
+    /// becomes readable, or `deadline` passes (a timeout error naming `waiting_for`).
     pub fn wait(
         &self,
         out: &mut Vec<Completion>,
         deadline: &Deadline,
-        watch: Option<RawFd>,
+        watch: &[RawFd],
         waiting_for: &str,
     ) -> Result<Wake, RdmaError> {
         match &self.channel {
@@ -274,7 +274,7 @@ impl CompletionQueue {
         channel: &CompletionChannel,
         out: &mut Vec<Completion>,
         deadline: &Deadline,
-        watch: Option<RawFd>,
+        watch: &[RawFd],
         waiting_for: &str,
     ) -> Result<Wake, RdmaError> {
         loop {
@@ -294,12 +294,12 @@ impl CompletionQueue {
                 return Err(deadline.timeout_error(waiting_for));
             }
             let mut fds = vec![channel.fd()];
-            fds.extend(watch);
+            fds.extend_from_slice(watch);
             let ready = wait_readable(&fds, deadline, None)?;
             if ready & 1 != 0 {
                 self.take_event(channel)?;
             }
-            if ready & 2 != 0 {
+            if ready & !1 != 0 {
                 return Ok(Wake::Watched);
             }
         }
@@ -330,7 +330,7 @@ impl CompletionQueue {
         &self,
         out: &mut Vec<Completion>,
         deadline: &Deadline,
-        watch: Option<RawFd>,
+        watch: &[RawFd],
         waiting_for: &str,
     ) -> Result<Wake, RdmaError> {
         let mut spins = 0u32;
@@ -344,9 +344,9 @@ impl CompletionQueue {
                 if deadline.expired() {
                     return Err(deadline.timeout_error(waiting_for));
                 }
-                if let Some(fd) = watch {
+                if !watch.is_empty() {
                     let now = Deadline::after(Duration::ZERO);
-                    if wait_readable(&[fd], &now, None)? != 0 {
+                    if wait_readable(watch, &now, None)? != 0 {
                         return Ok(Wake::Watched);
                     }
                 }

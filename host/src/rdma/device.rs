@@ -2,10 +2,10 @@
 //! shows about each (ports, state, MTU, link layer, GIDs).
 
 use super::cm_id::{link_layer_name, mtu_bytes};
+use super::context::{Context, DeviceList};
 use super::{c_str, RdmaError};
 use rdma_sys::*;
 use std::net::Ipv6Addr;
-use std::ptr::NonNull;
 
 /// One device.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -42,51 +42,9 @@ pub struct GidInfo {
     pub netdev: Option<String>,
 }
 
-/// The device list, freed when dropped.
-struct DeviceList {
-    raw: NonNull<*mut ibv_device>,
-    len: usize,
-}
-
-impl DeviceList {
-    fn get() -> Result<DeviceList, RdmaError> {
-        let mut n: libc::c_int = 0;
-        // SAFETY: valid out-pointer; returns an owned array or null with errno set.
-        let raw = unsafe { ibv_get_device_list(&mut n) };
-        match NonNull::new(raw) {
-            Some(raw) => Ok(DeviceList {
-                raw,
-                len: n.max(0) as usize,
-            }),
-            None => {
-                let errno = super::last_errno();
-                // ENOSYS: the kernel has no RDMA support at all.
-                if matches!(errno, libc::ENOSYS | libc::ENODEV | libc::ENOENT | 0) {
-                    Err(RdmaError::NoDevice)
-                } else {
-                    Err(RdmaError::verb("ibv_get_device_list", "", errno))
-                }
-            }
-        }
-    }
-
-    fn devices(&self) -> impl Iterator<Item = *mut ibv_device> + '_ {
-        // SAFETY: the list holds `len` valid device pointers while it is not freed.
-        (0..self.len).map(move |i| unsafe { *self.raw.as_ptr().add(i) })
-    }
-}
-
-impl Drop for DeviceList {
-    fn drop(&mut self) {
-        // SAFETY: obtained from ibv_get_device_list, freed once; open contexts keep
-        // their devices alive independently.
-        unsafe { ibv_free_device_list(self.raw.as_ptr()) };
-    }
-}
-
 /// `Err(RdmaError::NoDevice)` when this machine has no RDMA device at all.
 pub fn ensure_device() -> Result<(), RdmaError> {
-    if DeviceList::get()?.len == 0 {
+    if DeviceList::get()?.len() == 0 {
         return Err(RdmaError::NoDevice);
     }
     Ok(())
@@ -95,37 +53,20 @@ pub fn ensure_device() -> Result<(), RdmaError> {
 /// Every device with its ports and GIDs. Errors if there is none.
 pub fn devices() -> Result<Vec<DeviceInfo>, RdmaError> {
     let list = DeviceList::get()?;
-    if list.len == 0 {
+    if list.len() == 0 {
         return Err(RdmaError::NoDevice);
     }
-    let mut out = Vec::new();
-    for dev in list.devices() {
-        // SAFETY: a device of the live list; returns a string owned by the device.
-        let name = c_str(unsafe { ibv_get_device_name(dev) }, "?");
-        out.push(describe(dev, name)?);
-    }
-    Ok(out)
+    list.names()
+        .into_iter()
+        .map(|name| describe(list.open(&name)?, name))
+        .collect()
 }
 
-/// An open device context, closed when dropped.
-struct Context(NonNull<ibv_context>);
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: opened by ibv_open_device, closed once; nothing else was created on it.
-        unsafe { ibv_close_device(self.0.as_ptr()) };
-    }
-}
-
-fn describe(dev: *mut ibv_device, name: String) -> Result<DeviceInfo, RdmaError> {
-    // SAFETY: a device of a live list.
-    let ctx = unsafe { ibv_open_device(dev) };
-    let ctx =
-        Context(NonNull::new(ctx).ok_or_else(|| RdmaError::last("ibv_open_device", name.clone()))?);
+fn describe(ctx: Context, name: String) -> Result<DeviceInfo, RdmaError> {
     // SAFETY: plain data, overwritten by the query.
     let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
     // SAFETY: valid context and out-pointer.
-    let ret = unsafe { ibv_query_device(ctx.0.as_ptr(), &mut attr) };
+    let ret = unsafe { ibv_query_device(ctx.as_ptr(), &mut attr) };
     if ret != 0 {
         return Err(RdmaError::verb("ibv_query_device", name, ret));
     }
@@ -143,7 +84,7 @@ fn describe(dev: *mut ibv_device, name: String) -> Result<DeviceInfo, RdmaError>
         // SAFETY: plain data, overwritten by the query.
         let mut pattr: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context, a port number the device reported, full-size out-pointer.
-        let ret = unsafe { ___ibv_query_port(ctx.0.as_ptr(), port, &mut pattr) };
+        let ret = unsafe { ___ibv_query_port(ctx.as_ptr(), port, &mut pattr) };
         if ret != 0 {
             return Err(RdmaError::verb(
                 "ibv_query_port",
@@ -156,7 +97,7 @@ fn describe(dev: *mut ibv_device, name: String) -> Result<DeviceInfo, RdmaError>
             // SAFETY: plain data, overwritten by the query.
             let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
             // SAFETY: valid context, port and index below the table length.
-            if unsafe { ibv_query_gid(ctx.0.as_ptr(), port, index, &mut gid) } != 0 {
+            if unsafe { ibv_query_gid(ctx.as_ptr(), port, index, &mut gid) } != 0 {
                 continue;
             }
             // SAFETY: every bit pattern of the union is a valid [u8; 16].

@@ -59,6 +59,10 @@ pub enum RdmaError {
     /// A caller passed something the verbs cannot take (private data too long, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// The device reported, asynchronously, something that ends transfers on it.
+    #[error("{0}")]
+    DeviceFault(String),
 }
 
 impl RdmaError {

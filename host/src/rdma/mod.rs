@@ -50,7 +50,9 @@
 //! connection is served) and each connection's `ESTABLISHED`/`DISCONNECTED` events
 //! arrive on a channel that is dropped with the connection.
 
+mod async_events;
 mod cm_id;
+mod context;
 mod cq;
 mod device;
 mod error;
@@ -60,6 +62,7 @@ mod pd;
 mod probe;
 mod qp;
 
+pub use async_events::DeviceEvents;
 pub use cm_id::{canonical, CmId, ConnParams, PortInfo};
 pub use cq::{Completion, CompletionChannel, CompletionQueue, Wake};
 pub use device::{devices, ensure_device, DeviceInfo, GidInfo, PortSummary};

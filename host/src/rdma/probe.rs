@@ -11,7 +11,8 @@
 //!
 //! The facts are plain data; what to do with them is `memory::select`'s business.
 
-use super::{c_str, errno_message, last_errno, RdmaError};
+use super::context::DeviceList;
+use super::{errno_message, last_errno, RdmaError};
 use crate::topology::pci::{rdma_device_function, PciFunction};
 use rdma_sys::*;
 use std::path::Path;
@@ -192,32 +193,28 @@ pub struct NicProbe {
 /// Probe every RDMA device of this machine. Errors if there is none.
 pub fn probe_nics() -> Result<Vec<NicProbe>, RdmaError> {
     let list = DeviceList::get()?;
-    if list.len == 0 {
+    if list.len() == 0 {
         return Err(RdmaError::NoDevice);
     }
     Ok(list
-        .devices()
-        .map(|dev| {
-            // SAFETY: a device of the live list; the name is owned by the device.
-            let name = c_str(unsafe { ibv_get_device_name(dev) }, "?");
-            NicProbe {
-                dma_buf: probe_dma_buf(dev, &name),
-                location: NicLocation::of(Path::new("/"), &name),
-                name,
-            }
+        .names()
+        .into_iter()
+        .map(|name| NicProbe {
+            dma_buf: probe_dma_buf(&list, &name),
+            location: NicLocation::of(Path::new("/"), &name),
+            name,
         })
         .collect())
 }
 
-fn probe_dma_buf(dev: *mut ibv_device, name: &str) -> DmaBufProbe {
+fn probe_dma_buf(list: &DeviceList, name: &str) -> DmaBufProbe {
     let unknown = |e: RdmaError| DmaBufProbe::Unknown { why: e.to_string() };
-    // SAFETY: a device of a live list.
-    let ctx = match NonNull::new(unsafe { ibv_open_device(dev) }) {
-        Some(raw) => Context(raw),
-        None => return unknown(RdmaError::last("ibv_open_device", name)),
+    let ctx = match list.open(name) {
+        Ok(ctx) => ctx,
+        Err(e) => return unknown(e),
     };
     // SAFETY: a valid, open context.
-    let pd = match NonNull::new(unsafe { ibv_alloc_pd(ctx.0.as_ptr()) }) {
+    let pd = match NonNull::new(unsafe { ibv_alloc_pd(ctx.as_ptr()) }) {
         Some(raw) => Pd(raw),
         None => return unknown(RdmaError::last("ibv_alloc_pd", name)),
     };
@@ -235,55 +232,7 @@ fn probe_dma_buf(dev: *mut ibv_device, name: &str) -> DmaBufProbe {
     }
 }
 
-// The device list and the two objects of the probe, released by `Drop` (PD before
-// context, by declaration order in `probe_dma_buf`). device.rs has its own list type;
-// this one is kept here so the probe does not reach into that module's internals.
-
-struct DeviceList {
-    raw: NonNull<*mut ibv_device>,
-    len: usize,
-}
-
-impl DeviceList {
-    fn get() -> Result<DeviceList, RdmaError> {
-        let mut n: libc::c_int = 0;
-        // SAFETY: valid out-pointer; returns an owned array or null with errno set.
-        let raw = unsafe { ibv_get_device_list(&mut n) };
-        match NonNull::new(raw) {
-            Some(raw) => Ok(DeviceList {
-                raw,
-                len: n.max(0) as usize,
-            }),
-            None => match last_errno() {
-                libc::ENOSYS | libc::ENODEV | libc::ENOENT | 0 => Err(RdmaError::NoDevice),
-                errno => Err(RdmaError::verb("ibv_get_device_list", "", errno)),
-            },
-        }
-    }
-
-    fn devices(&self) -> impl Iterator<Item = *mut ibv_device> + '_ {
-        // SAFETY: the list holds `len` valid device pointers while it is not freed.
-        (0..self.len).map(move |i| unsafe { *self.raw.as_ptr().add(i) })
-    }
-}
-
-impl Drop for DeviceList {
-    fn drop(&mut self) {
-        // SAFETY: obtained from ibv_get_device_list, freed once; the probe's contexts are
-        // closed before the list goes.
-        unsafe { ibv_free_device_list(self.raw.as_ptr()) };
-    }
-}
-
-struct Context(NonNull<ibv_context>);
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: opened by ibv_open_device, closed once, after its PD was deallocated.
-        unsafe { ibv_close_device(self.0.as_ptr()) };
-    }
-}
-
+// The probe's PD, deallocated before its context (declaration order in `probe_dma_buf`).
 struct Pd(NonNull<ibv_pd>);
 
 impl Drop for Pd {

@@ -3,7 +3,7 @@
 
 use crate::rdma::{
     CmEvent, CmEventKind, CmId, Completion, CompletionChannel, CompletionQueue, Deadline,
-    ProtectionDomain, QpCaps, QueuePair, RdmaError, Wake,
+    DeviceEvents, ProtectionDomain, QpCaps, QueuePair, RdmaError, Wake,
 };
 use std::cell::Cell;
 use std::rc::Rc;
@@ -64,6 +64,8 @@ pub(crate) struct Connection<'r> {
     pub cq: Rc<CompletionQueue>,
     pub id: Rc<CmId>,
     disconnected: Cell<bool>,
+    /// The device's port and device events, where a context could be opened for them.
+    events: Option<DeviceEvents>,
 }
 
 /// Why [`Connection::wait`] returned.
@@ -79,11 +81,18 @@ impl<'r> Connection<'r> {
     /// An RC queue pair on `res`'s id, PD and CQ.
     pub fn new(res: &Resources, caps: QpCaps) -> Result<Connection<'r>, RdmaError> {
         let qp = QueuePair::new(&res.id, &res.pd, &res.cq, &res.cq, caps)?;
+        // Without its own context the connection still learns of a dead port, later,
+        // from its work requests' errors: not worth failing the transfer over.
+        let events = match (res.id.device_name(), res.id.port_info()) {
+            (Some(device), Ok(port)) => DeviceEvents::open(&device, port.port_num).ok(),
+            _ => None,
+        };
         Ok(Connection {
             qp,
             cq: res.cq.clone(),
             id: res.id.clone(),
             disconnected: Cell::new(false),
+            events,
         })
     }
 
@@ -101,10 +110,17 @@ impl<'r> Connection<'r> {
     ) -> Result<Waited, RdmaError> {
         let channel = self.id.channel().clone();
         loop {
-            let watch = (!self.disconnected.get()).then(|| channel.fd());
-            match self.cq.wait(out, deadline, watch, waiting_for)? {
+            let mut watch = Vec::with_capacity(2);
+            if !self.disconnected.get() {
+                watch.push(channel.fd());
+            }
+            watch.extend(self.events.as_ref().map(DeviceEvents::fd));
+            match self.cq.wait(out, deadline, &watch, waiting_for)? {
                 Wake::Completions(_) => return Ok(Waited::Completions),
                 Wake::Watched => {
+                    if let Some(fault) = self.device_fault()? {
+                        return Err(RdmaError::DeviceFault(fault));
+                    }
                     while let Some(event) = channel.try_get_event()? {
                         if self.note_event(&event)? {
                             return Ok(Waited::Disconnected);
@@ -116,6 +132,30 @@ impl<'r> Connection<'r> {
                     }
                 }
             }
+        }
+    }
+
+    /// A port or device failure the device reports within `grace` (a failed work
+    /// request can overtake the event that explains it): the better reason to give.
+    pub fn device_fault_within(&self, grace: Duration) -> Option<String> {
+        let events = self.events.as_ref()?;
+        let deadline = Deadline::after(grace);
+        loop {
+            if let Ok(Some(fault)) = events.take_fault() {
+                return Some(fault);
+            }
+            if deadline.expired() {
+                return None;
+            }
+            crate::rdma::wait_readable(&[events.fd()], &deadline, None).ok()?;
+        }
+    }
+
+    /// A port or device failure the device reported, if one came.
+    fn device_fault(&self) -> Result<Option<String>, RdmaError> {
+        match &self.events {
+            Some(events) => events.take_fault(),
+            None => Ok(None),
         }
     }
 

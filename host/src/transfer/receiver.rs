@@ -837,6 +837,7 @@ fn receive_transfer(
                     format!("timed out: nothing arrived for {}", format_duration(after)),
                 ))
             }
+            Err(RdmaError::DeviceFault(fault)) => return Err(incomplete(got, fault)),
             Err(e) => return Err(e.into()),
         }
         for c in comps.iter() {

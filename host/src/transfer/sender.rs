@@ -544,7 +544,9 @@ impl ChunkWire for VerbsWire<'_, '_> {
             .conn
             .wait(&mut self.comps, deadline, &self.waiting_for)
             .map_err(|e| match e {
-                rdma::RdmaError::Timeout { .. } => schedule::WireError::Broken(e.to_string()),
+                rdma::RdmaError::Timeout { .. } | rdma::RdmaError::DeviceFault(_) => {
+                    schedule::WireError::Broken(e.to_string())
+                }
                 e => e.into(),
             })?;
         if waited == Waited::Disconnected {
@@ -567,7 +569,12 @@ impl ChunkWire for VerbsWire<'_, '_> {
                 WR_REPLY => self.reply = Some(*c),
                 id if is_data(id) => {
                     if !c.is_ok() {
-                        return Err(schedule::WireError::Broken(self.failure(c)));
+                        // A dead port fails the request before its event arrives.
+                        let why = self
+                            .conn
+                            .device_fault_within(DEVICE_EVENT_GRACE)
+                            .unwrap_or_else(|| self.failure(c));
+                        return Err(schedule::WireError::Broken(why));
                     }
                     // A signaled completion: every chunk up to it is done (RC, in order).
                     highest = highest.max(Some(id & INDEX_MASK));
@@ -641,6 +648,9 @@ fn register_source<'s>(
         }
     })
 }
+
+/// How long a failed work request waits for a device event that explains it.
+const DEVICE_EVENT_GRACE: Duration = Duration::from_millis(200);
 
 /// How long a raw sender waits for the optional reply.
 const RAW_REPLY_WAIT: Duration = Duration::from_secs(1);
