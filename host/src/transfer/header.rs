@@ -473,6 +473,9 @@ pub enum RejectReason {
         "it is `host recv --raw` and takes only raw transfers; add --raw here or drop it there"
     )]
     RawOnly,
+    /// A TCP receiver already serves its `--max-connections` transfers.
+    #[error("it is busy: already serving its --max-connections {max} transfers; try again later")]
+    Busy { max: u64 },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -490,6 +493,7 @@ impl RejectReason {
             RejectReason::Internal => (5, 0, 0, 0),
             RejectReason::RawOnly => (6, 0, 0, 0),
             RejectReason::NotRegistrable { bytes } => (7, 0, bytes, 0),
+            RejectReason::Busy { max } => (8, 0, max, 0),
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         let mut out = [0u8; REJECT_LEN];
@@ -526,6 +530,7 @@ impl RejectReason {
             5 => RejectReason::Internal,
             6 => RejectReason::RawOnly,
             7 => RejectReason::NotRegistrable { bytes: a },
+            8 => RejectReason::Busy { max: a },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -926,6 +931,7 @@ mod tests {
             RejectReason::NotRegistrable { bytes: 1 << 20 },
             RejectReason::Internal,
             RejectReason::RawOnly,
+            RejectReason::Busy { max: 16 },
         ];
         for r in all {
             let bytes = r.encode();
