@@ -8,6 +8,7 @@ use crate::topology::PciDistance;
 use crate::transfer::header::MAX_DEPTH;
 use crate::transfer::units::parse_size;
 use crate::transfer::Op;
+use crate::transport::TransportKind;
 use clap::{Args, Parser, Subcommand};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -109,6 +110,22 @@ pub enum BenchCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         gpu: u32,
     },
+    /// This project's TCP transfer (sender and receiver in this process, over loopback)
+    /// against a plain socket copy with the same chunking, interleaved rounds. Prints JSON.
+    Tcp {
+        /// Bytes per transfer.
+        #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_transfer_size)]
+        size: u64,
+        /// Bytes per chunk (frame), for both.
+        #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
+        chunk: u64,
+        /// Sockets per connection for this project's transfer.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        streams: u16,
+        /// Rounds (each runs both once); the JSON has the median and the spread.
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        rounds: u32,
+    },
 }
 
 /// `host <ip> <port>`: send.
@@ -189,6 +206,17 @@ pub struct SendArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// What carries the data: `rdma` (verbs), `tcp` (sockets: any machine; GPU memory
+    /// goes through the staged ring) or `auto` (rdma when this machine has an RDMA
+    /// device, else tcp; a note says which).
+    #[arg(long, value_enum, default_value_t = TransportKind::Auto)]
+    pub transport: TransportKind,
+
+    /// TCP only: sockets per connection, chunks spread over them round-robin (as NCCL's
+    /// NCCL_NSOCKS_PERTHREAD), for links one socket cannot fill.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
+    pub streams: u16,
+
     /// Protocol version to put into the header (tests of the receiver's version check).
     #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]
     pub protocol_version: u16,
@@ -247,8 +275,14 @@ pub struct RecvArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
-    /// Senders served at once (each on its own thread, with its own buffer and
-    /// deadlines); one more is rejected at once with "receiver busy".
+    /// What carries the data: `rdma`, `tcp` or `auto` (rdma when this machine has an RDMA
+    /// device, else tcp; a note says which). TCP listens on the same port number (TCP
+    /// ports and RDMA CM ports are separate).
+    #[arg(long, value_enum, default_value_t = TransportKind::Auto)]
+    pub transport: TransportKind,
+
+    /// Senders served at once, over either transport (each on its own thread, with its
+    /// own buffer and deadlines); one more is rejected at once with "receiver busy".
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_connections: u32,
 
@@ -344,6 +378,7 @@ mod tests {
         assert_eq!((s.depth, s.chunk, s.iters), (16, 1 << 20, 1));
         assert_eq!(s.timeout, Duration::from_secs(10));
         assert!(!s.raw && !s.json && !s.busy_poll && !s.reuse_connection);
+        assert_eq!((s.transport, s.streams), (TransportKind::Auto, 1));
         assert_eq!(s.nic, None);
         assert_eq!(s.gpudirect_level, PciDistance::Pxb);
     }
@@ -473,6 +508,29 @@ mod tests {
         assert_eq!(r.mem, MemKind::Host);
         assert!(parse(&["recv", "--max-bytes", "5"]).is_err());
         assert!(parse(&["recv", "--bind", "not-an-ip"]).is_err());
+    }
+
+    #[test]
+    fn transport_options() {
+        let s = parse(&["127.0.0.1", "7471", "--transport", "tcp", "--streams", "4"])
+            .unwrap()
+            .send;
+        assert_eq!((s.transport, s.streams), (TransportKind::Tcp, 4));
+        assert!(parse(&["127.0.0.1", "7471", "--streams", "0"]).is_err());
+        assert!(parse(&["127.0.0.1", "7471", "--streams", "65"]).is_err());
+        assert!(parse(&["127.0.0.1", "7471", "--transport", "udp"]).is_err());
+        let Some(Command::Recv(r)) = parse(&["recv"]).unwrap().command else {
+            panic!("expected recv")
+        };
+        assert_eq!((r.transport, r.max_connections), (TransportKind::Auto, 16));
+        let Some(Command::Recv(r)) =
+            parse(&["recv", "--transport", "rdma", "--max-connections", "2"])
+                .unwrap()
+                .command
+        else {
+            panic!("expected recv")
+        };
+        assert_eq!((r.transport, r.max_connections), (TransportKind::Rdma, 2));
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod memory;
 pub mod rdma;
 pub mod topology;
 pub mod transfer;
+pub mod transport;

@@ -24,6 +24,12 @@ fn main() -> ExitCode {
         Some(Command::Doctor(args)) => commands::doctor::run(args),
         Some(Command::GpuCheck(args)) => commands::gpu::check(args),
         Some(Command::Bench(BenchCommand::Gpu { gpu })) => commands::gpu::bench(*gpu),
+        Some(Command::Bench(BenchCommand::Tcp {
+            size,
+            chunk,
+            streams,
+            rounds,
+        })) => commands::tcp_bench::run(*size, *chunk, *streams, *rounds),
     };
     match result {
         Ok(code) => code,

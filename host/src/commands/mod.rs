@@ -8,3 +8,5 @@ pub mod info;
 mod output;
 pub mod recv;
 pub mod send;
+mod tcp;
+pub mod tcp_bench;

@@ -24,7 +24,7 @@ fn sink_words(path: DataPath) -> &'static str {
     }
 }
 
-fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
+pub(super) fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
     let human = Human {
         to_stderr: json_out,
     };
@@ -205,6 +205,19 @@ fn refuse_unordered_writes(
 }
 
 pub fn run(args: &RecvArgs) -> Result<ExitCode> {
+    let chosen = host::transport::choose_here(args.transport);
+    if let Some(note) = &chosen.note {
+        eprintln!("note: {note}");
+    }
+    if chosen.kind == host::transport::TransportKind::Tcp {
+        let json_out = args.json;
+        let verified = super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?;
+        return Ok(if verified {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let cfg = RecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,

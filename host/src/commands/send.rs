@@ -8,6 +8,7 @@ use host::memory::select::{plan, Direction, MemKind};
 use host::memory::{GpuChoice, GpuSelection, SendMemory};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, SendConfig, SendReport};
+use host::transport::{self, TransportKind};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -46,9 +47,23 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         args.chunk.min(args.size)
     };
     let chunk = usize::try_from(chunk).context("--chunk does not fit")?;
-    let gpu = GpuChoice::open(args.gpu, args.mem)?;
+    let chosen = transport::choose_here(args.transport);
+    if let Some(note) = &chosen.note {
+        eprintln!("note: {note}");
+    }
+    let tcp = chosen.kind == TransportKind::Tcp;
+    let mem = if tcp {
+        super::tcp::send_mem(args)?
+    } else {
+        args.mem
+    };
+    let gpu = GpuChoice::open(args.gpu, mem)?;
     let facts = path_facts(&gpu, args.nic.as_deref(), args.gpudirect_level, args.size)?;
-    let mut memory = SendMemory::new(plan(Direction::Send, args.mem, &facts)?, gpu, size, chunk);
+    let mut plan = plan(Direction::Send, mem, &facts)?;
+    if tcp {
+        plan = transport::tcp::tcp_plan(&plan);
+    }
+    let mut memory = SendMemory::new(plan, gpu, size, chunk);
     let cfg = SendConfig {
         peer,
         op: args.op,
@@ -63,7 +78,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     };
 
     let mut reports: Vec<SendReport> = Vec::new();
-    if args.reuse_connection {
+    if tcp {
+        reports = super::tcp::send(args, &cfg, &mut memory)?;
+    } else if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
         reports = transfer::send_repeated(&cfg, &mut memory, args.iters)?;
     } else {
@@ -109,7 +126,12 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             eprintln!("note: {note}");
         }
     }
-    human.line(format!("Data sent successfully via {}", path.describe()));
+    let via = if tcp {
+        transport::tcp::describe(path)
+    } else {
+        path.describe()
+    };
+    human.line(format!("Data sent successfully via {via}"));
     human.line(values_line(&first_values));
     let n = reports.len();
     for (i, r) in reports.iter().enumerate() {
@@ -121,8 +143,17 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         let how = match r.op {
             "raw" => "one SEND_WITH_IMM (imm 0x1234)".to_string(),
             op => format!(
-                "{} in {} chunk{} of {}, {} in flight",
+                "{}{} in {} chunk{} of {}, {} in flight",
                 op.to_uppercase(),
+                if tcp {
+                    format!(
+                        " over {} stream{}",
+                        args.streams,
+                        if args.streams == 1 { "" } else { "s" }
+                    )
+                } else {
+                    String::new()
+                },
                 r.chunks,
                 if r.chunks == 1 { "" } else { "s" },
                 format_bytes(r.chunk_bytes),
@@ -178,6 +209,8 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 "ok": verified,
                 "peer": peer.to_string(),
                 "op": if args.raw { "raw" } else { args.op.name() },
+                "transport": chosen.kind,
+                "streams": tcp.then_some(args.streams),
                 "path": path,
                 "path_description": path.describe(),
                 "memory": memory_log,

@@ -96,8 +96,9 @@ impl GpuChoice {
         self.gpu.as_ref().map(|g| g.raw_device())
     }
 
+    /// The GPU in use, or why there is none.
     #[cfg(feature = "cuda")]
-    fn gpu(&self) -> Result<&std::rc::Rc<crate::gpu::Gpu>> {
+    pub fn gpu(&self) -> Result<&std::rc::Rc<crate::gpu::Gpu>> {
         match (&self.gpu, &self.caps) {
             (Some(gpu), _) => Ok(gpu),
             (None, Err(why)) => anyhow::bail!("no GPU: {why}"),

@@ -82,6 +82,14 @@ impl HostBuffer {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The bytes, writable: a TCP receiver reads the socket straight into them.
+    /// `&mut self`: no registration (and so no NIC access) exists meanwhile.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len initialised bytes while self lives; the exclusive
+        // borrow keeps every other reader and writer away for the slice's life.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// The whole elements of the buffer (a trailing partial element is left out).
     pub fn as_i32_mut(&mut self) -> &mut [i32] {
         // SAFETY: the allocation is page-aligned, so aligned for i32, and holds at least

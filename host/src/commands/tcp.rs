@@ -1,0 +1,96 @@
+//! `host` and `host recv` over `--transport tcp`: the options that differ from verbs, then
+//! the library's TCP sender and receiver. The output is the verbs commands' own.
+
+use anyhow::{bail, Result};
+use host::cli::{RecvArgs, SendArgs};
+use host::memory::select::MemKind;
+use host::memory::SendMemory;
+use host::transfer::{Op, RecvOutcome, SendConfig, SendReport};
+use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
+use std::net::SocketAddr;
+
+/// The sender's memory over TCP: GPU memory (`--mem device`) goes through the staged ring,
+/// because no NIC can read GPU memory for a socket.
+pub fn send_mem(args: &SendArgs) -> Result<MemKind> {
+    if args.raw {
+        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma, or drop --raw");
+    }
+    if args.op == Op::Write {
+        bail!("--op write is an RDMA operation (WRITE into the receiver's memory); over TCP the chunks are written to the socket: drop --op write");
+    }
+    Ok(match args.mem {
+        MemKind::Device => {
+            eprintln!("note: --mem device over TCP: the kernel writes GPU memory and the chunks go out through the staged ring (device to pinned host memory, overlapped with the socket writes)");
+            MemKind::Staged
+        }
+        other => other,
+    })
+}
+
+/// `--iters` transfers, each on a new connection, or all on one (`--reuse-connection`).
+pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Result<Vec<SendReport>> {
+    let (source, log) = tcp::choose_source(memory)?;
+    let tcfg = TcpSendConfig {
+        peer: cfg.peer,
+        bytes: cfg.bytes,
+        chunk: cfg.chunk,
+        depth: cfg.depth,
+        streams: args.streams,
+        timeout: cfg.timeout,
+        progress: cfg.progress,
+        protocol_version: cfg.protocol_version,
+    };
+    if args.reuse_connection {
+        return Ok(tcp::send_repeated(&tcfg, source, &log, args.iters)?);
+    }
+    let mut reports = Vec::new();
+    for i in 0..args.iters {
+        match tcp::send_repeated(&tcfg, source, &log, 1) {
+            Ok(r) => reports.extend(r),
+            Err(e) if args.iters == 1 => return Err(e.into()),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "iteration {} of {}",
+                    i + 1,
+                    args.iters
+                )))
+            }
+        }
+    }
+    Ok(reports)
+}
+
+/// `host recv --transport tcp`.
+pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bool> {
+    if args.raw {
+        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma");
+    }
+    let cfg = TcpRecvConfig {
+        bind: SocketAddr::new(args.bind, args.port),
+        once: args.once,
+        max_bytes: args.max_bytes,
+        timeout: args.timeout,
+        max_connections: args.max_connections as usize,
+    };
+    let memory = match args.mem {
+        MemKind::Host | MemKind::Auto => RecvMemory::Host,
+        MemKind::Device => device_memory(args)?,
+        MemKind::Mapped | MemKind::Staged => {
+            bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
+        }
+    };
+    Ok(tcp::serve(&cfg, &memory, report)?)
+}
+
+#[cfg(feature = "cuda")]
+fn device_memory(args: &RecvArgs) -> Result<RecvMemory> {
+    let gpu = host::memory::GpuChoice::open(args.gpu, MemKind::Device)?;
+    let gpu = gpu.gpu()?.clone();
+    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread)");
+    Ok(RecvMemory::Device(gpu))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_memory(_: &RecvArgs) -> Result<RecvMemory> {
+    bail!("--mem device: this build has no GPU support (built without the `cuda` feature)")
+}

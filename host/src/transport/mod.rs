@@ -1,0 +1,101 @@
+//! Transports: what carries a transfer's bytes between sender and receiver.
+//!
+//! The seam, drawn the way NCCL's net plugins (`listen`/`connect`/`accept`, `isend`/
+//! `irecv`/`test`) and UCX's transport layer draw it: everything that is the same whatever
+//! carries the bytes is the shared engine, and a transport only moves bytes.
+//!
+//! - **Shared engine** (`crate::transfer`): the wire messages ([`header`]: the 32-byte
+//!   [`Header`] offer, [`AcceptInfo`], [`RejectReason`], the 48-byte [`Ack`]), the chunk
+//!   plan ([`plan`]), the sender's chunk schedule ([`schedule`]: window, release of each
+//!   chunk to its source, progress bar), the memory sources and sinks (`crate::memory`:
+//!   `SendSource`, `RecvSink::verify` and its poison), the reports.
+//! - **rdma**: connection management, registration, SEND/WRITE with immediate, queue
+//!   pairs. For now it still lives where it grew, in `crate::rdma` (the RAII verbs
+//!   wrappers) and `crate::transfer::{sender, receiver, conn}`; moving those files under
+//!   `transport/rdma/` is planned as its own change, so that the move is a pure rename.
+//! - **tcp** ([`tcp`]): sockets, several streams per connection, frames. The same header,
+//!   accept, reject and ack bytes travel on stream 0; the sender drives the same
+//!   [`Schedule`](crate::transfer::schedule::Schedule) through a
+//!   [`ChunkWire`](crate::transfer::schedule::ChunkWire) of its own.
+//!
+//! [`header`]: crate::transfer::header
+//! [`plan`]: crate::transfer::plan
+//! [`schedule`]: crate::transfer::schedule
+//! [`Header`]: crate::transfer::Header
+//! [`AcceptInfo`]: crate::transfer::AcceptInfo
+//! [`RejectReason`]: crate::transfer::RejectReason
+//! [`Ack`]: crate::transfer::Ack
+
+pub mod tcp;
+
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportKind {
+    /// Verbs through librdmacm (needs an RDMA device).
+    Rdma,
+    /// TCP sockets (any machine).
+    Tcp,
+    /// rdma when this machine has an RDMA device, else tcp.
+    Auto,
+}
+
+/// The transport a run uses, and why, for a `note:` line when it was chosen for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chosen {
+    pub kind: TransportKind,
+    pub note: Option<String>,
+}
+
+/// Resolve `auto` from whether an RDMA device exists (`device` is
+/// [`crate::rdma::ensure_device`]'s answer, passed in so that the decision can be tested).
+pub fn choose(asked: TransportKind, device: Result<(), String>) -> Chosen {
+    match (asked, device) {
+        (TransportKind::Auto, Ok(())) => Chosen {
+            kind: TransportKind::Rdma,
+            note: Some("--transport auto: an RDMA device is present, using rdma".into()),
+        },
+        (TransportKind::Auto, Err(why)) => Chosen {
+            kind: TransportKind::Tcp,
+            note: Some(format!(
+                "--transport auto: no RDMA device ({why}), using tcp"
+            )),
+        },
+        (kind, _) => Chosen { kind, note: None },
+    }
+}
+
+/// [`choose`] with this machine's answer.
+pub fn choose_here(asked: TransportKind) -> Chosen {
+    if asked != TransportKind::Auto {
+        return Chosen {
+            kind: asked,
+            note: None,
+        };
+    }
+    choose(
+        asked,
+        crate::rdma::ensure_device().map_err(|e| e.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_rdma_only_with_a_device_and_says_so() {
+        let c = choose(TransportKind::Auto, Ok(()));
+        assert_eq!(c.kind, TransportKind::Rdma);
+        assert!(c.note.unwrap().contains("using rdma"));
+        let c = choose(TransportKind::Auto, Err("no RDMA device found".into()));
+        assert_eq!(c.kind, TransportKind::Tcp);
+        assert_eq!(
+            c.note.as_deref(),
+            Some("--transport auto: no RDMA device (no RDMA device found), using tcp")
+        );
+        for kind in [TransportKind::Rdma, TransportKind::Tcp] {
+            assert_eq!(choose(kind, Err("x".into())), Chosen { kind, note: None });
+        }
+    }
+}

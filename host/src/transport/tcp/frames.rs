@@ -1,0 +1,173 @@
+//! The bytes the TCP transport adds to the shared wire messages of
+//! [`crate::transfer::header`], encoded and decoded here and nowhere else.
+//!
+//! Stream 0 of a connection carries, in order: the sender's 32-byte `Header`, a
+//! [`Hello`] (index 0, with the stream count and the connection's token), the receiver's
+//! 28-byte `AcceptInfo` or `RejectReason` (told apart by their magics), the data frames
+//! of its share of the chunks, and the receiver's 48-byte `Ack` after every transfer.
+//! Streams 1..N are opened after the accept and start with their own [`Hello`], so the
+//! receiver can hand them to the connection whose token they carry. Chunk `i` travels on
+//! stream `i % N` as one [`Frame`] header followed by its bytes; both ends know the
+//! assignment, so a frame with another offset is a protocol error.
+//!
+//! ```text
+//! Hello (20 bytes):  0 magic "GRDS"  4 version u16  6 stream index u16  8 stream count u16
+//!                   10 reserved u16 12 token u64
+//! Frame (12 bytes):  0 offset u64 (of the chunk in the transfer)  8 length u32
+//! ```
+
+use crate::transfer::header::VERSION;
+
+pub const HELLO_MAGIC: [u8; 4] = *b"GRDS";
+pub const HELLO_LEN: usize = 20;
+pub const FRAME_LEN: usize = 12;
+/// Most streams per connection (`--streams`).
+pub const MAX_STREAMS: u16 = 64;
+
+/// Why a hello did not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HelloError {
+    #[error("stream hello too short: {got} bytes, need {HELLO_LEN}")]
+    Short { got: usize },
+    #[error("not a stream hello (magic {:02x} {:02x} {:02x} {:02x}, expected \"GRDS\")", got[0], got[1], got[2], got[3])]
+    BadMagic { got: [u8; 4] },
+    #[error("stream hello of protocol version {got} (this side speaks version {VERSION})")]
+    UnsupportedVersion { got: u16 },
+    #[error("stream {index} of {count} (at most {MAX_STREAMS} streams, index below the count)")]
+    BadStream { index: u16, count: u16 },
+}
+
+/// The first message of every stream after the header (stream 0) or instead of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub index: u16,
+    pub count: u16,
+    /// Chosen by the sender per connection; joins the streams of one connection.
+    pub token: u64,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut out = [0u8; HELLO_LEN];
+        out[0..4].copy_from_slice(&HELLO_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[6..8].copy_from_slice(&self.index.to_le_bytes());
+        out[8..10].copy_from_slice(&self.count.to_le_bytes());
+        out[12..20].copy_from_slice(&self.token.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Hello, HelloError> {
+        if buf.len() >= 4 && buf[0..4] != HELLO_MAGIC {
+            return Err(HelloError::BadMagic {
+                got: [buf[0], buf[1], buf[2], buf[3]],
+            });
+        }
+        if buf.len() < HELLO_LEN {
+            return Err(HelloError::Short { got: buf.len() });
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([buf[i], buf[i + 1]]);
+        let version = u16_at(4);
+        if version != VERSION {
+            return Err(HelloError::UnsupportedVersion { got: version });
+        }
+        let (index, count) = (u16_at(6), u16_at(8));
+        if count == 0 || count > MAX_STREAMS || index >= count {
+            return Err(HelloError::BadStream { index, count });
+        }
+        let mut token = [0u8; 8];
+        token.copy_from_slice(&buf[12..20]);
+        Ok(Hello {
+            index,
+            count,
+            token: u64::from_le_bytes(token),
+        })
+    }
+}
+
+/// The header of one chunk on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl Frame {
+    pub fn encode(&self) -> [u8; FRAME_LEN] {
+        let mut out = [0u8; FRAME_LEN];
+        out[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8; FRAME_LEN]) -> Frame {
+        let mut offset = [0u8; 8];
+        offset.copy_from_slice(&buf[0..8]);
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&buf[8..12]);
+        Frame {
+            offset: u64::from_le_bytes(offset),
+            len: u32::from_le_bytes(len),
+        }
+    }
+}
+
+/// The stream chunk `index` travels on.
+pub fn stream_of(index: u64, streams: u16) -> usize {
+    (index % streams.max(1) as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_checks_its_fields() {
+        let h = Hello {
+            index: 3,
+            count: 4,
+            token: 0x0123_4567_89ab_cdef,
+        };
+        let bytes = h.encode();
+        assert_eq!(&bytes[0..4], b"GRDS");
+        assert_eq!(Hello::decode(&bytes), Ok(h));
+        assert_eq!(
+            Hello::decode(&bytes[..10]),
+            Err(HelloError::Short { got: 10 })
+        );
+        assert!(matches!(
+            Hello::decode(b"GRDM...................."),
+            Err(HelloError::BadMagic { .. })
+        ));
+        let mut other = bytes;
+        other[4] = 9;
+        assert_eq!(
+            Hello::decode(&other),
+            Err(HelloError::UnsupportedVersion { got: 9 })
+        );
+        for (index, count) in [(4u16, 4u16), (0, 0), (0, MAX_STREAMS + 1)] {
+            let bad = Hello {
+                index,
+                count,
+                token: 1,
+            }
+            .encode();
+            assert_eq!(
+                Hello::decode(&bad),
+                Err(HelloError::BadStream { index, count })
+            );
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_and_chunks_go_round_robin() {
+        let f = Frame {
+            offset: (5 << 30) + 12,
+            len: 1 << 20,
+        };
+        assert_eq!(Frame::decode(&f.encode()), f);
+        let on: Vec<usize> = (0..6).map(|i| stream_of(i, 4)).collect();
+        assert_eq!(on, [0, 1, 2, 3, 0, 1]);
+        assert_eq!(stream_of(7, 1), 0);
+    }
+}

@@ -1,0 +1,33 @@
+//! The TCP transport: the shared engine's messages and chunk schedule over sockets, for
+//! machines without an RDMA device (and to run the GPU pipeline end to end where there
+//! is a GPU but no NIC). Like NCCL's socket transport, a connection can spread its
+//! chunks over several sockets (`--streams`, NCCL's `NCCL_NSOCKS_PERTHREAD`).
+//!
+//! - [`frames`]: the bytes this transport adds (stream hello, chunk frame header);
+//! - [`socket`]: connecting and timeouts, socket errors in words;
+//! - [`wire`]: the sender's `ChunkWire`, one writer thread per stream;
+//! - [`sender`]: offer, streams, the schedule, the acks;
+//! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
+//!   chunk buffer);
+//! - [`receiver`]: accept, handshakes, a thread per transfer, verification, acks.
+
+pub mod frames;
+pub mod landing;
+pub mod receiver;
+pub mod sender;
+pub mod socket;
+pub mod wire;
+
+pub use receiver::{serve, RecvMemory, TcpRecvConfig};
+pub use sender::{choose_source, send_repeated, tcp_plan, TcpSendConfig};
+
+/// What the sender's output says the data went by ("Data sent successfully via ...").
+pub fn describe(path: crate::memory::DataPath) -> &'static str {
+    use crate::memory::DataPath;
+    match path {
+        DataPath::HostMemory => "TCP from host memory (pattern written by the CPU)",
+        DataPath::GpuMappedHostMemory => "TCP from GPU-mapped host memory",
+        DataPath::StagedThroughHostMemory => "TCP from host memory staged from GPU memory",
+        DataPath::GpuDirectRdma => "TCP from GPU memory",
+    }
+}

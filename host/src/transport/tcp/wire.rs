@@ -1,0 +1,204 @@
+//! The sender's [`ChunkWire`] over TCP: one writer thread per stream writes each chunk
+//! handed to it (a [`Frame`] header, then the bytes) straight from the source's memory;
+//! chunk `i` goes to stream `i % N`, and chunks are reported done in order once every
+//! chunk before them has been written too. "Done" means handed to the kernel, which
+//! copied the bytes: the source may reuse them then, as after a NIC's send completion.
+
+use super::frames::{stream_of, Frame};
+use super::socket;
+use crate::memory::{Registrable, RegistrationTarget};
+use crate::rdma::Deadline;
+use crate::transfer::schedule::{ChunkWire, Posted, WireError};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::marker::PhantomData;
+use std::net::{Shutdown, TcpStream};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// One chunk for a writer thread.
+struct Job {
+    /// Where its bytes start in the source's memory.
+    from: usize,
+    len: usize,
+    /// Where it goes in the transfer.
+    offset: u64,
+    index: u64,
+}
+
+/// The source's base address, for the writer threads.
+#[derive(Clone, Copy)]
+struct SourceBase(*const u8);
+
+// SAFETY: only an address; ChunkWire::post's contract keeps the bytes it names valid and
+// unmodified until the wire reports them done, and the wire joins its threads before the
+// borrow of the source ends (Drop).
+unsafe impl Send for SourceBase {}
+
+/// Writes chunks of host memory (borrowed for `'m`) to the streams of one connection.
+pub struct TcpWire<'m> {
+    jobs: Vec<mpsc::Sender<Job>>,
+    done: mpsc::Receiver<Result<u64, String>>,
+    threads: Vec<JoinHandle<()>>,
+    /// Clones of the streams, to break blocked writes off when the transfer fails.
+    shutters: Vec<TcpStream>,
+    source_len: usize,
+    /// Chunks written beyond `next_done`.
+    written: BTreeSet<u64>,
+    /// The lowest chunk index not yet known written.
+    next_done: u64,
+    failed: bool,
+    _source: PhantomData<&'m ()>,
+}
+
+impl<'m> TcpWire<'m> {
+    /// A wire reading from `source` (host memory: a host buffer, a staging ring, mapped
+    /// memory) and writing to `streams` (each cloned for its writer thread).
+    pub fn new(
+        source: &'m dyn Registrable,
+        streams: &[TcpStream],
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let RegistrationTarget::Host { ptr, len } = source.target() else {
+            anyhow::bail!(
+                "the TCP wire reads host memory only (GPU memory goes through the staged ring)"
+            );
+        };
+        let base = SourceBase(ptr.as_ptr());
+        let (tx, done) = mpsc::channel();
+        let mut wire = TcpWire {
+            jobs: Vec::new(),
+            done,
+            threads: Vec::new(),
+            shutters: Vec::new(),
+            source_len: len,
+            written: BTreeSet::new(),
+            next_done: 0,
+            failed: false,
+            _source: PhantomData,
+        };
+        for (i, stream) in streams.iter().enumerate() {
+            let mut stream = stream.try_clone()?;
+            wire.shutters.push(stream.try_clone()?);
+            let (jobs, rx) = mpsc::channel::<Job>();
+            let tx = tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("tcp-writer-{i}"))
+                .spawn(move || {
+                    let base = base;
+                    for job in rx {
+                        // SAFETY: post() checked that [from, from + len) lies inside the
+                        // source; the poster keeps those bytes valid and unmodified until
+                        // we report the chunk written, and Drop joins us before the
+                        // source's borrow ends.
+                        let bytes =
+                            unsafe { std::slice::from_raw_parts(base.0.add(job.from), job.len) };
+                        let frame = Frame {
+                            offset: job.offset,
+                            len: job.len as u32,
+                        };
+                        let result = stream
+                            .write_all(&frame.encode())
+                            .and_then(|()| stream.write_all(bytes));
+                        let report = result.map(|()| job.index).map_err(|e| {
+                            socket::why(&e, timeout, &format!("writing chunk {}", job.index))
+                        });
+                        let stop = report.is_err();
+                        if tx.send(report).is_err() || stop {
+                            break;
+                        }
+                    }
+                })?;
+            wire.jobs.push(jobs);
+            wire.threads.push(thread);
+        }
+        Ok(wire)
+    }
+
+    /// Start counting chunks from 0 again (the next transfer on this connection).
+    pub fn next_transfer(&mut self) {
+        self.written.clear();
+        self.next_done = 0;
+    }
+
+    fn broken(&mut self, why: String) -> WireError {
+        self.failed = true;
+        WireError::Broken(why)
+    }
+}
+
+impl ChunkWire for TcpWire<'_> {
+    fn batch(&self) -> usize {
+        1
+    }
+
+    /// # Safety
+    /// As [`ChunkWire::post`] says.
+    unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
+        for p in chunks {
+            let fits = p.bytes.end <= self.source_len && p.bytes.start <= p.bytes.end;
+            if !fits || p.bytes.len() as u64 != p.chunk.len || p.chunk.len > u32::MAX as u64 {
+                return Err(self.broken(format!(
+                    "chunk {} ({:?}) is outside the source or too long for a frame",
+                    p.chunk.index, p.bytes
+                )));
+            }
+            let stream = stream_of(p.chunk.index, self.jobs.len() as u16);
+            let job = Job {
+                from: p.bytes.start,
+                len: p.bytes.len(),
+                offset: p.chunk.offset,
+                index: p.chunk.index,
+            };
+            if self.jobs[stream].send(job).is_err() {
+                return Err(self.broken(format!("the writer of stream {stream} is gone")));
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, WireError> {
+        let first = match self.done.recv_timeout(deadline.remaining()) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let e = deadline.timeout_error("chunks to be written to the receiver");
+                return Err(self.broken(e.to_string()));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.broken("the writer threads are gone".into()))
+            }
+        };
+        let reports: Vec<_> = std::iter::once(first).chain(self.done.try_iter()).collect();
+        for r in reports {
+            match r {
+                Ok(index) => {
+                    self.written.insert(index);
+                }
+                Err(why) => return Err(self.broken(why)),
+            }
+        }
+        let before = self.next_done;
+        while self.written.remove(&self.next_done) {
+            self.next_done += 1;
+        }
+        Ok((self.next_done > before).then(|| self.next_done - 1))
+    }
+}
+
+impl Drop for TcpWire<'_> {
+    fn drop(&mut self) {
+        // The threads read the borrowed source: they must be gone before the borrow ends.
+        // After a failure, a writer may be blocked on a stalled peer: shutting the
+        // sockets down breaks the write off at once instead of after --timeout.
+        if self.failed {
+            for s in &self.shutters {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

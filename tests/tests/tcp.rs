@@ -1,0 +1,412 @@
+//! The TCP transport between two real `host` processes over loopback: sizes, streams,
+//! iterations, `--once` exit codes, and the faults (oversized offer, no receiver, a
+//! client sending junk, a client that stalls, a busy receiver), each bounded in time.
+//! Needs neither a GPU nor an RDMA device: the binary is the no-CUDA build (as the
+//! Soft-RoCE guests run it), `--gpu none`.
+//!
+//! The binary: `$TCP_HOST_BIN`, else `$SOFTROCE_HOST_BIN` (tests/run-all.sh builds it),
+//! else built here with the same command into `target/guest`.
+
+use integration_tests::workspace_root;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+fn host_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        for var in ["TCP_HOST_BIN", "SOFTROCE_HOST_BIN"] {
+            if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
+                if p.is_file() {
+                    return p;
+                }
+            }
+        }
+        let root = workspace_root();
+        let status = Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "host",
+                "--no-default-features",
+                "--target-dir",
+                "target/guest",
+            ])
+            .status()
+            .expect("running cargo to build host");
+        assert!(status.success(), "building host failed");
+        root.join("target/guest/release/host")
+    })
+    .clone()
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _g = LOCK.lock();
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `host recv --transport tcp` child, killed (by its PID) when dropped.
+struct Receiver {
+    child: Option<Child>,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Receiver {
+    fn start(extra: &[&str]) -> Receiver {
+        let port = free_port();
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-recv-{port}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(host_bin())
+            .args([
+                "recv",
+                "--transport",
+                "tcp",
+                "--bind",
+                "127.0.0.1",
+                "--gpu",
+                "none",
+            ])
+            .args(["--port", &port.to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("starting host recv");
+        let r = Receiver {
+            child: Some(child),
+            port,
+            log,
+        };
+        r.wait_for_log("listening on", Duration::from_secs(10));
+        r
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for_log(&self, text: &str, within: Duration) {
+        let t0 = Instant::now();
+        while !self.log().contains(text) {
+            assert!(
+                t0.elapsed() < within,
+                "the receiver did not say `{text}` within {within:?}; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait for the receiver to exit; its exit code.
+    fn exit_code(&mut self, within: Duration) -> i32 {
+        let child = self.child.as_mut().unwrap();
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                t0.elapsed() < within,
+                "the receiver did not exit within {within:?}; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Run a sender to completion within `within` (killed and failed otherwise).
+fn send(port: u16, extra: &[&str], within: Duration) -> Output {
+    let child = spawn_sender(port, extra);
+    finish(child, within)
+}
+
+fn spawn_sender(port: u16, extra: &[&str]) -> Child {
+    Command::new(host_bin())
+        .args([
+            "127.0.0.1",
+            &port.to_string(),
+            "--transport",
+            "tcp",
+            "--gpu",
+            "none",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the sender")
+}
+
+fn finish(mut child: Child, within: Duration) -> Output {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > within {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the sender did not finish within {within:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_verified(out: &Output, what: &str) {
+    let (stdout, stderr) = text(out);
+    assert!(
+        out.status.success() && stdout.contains("Receiver: verified"),
+        "{what}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+}
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn sizes_streams_and_iterations_verify() {
+    let r = Receiver::start(&[]);
+    let cases: &[&[&str]] = &[
+        &["--size", "16KiB"],
+        &["--size", "64MiB"],
+        &["--size", "64MiB", "--streams", "4"],
+        &["--size", "1000004", "--chunk", "65536"],
+        &["--size", "3000000", "--chunk", "1MiB", "--streams", "3"],
+        &["--size", "4"],
+        &["--size", "1MiB", "--iters", "3"],
+        &[
+            "--size",
+            "1MiB",
+            "--iters",
+            "3",
+            "--reuse-connection",
+            "--streams",
+            "2",
+        ],
+    ];
+    for args in cases {
+        let out = send(r.port, args, T);
+        assert_verified(&out, &format!("{args:?}"));
+        let (stdout, _) = text(&out);
+        assert!(
+            stdout.contains("Data sent successfully via TCP from host memory"),
+            "{stdout}"
+        );
+        assert!(stdout.contains(" values: 0"), "{stdout}");
+    }
+    let out = send(r.port, &["--size", "1MiB", "--iters", "3"], T);
+    let (stdout, _) = text(&out);
+    assert_eq!(stdout.matches("Receiver: verified").count(), 3, "{stdout}");
+    assert!(stdout.contains("aggregate: 3 transfers"), "{stdout}");
+    assert!(
+        r.log()
+            .contains("verification: all 16777216 elements match"),
+        "{}",
+        r.log()
+    );
+}
+
+#[test]
+fn once_exits_0_after_a_verified_transfer() {
+    let mut r = Receiver::start(&["--once"]);
+    let out = send(r.port, &["--size", "64MiB"], T);
+    assert_verified(&out, "64 MiB");
+    assert_eq!(r.exit_code(Duration::from_secs(10)), 0, "{}", r.log());
+}
+
+#[test]
+fn an_oversized_offer_is_rejected_with_the_reason() {
+    let mut r = Receiver::start(&["--once", "--max-bytes", "64KiB"]);
+    let out = send(r.port, &["--size", "1MiB"], T);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            "error: receiver rejected the transfer: size 1 MiB exceeds its --max-bytes 64 KiB"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(r.exit_code(Duration::from_secs(10)), 1, "{}", r.log());
+    assert!(r.log().contains("rejected 127.0.0.1:"), "{}", r.log());
+}
+
+#[test]
+fn no_receiver_is_a_clear_error_at_once() {
+    let port = free_port();
+    let t0 = Instant::now();
+    let out = send(port, &[], Duration::from_secs(10));
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "error: no receiver at 127.0.0.1:{port} (connection refused)"
+        )),
+        "{stderr}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn junk_is_rejected_and_the_receiver_keeps_serving() {
+    let r = Receiver::start(&[]);
+    let mut junk = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    junk.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    junk.write_all(b"GET / HTTP/1.0\r\n\r\nsome more bytes that are not an offer")
+        .unwrap();
+    let mut reply = [0u8; 28];
+    junk.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[0..4], b"GRDR", "a reject, with its reason");
+    r.wait_for_log(
+        "no transfer header (magic 47 45 54 20",
+        Duration::from_secs(10),
+    );
+    let out = send(r.port, &["--size", "1MiB"], T);
+    assert_verified(&out, "after junk");
+}
+
+#[test]
+fn a_client_that_stalls_is_timed_out_while_others_are_served() {
+    let r = Receiver::start(&["--timeout", "1"]);
+    // Connects and says nothing.
+    let _silent = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    // Offers 1 MiB, is accepted, sends half a frame and stalls.
+    let mut stalled = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let header = host::transfer::Header::new(host::transfer::Op::Send, 1 << 20, 1 << 20, 16)
+        .unwrap()
+        .encode();
+    let hello = host::transport::tcp::frames::Hello {
+        index: 0,
+        count: 1,
+        token: 42,
+    }
+    .encode();
+    stalled.write_all(&header).unwrap();
+    stalled.write_all(&hello).unwrap();
+    let mut accept = [0u8; 28];
+    stalled.read_exact(&mut accept).unwrap();
+    assert_eq!(&accept[0..4], b"GRDA");
+    stalled.write_all(&[0u8; 6]).unwrap();
+    // Meanwhile a real sender is served.
+    let out = send(r.port, &["--size", "1MiB"], T);
+    assert_verified(&out, "beside stalled clients");
+    r.wait_for_log(
+        "nothing moved for 1 s while reading the transfer offer",
+        Duration::from_secs(10),
+    );
+    r.wait_for_log(
+        "incomplete transfer from 127.0.0.1:",
+        Duration::from_secs(10),
+    );
+    r.wait_for_log(
+        "got 0 of 1048576 bytes (nothing moved for 1 s while reading chunk 0",
+        Duration::from_secs(10),
+    );
+}
+
+#[test]
+fn a_busy_receiver_says_so() {
+    let r = Receiver::start(&["--max-connections", "1", "--timeout", "5"]);
+    let mut holder = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    holder
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let header = host::transfer::Header::new(host::transfer::Op::Send, 4096, 4096, 1)
+        .unwrap()
+        .encode();
+    let hello = host::transport::tcp::frames::Hello {
+        index: 0,
+        count: 1,
+        token: 7,
+    }
+    .encode();
+    holder.write_all(&header).unwrap();
+    holder.write_all(&hello).unwrap();
+    let mut accept = [0u8; 28];
+    holder.read_exact(&mut accept).unwrap();
+    let out = send(r.port, &[], T);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("receiver busy: it serves 1 connections, its --max-connections 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn two_senders_at_once_are_both_verified() {
+    let r = Receiver::start(&[]);
+    let a = spawn_sender(r.port, &["--size", "64MiB", "--streams", "2"]);
+    let b = spawn_sender(r.port, &["--size", "64MiB"]);
+    assert_verified(&finish(a, T), "sender a");
+    assert_verified(&finish(b, T), "sender b");
+}
+
+#[test]
+fn tcp_only_options_are_refused_with_a_reason() {
+    let out = send(1, &["--raw"], Duration::from_secs(10));
+    assert!(text(&out)
+        .1
+        .contains("--raw is the seed's RDMA wire behaviour"));
+    let out = send(1, &["--op", "write"], Duration::from_secs(10));
+    assert!(text(&out).1.contains("--op write is an RDMA operation"));
+}
+
+#[test]
+fn auto_says_which_transport_it_took() {
+    let r = Receiver::start(&[]);
+    let out = Command::new(host_bin())
+        .args(["127.0.0.1", &r.port.to_string(), "--gpu", "none"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    if stderr.contains("using rdma") {
+        integration_tests::skip(
+            "auto_says_which_transport_it_took",
+            "this machine has an RDMA device",
+        );
+        return;
+    }
+    assert!(
+        stderr.contains("note: --transport auto: no RDMA device"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("using tcp"), "{stderr}");
+    assert_verified(&out, "auto");
+}
