@@ -42,3 +42,13 @@ pub fn verification_words(v: &Verification) -> String {
         )
     }
 }
+
+/// The error of iteration `i` (from 0) of `iters`: as it is for a single transfer, else
+/// saying which iteration failed.
+pub fn iteration_error(e: host::transfer::TransferError, i: u32, iters: u32) -> anyhow::Error {
+    if iters == 1 {
+        e.into()
+    } else {
+        anyhow::Error::new(e).context(format!("iteration {} of {iters}", i + 1))
+    }
+}

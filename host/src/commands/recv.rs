@@ -153,16 +153,7 @@ fn sink_plan(args: &RecvArgs) -> Result<Plan> {
     let mut plan = plan(Direction::Recv, args.mem, &facts)?;
     #[cfg(feature = "cuda")]
     refuse_unordered_writes(&gpu, args.mem, &mut plan)?;
-    let left_out = AttemptLog {
-        attempts: plan
-            .left_out
-            .iter()
-            .map(|l| Attempt::Skipped {
-                method: l.method,
-                why: l.why.clone(),
-            })
-            .collect(),
-    };
+    let left_out = AttemptLog::left_out(&plan);
     // Notes only where the path was not simply what was asked (`--gpu none`, `--mem host`).
     if args.gpu != GpuSelection::None && args.mem != MemKind::Host {
         for line in left_out.lines() {

@@ -1,7 +1,7 @@
 //! `host <ip> <port>`: generate the data, send it, report the receiver's verdict.
 
 use super::facts::{memory_notes, path_facts};
-use super::output::{values_line, verification_words, Human};
+use super::output::{iteration_error, values_line, verification_words, Human};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
 use host::memory::select::{plan, Direction, MemKind};
@@ -90,17 +90,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             } else {
                 transfer::send(&cfg, &mut memory)
             };
-            let report = match result {
-                Ok(r) => r,
-                Err(e) if args.iters == 1 => return Err(e.into()),
-                Err(e) => {
-                    return Err(anyhow::Error::new(e).context(format!(
-                        "iteration {} of {}",
-                        i + 1,
-                        args.iters
-                    )))
-                }
-            };
+            let report = result.map_err(|e| iteration_error(e, i, args.iters))?;
             reports.push(report);
         }
     }

@@ -1,6 +1,7 @@
 //! `host` and `host recv` over `--transport tcp`: the options that differ from verbs, then
 //! the library's TCP sender and receiver. The output is the verbs commands' own.
 
+use super::output::iteration_error;
 use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
@@ -45,17 +46,9 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
     }
     let mut reports = Vec::new();
     for i in 0..args.iters {
-        match tcp::send_repeated(&tcfg, source, &log, 1) {
-            Ok(r) => reports.extend(r),
-            Err(e) if args.iters == 1 => return Err(e.into()),
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "iteration {} of {}",
-                    i + 1,
-                    args.iters
-                )))
-            }
-        }
+        let r = tcp::send_repeated(&tcfg, source, &log, 1)
+            .map_err(|e| iteration_error(e, i, args.iters))?;
+        reports.extend(r);
     }
     Ok(reports)
 }

@@ -329,15 +329,49 @@ pub fn send_repeated(
         let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
         let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
         let round_trip_seconds = start.elapsed().as_secs_f64();
-        reports.push(SendReport {
-            peer: label.clone(),
+        let framed = Framed {
+            peer: &label,
             device: device.clone(),
             op: cfg.op.name(),
-            bytes: total,
-            chunks: n,
-            chunk_bytes: plan.chunk_bytes(),
+            plan: &plan,
             in_flight: window,
-            connect_seconds: if k == 0 { connect_seconds } else { 0.0 },
+            connect_seconds,
+            path: source.path(),
+            memory: &memory_log,
+        };
+        reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
+    }
+    conn.close(true, DISCONNECT_GRACE);
+    Ok(reports)
+}
+
+/// What every framed transfer of one connection reports alike, whatever carried it (the
+/// verbs sender here, the TCP sender in `transport::tcp`).
+pub(crate) struct Framed<'a> {
+    pub peer: &'a str,
+    pub device: Option<String>,
+    pub op: &'static str,
+    pub plan: &'a ChunkPlan,
+    pub in_flight: u32,
+    pub connect_seconds: f64,
+    pub path: DataPath,
+    /// How the memory path was chosen (reported with the first transfer only).
+    pub memory: &'a AttemptLog,
+}
+
+impl Framed<'_> {
+    /// The report of transfer `k` on the connection, from its times and the receiver's ack.
+    pub fn report(&self, k: u32, seconds: f64, round_trip_seconds: f64, ack: &Ack) -> SendReport {
+        let total = self.plan.total();
+        SendReport {
+            peer: self.peer.to_string(),
+            device: self.device.clone(),
+            op: self.op,
+            bytes: total,
+            chunks: self.plan.count(),
+            chunk_bytes: self.plan.chunk_bytes(),
+            in_flight: self.in_flight,
+            connect_seconds: if k == 0 { self.connect_seconds } else { 0.0 },
             seconds,
             gbps: gigabytes_per_second(total, seconds),
             receiver: Some(ReceiverVerdict {
@@ -348,16 +382,14 @@ pub fn send_repeated(
             raw_reply_bytes: None,
             round_trip_seconds: Some(round_trip_seconds),
             receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
-            path: source.path(),
+            path: self.path,
             memory: if k == 0 {
-                memory_log.clone()
+                self.memory.clone()
             } else {
                 AttemptLog::default()
             },
-        });
+        }
     }
-    conn.close(true, DISCONNECT_GRACE);
-    Ok(reports)
 }
 
 /// Wait for the receiver's ack (whose receive is posted; `seen` if it already came with

@@ -28,6 +28,20 @@ pub struct AttemptLog {
 }
 
 impl AttemptLog {
+    /// The log of a plan before anything is tried: what it left out, and why.
+    pub fn left_out(plan: &Plan) -> AttemptLog {
+        AttemptLog {
+            attempts: plan
+                .left_out
+                .iter()
+                .map(|l| Attempt::Skipped {
+                    method: l.method,
+                    why: l.why.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// The method that worked, if one did.
     pub fn taken(&self) -> Option<Method> {
         self.attempts.iter().find_map(|a| match a {
@@ -110,16 +124,7 @@ pub fn walk<T>(
     plan: &Plan,
     mut try_method: impl FnMut(Method) -> Result<T, String>,
 ) -> Result<Walked<T>, NothingWorked> {
-    let mut log = AttemptLog {
-        attempts: plan
-            .left_out
-            .iter()
-            .map(|l| Attempt::Skipped {
-                method: l.method,
-                why: l.why.clone(),
-            })
-            .collect(),
-    };
+    let mut log = AttemptLog::left_out(plan);
     for &method in &plan.attempts {
         match try_method(method) {
             Ok(value) => {

@@ -12,7 +12,8 @@ use crate::transfer::header::{
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::schedule::Schedule;
-use crate::transfer::{gigabytes_per_second, ReceiverVerdict, SendReport, TransferError};
+use crate::transfer::sender::Framed;
+use crate::transfer::{SendReport, TransferError};
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -174,32 +175,17 @@ pub fn send_repeated(
         let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
         let ack = read_ack(&mut control, cfg.timeout, &label)?;
         let round_trip_seconds = start.elapsed().as_secs_f64();
-        reports.push(SendReport {
-            peer: label.clone(),
+        let framed = Framed {
+            peer: &label,
             device: None,
             op: "tcp",
-            bytes: total,
-            chunks: plan.count(),
-            chunk_bytes: plan.chunk_bytes(),
+            plan: &plan,
             in_flight: schedule.window as u32,
-            connect_seconds: if k == 0 { connect_seconds } else { 0.0 },
-            seconds,
-            gbps: gigabytes_per_second(total, seconds),
-            receiver: Some(ReceiverVerdict {
-                status: ack.status,
-                received_bytes: ack.received_bytes,
-                verification: ack.verification,
-            }),
-            raw_reply_bytes: None,
-            round_trip_seconds: Some(round_trip_seconds),
-            receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
+            connect_seconds,
             path: source.path(),
-            memory: if k == 0 {
-                memory_log.clone()
-            } else {
-                AttemptLog::default()
-            },
-        });
+            memory: memory_log,
+        };
+        reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
     }
     Ok(reports)
 }
