@@ -175,7 +175,8 @@ case_soak() {
 # 9h. The device reports its port down (veth0, under rxe0, taken down mid-transfer): both
 #     ends stop at once with the device's event in words, not after their retries run
 #     out, and the receiver keeps running. (New connections after the link comes back
-#     up did not get through within 10 s here; that recovery is not asserted.)
+#     up did not get through within 10 s here, so this case runs last; that recovery is
+#     not asserted.)
 case_port_down() {
   local base state t0
   start receiver host recv --gpu none --timeout 30
@@ -200,7 +201,7 @@ case_port_down() {
   stop receiver
 }
 
-ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage port_down soak"
+ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage soak port_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"
