@@ -14,5 +14,6 @@ pub mod context;
 pub mod driver;
 mod ffi;
 pub mod sources;
+pub mod upload;
 
 pub use context::{Gpu, GpuCheck, KERNELS_PTX};

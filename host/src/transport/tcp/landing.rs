@@ -139,15 +139,15 @@ impl Landing for HostLanding {
     }
 }
 
-/// GPU memory: each chunk is read into a host buffer and copied into device memory
-/// (`cuMemcpyHtoD` through [`DeviceBuffer::write`](crate::gpu::allocations::DeviceBuffer::write)),
-/// then the verify kernel checks the whole buffer on the GPU. One thread reads the
-/// streams in chunk order: the GPU's objects are tied to the thread that owns them.
+/// GPU memory: each chunk is read from its socket into a slot of a pinned host ring and
+/// copied into device memory asynchronously ([`DeviceUpload`](crate::gpu::upload::DeviceUpload)),
+/// so the copy of one chunk overlaps the arrival of the next; the verify kernel then checks
+/// the whole buffer on the GPU. One thread reads the streams in chunk order: the GPU's
+/// objects are tied to the thread that owns them.
 #[cfg(feature = "cuda")]
 pub struct DeviceLanding {
     gpu: std::rc::Rc<crate::gpu::Gpu>,
-    memory: crate::gpu::allocations::DeviceBuffer,
-    staging: Vec<u8>,
+    upload: crate::gpu::upload::DeviceUpload,
 }
 
 #[cfg(feature = "cuda")]
@@ -157,12 +157,9 @@ impl DeviceLanding {
         len: usize,
         chunk: usize,
     ) -> anyhow::Result<Self> {
-        let mut memory = crate::gpu::allocations::DeviceBuffer::page_aligned(gpu, len)?;
-        gpu.fill_d32(&mut memory, crate::memory::POISON)?;
         Ok(DeviceLanding {
             gpu: gpu.clone(),
-            memory,
-            staging: vec![0u8; chunk.min(len)],
+            upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk)?,
         })
     }
 }
@@ -170,7 +167,7 @@ impl DeviceLanding {
 #[cfg(feature = "cuda")]
 impl Landing for DeviceLanding {
     fn poison(&mut self) -> anyhow::Result<()> {
-        self.gpu.fill_d32(&mut self.memory, crate::memory::POISON)
+        self.upload.poison()
     }
 
     fn receive(
@@ -181,30 +178,36 @@ impl Landing for DeviceLanding {
         got: &AtomicU64,
     ) -> Result<(), String> {
         let n = streams.len().max(1) as u16;
+        let shut = || {
+            for s in streams {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        };
         for i in 0..plan.count() {
             let chunk = plan.get(i).ok_or("chunk outside the plan")?;
             let len = chunk.len as usize;
             let stream = &streams[super::frames::stream_of(i, n)];
+            let deadline = std::time::Instant::now() + timeout;
             let dest = self
-                .staging
-                .get_mut(..len)
-                .ok_or("a chunk larger than the staging buffer")?;
+                .upload
+                .slot(i, len, deadline)
+                .map_err(|e| format!("chunk {i}: {e:#}"))?;
             if let Err(why) = read_chunk(stream, &chunk, dest, timeout) {
-                for s in streams {
-                    let _ = s.shutdown(Shutdown::Both);
-                }
+                shut();
                 return Err(why);
             }
-            self.memory
-                .write(chunk.offset as usize, dest)
+            self.upload
+                .commit(i, chunk.offset as usize, len)
                 .map_err(|e| format!("copying chunk {i} into GPU memory: {e:#}"))?;
             got.fetch_add(chunk.len, Ordering::Relaxed);
         }
-        Ok(())
+        self.upload
+            .finish()
+            .map_err(|e| format!("copying into GPU memory: {e:#}"))
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {
-        let check = self.gpu.verify(&self.memory.slice(0..len)?)?;
+        let check = self.gpu.verify(&self.upload.memory().slice(0..len)?)?;
         Ok(Verification {
             elements: (len / 4) as u64,
             mismatches: check.mismatches,
@@ -214,7 +217,7 @@ impl Landing for DeviceLanding {
     }
 
     fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
-        crate::gpu::sources::read_device_values(&self.memory, count)
+        crate::gpu::sources::read_device_values(self.upload.memory(), count)
     }
 
     fn path(&self) -> DataPath {
