@@ -513,6 +513,22 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         })
     }
 
+    /// An ack that ends the transfer early, if one completes within `grace`.
+    fn late_ack_reason(&mut self, grace: Duration) -> Option<String> {
+        let deadline = Deadline::after(grace);
+        loop {
+            self.comps.clear();
+            self.conn.cq.poll(&mut self.comps).ok()?;
+            if let Some(c) = self.comps.iter().find(|c| c.wr_id == WR_ACK && c.is_ok()) {
+                return self.ended_early(c);
+            }
+            if deadline.expired() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Why a failed data completion broke the transfer, with a hint where one helps.
     fn failure(&self, c: &Completion) -> String {
         let index = c.wr_id & INDEX_MASK;
@@ -582,9 +598,12 @@ impl ChunkWire for VerbsWire<'_, '_> {
                 e => e.into(),
             })?;
         if waited == Waited::Disconnected {
-            return Err(schedule::WireError::Broken(
-                "the receiver disconnected".into(),
-            ));
+            // The receiver's last word (a too-slow ack) can complete just behind its
+            // disconnect: it is the better reason to give.
+            let why = self
+                .late_ack_reason(DEVICE_EVENT_GRACE)
+                .unwrap_or_else(|| "the receiver disconnected".into());
+            return Err(schedule::WireError::Broken(why));
         }
         let mut highest = None;
         for c in &self.comps {
