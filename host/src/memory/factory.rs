@@ -119,6 +119,8 @@ pub struct SendMemory {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     chunk: usize,
     made: Vec<(Method, Box<dyn SendSource>)>,
+    /// Time spent making (allocating and generating) sources, so far.
+    making: std::time::Duration,
 }
 
 impl SendMemory {
@@ -129,6 +131,7 @@ impl SendMemory {
             size,
             chunk,
             made: Vec::new(),
+            making: std::time::Duration::ZERO,
         }
     }
 
@@ -142,7 +145,9 @@ impl SendMemory {
         let index = match self.made.iter().position(|(m, _)| *m == method) {
             Some(i) => i,
             None => {
+                let started = std::time::Instant::now();
                 let made = self.make(method)?;
+                self.making += started.elapsed();
                 self.made.push((method, made));
                 self.made.len() - 1
             }
@@ -173,6 +178,11 @@ impl SendMemory {
             "{}: this build has no GPU support (built without the `cuda` feature)",
             method.name()
         )
+    }
+
+    /// Time spent making sources so far: the sender leaves it out of connection setup.
+    pub fn making_time(&self) -> std::time::Duration {
+        self.making
     }
 
     /// `method` worked: later connections go straight to it, and the rest is freed.

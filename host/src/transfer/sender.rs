@@ -257,7 +257,8 @@ pub fn send_repeated(
         max_inline_data: 0,
     };
     let res = Resources::new(&id, Resources::cq_entries(most), cfg.busy_poll)?;
-    let (source, memory_log) = choose_source(&res, memory)?;
+    let making_before = memory.making_time();
+    let (source, memory_log, making) = choose_source(&res, memory, making_before)?;
     let data_mr = register_source(&res, source)?;
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
     schedule.progress = cfg.progress;
@@ -306,7 +307,8 @@ pub fn send_repeated(
             accept.len
         )));
     }
-    let connect_seconds = t0.elapsed().as_secs_f64();
+    // Generating the data is not connection setup.
+    let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
 
     let device = id.device_name();
     let mut reports = Vec::new();
@@ -663,10 +665,12 @@ fn check_nic(id: &CmId, cfg: &SendConfig) -> Result<(), TransferError> {
 /// memory the NIC registers is the one the transfer uses (a trial registration, dropped
 /// at once; the transfer registers the memory again for itself). A refusal (no dma-buf in
 /// the NIC's driver, no peermem, a BAR1 too small) moves on to the next method.
+/// Also returns the time spent making sources in the walk (since `making_before`).
 fn choose_source<'m>(
     res: &Resources,
     memory: &'m mut SendMemory,
-) -> Result<(&'m dyn SendSource, AttemptLog), TransferError> {
+    making_before: Duration,
+) -> Result<(&'m dyn SendSource, AttemptLog, Duration), TransferError> {
     let plan = memory.plan().clone();
     let walked = walk(&plan, |method| {
         let source = memory.source(method).map_err(|e| format!("{e:#}"))?;
@@ -676,10 +680,11 @@ fn choose_source<'m>(
     })
     .map_err(|e| TransferError::Memory(e.into()))?;
     memory.settle(walked.method);
+    let making = memory.making_time().saturating_sub(making_before);
     let source = memory
         .source(walked.method)
         .map_err(TransferError::Memory)?;
-    Ok((source, walked.log))
+    Ok((source, walked.log, making))
 }
 
 /// Register the source's memory for the NIC to read. When the NIC refuses GPU memory
@@ -733,7 +738,8 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
         max_inline_data: 0,
     };
     let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
-    let (source, memory_log) = choose_source(&res, memory)?;
+    let making_before = memory.making_time();
+    let (source, memory_log, making) = choose_source(&res, memory, making_before)?;
     let data_mr = register_source(&res, source)?;
     // One chunk of the whole buffer, through the same schedule as framed transfers.
     let plan = ChunkPlan::new(total, total).map_err(TransferError::Protocol)?;
@@ -746,7 +752,8 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
             .post_recv(WR_REPLY, Some(reply_buf.sge(reply_buf.len())))?
     };
     connect(&id, cfg.peer, &[], cfg.timeout, true)?;
-    let connect_seconds = t0.elapsed().as_secs_f64();
+    // Generating the data is not connection setup.
+    let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
 
     let mut wire = VerbsWire::new(
         &conn,
