@@ -352,12 +352,10 @@ fn handshake(
                 Ok(h) if h.index == 0 => h,
                 Ok(_) => {
                     return outcome(
-                        refuse(
+                        refuse_hello(
                             stream,
                             peer,
-                            RejectReason::BadHeader(WireError::Inconsistent {
-                                what: "the offer's stream hello is not stream 0",
-                            }),
+                            "the offer's stream hello is not stream 0",
                             None,
                         ),
                         true,
@@ -365,12 +363,10 @@ fn handshake(
                 }
                 Err(e) => {
                     return outcome(
-                        refuse(
+                        refuse_hello(
                             stream,
                             peer,
-                            RejectReason::BadHeader(WireError::Inconsistent {
-                                what: "bad stream hello after the header",
-                            }),
+                            "bad stream hello after the header",
                             Some(e.to_string()),
                         ),
                         true,
@@ -408,14 +404,7 @@ fn handshake(
                 Ok(h) => h,
                 Err(e) => {
                     return outcome(
-                        refuse(
-                            stream,
-                            peer,
-                            RejectReason::BadHeader(WireError::Inconsistent {
-                                what: "bad stream hello",
-                            }),
-                            Some(e.to_string()),
-                        ),
+                        refuse_hello(stream, peer, "bad stream hello", Some(e.to_string())),
                         false,
                     )
                 }
@@ -663,4 +652,19 @@ fn merge(
             crc32: v.crc32,
         }),
     }
+}
+
+/// Refuse a connection whose stream hello is wrong (`what`), telling the peer why.
+fn refuse_hello(
+    stream: TcpStream,
+    peer: String,
+    what: &'static str,
+    detail: Option<String>,
+) -> RecvOutcome {
+    refuse(
+        stream,
+        peer,
+        RejectReason::BadHeader(WireError::Inconsistent { what }),
+        detail,
+    )
 }
