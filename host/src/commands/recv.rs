@@ -6,9 +6,9 @@ use anyhow::Result;
 use host::cli::RecvArgs;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
-use host::transfer::receiver::SinkFactoryMaker;
 use host::transfer::units::format_bytes;
-use host::transfer::{self, RecvConfig, RecvOutcome, RecvReport};
+use host::transfer::{RecvOutcome, RecvReport};
+use host::transport::rdma::{self, RecvConfig, SinkFactoryMaker};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -222,7 +222,7 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     };
     let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
-    let verified = transfer::serve(&cfg, make_sinks, &mut |o| print_outcome(o, json_out))?;
+    let verified = rdma::serve(&cfg, make_sinks, &mut |o| print_outcome(o, json_out))?;
     Ok(if verified {
         ExitCode::SUCCESS
     } else {

@@ -7,7 +7,8 @@ use host::cli::SendArgs;
 use host::memory::select::{plan, Direction, MemKind};
 use host::memory::{GpuChoice, GpuSelection, SendMemory};
 use host::transfer::units::format_bytes;
-use host::transfer::{self, AckStatus, SendConfig, SendReport};
+use host::transfer::{self, AckStatus, SendReport};
+use host::transport::rdma::{self, SendConfig};
 use host::transport::{self, TransportKind};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -82,13 +83,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         reports = super::tcp::send(args, &cfg, &mut memory)?;
     } else if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
-        reports = transfer::send_repeated(&cfg, &mut memory, args.iters)?;
+        reports = rdma::send_repeated(&cfg, &mut memory, args.iters)?;
     } else {
         for i in 0..args.iters {
             let result = if args.raw {
-                transfer::send_raw(&cfg, &mut memory)
+                rdma::send_raw(&cfg, &mut memory)
             } else {
-                transfer::send(&cfg, &mut memory)
+                rdma::send(&cfg, &mut memory)
             };
             let report = result.map_err(|e| iteration_error(e, i, args.iters))?;
             reports.push(report);

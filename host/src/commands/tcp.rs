@@ -6,7 +6,8 @@ use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
-use host::transfer::{Op, RecvOutcome, SendConfig, SendReport};
+use host::transfer::{Op, RecvOutcome, SendReport};
+use host::transport::rdma::SendConfig;
 use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use std::net::SocketAddr;
 

@@ -9,10 +9,9 @@
 //!   plan ([`plan`]), the sender's chunk schedule ([`schedule`]: window, release of each
 //!   chunk to its source, progress bar), the memory sources and sinks (`crate::memory`:
 //!   `SendSource`, `RecvSink::verify` and its poison), the reports.
-//! - **rdma**: connection management, registration, SEND/WRITE with immediate, queue
-//!   pairs. For now it still lives where it grew, in `crate::rdma` (the RAII verbs
-//!   wrappers) and `crate::transfer::{sender, receiver, conn}`; moving those files under
-//!   `transport/rdma/` is planned as its own change, so that the move is a pure rename.
+//! - **rdma** ([`rdma`]): connection management, registration, SEND/WRITE with
+//!   immediate, queue pairs, the receiver's threads; on the RAII verbs wrappers of
+//!   `crate::rdma`.
 //! - **tcp** ([`tcp`]): sockets, several streams per connection, frames. The same header,
 //!   accept, reject and ack bytes travel on stream 0; the sender drives the same
 //!   [`Schedule`](crate::transfer::schedule::Schedule) through a
@@ -26,6 +25,7 @@
 //! [`RejectReason`]: crate::transfer::RejectReason
 //! [`Ack`]: crate::transfer::Ack
 
+pub mod rdma;
 pub mod tcp;
 
 /// `--transport`.

@@ -11,8 +11,8 @@ use crate::transfer::header::{
     AcceptInfo, Ack, Header, Op, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN, REJECT_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::Framed;
 use crate::transfer::schedule::Schedule;
-use crate::transfer::sender::Framed;
 use crate::transfer::{SendReport, TransferError};
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -19,17 +19,19 @@
 use super::conn::{
     is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
 };
-use super::header::{AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY};
-use super::plan::ChunkPlan;
-use super::units::format_bytes;
-use super::{gigabytes_per_second, TransferError};
 use crate::memory::select::{walk, AttemptLog};
-use crate::memory::{DataPath, RecvSink, SinkFactory, Verification};
+use crate::memory::{RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
     self, Access, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline,
     EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
+use crate::transfer::header::{
+    AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY,
+};
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::units::format_bytes;
+use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
@@ -60,62 +62,6 @@ pub struct RecvConfig {
     pub max_memory: u64,
     /// Bytes per second a transfer must average (beyond its first `timeout`); 0: no limit.
     pub min_rate: u64,
-}
-
-/// One finished transfer.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RecvReport {
-    pub peer: String,
-    /// "send", "write" or "raw".
-    pub op: &'static str,
-    /// Bytes received.
-    pub bytes: u64,
-    pub chunks: u64,
-    /// From the connection's establishment to the last data.
-    pub seconds: f64,
-    pub gbps: f64,
-    pub path: DataPath,
-    pub verification: Option<Verification>,
-    /// Why the data could not be checked, if it could not.
-    pub verify_error: Option<String>,
-    pub first_values: Vec<i32>,
-    /// The immediate data of a raw message.
-    pub imm: Option<u32>,
-    /// Whether the sender got our verdict (the ack, or the raw reply).
-    pub reply_delivered: bool,
-    /// Transfers on this connection (more than 1 with the sender's `--reuse-connection`;
-    /// `bytes`, `chunks`, `seconds` and `verification` then cover them all).
-    pub transfers: u32,
-    /// Time spent verifying (all transfers), after the data and before each ack.
-    pub verify_seconds: f64,
-    /// How this connection's buffer was chosen: methods left out, refused, taken.
-    pub memory: AttemptLog,
-}
-
-impl RecvReport {
-    /// The data arrived whole and matches the pattern.
-    pub fn ok(&self) -> bool {
-        self.verification.is_some_and(|v| v.ok())
-    }
-}
-
-/// What happened, for the CLI to print (human lines or JSON).
-#[derive(Debug, Clone)]
-pub enum RecvOutcome {
-    Listening {
-        addr: String,
-    },
-    /// A connection request was refused (the peer was told why).
-    Rejected {
-        peer: String,
-        reason: String,
-    },
-    Completed(RecvReport),
-    /// A transfer broke off (the receiver goes on serving).
-    Failed {
-        peer: String,
-        error: String,
-    },
 }
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay

@@ -5,20 +5,21 @@ use super::conn::{
     is_data, next_event, Connection, Resources, Waited, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA,
     WR_ACK, WR_REPLY,
 };
-use super::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, HEADER_FLAG_REPEAT,
-    RAW_IMM,
-};
-use super::plan::ChunkPlan;
-use super::schedule::{self, ChunkWire, Posted, Schedule};
-use super::units::format_bytes;
-use super::{gigabytes_per_second, TransferError};
 use crate::memory::select::{walk, AttemptLog};
-use crate::memory::{DataPath, SendMemory, SendSource, Verification};
+use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{
     self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
+use crate::transfer::header::{
+    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, HEADER_FLAG_REPEAT,
+    RAW_IMM,
+};
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::Framed;
+use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
+use crate::transfer::units::format_bytes;
+use crate::transfer::{gigabytes_per_second, SendReport, TransferError};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -44,56 +45,6 @@ pub struct SendConfig {
     /// The protocol version written into the header: `header::VERSION` except in tests
     /// of the receiver's version check.
     pub protocol_version: u16,
-}
-
-/// What the receiver said about the data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct ReceiverVerdict {
-    pub status: AckStatus,
-    pub received_bytes: u64,
-    pub verification: Option<Verification>,
-}
-
-impl ReceiverVerdict {
-    pub fn ok(&self) -> bool {
-        self.status == AckStatus::Verified
-    }
-}
-
-/// The result of one transfer.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SendReport {
-    pub peer: String,
-    /// The local RDMA device used ("rxe0").
-    pub device: Option<String>,
-    /// "send", "write" or "raw".
-    pub op: &'static str,
-    pub bytes: u64,
-    pub chunks: u64,
-    pub chunk_bytes: u64,
-    /// Work requests actually kept in flight (depth, limited by the source).
-    pub in_flight: u32,
-    /// Address and route resolution, setup, registration and connection.
-    pub connect_seconds: f64,
-    /// From the first work request posted to the last data completion.
-    pub seconds: f64,
-    /// `bytes / seconds`, in 10^9 bytes per second.
-    pub gbps: f64,
-    /// The receiver's verdict (framed transfers).
-    pub receiver: Option<ReceiverVerdict>,
-    /// Bytes of the reply a raw peer sent, if it sent one.
-    pub raw_reply_bytes: Option<u32>,
-    /// From the first work request posted to the receiver's ack: one round trip, data
-    /// out and verdict back, including the receiver's verification (framed transfers).
-    pub round_trip_seconds: Option<f64>,
-    /// How long the receiver's verification took, as it reported (only receivers serving
-    /// `--reuse-connection` report it).
-    pub receiver_verify_seconds: Option<f64>,
-    /// Where the data was when the NIC read it.
-    pub path: DataPath,
-    /// How the memory path was chosen on this connection: what was left out, refused
-    /// and taken (the first connection's; later ones go straight to what worked).
-    pub memory: AttemptLog,
 }
 
 /// Extra time given to the CM to report its own timeout.
@@ -345,53 +296,6 @@ pub fn send_repeated(
     }
     conn.close(true, DISCONNECT_GRACE);
     Ok(reports)
-}
-
-/// What every framed transfer of one connection reports alike, whatever carried it (the
-/// verbs sender here, the TCP sender in `transport::tcp`).
-pub(crate) struct Framed<'a> {
-    pub peer: &'a str,
-    pub device: Option<String>,
-    pub op: &'static str,
-    pub plan: &'a ChunkPlan,
-    pub in_flight: u32,
-    pub connect_seconds: f64,
-    pub path: DataPath,
-    /// How the memory path was chosen (reported with the first transfer only).
-    pub memory: &'a AttemptLog,
-}
-
-impl Framed<'_> {
-    /// The report of transfer `k` on the connection, from its times and the receiver's ack.
-    pub fn report(&self, k: u32, seconds: f64, round_trip_seconds: f64, ack: &Ack) -> SendReport {
-        let total = self.plan.total();
-        SendReport {
-            peer: self.peer.to_string(),
-            device: self.device.clone(),
-            op: self.op,
-            bytes: total,
-            chunks: self.plan.count(),
-            chunk_bytes: self.plan.chunk_bytes(),
-            in_flight: self.in_flight,
-            connect_seconds: if k == 0 { self.connect_seconds } else { 0.0 },
-            seconds,
-            gbps: gigabytes_per_second(total, seconds),
-            receiver: Some(ReceiverVerdict {
-                status: ack.status,
-                received_bytes: ack.received_bytes,
-                verification: ack.verification,
-            }),
-            raw_reply_bytes: None,
-            round_trip_seconds: Some(round_trip_seconds),
-            receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
-            path: self.path,
-            memory: if k == 0 {
-                self.memory.clone()
-            } else {
-                AttemptLog::default()
-            },
-        }
-    }
 }
 
 /// Wait for the receiver's ack (whose receive is posted; `seen` if it already came with

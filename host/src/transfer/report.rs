@@ -1,0 +1,164 @@
+//! What a transfer reports, whatever carried it: the sender's [`SendReport`] (with the
+//! receiver's [`ReceiverVerdict`]) and the receiver's [`RecvReport`] and
+//! [`RecvOutcome`]s. The verbs and TCP transports build the same values, so the
+//! commands print and serialise them the same way.
+
+use super::gigabytes_per_second;
+use super::header::Ack;
+use super::header::AckStatus;
+use super::plan::ChunkPlan;
+use crate::memory::select::AttemptLog;
+use crate::memory::{DataPath, Verification};
+
+/// What the receiver said about the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ReceiverVerdict {
+    pub status: AckStatus,
+    pub received_bytes: u64,
+    pub verification: Option<Verification>,
+}
+
+impl ReceiverVerdict {
+    pub fn ok(&self) -> bool {
+        self.status == AckStatus::Verified
+    }
+}
+
+/// The result of one transfer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SendReport {
+    pub peer: String,
+    /// The local RDMA device used ("rxe0").
+    pub device: Option<String>,
+    /// "send", "write" or "raw".
+    pub op: &'static str,
+    pub bytes: u64,
+    pub chunks: u64,
+    pub chunk_bytes: u64,
+    /// Work requests actually kept in flight (depth, limited by the source).
+    pub in_flight: u32,
+    /// Address and route resolution, setup, registration and connection.
+    pub connect_seconds: f64,
+    /// From the first work request posted to the last data completion.
+    pub seconds: f64,
+    /// `bytes / seconds`, in 10^9 bytes per second.
+    pub gbps: f64,
+    /// The receiver's verdict (framed transfers).
+    pub receiver: Option<ReceiverVerdict>,
+    /// Bytes of the reply a raw peer sent, if it sent one.
+    pub raw_reply_bytes: Option<u32>,
+    /// From the first work request posted to the receiver's ack: one round trip, data
+    /// out and verdict back, including the receiver's verification (framed transfers).
+    pub round_trip_seconds: Option<f64>,
+    /// How long the receiver's verification took, as it reported (only receivers serving
+    /// `--reuse-connection` report it).
+    pub receiver_verify_seconds: Option<f64>,
+    /// Where the data was when the NIC read it.
+    pub path: DataPath,
+    /// How the memory path was chosen on this connection: what was left out, refused
+    /// and taken (the first connection's; later ones go straight to what worked).
+    pub memory: AttemptLog,
+}
+
+/// What every framed transfer of one connection reports alike, whatever carried it (the
+/// verbs sender in `transport::rdma`, the TCP sender in `transport::tcp`).
+pub(crate) struct Framed<'a> {
+    pub peer: &'a str,
+    pub device: Option<String>,
+    pub op: &'static str,
+    pub plan: &'a ChunkPlan,
+    pub in_flight: u32,
+    pub connect_seconds: f64,
+    pub path: DataPath,
+    /// How the memory path was chosen (reported with the first transfer only).
+    pub memory: &'a AttemptLog,
+}
+
+impl Framed<'_> {
+    /// The report of transfer `k` on the connection, from its times and the receiver's ack.
+    pub fn report(&self, k: u32, seconds: f64, round_trip_seconds: f64, ack: &Ack) -> SendReport {
+        let total = self.plan.total();
+        SendReport {
+            peer: self.peer.to_string(),
+            device: self.device.clone(),
+            op: self.op,
+            bytes: total,
+            chunks: self.plan.count(),
+            chunk_bytes: self.plan.chunk_bytes(),
+            in_flight: self.in_flight,
+            connect_seconds: if k == 0 { self.connect_seconds } else { 0.0 },
+            seconds,
+            gbps: gigabytes_per_second(total, seconds),
+            receiver: Some(ReceiverVerdict {
+                status: ack.status,
+                received_bytes: ack.received_bytes,
+                verification: ack.verification,
+            }),
+            raw_reply_bytes: None,
+            round_trip_seconds: Some(round_trip_seconds),
+            receiver_verify_seconds: ack.verify_micros.map(|us| us as f64 * 1e-6),
+            path: self.path,
+            memory: if k == 0 {
+                self.memory.clone()
+            } else {
+                AttemptLog::default()
+            },
+        }
+    }
+}
+
+/// One finished transfer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecvReport {
+    pub peer: String,
+    /// "send", "write" or "raw".
+    pub op: &'static str,
+    /// Bytes received.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// From the connection's establishment to the last data.
+    pub seconds: f64,
+    pub gbps: f64,
+    pub path: DataPath,
+    pub verification: Option<Verification>,
+    /// Why the data could not be checked, if it could not.
+    pub verify_error: Option<String>,
+    pub first_values: Vec<i32>,
+    /// The immediate data of a raw message.
+    pub imm: Option<u32>,
+    /// Whether the sender got our verdict (the ack, or the raw reply).
+    pub reply_delivered: bool,
+    /// Transfers on this connection (more than 1 with the sender's `--reuse-connection`;
+    /// `bytes`, `chunks`, `seconds` and `verification` then cover them all).
+    pub transfers: u32,
+    /// Time spent verifying (all transfers), after the data and before each ack.
+    pub verify_seconds: f64,
+    /// How this connection's buffer was chosen: methods left out, refused, taken.
+    pub memory: AttemptLog,
+}
+
+impl RecvReport {
+    /// The data arrived whole and matches the pattern.
+    pub fn ok(&self) -> bool {
+        self.verification.is_some_and(|v| v.ok())
+    }
+}
+
+/// What happened, for the CLI to print (human lines or JSON).
+#[derive(Debug, Clone)]
+pub enum RecvOutcome {
+    Listening {
+        addr: String,
+    },
+    /// A connection request was refused (the peer was told why).
+    Rejected {
+        peer: String,
+        reason: String,
+    },
+    Completed(RecvReport),
+    /// A transfer broke off (the receiver goes on serving).
+    Failed {
+        peer: String,
+        error: String,
+    },
+}
