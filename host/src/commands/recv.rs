@@ -196,7 +196,7 @@ fn refuse_unordered_writes(
 }
 
 pub fn run(args: &RecvArgs) -> Result<ExitCode> {
-    let chosen = host::transport::choose_here(args.transport);
+    let chosen = host::transport::choose_here(args.transport, None, args.timeout);
     if let Some(note) = &chosen.note {
         eprintln!("note: {note}");
     }

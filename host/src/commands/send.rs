@@ -48,7 +48,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         args.chunk.min(args.size)
     };
     let chunk = usize::try_from(chunk).context("--chunk does not fit")?;
-    let chosen = transport::choose_here(args.transport);
+    let chosen = transport::choose_here(args.transport, Some(peer), args.timeout);
     if let Some(note) = &chosen.note {
         eprintln!("note: {note}");
     }

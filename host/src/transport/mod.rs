@@ -47,36 +47,44 @@ pub struct Chosen {
     pub note: Option<String>,
 }
 
-/// Resolve `auto` from whether an RDMA device exists (`device` is
-/// [`crate::rdma::ensure_device`]'s answer, passed in so that the decision can be tested).
-pub fn choose(asked: TransportKind, device: Result<(), String>) -> Chosen {
-    match (asked, device) {
+/// Resolve `auto` from whether RDMA can be used (`rdma` is the answer: an RDMA device
+/// exists and, for a sender, the CM resolves the peer's address to it; or why not),
+/// passed in so that the decision can be tested.
+pub fn choose(asked: TransportKind, rdma: Result<(), String>) -> Chosen {
+    match (asked, rdma) {
         (TransportKind::Auto, Ok(())) => Chosen {
             kind: TransportKind::Rdma,
             note: Some("--transport auto: an RDMA device is present, using rdma".into()),
         },
         (TransportKind::Auto, Err(why)) => Chosen {
             kind: TransportKind::Tcp,
-            note: Some(format!(
-                "--transport auto: no RDMA device ({why}), using tcp"
-            )),
+            note: Some(format!("--transport auto: {why}, using tcp")),
         },
         (kind, _) => Chosen { kind, note: None },
     }
 }
 
-/// [`choose`] with this machine's answer.
-pub fn choose_here(asked: TransportKind) -> Chosen {
+/// [`choose`] with this machine's answer: is there an RDMA device, and (with `peer`, for
+/// a sender) does the RDMA CM find a route to the peer through one, within `timeout`?
+pub fn choose_here(
+    asked: TransportKind,
+    peer: Option<std::net::SocketAddr>,
+    timeout: std::time::Duration,
+) -> Chosen {
     if asked != TransportKind::Auto {
         return Chosen {
             kind: asked,
             note: None,
         };
     }
-    choose(
-        asked,
-        crate::rdma::ensure_device().map_err(|e| e.to_string()),
-    )
+    let rdma = crate::rdma::ensure_device()
+        .map_err(|e| format!("no RDMA device ({e})"))
+        .and_then(|()| match peer {
+            Some(peer) => rdma::sender::reachable(peer, timeout)
+                .map_err(|e| format!("{peer} is not reachable over RDMA ({e})")),
+            None => Ok(()),
+        });
+    choose(asked, rdma)
 }
 
 #[cfg(test)]
@@ -88,12 +96,21 @@ mod tests {
         let c = choose(TransportKind::Auto, Ok(()));
         assert_eq!(c.kind, TransportKind::Rdma);
         assert!(c.note.unwrap().contains("using rdma"));
-        let c = choose(TransportKind::Auto, Err("no RDMA device found".into()));
+        let c = choose(
+            TransportKind::Auto,
+            Err("no RDMA device (no RDMA device found)".into()),
+        );
         assert_eq!(c.kind, TransportKind::Tcp);
         assert_eq!(
             c.note.as_deref(),
             Some("--transport auto: no RDMA device (no RDMA device found), using tcp")
         );
+        let c = choose(
+            TransportKind::Auto,
+            Err("192.0.2.9:7471 is not reachable over RDMA (no route)".into()),
+        );
+        assert_eq!(c.kind, TransportKind::Tcp);
+        assert!(c.note.unwrap().contains("not reachable over RDMA"));
         for kind in [TransportKind::Rdma, TransportKind::Tcp] {
             assert_eq!(choose(kind, Err("x".into())), Chosen { kind, note: None });
         }

@@ -100,6 +100,14 @@ fn resolve(id: &CmId, peer: SocketAddr, timeout: Duration) -> Result<(), Transfe
     }
 }
 
+/// Whether the RDMA CM resolves `peer`'s address and route to an RDMA device, within
+/// `timeout` (for `--transport auto`): the first steps of a connection, then dropped.
+pub fn reachable(peer: SocketAddr, timeout: Duration) -> Result<(), TransferError> {
+    let channel = EventChannel::new()?;
+    let id = CmId::new(&channel)?;
+    resolve(&id, peer, timeout)
+}
+
 /// IB CM reject reason "invalid service ID": nobody listens on that port.
 const IB_CM_REJ_INVALID_SERVICE_ID: i32 = 8;
 
