@@ -207,8 +207,8 @@ pub struct SendArgs {
     pub json: bool,
 
     /// What carries the data: `rdma` (verbs), `tcp` (sockets: any machine; GPU memory
-    /// goes through the staged ring) or `auto` (rdma when this machine has an RDMA
-    /// device, else tcp; a note says which).
+    /// goes through the staged ring) or `auto` (rdma when the RDMA CM finds a route to
+    /// the receiver through an RDMA device, else tcp; a note says which and why).
     #[arg(long, value_enum, default_value_t = TransportKind::Auto)]
     pub transport: TransportKind,
 
