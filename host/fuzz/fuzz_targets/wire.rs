@@ -1,9 +1,10 @@
-//! Everything the peer can send us goes through `transfer::header`'s decoders: arbitrary
-//! bytes must never panic there, and whatever decodes must encode back to a message
-//! that decodes to the same value.
+//! Everything the peer can send us goes through `transfer::header`'s decoders (and, over
+//! TCP, `transport::tcp::frames`'): arbitrary bytes must never panic there, and whatever
+//! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
 use host::transfer::header::{AcceptInfo, Ack, Header, RejectReason};
+use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,5 +19,12 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(ack) = Ack::decode(data) {
         assert_eq!(Ack::decode(&ack.encode()), Ok(ack));
+    }
+    if let Ok(hello) = Hello::decode(data) {
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+    }
+    if let Ok(head) = <[u8; FRAME_LEN]>::try_from(data.get(..FRAME_LEN).unwrap_or_default()) {
+        let frame = Frame::decode(&head);
+        assert_eq!(Frame::decode(&frame.encode()), frame);
     }
 });
