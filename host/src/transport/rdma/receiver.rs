@@ -214,24 +214,20 @@ fn admit(
     Ok(wanted)
 }
 
-/// Serve one connection on its own thread, with buffers made there.
+/// Serve one connection on its own thread, with buffers made there, and tell the peer
+/// (reject) or the log (outcome) how it ended.
 fn serve_connection(
     cfg: &RecvConfig,
     request: ConnectRequest,
     make_sinks: &SinkFactoryMaker,
 ) -> RecvOutcome {
-    let sinks = match make_sinks() {
-        Ok(sinks) => sinks,
-        Err(e) => {
-            let peer = peer_label(request.peer);
-            return conclude(&request.id, peer, Err(internal(format!("{e:#}"))));
-        }
+    let peer = peer_label(request.peer);
+    let result = match make_sinks() {
+        Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks),
+        Ok(sinks) => framed(cfg, &request, &peer, &sinks),
+        Err(e) => Err(internal(format!("{e:#}"))),
     };
-    if cfg.raw {
-        serve_raw(cfg, request, &sinks)
-    } else {
-        serve_framed(cfg, request, &sinks)
-    }
+    conclude(&request.id, peer, result)
 }
 
 fn peer_label(peer: Option<SocketAddr>) -> String {
@@ -295,12 +291,6 @@ fn conclude(id: &CmId, peer: String, result: Result<RecvReport, Failure>) -> Rec
             error: e.to_string(),
         },
     }
-}
-
-fn serve_framed(cfg: &RecvConfig, request: ConnectRequest, sinks: &SinkFactory) -> RecvOutcome {
-    let peer = peer_label(request.peer);
-    let result = framed(cfg, &request, &peer, sinks);
-    conclude(&request.id, peer, result)
 }
 
 fn framed(
@@ -936,12 +926,6 @@ fn send_and_wait(
             return Ok(false);
         }
     }
-}
-
-fn serve_raw(cfg: &RecvConfig, request: ConnectRequest, sinks: &SinkFactory) -> RecvOutcome {
-    let peer = peer_label(request.peer);
-    let result = raw(cfg, &request, &peer, sinks);
-    conclude(&request.id, peer, result)
 }
 
 fn raw(
