@@ -13,8 +13,6 @@ use crate::transfer::memcpy_wire::MemcpyWire;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::schedule::{ChunkWire, Posted, Schedule, WireError};
 use anyhow::Result;
-use cust::event::{Event, EventFlags};
-use cust::stream::Stream;
 use serde::Serialize;
 use std::ops::Range;
 use std::rc::Rc;
@@ -64,21 +62,22 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// Median milliseconds of `op` on `stream`, each repetition bracketed by events.
-fn time_events(stream: &Stream, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Median milliseconds of `op` on the GPU's stream, each repetition bracketed by events.
+fn time_events(gpu: &Gpu, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..3 {
         op()?; // warm-up: module load, first-touch of the pages, clocks
     }
+    let stream = gpu.stream();
     stream.synchronize()?;
-    let start = Event::new(EventFlags::DEFAULT)?;
-    let stop = Event::new(EventFlags::DEFAULT)?;
+    let start = gpu.new_event(true)?;
+    let stop = gpu.new_event(true)?;
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
         start.record(stream)?;
         op()?;
         stop.record(stream)?;
         stop.synchronize()?;
-        samples.push(stop.elapsed_time_f32(&start)? as f64);
+        samples.push(stop.elapsed_since(&start)? as f64);
     }
     Ok(median(samples))
 }
@@ -95,11 +94,11 @@ fn repetitions(bytes: usize) -> usize {
 fn fill(gpu: &Rc<Gpu>, bytes: usize) -> Result<FillResult> {
     let mut buffer = DeviceBuffer::new(gpu, bytes)?;
     let reps = repetitions(bytes);
-    let stream = gpu.stream();
     // SAFETY (both): time_events synchronises on its stop event after each launch, and
     // nothing else touches the buffer meanwhile.
-    let kernel_ms = time_events(stream, reps, || unsafe { gpu.launch_generate(&mut buffer) })?;
-    let memset_ms = time_events(stream, reps, || unsafe {
+    let kernel_ms = time_events(gpu, reps, || unsafe { gpu.launch_generate(&mut buffer) })?;
+    // SAFETY: as above.
+    let memset_ms = time_events(gpu, reps, || unsafe {
         gpu.launch_memset_d32(&mut buffer, 0x5a5a_5a5a)
     })?;
     // The last thing written was the memset: fill once more and check, so the timed
@@ -126,21 +125,23 @@ fn fill(gpu: &Rc<Gpu>, bytes: usize) -> Result<FillResult> {
 /// The seed's method: the kernel writes mapped host memory over PCIe, against the
 /// fastest way to get the same bytes to the host, a pinned device-to-host copy.
 fn mapped(gpu: &Rc<Gpu>, bytes: usize) -> Result<PathResult> {
-    let stream = gpu.stream();
     let mut host = MappedHostBuffer::new(gpu, bytes)?;
     // SAFETY: time_events synchronises after each launch; nothing else touches `host`.
-    let mapped_ms = time_events(stream, 10, || unsafe { gpu.launch_generate(&mut host) })?;
+    let mapped_ms = time_events(gpu, 10, || unsafe { gpu.launch_generate(&mut host) })?;
     let source = DeviceBuffer::new(gpu, bytes)?;
     let pinned = PinnedHostBuffer::new(gpu, bytes)?;
-    let copy_ms = time_events(stream, 10, || {
-        // SAFETY: both ranges are whole buffers of ours, `bytes` long; pinned is not read
-        // until the stream syncs (time_events synchronises after each repetition).
+    let copy_ms = time_events(gpu, 10, || {
+        let bound = gpu.bind()?;
+        // SAFETY: both ranges are whole buffers of ours, `bytes` long, of the bound
+        // context; pinned is not read until the stream syncs (time_events synchronises
+        // after each repetition).
         unsafe {
             driver::memcpy_dtoh_async(
+                &bound,
                 pinned.as_mut_ptr(),
                 source.device_ptr(),
                 bytes,
-                stream.as_inner(),
+                gpu.stream(),
             )?
         };
         Ok(())
@@ -317,9 +318,8 @@ pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
         .collect::<Result<Vec<_>>>()?;
 
     let mut seed = DeviceBuffer::new(&gpu, 4096 * 4)?;
-    let stream = gpu.stream();
     // SAFETY: time_events synchronises after each launch.
-    let seed_kernel_ms = time_events(stream, 200, || unsafe { gpu.launch_generate(&mut seed) })?;
+    let seed_kernel_ms = time_events(&gpu, 200, || unsafe { gpu.launch_generate(&mut seed) })?;
     let mut host_samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
