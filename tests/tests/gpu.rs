@@ -356,9 +356,12 @@ fn capability_report_matches_the_driver() {
 fn through_the_schedule(source: &dyn SendSource, chunk: u64, depth: u32) -> Vec<u8> {
     let plan = ChunkPlan::new(source.len() as u64, chunk).unwrap();
     let schedule = Schedule::new(plan, depth, source, Duration::from_secs(30));
-    let mut wire = MemcpyWire::new(source.memory(), source.len()).unwrap();
-    schedule.run(source, &mut wire, "memcpy").unwrap();
-    wire.finish().unwrap()
+    let (run, arrived) = MemcpyWire::scope(source.memory(), vec![0; source.len()], |wire| {
+        schedule.run(source, wire, "memcpy")
+    })
+    .unwrap();
+    run.unwrap();
+    arrived
 }
 
 #[test]

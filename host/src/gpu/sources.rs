@@ -56,7 +56,9 @@ impl MappedSource {
     }
 }
 
-impl SendSource for MappedSource {
+// SAFETY: memory() is the mapped buffer, owned for the source's life; chunks are ranges
+// inside it (checked), never written after generation (kernels need `&mut`).
+unsafe impl SendSource for MappedSource {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -157,7 +159,10 @@ unsafe impl Registrable for GpuDirectBuffer {
     }
 }
 
-impl SendSource for GpuDirectBuffer {
+// SAFETY: memory() is this buffer; chunks are ranges inside it (checked), never written
+// after generation (kernels and poison run only before a transfer, through the receiver's
+// or generator's own calls, never while a sender's chunk is out).
+unsafe impl SendSource for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -175,7 +180,10 @@ impl SendSource for GpuDirectBuffer {
     }
 }
 
-impl RecvSink for GpuDirectBuffer {
+// SAFETY: memory() is this buffer's device memory, of len bytes, for its life; the CPU
+// never reads it through a reference (memset, the verify kernel and device-to-host
+// copies only).
+unsafe impl RecvSink for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -377,7 +385,10 @@ impl StagedSource {
     }
 }
 
-impl SendSource for StagedSource {
+// SAFETY: memory() is the pinned ring, owned for the source's life; prepare_chunk hands
+// out a slot only once its copy completed, and the slot is copied into again only after
+// release_chunk freed it (SlotState), or after begin_pass found no slot with the wire.
+unsafe impl SendSource for StagedSource {
     fn len(&self) -> usize {
         self.device.len()
     }
@@ -433,7 +444,7 @@ impl SendSource for StagedSource {
         Ok(start..start + len)
     }
 
-    fn release_chunk(&self, offset: usize) {
+    unsafe fn release_chunk(&self, offset: usize) {
         let index = offset / self.slot_bytes;
         let mut state = self.state.borrow_mut();
         let slot = index % state.slots.len();
