@@ -1,11 +1,11 @@
 //! The "result" layer over the CUDA driver API (cudarc's word for it): each function
-//! makes one driver call through [`ffi`](super::ffi), checks its raw result and turns a
+//! makes one driver call through `ffi`, checks its raw result and turns a
 //! failure into a [`DriverError`] that names the call.
 //!
 //! Two rules hold here, and the layer above relies on them:
 //!
 //! - **A context is bound around every call that acts on "the current context".** Such a
-//!   function takes a [`Bound`], which only [`Bound::push`] makes: it pushes a context
+//!   function takes a `Bound`, which only `Bound::push` makes: it pushes a context
 //!   onto the calling thread's stack and pops it when dropped. So no allocation, free,
 //!   copy, launch, stream or event lands in whatever context some other code left current
 //!   (cust's safe API can make any context current, and so can a second GPU opened on the
@@ -16,7 +16,7 @@
 //!   them only with addresses of memory it owns. Calls on an address the driver validates
 //!   itself (it fails for memory it did not allocate) are safe functions.
 //!
-//! The handle owners ([`PrimaryContext`], [`Stream`], [`Event`], [`Module`]) destroy their
+//! The handle owners (`PrimaryContext`, `Stream`, `Event`, `Module`) destroy their
 //! object in `Drop`, binding their context for it; whoever holds one keeps its context
 //! retained for longer (an `Rc<Gpu>`, or field order inside `Gpu`).
 

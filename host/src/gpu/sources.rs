@@ -444,6 +444,8 @@ unsafe impl SendSource for StagedSource {
         Ok(start..start + len)
     }
 
+    /// # Safety
+    /// As [`SendSource::release_chunk`] says: the wire no longer reads the chunk.
     unsafe fn release_chunk(&self, offset: usize) {
         let index = offset / self.slot_bytes;
         let mut state = self.state.borrow_mut();
