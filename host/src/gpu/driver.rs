@@ -608,3 +608,27 @@ pub(crate) fn flush_gpudirect_rdma_writes(_bound: &Bound<'_>) -> DriverResult<()
         ffi::cuFlushGPUDirectRDMAWrites(0, ffi::GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_code_no_enum_lists_stays_a_number() {
+        // 226 is CUDA_ERROR_CONTAINED (CUDA 12.x), unknown to cust_raw's CUresult enum;
+        // 987654 is nobody's. Both must come back as numbers with a name, not as an
+        // invalid enum value.
+        let contained = check("cuTest", 226).unwrap_err();
+        assert_eq!(contained.code, 226);
+        assert!(
+            ["CUDA_ERROR_CONTAINED", "unknown CUDA error 226"].contains(&contained.name.as_str()),
+            "{contained}"
+        );
+        let nobodys = check("cuTest", 987_654).unwrap_err();
+        assert_eq!(
+            nobodys.to_string(),
+            "cuTest failed: unknown CUDA error 987654 (987654)"
+        );
+        assert!(check("cuTest", ffi::CUDA_SUCCESS).is_ok());
+    }
+}
