@@ -532,21 +532,27 @@ fn an_upload_is_not_readable_before_its_copies_land() {
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
-    let (len, chunk) = (64usize << 20, 1usize << 20);
-    let mut upload = host::gpu::upload::DeviceUpload::new(&gpu, len, chunk).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    for i in 0..(len / chunk) {
-        let slot = upload.slot(i as u64, chunk, deadline).unwrap();
-        for (k, word) in slot.chunks_exact_mut(4).enumerate() {
-            word.copy_from_slice(&pattern::value((i * chunk / 4 + k) as u64).to_ne_bytes());
-        }
-        upload.commit(i as u64, i * chunk, chunk).unwrap();
-    }
-    // Right after the last commit, copies may still run: reading is refused (it used to
-    // find millions of elements still poisoned here).
-    let e = upload.memory().err().expect("refused").to_string();
-    assert!(e.contains("finish()"), "{e}");
-    upload.finish().unwrap();
+    let (len, chunk, writers) = (64usize << 20, 1usize << 20, 4);
+    let mut upload = host::gpu::upload::DeviceUpload::new(&gpu, len, chunk, writers).unwrap();
+    // Four writers at once, each its own quarter of the chunks, as four TCP streams.
+    let seen_while_filling = std::sync::Mutex::new(Vec::new());
+    upload
+        .fill(writers, Duration::from_secs(30), |k, writer| {
+            for i in (k..len / chunk).step_by(writers) {
+                writer.write_at(i * chunk, chunk, |slot| {
+                    for (e, word) in slot.chunks_exact_mut(4).enumerate() {
+                        word.copy_from_slice(
+                            &pattern::value((i * chunk / 4 + e) as u64).to_ne_bytes(),
+                        );
+                    }
+                    Ok(())
+                })?;
+            }
+            seen_while_filling.lock().unwrap().push(k);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen_while_filling.lock().unwrap().len(), writers);
     let memory = upload.memory().unwrap();
     assert_eq!(gpu.verify(memory).unwrap().mismatches, 0);
 }

@@ -139,11 +139,11 @@ impl Landing for HostLanding {
     }
 }
 
-/// GPU memory: each chunk is read from its socket into a slot of a pinned host ring and
-/// copied into device memory asynchronously ([`DeviceUpload`](crate::gpu::upload::DeviceUpload)),
-/// so the copy of one chunk overlaps the arrival of the next; the verify kernel then checks
-/// the whole buffer on the GPU. One thread reads the streams in chunk order: the GPU's
-/// objects are tied to the thread that owns them.
+/// GPU memory: each stream's reader thread reads its chunks' bytes into slots of a pinned
+/// host ring (slots of its own) and the calling thread, which owns the GPU, copies each
+/// slot into device memory asynchronously ([`DeviceUpload`](crate::gpu::upload::DeviceUpload)),
+/// so the streams are read in parallel, as for host memory, and the copies overlap the
+/// arrivals; the verify kernel then checks the whole buffer on the GPU.
 #[cfg(feature = "cuda")]
 pub struct DeviceLanding {
     gpu: std::rc::Rc<crate::gpu::Gpu>,
@@ -152,16 +152,35 @@ pub struct DeviceLanding {
 
 #[cfg(feature = "cuda")]
 impl DeviceLanding {
+    /// `len` bytes of GPU memory, filled from up to `streams` sockets in chunks of `chunk`.
     pub fn new(
         gpu: &std::rc::Rc<crate::gpu::Gpu>,
         len: usize,
         chunk: usize,
+        streams: usize,
     ) -> anyhow::Result<Self> {
         Ok(DeviceLanding {
             gpu: gpu.clone(),
-            upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk)?,
+            upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk, streams)?,
         })
     }
+}
+
+/// Read chunk `chunk`'s frame header from `stream` and check that it is that chunk (as
+/// [`read_chunk`] does, for readers that take the bytes in pieces).
+fn read_frame_of(mut stream: &TcpStream, chunk: &Chunk, timeout: Duration) -> Result<(), String> {
+    let mut head = [0u8; FRAME_LEN];
+    stream
+        .read_exact(&mut head)
+        .map_err(|e| socket::why(&e, timeout, &format!("reading chunk {}", chunk.index)))?;
+    let frame = Frame::decode(&head);
+    if frame.offset != chunk.offset || frame.len as u64 != chunk.len {
+        return Err(format!(
+            "protocol error: a frame of {} bytes at offset {} where chunk {} ({} bytes at {}) was due",
+            frame.len, frame.offset, chunk.index, chunk.len, chunk.offset
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
@@ -177,33 +196,42 @@ impl Landing for DeviceLanding {
         timeout: Duration,
         got: &AtomicU64,
     ) -> Result<(), String> {
-        let n = streams.len().max(1) as u16;
+        let n = streams.len().max(1);
         let shut = || {
             for s in streams {
                 let _ = s.shutdown(Shutdown::Both);
             }
         };
-        for i in 0..plan.count() {
-            let chunk = plan.get(i).ok_or("chunk outside the plan")?;
-            let len = chunk.len as usize;
-            let stream = &streams[super::frames::stream_of(i, n)];
-            let deadline = std::time::Instant::now() + timeout;
-            let dest = self
-                .upload
-                .slot(i, len, deadline)
-                .map_err(|e| format!("chunk {i}: {e:#}"))?;
-            if let Err(why) = read_chunk(stream, &chunk, dest, timeout) {
+        // Reader k takes chunks k, k + n, ... from stream k, each in slot-sized pieces.
+        let read = |k: usize, writer: &mut crate::gpu::upload::SlotWriter| {
+            let stream = &streams[k];
+            let mut mine = (k as u64..plan.count()).step_by(n);
+            let result = mine.try_for_each(|i| {
+                let chunk = plan.get(i).ok_or("chunk outside the plan")?;
+                read_frame_of(stream, &chunk, timeout)?;
+                let mut done = 0u64;
+                while done < chunk.len {
+                    let len = (chunk.len - done).min(writer.slot_bytes() as u64) as usize;
+                    writer.write_at((chunk.offset + done) as usize, len, |bytes| {
+                        let mut s = stream;
+                        s.read_exact(bytes).map_err(|e| {
+                            socket::why(&e, timeout, &format!("reading chunk {}", chunk.index))
+                        })
+                    })?;
+                    got.fetch_add(len as u64, Ordering::Relaxed);
+                    done += len as u64;
+                }
+                Ok::<(), String>(())
+            });
+            if result.is_err() {
+                // Break the other readers off now instead of after their own timeouts.
                 shut();
-                return Err(why);
             }
-            self.upload
-                .commit(i, chunk.offset as usize, len)
-                .map_err(|e| format!("copying chunk {i} into GPU memory: {e:#}"))?;
-            got.fetch_add(chunk.len, Ordering::Relaxed);
-        }
+            result
+        };
         self.upload
-            .finish()
-            .map_err(|e| format!("copying into GPU memory: {e:#}"))
+            .fill(n, timeout, read)
+            .map_err(|e| format!("receiving into GPU memory: {e}"))
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {

@@ -155,9 +155,10 @@ pub fn serve(
                     }
                     #[cfg(feature = "cuda")]
                     RecvMemory::Device(gpu) => {
+                        let streams = offer.hello.count as usize;
                         let outcome = serve_offer(cfg, offer, &routes, &mut |len, chunk| {
                             Ok(Box::new(super::landing::DeviceLanding::new(
-                                gpu, len, chunk,
+                                gpu, len, chunk, streams,
                             )?))
                         });
                         report(&outcome);
