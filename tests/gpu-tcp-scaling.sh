@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU to GPU against host to host over TCP loopback, at 1, 4 and 8 streams, interleaved in
 # one run, on a machine with a GPU (the H200): two processes, 1 GiB, --iters 3. GPU to GPU
-# is `--mem device` into `recv --mem device` (the sender's kernel writes GPU memory, the
+# is `--mem staged` into `recv --mem device` (the sender's kernel writes GPU memory, its
 # staged ring brings it to the sockets, the receiver's upload ring into GPU memory, the
 # verify kernel checks it); host to host is `--gpu none` into `recv --mem host` (the same
 # bytes, sockets and streams, no GPU). Prints one JSON object: every round's GB/s (the
@@ -34,7 +34,7 @@ results="$LOG/results.tsv"
 for round in $(seq "$ROUNDS"); do
     for streams in 1 4 8; do
         for kind in gpu host; do
-            if [ "$kind" = gpu ]; then args=(7491 --mem device); else args=(7492 --gpu none); fi
+            if [ "$kind" = gpu ]; then args=(7491 --mem staged); else args=(7492 --gpu none); fi
             out="$LOG/$kind-$streams-$round.json"
             if timeout 300 "$BIN" 127.0.0.1 "${args[@]}" --transport tcp --size "$SIZE" \
                 --streams "$streams" --iters 3 --timeout 60 --json >"$out" 2>"$out.err"; then
@@ -50,7 +50,7 @@ done
 python3 - "$results" "$SIZE" <<'EOF'
 import json, statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().split("\n") if l]
-out = {"what": "GPU to GPU (--mem device into recv --mem device) against host to host "
+out = {"what": "GPU to GPU (--mem staged into recv --mem device) against host to host "
                "(--gpu none into recv --mem host), TCP loopback, --iters 3, sender's aggregate GB/s",
        "size": sys.argv[2], "unit": "GB/s = 1e9 bytes/s", "streams": {}}
 for s in ("1", "4", "8"):
