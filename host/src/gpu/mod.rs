@@ -63,8 +63,10 @@
 //!
 //! ## An upload is not read before its copies land
 //!
-//! `DeviceUpload::memory` answers only once no copy into the memory may still be running
-//! (a run-time check, shown on a GPU by `an_upload_is_not_readable_before_its_copies_land`).
+//! Copies into an upload's device memory are queued only inside `DeviceUpload::fill`,
+//! which returns once every one has landed, and `DeviceUpload::memory` refuses while any
+//! may still be running (shown on a GPU by `an_upload_is_not_readable_before_its_copies_land`:
+//! four writers, verified the moment `fill` returns).
 
 pub mod allocations;
 pub mod bench;
