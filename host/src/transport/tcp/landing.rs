@@ -168,6 +168,7 @@ impl DeviceLanding {
 
 /// Read chunk `chunk`'s frame header from `stream` and check that it is that chunk (as
 /// [`read_chunk`] does, for readers that take the bytes in pieces).
+#[cfg(feature = "cuda")]
 fn read_frame_of(mut stream: &TcpStream, chunk: &Chunk, timeout: Duration) -> Result<(), String> {
     let mut head = [0u8; FRAME_LEN];
     stream
