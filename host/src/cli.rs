@@ -45,12 +45,14 @@ pub struct Cli {
 pub enum Command {
     /// Receive transfers, verify them against the pattern and report to each sender.
     Recv(RecvArgs),
-    /// List RDMA devices and ports (state, link layer, MTU, GIDs), and GPUs with what
-    /// memory registration each supports (dma-buf, GPUDirect RDMA, nvidia-peermem).
-    Info,
-    /// Say whether GPUDirect RDMA will work for a GPU and a NIC, and if not the one thing
-    /// to change; and which memory path `--mem auto` will take. Exit code 0 when some path
-    /// can carry a transfer (staged or host memory count), 1 when none can.
+    /// List RDMA devices and ports (state, link speed and width, link layer, MTU, GIDs),
+    /// and GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
+    /// nvidia-peermem).
+    Info(InfoArgs),
+    /// Judge each transport for a GPU and a NIC: GPUDirect RDMA (and if not, why and the
+    /// one thing to change), RDMA from host memory, TCP; which one `--transport auto`
+    /// takes and which memory path `--mem auto` takes. Exit code 0 when any of them can
+    /// carry a transfer, 1 when none can.
     Doctor(DoctorArgs),
     /// The GPU half alone: generate the data with the kernel, print the first values and
     /// check every element against the CPU's pattern. Needs a GPU, no RDMA device.
@@ -78,18 +80,40 @@ pub struct GpuCheckArgs {
     pub json: bool,
 }
 
+/// `host info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print one JSON object instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `host doctor`.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// The GPU to check.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub gpu: u32,
-    /// The RDMA device to check (`host info` lists them); without it, the one nearest to
-    /// the GPU on the PCIe tree.
+    /// The GPU to check (0, 1, ...), or `none`: judge the transports for a sender whose
+    /// CPU writes the pattern.
+    #[arg(long, value_name = "N|none", default_value = "0")]
+    pub gpu: GpuSelection,
+    /// The RDMA device to check (`host info` lists them); without it, the device the
+    /// route to --peer leaves through (as the RDMA CM resolves it), else the one nearest
+    /// to the GPU on the PCIe tree.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
+    /// A receiver's address: then `--transport auto` is judged as a sender to it would
+    /// decide (does the RDMA CM find a route to it through an RDMA device?), and the
+    /// route's device is the one checked.
+    #[arg(long, value_name = "IP")]
+    pub peer: Option<IpAddr>,
+    /// Bytes one transfer registers, judged against the locked-memory limit
+    /// (RLIMIT_MEMLOCK); a receiver registers its whole buffer (its --max-bytes).
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub size: u64,
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
     pub gpudirect_level: PciDistance,
+    /// Print one JSON object instead of lines for people (the exit code is the same).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--gpudirect-level`, the same for every command.
@@ -148,7 +172,9 @@ pub struct SendArgs {
     #[arg(long, value_enum, default_value_t = Op::Send)]
     pub op: Op,
 
-    /// Where the data lives when the NIC reads it.
+    /// Where the data lives when it is sent. `device` is strict: GPUDirect RDMA only (the
+    /// NIC reads GPU memory), an error when it cannot be had, also over TCP; `auto` adapts
+    /// (dma-buf, peermem, staged, mapped over RDMA; staged, mapped over TCP).
     #[arg(long, value_enum, default_value_t = MemKind::Auto)]
     pub mem: MemKind,
 
@@ -157,20 +183,23 @@ pub struct SendArgs {
     pub gpu: GpuSelection,
 
     /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide the memory
-    /// path (`host info` lists them, e.g. mlx5_0); without it, the device the connection
-    /// to the receiver resolves to.
+    /// path (`host info` lists them, e.g. mlx5_0); without it, with a GPU, the device the
+    /// route to the receiver leaves through (as the RDMA CM resolves it), else the one
+    /// nearest to the GPU. The connection itself always goes where the route goes.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
 
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
     pub gpudirect_level: PciDistance,
 
-    /// Work requests kept in flight (1..=4096).
+    /// Chunks kept in flight (1..=4096): RDMA work requests posted and not yet
+    /// completed; over TCP, chunks handed to the socket writers.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     pub depth: u32,
 
-    /// Bytes per work request (more than --size means one chunk). At most the device's
-    /// largest message (`host info` shows it; Soft-RoCE: 8 MiB).
+    /// Bytes per chunk (more than --size means one chunk). Over RDMA a chunk is one work
+    /// request, at most the device's largest message (`host info` shows it; Soft-RoCE:
+    /// 8 MiB); over TCP one frame.
     #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
     pub chunk: u64,
 
@@ -248,8 +277,10 @@ pub struct RecvArgs {
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_transfer_size)]
     pub max_bytes: u64,
 
-    /// Where received data goes: `host`, `device` (GPU memory, GPUDirect RDMA; verified by
-    /// a GPU kernel) or `auto` (device where possible, else host).
+    /// Where received data goes: `host`, `device` (GPU memory, verified by a GPU kernel;
+    /// over RDMA strictly GPUDirect RDMA, the NIC writes GPU memory; over TCP each chunk
+    /// is copied from a host buffer into GPU memory) or `auto` (over RDMA GPUDirect where
+    /// possible, else host; over TCP host).
     #[arg(long, value_enum, default_value_t = MemKind::Auto)]
     pub mem: MemKind,
 
@@ -258,8 +289,9 @@ pub struct RecvArgs {
     pub gpu: GpuSelection,
 
     /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide where
-    /// received data goes (`host info` lists them); without it, the device each
-    /// connection arrives on.
+    /// received data goes (`host info` lists them); without it, the one nearest to the
+    /// GPU. Each connection's own device then has the last word when it registers the
+    /// memory.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
 
@@ -534,10 +566,14 @@ mod tests {
     }
 
     #[test]
-    fn info_takes_no_arguments() {
+    fn info_takes_json_only() {
         assert!(matches!(
             parse(&["info"]).unwrap().command,
-            Some(Command::Info)
+            Some(Command::Info(InfoArgs { json: false }))
+        ));
+        assert!(matches!(
+            parse(&["info", "--json"]).unwrap().command,
+            Some(Command::Info(InfoArgs { json: true }))
         ));
         assert!(parse(&["info", "extra"]).is_err());
     }
@@ -549,10 +585,23 @@ mod tests {
         };
         assert_eq!(
             (d.gpu, d.nic, d.gpudirect_level),
-            (0, None, PciDistance::Pxb)
+            (GpuSelection::Index(0), None, PciDistance::Pxb)
         );
+        assert_eq!((d.peer, d.size, d.json), (None, 1 << 30, false));
+        let Some(Command::Doctor(d)) = parse(&["doctor", "--gpu", "none", "--json"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected doctor")
+        };
+        assert_eq!((d.gpu, d.json), (GpuSelection::None, true));
+        assert!(parse(&["doctor", "--peer", "somewhere"]).is_err());
         let Some(Command::Doctor(d)) = parse(&[
             "doctor",
+            "--peer",
+            "192.0.2.1",
+            "--size",
+            "64MiB",
             "--gpu",
             "3",
             "--nic",
@@ -567,7 +616,11 @@ mod tests {
         };
         assert_eq!(
             (d.gpu, d.nic.as_deref(), d.gpudirect_level),
-            (3, Some("mlx5_2"), PciDistance::Node)
+            (GpuSelection::Index(3), Some("mlx5_2"), PciDistance::Node)
+        );
+        assert_eq!(
+            (d.peer.map(|p| p.to_string()), d.size),
+            (Some("192.0.2.1".to_string()), 64 << 20)
         );
     }
 

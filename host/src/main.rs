@@ -15,12 +15,14 @@ fn main() -> ExitCode {
         None => cli.send.json,
         Some(Command::Recv(args)) => args.json,
         Some(Command::GpuCheck(args)) => args.json,
-        Some(Command::Info) | Some(Command::Doctor(_)) | Some(Command::Bench(_)) => false,
+        Some(Command::Info(args)) => args.json,
+        Some(Command::Doctor(args)) => args.json,
+        Some(Command::Bench(_)) => false,
     };
     let result = match &cli.command {
         None => commands::send::run(&cli.send),
         Some(Command::Recv(args)) => commands::recv::run(args),
-        Some(Command::Info) => commands::info::run(),
+        Some(Command::Info(args)) => commands::info::run(args),
         Some(Command::Doctor(args)) => commands::doctor::run(args),
         Some(Command::GpuCheck(args)) => commands::gpu::check(args),
         Some(Command::Bench(BenchCommand::Gpu { gpu })) => commands::gpu::bench(*gpu),

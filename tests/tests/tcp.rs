@@ -410,3 +410,192 @@ fn auto_says_which_transport_it_took() {
     assert!(stderr.contains("using tcp"), "{stderr}");
     assert_verified(&out, "auto");
 }
+
+#[test]
+fn json_speaks_of_tcp_and_gigabytes_per_second() {
+    let r = Receiver::start(&["--json"]);
+    let out = send(r.port, &["--json", "--iters", "2"], T);
+    assert_verified_json(&out);
+    let (stdout, _) = text(&out);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["transport"], "tcp", "{v}");
+    assert_eq!(
+        v["path_description"], "TCP from host memory (pattern written by the CPU)",
+        "{v}"
+    );
+    assert!(!stdout.contains("RDMA from"), "{stdout}");
+    assert!(v["aggregate"]["gb_per_s"].is_f64(), "{v}");
+    assert!(v["iterations"][0]["gb_per_s"].is_f64(), "{v}");
+    assert!(!stdout.contains("gbps"), "{stdout}");
+    // The receiver's events too.
+    r.wait_for_log("\"event\":\"completed\"", Duration::from_secs(10));
+    let log = r.log();
+    assert!(log.contains("\"gb_per_s\":"), "{log}");
+    assert!(!log.contains("\"gbps\""), "{log}");
+}
+
+fn assert_verified_json(out: &Output) {
+    let (stdout, stderr) = text(out);
+    assert!(
+        out.status.success() && stdout.contains("\"ok\":true"),
+        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn round_trips_over_tcp_use_no_rdma_words() {
+    let r = Receiver::start(&[]);
+    let out = send(r.port, &["--iters", "3", "--reuse-connection"], T);
+    assert_verified(&out, "reuse");
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("round trip (first chunk out to the receiver's verdict), 3 transfers"),
+        "{stdout}"
+    );
+    for rdma_word in ["work request", "RDMA"] {
+        assert!(!stdout.contains(rdma_word), "`{rdma_word}` in:\n{stdout}");
+        assert!(!stderr.contains(rdma_word), "`{rdma_word}` in:\n{stderr}");
+    }
+}
+
+#[test]
+fn mem_device_over_tcp_is_an_error_with_the_reason() {
+    // Strict: GPUDirect RDMA or nothing, refused before any GPU or socket work.
+    for transport in ["tcp", "auto"] {
+        let out = Command::new(host_bin())
+            .args([
+                "127.0.0.1",
+                "1",
+                "--mem",
+                "device",
+                "--transport",
+                transport,
+            ])
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        if transport == "auto" && stderr.contains("using rdma") {
+            integration_tests::skip(
+                "mem_device_over_tcp_is_an_error_with_the_reason (auto)",
+                "this machine has an RDMA device",
+            );
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(
+            errors[0].starts_with("error: --mem device asks for GPUDirect RDMA (the NIC reads GPU memory directly), which TCP cannot do"),
+            "{stderr}"
+        );
+        assert!(errors[0].contains("use --mem staged"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// `host doctor` and `host info` on this machine (no RDMA device in CI): TCP carries, so
+/// doctor exits 0, says so and why GPUDirect RDMA will not; the JSON forms say the same.
+#[test]
+fn doctor_judges_each_transport_and_exits_0_when_tcp_carries() {
+    let out = Command::new(host_bin()).arg("doctor").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    if !stdout.contains("RDMA device: none found") {
+        integration_tests::skip(
+            "doctor_judges_each_transport_and_exits_0_when_tcp_carries",
+            "this machine has an RDMA device",
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
+    // How to look comes first, Soft-RoCE last.
+    let look = lines
+        .iter()
+        .position(|l| l.starts_with("  look for one: `ibv_devices` or `rdma link`"))
+        .expect(&stdout);
+    let soft = lines
+        .iter()
+        .position(|l| l.starts_with("  without RDMA hardware: Soft-RoCE"))
+        .expect(&stdout);
+    assert!(look < soft, "{stdout}");
+    assert!(
+        has("GPUDirect RDMA: will not work: there is no RDMA device"),
+        "{stdout}"
+    );
+    assert!(
+        has("RDMA from host memory: will not work: there is no RDMA device"),
+        "{stdout}"
+    );
+    assert!(has("TCP: works: "), "{stdout}");
+    assert!(
+        has("--transport auto: a sender takes tcp, a receiver tcp (no RDMA device found)"),
+        "{stdout}"
+    );
+    assert!(
+        has("locked-memory limit (RLIMIT_MEMLOCK, ulimit -l): "),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("verdict: TCP can carry transfers; --transport auto takes tcp (no RDMA device found); not GPUDirect RDMA: there is no RDMA device"),
+        "{stdout}"
+    );
+
+    // --gpu none is taken, and --json is one object with the same verdicts.
+    let out = Command::new(host_bin())
+        .args(["doctor", "--gpu", "none", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["transports"]["tcp"]["works"], true, "{v}");
+    assert_eq!(v["transports"]["gpudirect_rdma"]["works"], false, "{v}");
+    assert_eq!(v["transports"]["auto_sender"], "tcp", "{v}");
+    assert_eq!(
+        v["gpu"]["none"],
+        "--gpu none was given: the CPU writes the pattern"
+    );
+    assert!(v["no_rdma_device"]["advice"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("look for one"));
+
+    // Bad input: one error line, exit 2 (clap's), no panic.
+    let out = Command::new(host_bin())
+        .args(["doctor", "--gpu", "first"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("error: invalid value 'first' for '--gpu <N|none>'"));
+}
+
+#[test]
+fn info_lists_or_says_how_to_look_and_has_json() {
+    let out = Command::new(host_bin()).arg("info").output().unwrap();
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    if stdout.starts_with("RDMA devices: none found") {
+        assert!(
+            stdout.contains("\n  look for one: `ibv_devices`"),
+            "{stdout}"
+        );
+    } else {
+        // With a device, every port says its state and physical state.
+        assert!(stdout.contains("(physical "), "{stdout}");
+    }
+    let out = Command::new(host_bin())
+        .args(["info", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(
+        v.get("rdma_devices").is_some() && v.get("gpus").is_some(),
+        "{v}"
+    );
+    assert!(v["memlock"]["limit_bytes"].is_u64() || v["memlock"]["limit_bytes"].is_null());
+}

@@ -32,6 +32,25 @@ fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
         .with_context(|| format!("host name `{host}` has no address"))
 }
 
+/// The RDMA device the route to `peer` leaves through: known already when
+/// `--transport auto` resolved it; else asked of the RDMA CM, but only where its facts
+/// matter (a GPU is in use). `None` when it cannot be told: the transfer's own
+/// resolution then reports why.
+fn route_device(
+    chosen: &transport::Chosen,
+    gpu: &GpuChoice,
+    peer: SocketAddr,
+    timeout: std::time::Duration,
+) -> Option<String> {
+    if chosen.route_device.is_some() {
+        return chosen.route_device.clone();
+    }
+    if gpu.caps.is_err() {
+        return None;
+    }
+    rdma::sender::reachable(peer, timeout).ok().flatten()
+}
+
 pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let (Some(ip), Some(port)) = (args.ip.as_deref(), args.port) else {
         bail!("missing <ip> <port> of the receiver (see --help)");
@@ -53,13 +72,22 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         eprintln!("note: {note}");
     }
     let tcp = chosen.kind == TransportKind::Tcp;
-    let mem = if tcp {
-        super::tcp::send_mem(args)?
-    } else {
-        args.mem
-    };
+    if tcp {
+        super::tcp::check_send_options(args, chosen.note.as_deref())?;
+    }
+    let mem = args.mem;
     let gpu = GpuChoice::open(args.gpu, mem)?;
-    let facts = path_facts(&gpu, args.nic.as_deref(), args.gpudirect_level, args.size)?;
+    // The NIC whose facts decide the memory path: --nic, else the device the route to
+    // the receiver leaves through (as the RDMA CM resolves it), else the nearest to the
+    // GPU. Over TCP no NIC reads the memory.
+    let nic = if tcp {
+        None
+    } else {
+        args.nic
+            .clone()
+            .or_else(|| route_device(&chosen, &gpu, peer, args.timeout))
+    };
+    let facts = path_facts(&gpu, nic.as_deref(), args.gpudirect_level, args.size)?;
     let mut plan = plan(Direction::Send, mem, &facts)?;
     if tcp {
         plan = transport::tcp::tcp_plan(&plan);
@@ -183,7 +211,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 .map(|v| format!("; receiver's verification median {v:.1} us"))
                 .unwrap_or_default();
             human.line(format!(
-                "round trip (first work request to the receiver's verdict), {} transfer{} on one connection: median {:.1} us, min {:.1} us, mean {:.1} us, max {:.1} us{verify}",
+                "round trip (first chunk out to the receiver's verdict), {} transfer{} on one connection: median {:.1} us, min {:.1} us, mean {:.1} us, max {:.1} us{verify}",
                 rt.transfers,
                 if rt.transfers == 1 { "" } else { "s" },
                 rt.median_us,
@@ -203,7 +231,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 "transport": chosen.kind,
                 "streams": tcp.then_some(args.streams),
                 "path": path,
-                "path_description": path.describe(),
+                "path_description": via,
                 "memory": memory_log,
                 "bytes": args.size,
                 "first_values": first_values,
@@ -212,7 +240,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                     "transfers": n,
                     "bytes": bytes,
                     "seconds": seconds,
-                    "gbps": gbps,
+                    "gb_per_s": gbps,
                 },
                 "reuse_connection": args.reuse_connection,
                 "round_trip": round_trip,
