@@ -20,16 +20,14 @@ pub const MAX_CHUNK: u64 = 2 << 30;
 #[derive(Debug, Parser)]
 #[command(
     name = "host",
-    version,
+    version = env!("HOST_VERSION"),
     about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.",
-    long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.\n\n\
-        Sending (the default command):  host <ip> <port> [options]\n\
-        Receiving:                      host recv [options]\n\
-        Devices:                        host info\n\
-        Will GPUDirect RDMA work here:  host doctor\n\n\
-        The data is the pattern element i = 2*i (i32). Without options the sender behaves like the seed: \
-        4096 values (16 KiB), one SEND, printing `Data sent successfully via ...` and the first 5 values, \
-        plus the receiver's verification.",
+    long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA (or TCP); receive and verify it on the other side.\n\n\
+        Send with `host <ip> <port> [options]`, receive with `host recv [options]`; `host info` lists the devices, \
+        `host doctor` says which transports work here.\n\n\
+        The data is the pattern element i = 2*i (i32). Without options the sender sends 4096 values (16 KiB) \
+        in one SEND, prints `Data sent successfully via ...` and the first 5 values, and reports the \
+        receiver's verification of every element.",
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true
 )]
@@ -60,6 +58,19 @@ pub enum Command {
     /// Benchmarks that print JSON with a reference measured in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print a shell completion script for SHELL, generated from this binary's own
+    /// options (e.g. `host completions bash > /etc/bash_completion.d/host`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page host(1) in roff (`host man | man -l -`), generated from this
+    /// binary's own options; with --dir, write host.1 and one page per command there.
+    Man {
+        /// Write host.1, host-recv.1, ... into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// `host gpu-check`.
@@ -68,7 +79,7 @@ pub struct GpuCheckArgs {
     /// Bytes to generate (a multiple of 4; suffixes as for --size).
     #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_transfer_size)]
     pub size: u64,
-    /// Where the kernel writes: `mapped` host memory (the seed's method) or `device` memory
+    /// Where the kernel writes: `mapped` host memory (page-locked, mapped into the GPU) or `device` memory
     /// (then also checked by the verify kernel on the GPU).
     #[arg(long, value_enum, default_value = "mapped")]
     pub mem: crate::memory::CheckMemory,
@@ -127,7 +138,7 @@ const GPUDIRECT_LEVEL_HELP: &str = "The farthest GPU-NIC distance at which GPUDi
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// The kernel's fill bandwidth against cuMemsetD32 (16 KiB, 4 MiB, 256 MiB, 1 GiB), the
-    /// seed's 4096-element launch, mapped-memory writes against a pinned copy, and the
+    /// 4096-element launch of a default transfer, mapped-memory writes against a pinned copy, and the
     /// staged pipeline's overlap. Prints JSON.
     Gpu {
         /// The GPU to measure.
@@ -225,7 +236,7 @@ pub struct SendArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
-    /// The seed's wire behaviour: no header, one SEND_WITH_IMM (immediate 0x1234) of the
+    /// Raw mode, RDMA only: no header, one SEND_WITH_IMM (immediate 0x1234) of the
     /// whole buffer, then up to 1 s for an optional reply. For rdma-core's rdma_server
     /// (which takes 16 bytes: use --size 16) or `host recv --raw`.
     #[arg(long)]
@@ -266,7 +277,7 @@ pub struct RecvArgs {
     #[arg(long)]
     pub once: bool,
 
-    /// The seed's wire behaviour: accept any connection, take one message into one
+    /// Raw mode, RDMA only: accept any connection, take one message into one
     /// receive of --max-bytes (at most the device's largest message), report its length
     /// and immediate data, verify it, and send a 16-byte reply (rdma-core's rdma_client
     /// waits for one).
@@ -397,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_command_sends_16_kib_by_send() {
+    fn the_default_command_sends_16_kib_by_send() {
         let cli = parse(&["192.0.2.1", "7471"]).unwrap();
         assert!(cli.command.is_none());
         let s = cli.send;
@@ -640,6 +651,31 @@ mod tests {
         assert!(help.contains("--gpudirect-level <LEVEL>"), "{help}");
         assert!(help.contains("NCCL_NET_GDR_LEVEL"), "{help}");
         assert!(help.contains("--nic <NAME>"), "{help}");
+    }
+
+    #[test]
+    fn the_version_names_the_commit_and_the_features() {
+        let v = Cli::command().render_version();
+        assert!(v.starts_with("host 0.1.0 (commit "), "{v}");
+        #[cfg(feature = "cuda")]
+        assert!(v.trim_end().ends_with(", features: cuda)"), "{v}");
+        #[cfg(not(feature = "cuda"))]
+        assert!(v.contains(", features: none (built without `cuda`"), "{v}");
+    }
+
+    #[test]
+    fn completions_and_man_take_their_arguments() {
+        let Some(Command::Completions { shell }) = parse(&["completions", "zsh"]).unwrap().command
+        else {
+            panic!("expected completions")
+        };
+        assert_eq!(shell, clap_complete::Shell::Zsh);
+        assert!(parse(&["completions", "tcsh"]).is_err());
+        assert!(parse(&["completions"]).is_err());
+        assert!(matches!(
+            parse(&["man"]).unwrap().command,
+            Some(Command::Man { dir: None })
+        ));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 
 mod commands;
 
-use clap::Parser;
+use anyhow::Context;
+use clap::{CommandFactory, Parser};
 use host::cli::{BenchCommand, Cli, Command};
 use serde_json::json;
 use std::process::ExitCode;
@@ -17,7 +18,9 @@ fn main() -> ExitCode {
         Some(Command::GpuCheck(args)) => args.json,
         Some(Command::Info(args)) => args.json,
         Some(Command::Doctor(args)) => args.json,
-        Some(Command::Bench(_)) => false,
+        Some(Command::Bench(_)) | Some(Command::Completions { .. }) | Some(Command::Man { .. }) => {
+            false
+        }
     };
     let result = match &cli.command {
         None => commands::send::run(&cli.send),
@@ -32,6 +35,8 @@ fn main() -> ExitCode {
             streams,
             rounds,
         })) => commands::tcp_bench::run(*size, *chunk, *streams, *rounds),
+        Some(Command::Completions { shell }) => completions(*shell),
+        Some(Command::Man { dir }) => man(dir.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -44,4 +49,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `host completions SHELL`: the script clap_complete writes for this command line.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    clap_complete::generate(shell, &mut Cli::command(), "host", &mut std::io::stdout());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host man [--dir DIR]`: host(1) on stdout, or every page into DIR.
+fn man(dir: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    match dir {
+        None => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("writing the manual page")?,
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), dir)
+                .with_context(|| format!("writing the manual pages into {}", dir.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

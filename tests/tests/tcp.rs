@@ -383,7 +383,7 @@ fn tcp_only_options_are_refused_with_a_reason() {
     let out = send(1, &["--raw"], Duration::from_secs(10));
     assert!(text(&out)
         .1
-        .contains("--raw is the seed's RDMA wire behaviour"));
+        .contains("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form"));
     let out = send(1, &["--op", "write"], Duration::from_secs(10));
     assert!(text(&out).1.contains("--op write is an RDMA operation"));
 }
@@ -598,4 +598,58 @@ fn info_lists_or_says_how_to_look_and_has_json() {
         "{v}"
     );
     assert!(v["memlock"]["limit_bytes"].is_u64() || v["memlock"]["limit_bytes"].is_null());
+}
+
+/// Packaging: `--version` names the commit and the features; completions and the man
+/// page come from the same clap definitions as `--help`.
+#[test]
+fn version_completions_and_man_page() {
+    let out = Command::new(host_bin()).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{version}");
+    assert!(version.starts_with("host 0.1.0 (commit "), "{version}");
+    assert!(version.contains(", features: "), "{version}");
+    for (shell, marker) in [
+        ("bash", "complete -F _host"),
+        ("zsh", "#compdef host"),
+        ("fish", "complete -c host"),
+    ] {
+        let out = Command::new(host_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && script.contains(marker),
+            "{shell}: {script}"
+        );
+        // Every subcommand and a few options are in it.
+        for word in ["recv", "doctor", "transport", "streams"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = Command::new(host_bin()).arg("man").output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && page.contains(".TH host 1"),
+        "{page}"
+    );
+    assert!(page.contains("\\-\\-transport"), "{page}");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("man");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(host_bin())
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for page in ["host.1", "host-recv.1", "host-doctor.1", "host-info.1"] {
+        assert!(dir.join(page).is_file(), "no {page} in {}", dir.display());
+    }
+    // A shell clap does not know: one error line, exit 2.
+    let out = Command::new(host_bin())
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

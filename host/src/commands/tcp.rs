@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()> {
     let why_tcp = auto_note.map(|n| format!(" ({n})")).unwrap_or_default();
     if args.raw {
-        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form{why_tcp}; use --transport rdma, or drop --raw");
+        bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form{why_tcp}; use --transport rdma, or drop --raw");
     }
     if args.op == Op::Write {
         bail!("--op write is an RDMA operation (WRITE into the receiver's memory){why_tcp}; over TCP the chunks are written to the socket: drop --op write");
@@ -57,7 +57,7 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
 /// `host recv --transport tcp`.
 pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bool> {
     if args.raw {
-        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma");
+        bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form; use --transport rdma");
     }
     let cfg = TcpRecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
