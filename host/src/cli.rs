@@ -219,6 +219,23 @@ pub struct SendArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
 
+    /// Transfers made (and verified) before the measured --iters, not counted in the
+    /// results; on the same connection with --reuse-connection.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub warmup: u32,
+
+    /// Measure every power of two from MIN to MAX (e.g. 4KiB..1GiB; MIN a power of two,
+    /// MAX at least MIN): --iters transfers of each after --warmup, one connection per
+    /// size with --reuse-connection (a connection offers one size). Prints a table (and
+    /// with --json one object with every size) instead of the per-transfer lines.
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_sweep, conflicts_with_all = ["raw", "size"])]
+    pub sweep: Option<(u64, u64)>,
+
+    /// Report rates in Gb/s (10^9 bits per second, as link speeds are given) instead
+    /// of GB/s (10^9 bytes per second). --json carries both.
+    #[arg(long)]
+    pub report_gbits: bool,
+
     /// With --iters N: make the N transfers on one connection instead of one each. The
     /// receiver verifies and acks every transfer, and the next starts after the ack, so
     /// each iteration's round trip (first work request to the receiver's verdict) is
@@ -362,6 +379,21 @@ fn parse_transfer_size(text: &str) -> Result<u64, String> {
         return Err(format!("{n} bytes do not fit this machine's address space"));
     }
     Ok(n)
+}
+
+/// `--sweep MIN..MAX`: two transfer sizes, MIN a power of two and MIN <= MAX.
+fn parse_sweep(text: &str) -> Result<(u64, u64), String> {
+    let (min, max) = text
+        .split_once("..")
+        .ok_or_else(|| format!("`{text}` is not MIN..MAX (e.g. 4KiB..1GiB)"))?;
+    let (min, max) = (parse_transfer_size(min)?, parse_transfer_size(max)?);
+    if !min.is_power_of_two() {
+        return Err(format!("{min} bytes (MIN) is not a power of two"));
+    }
+    if max < min {
+        return Err(format!("MAX {max} bytes is less than MIN {min} bytes"));
+    }
+    Ok((min, max))
 }
 
 fn parse_gpudirect_level(text: &str) -> Result<PciDistance, String> {
@@ -676,6 +708,38 @@ mod tests {
             parse(&["man"]).unwrap().command,
             Some(Command::Man { dir: None })
         ));
+    }
+
+    #[test]
+    fn benchmark_options() {
+        let s = parse(&["192.0.2.1", "7471"]).unwrap().send;
+        assert_eq!((s.warmup, s.sweep, s.report_gbits), (0, None, false));
+        let s = parse(&[
+            "192.0.2.1",
+            "7471",
+            "--sweep",
+            "4KiB..1GiB",
+            "--warmup",
+            "10",
+            "--report-gbits",
+        ])
+        .unwrap()
+        .send;
+        assert_eq!(s.sweep, Some((4096, 1 << 30)));
+        assert_eq!((s.warmup, s.report_gbits), (10, true));
+        assert_eq!(parse_sweep("4..4"), Ok((4, 4)));
+        for bad in [
+            "4KiB",
+            "12KiB..1MiB",
+            "1MiB..4KiB",
+            "0..4KiB",
+            "4KiB..lots",
+            "..",
+        ] {
+            assert!(parse_sweep(bad).is_err(), "{bad}");
+        }
+        assert!(parse(&["192.0.2.1", "7471", "--sweep", "4..8", "--raw"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--sweep", "4..8", "--size", "8"]).is_err());
     }
 
     #[test]

@@ -653,3 +653,109 @@ fn version_completions_and_man_page() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Benchmark conventions: a size sweep (a table, and JSON with every size), warm-up
+/// transfers not counted, latency percentiles on one connection, Gb/s on request.
+#[test]
+fn sweep_warmup_percentiles_and_gbits() {
+    let r = Receiver::start(&[]);
+    let out = send(
+        r.port,
+        &[
+            "--sweep",
+            "4KiB..64KiB",
+            "--iters",
+            "10",
+            "--warmup",
+            "3",
+            "--reuse-connection",
+            "--report-gbits",
+        ],
+        T,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 6, "a header and 5 sizes:\n{stdout}");
+    assert!(
+        lines[0]
+            .split_whitespace()
+            .eq(["bytes", "iters", "Gb/s", "p50", "us", "p99", "us", "max", "us"]),
+        "{stdout}"
+    );
+    for (line, bytes) in lines[1..].iter().zip([4096, 8192, 16384, 32768, 65536]) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[0], bytes.to_string(), "{stdout}");
+        assert_eq!(
+            cells[1], "10",
+            "warm-up transfers are not counted:\n{stdout}"
+        );
+        assert!(cells[2].parse::<f64>().unwrap() > 0.0, "{stdout}");
+    }
+    // 5 sizes x (3 + 10) transfers, each verified by the receiver.
+    r.wait_for_log("13 transfers of 64 KiB", Duration::from_secs(10));
+    let verified = r.log().matches("verification: all").count();
+    assert_eq!(verified, 5, "one report per connection:\n{}", r.log());
+    assert_eq!(r.log().matches("13 transfers of").count(), 5, "{}", r.log());
+
+    let out = send(
+        r.port,
+        &[
+            "--sweep",
+            "4KiB..8KiB",
+            "--iters",
+            "4",
+            "--reuse-connection",
+            "--json",
+        ],
+        T,
+    );
+    let (stdout, _) = text(&out);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    let rows = v["sweep"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    assert_eq!(rows[1]["bytes"], 8192);
+    assert_eq!(rows[1]["transfers"], 4);
+    let gb = rows[1]["gb_per_s"].as_f64().unwrap();
+    let gbit = rows[1]["gbit_per_s"].as_f64().unwrap();
+    assert!((gbit - 8.0 * gb).abs() < 1e-9, "{v}");
+    let rt = &rows[1]["round_trip"];
+    for p in ["p50_us", "p90_us", "p99_us", "p99_9_us"] {
+        assert!(rt[p].as_f64().unwrap() > 0.0, "{p}: {v}");
+    }
+    assert!(rt["p50_us"].as_f64() <= rt["p99_us"].as_f64(), "{v}");
+
+    // Percentiles on one size, and the warm-up said.
+    let out = send(
+        r.port,
+        &[
+            "--iters",
+            "20",
+            "--warmup",
+            "2",
+            "--reuse-connection",
+            "--report-gbits",
+        ],
+        T,
+    );
+    assert_verified(&out, "warm-up");
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains("warm-up: 2 transfers made and verified first, not counted below"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("aggregate: 20 transfers"), "{stdout}");
+    assert!(stdout.contains(" Gb/s"), "{stdout}");
+    assert!(!stdout.contains(" GB/s"), "{stdout}");
+    assert!(
+        stdout.contains("20 transfers on one connection: p50 "),
+        "{stdout}"
+    );
+    assert!(stdout.contains(", p99.9 "), "{stdout}");
+
+    // Bad input: one error line, exit 2.
+    let out = send(r.port, &["--sweep", "12KiB..1MiB"], T);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("is not a power of two"));
+}

@@ -93,7 +93,7 @@ pub fn judge(
         },
         (Ok(_), true) => Judged {
             works: false,
-            why: "the NIC cannot reach this GPU's memory (below: why for each method)".into(),
+            why: gpudirect_reasons(send),
         },
         (Ok(n), false) => Judged {
             works: true,
@@ -139,7 +139,7 @@ pub fn judge(
         Some(Err(why)) => (TransportKind::Tcp, why.clone()),
         None if device_present => (
             TransportKind::Rdma,
-            "an RDMA device is present; a sender takes rdma when the RDMA CM finds a route to its receiver through one, else tcp (--peer checks a receiver)".into(),
+            "an RDMA device is present; a sender also needs the RDMA CM to find a route to its receiver through it, else tcp (--peer checks one)".into(),
         ),
         None => (TransportKind::Tcp, "no RDMA device found".into()),
     };
@@ -154,6 +154,25 @@ pub fn judge(
             TransportKind::Tcp
         },
         auto_why,
+    }
+}
+
+/// Why the plan has no GPUDirect method: the reason, once when every method has the
+/// same one, else each method's.
+fn gpudirect_reasons(send: &Plan) -> String {
+    let left: Vec<_> = send
+        .left_out
+        .iter()
+        .filter(|l| l.method.is_gpudirect())
+        .collect();
+    match left.as_slice() {
+        [] => "no GPUDirect method is planned".into(),
+        [first, rest @ ..] if rest.iter().all(|l| l.why == first.why) => first.why.clone(),
+        all => all
+            .iter()
+            .map(|l| format!("{}: {}", l.method.name(), l.why))
+            .collect::<Vec<_>>()
+            .join("; "),
     }
 }
 
@@ -808,9 +827,18 @@ mod tests {
             "mlx5_0 reads host memory (the GPU's data staged or mapped there, or written by the CPU)"
         );
         assert_eq!(t.auto_receiver, TransportKind::Rdma);
-        assert!(verdict_line(&t).starts_with(
-            "verdict: RDMA from host memory, TCP can carry transfers; --transport auto takes rdma"
-        ));
+        assert_eq!(
+            verdict_line(&t),
+            "verdict: RDMA from host memory, TCP can carry transfers; --transport auto takes rdma (an RDMA device is present; a sender also needs the RDMA CM to find a route to its receiver through it, else tcp (--peer checks one)); not GPUDirect RDMA: this build has no GPU support"
+        );
+        // Different reasons per method are each named.
+        let f = facts(true, NO, false, PciDistance::Pix);
+        let send = plan(Direction::Send, MemKind::Auto, &f).unwrap();
+        let t = judge(&nic(&[1]), &send, &Ok(()), None);
+        assert_eq!(
+            t.gpudirect_rdma.why,
+            "dma-buf: mlx5_0 cannot register dma-buf (ibv_reg_dmabuf_mr: Operation not supported, EOPNOTSUPP); peermem: neither nvidia_peermem nor nv_peer_mem is loaded"
+        );
     }
 
     #[test]
@@ -823,7 +851,7 @@ mod tests {
             .gpudirect_rdma
             .why
             .starts_with("dma-buf will be tried on mlx5_0"));
-        assert_eq!(verdict_line(&t), "verdict: GPUDirect RDMA, RDMA from host memory, TCP can carry transfers; --transport auto takes rdma (an RDMA device is present; a sender takes rdma when the RDMA CM finds a route to its receiver through one, else tcp (--peer checks a receiver))");
+        assert_eq!(verdict_line(&t), "verdict: GPUDirect RDMA, RDMA from host memory, TCP can carry transfers; --transport auto takes rdma (an RDMA device is present; a sender also needs the RDMA CM to find a route to its receiver through it, else tcp (--peer checks one))");
         let down = judge(&nic(&[]), &send, &Ok(()), None);
         assert!(!down.gpudirect_rdma.works && !down.rdma_host_memory.works);
         assert_eq!(

@@ -29,8 +29,13 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
     Ok(())
 }
 
-/// `--iters` transfers, each on a new connection, or all on one (`--reuse-connection`).
-pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Result<Vec<SendReport>> {
+/// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`).
+pub fn send(
+    args: &SendArgs,
+    cfg: &SendConfig,
+    memory: &mut SendMemory,
+    transfers: u32,
+) -> Result<Vec<SendReport>> {
     let (source, log) = tcp::choose_source(memory)?;
     let tcfg = TcpSendConfig {
         peer: cfg.peer,
@@ -43,12 +48,12 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
         protocol_version: cfg.protocol_version,
     };
     if args.reuse_connection {
-        return Ok(tcp::send_repeated(&tcfg, source, &log, args.iters)?);
+        return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);
     }
     let mut reports = Vec::new();
-    for i in 0..args.iters {
+    for i in 0..transfers {
         let r = tcp::send_repeated(&tcfg, source, &log, 1)
-            .map_err(|e| iteration_error(e, i, args.iters))?;
+            .map_err(|e| iteration_error(e, i, transfers))?;
         reports.extend(r);
     }
     Ok(reports)
