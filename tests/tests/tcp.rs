@@ -453,6 +453,11 @@ fn round_trips_over_tcp_use_no_rdma_words() {
         stdout.contains("round trip (first chunk out to the receiver's verdict), 3 transfers"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains(" by TCP over 1 stream in 1 chunk of 16 KiB, 1 in flight: "),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("SEND"), "{stdout}");
     for rdma_word in ["work request", "RDMA"] {
         assert!(!stdout.contains(rdma_word), "`{rdma_word}` in:\n{stdout}");
         assert!(!stderr.contains(rdma_word), "`{rdma_word}` in:\n{stderr}");

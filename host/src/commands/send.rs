@@ -204,16 +204,15 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         let how = match r.op {
             "raw" => "one SEND_WITH_IMM (imm 0x1234)".to_string(),
             op => format!(
-                "{}{} in {} chunk{} of {}, {} in flight",
-                op.to_uppercase(),
+                "{} in {} chunk{} of {}, {} in flight",
                 if tcp {
                     format!(
-                        " over {} stream{}",
+                        "TCP over {} stream{}",
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )
                 } else {
-                    String::new()
+                    op.to_uppercase()
                 },
                 r.chunks,
                 if r.chunks == 1 { "" } else { "s" },
