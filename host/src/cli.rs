@@ -238,7 +238,7 @@ pub struct SendArgs {
 
     /// With --iters N: make the N transfers on one connection instead of one each. The
     /// receiver verifies and acks every transfer, and the next starts after the ack, so
-    /// each iteration's round trip (first work request to the receiver's verdict) is
+    /// each iteration's round trip (first chunk out to the receiver's verdict) is
     /// measured without connection setup. Needs a receiver that knows the mode.
     #[arg(long, conflicts_with = "raw")]
     pub reuse_connection: bool,
