@@ -764,3 +764,107 @@ fn sweep_warmup_percentiles_and_gbits() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("is not a power of two"));
 }
+
+/// The lines of the first ```text block after `marker` in a document of the repository.
+fn text_block_after(doc: &str, marker: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(integration_tests::workspace_root().join(doc)).unwrap();
+    let from = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("{doc} no longer has `{marker}`"));
+    let rest = &text[from..];
+    let start = rest.find("```text\n").expect("a text block") + "```text\n".len();
+    let body = &rest[start..];
+    let end = body.find("```").expect("the end of the block");
+    body[..end]
+        .lines()
+        .map(|l| l.trim_start().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// A line with its numbers replaced by `#` (times, rates and ports vary run to run).
+fn masked(line: &str) -> String {
+    let mut out = String::new();
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('#') {
+                out.push('#');
+            }
+        } else if c == '.' && out.ends_with('#') {
+            // "0.003912": one number
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The outputs the README and docs show for this kind of machine are what the program
+/// prints: `host doctor`'s lines word for word, the tutorial's transfer with only its
+/// numbers different.
+#[test]
+fn the_docs_show_what_the_program_prints() {
+    let out = Command::new(host_bin()).arg("doctor").output().unwrap();
+    let (doctor, _) = text(&out);
+    if !doctor.contains("RDMA device: none found") {
+        integration_tests::skip(
+            "the_docs_show_what_the_program_prints",
+            "this machine has an RDMA device",
+        );
+        return;
+    }
+    for (doc, marker) in [
+        ("README.md", "## Is this machine ready?"),
+        (
+            "docs/hardware.md",
+            "The same check on a machine without an RDMA device",
+        ),
+    ] {
+        for line in text_block_after(doc, marker) {
+            assert!(
+                doctor.lines().any(|l| l == line),
+                "{doc} shows `{line}`, which `host doctor` does not print:\n{doctor}"
+            );
+        }
+    }
+
+    // The tutorial's two commands, as written but on a free port.
+    let port = free_port();
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tutorial-recv.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut receiver = Command::new(host_bin())
+        .args(["recv", "--once", "--port", &port.to_string()])
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("listening on")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(host_bin())
+        .args(["127.0.0.1", &port.to_string(), "--gpu", "none"])
+        .output()
+        .unwrap();
+    let _ = receiver.wait();
+    let printed: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stdout).lines())
+        .map(masked)
+        .collect();
+    let shown = text_block_after("docs/tutorial.md", "Its output on the build machine");
+    assert_eq!(shown.len(), printed.len(), "{shown:#?}\n{printed:#?}");
+    for line in shown {
+        assert!(
+            printed.contains(&masked(&line)),
+            "docs/tutorial.md shows `{line}`; the program printed:\n{printed:#?}"
+        );
+    }
+}

@@ -396,20 +396,11 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             auto_summary(&send, &recv)
         ));
     }
+    let tcp_first = tcp_send.attempts.first().copied().unwrap_or(Method::Host);
     out.push(format!(
         "--mem auto over TCP: the sender takes {} ({}); the receiver host (host memory)",
-        tcp_send
-            .attempts
-            .first()
-            .copied()
-            .unwrap_or(Method::Host)
-            .name(),
-        tcp_send
-            .attempts
-            .first()
-            .copied()
-            .unwrap_or(Method::Host)
-            .describe()
+        tcp_first.name(),
+        tcp_words(tcp_first)
     ));
     let closing = verdict_line(&t);
     out.push(closing.clone());
@@ -537,6 +528,14 @@ fn gpu_lines(selection: GpuSelection, gpu: &Result<GpuFacts, String>, out: &mut 
             GpuSelection::Index(ordinal) => out.push(format!("GPU {ordinal}: none: {e}")),
             GpuSelection::None => out.push(format!("GPU: none ({e})")),
         },
+    }
+}
+
+/// A memory method over TCP, in words without registration (no NIC reads it).
+fn tcp_words(m: Method) -> &'static str {
+    match m {
+        Method::Staged => "GPU memory copied chunk by chunk into host memory",
+        other => other.describe(),
     }
 }
 
