@@ -763,6 +763,11 @@ fn sweep_warmup_percentiles_and_gbits() {
     let out = send(r.port, &["--sweep", "12KiB..1MiB"], T);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("is not a power of two"));
+    let out = send(r.port, &["--iters", "4294967295", "--warmup", "1"], T);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out)
+        .1
+        .starts_with("error: --warmup 1 and --iters 4294967295 make more than"));
 }
 
 /// The lines of the first ```text block after `marker` in a document of the repository.

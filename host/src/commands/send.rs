@@ -56,8 +56,9 @@ fn route_device(
 }
 
 /// `--warmup` + `--iters` transfers of `bytes` each (on one connection with
-/// `--reuse-connection`, else a connection each): the reports of the measured ones, the
-/// number of warm-up transfers made, and the memory they were sent from.
+/// `--reuse-connection`, else a connection each): the reports of the measured ones
+/// (the warm-up transfers are made and verified, then dropped) and the memory they were
+/// sent from.
 fn measure(
     args: &SendArgs,
     bytes: u64,
@@ -104,7 +105,14 @@ fn measure(
         protocol_version: args.protocol_version,
     };
 
-    let transfers = args.warmup + args.iters;
+    let transfers = args.warmup.checked_add(args.iters).with_context(|| {
+        format!(
+            "--warmup {} and --iters {} make more than {} transfers",
+            args.warmup,
+            args.iters,
+            u32::MAX
+        )
+    })?;
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
         reports = super::tcp::send(args, &cfg, &mut memory, transfers)?;
