@@ -257,7 +257,12 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     let nic: Result<NicChoice, String> = match rdma::probe_nics() {
         Err(RdmaError::NoDevice) => {
             let p = RdmaPresence::here();
-            out.push("RDMA device: none found".into());
+            out.push(match &args.nic {
+                Some(name) => {
+                    format!("RDMA device: none found (so not {name}, asked for by --nic)")
+                }
+                None => "RDMA device: none found".into(),
+            });
             for line in p.advice() {
                 out.push(format!("  {line}"));
             }
