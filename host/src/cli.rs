@@ -117,7 +117,8 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "IP")]
     pub peer: Option<IpAddr>,
     /// Bytes one transfer registers, judged against the locked-memory limit
-    /// (RLIMIT_MEMLOCK); a receiver registers its whole buffer (its --max-bytes).
+    /// (RLIMIT_MEMLOCK) and the GPU's BAR1; a receiver registers its whole buffer (its
+    /// --max-bytes).
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]

@@ -333,8 +333,16 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             .map_err(Clone::clone)
             .and_then(|n| n.distance.clone()),
         gpudirect_level: args.gpudirect_level,
-        // The sender and receiver check BAR1 against what they register.
-        bar1: None,
+        // BAR1 against --size, as the sender and receiver check it against what they
+        // register.
+        bar1: function
+            .as_ref()
+            .ok()
+            .and_then(|f| topology::bar1_bytes(f).ok())
+            .map(|bar1_bytes| host::memory::select::Bar1Fit {
+                bar1_bytes,
+                register_bytes: args.size,
+            }),
     };
     let software = matches!(
         nic.as_ref().map(|n| &n.probe.location),
