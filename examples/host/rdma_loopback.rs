@@ -164,10 +164,13 @@ fn run() -> Result<()> {
         check.elements
     );
 
-    // 7. Disconnect: both ends see DISCONNECTED. Then everything is dropped in reverse
-    //    order of creation: queue pairs, completion queues, regions, PDs, ids, channels.
+    // 7. Disconnect: the client asks (a DREQ), the server sees DISCONNECTED and answers
+    //    with its own disconnect (the DREP), which the client then sees. Then everything
+    //    is dropped in reverse order of creation: queue pairs, completion queues,
+    //    regions, PDs, ids, channels.
     client.disconnect()?;
-    expect(&client_channel, Disconnected, "client: disconnected")?;
     expect(server.channel(), Disconnected, "server: disconnected")?;
+    server.disconnect()?;
+    expect(&client_channel, Disconnected, "client: disconnected")?;
     Ok(())
 }
