@@ -104,3 +104,43 @@ fn launch_kernel_refuses_a_bad_count() {
     let out = run(env!("CARGO_BIN_EXE_launch-kernel"), &["0"]);
     one_error_line(&out, "error: `0` is not a number of elements");
 }
+
+/// A word with a digit and a dot (a time, a rate, an address with its port) as `#`: what
+/// differs from run to run.
+fn masked(line: &str) -> String {
+    let words = line.split(' ').map(|w| {
+        let varies = w.contains('.') && w.chars().any(|c| c.is_ascii_digit());
+        if varies {
+            "#"
+        } else {
+            w
+        }
+    });
+    words.collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_tutorial_shows_what_tcp_send_prints() {
+    // The command as docs/tutorial.md gives it (`cargo run ... --bin tcp-send`, no size).
+    let out = run(env!("CARGO_BIN_EXE_tcp-send"), &[]);
+    assert!(out.status.success(), "{out:?}");
+    let printed: Vec<String> = text(&out.stdout).lines().map(masked).collect();
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/tutorial.md"
+    ))
+    .expect("read docs/tutorial.md");
+    let (_, after) = doc
+        .split_once("prints both ends' accounts")
+        .expect("the tutorial's tcp-send section");
+    let block = after
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a text block after it");
+    let shown: Vec<String> = block.lines().map(masked).collect();
+    assert_eq!(
+        shown, printed,
+        "docs/tutorial.md against the program's output"
+    );
+}
