@@ -24,9 +24,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-const BYTES: usize = 16 * 1024; // the message: 4096 elements of the pattern
-const TIMEOUT: Duration = Duration::from_secs(10); // every wait ends, one way or another
-                                                   // One SEND and one receive in flight at most, nothing inline (the NIC reads the region).
+/// The message: 16 KiB, 4096 elements of the pattern.
+const BYTES: usize = 16 * 1024;
+/// Every wait ends, one way or another.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// One SEND and one receive in flight at most; nothing inline (the NIC reads the region).
 const CAPS: QpCaps = QpCaps {
     max_send_wr: 1,
     max_recv_wr: 1,
@@ -60,7 +62,9 @@ fn expect(channel: &EventChannel, want: CmEventKind, what: &str) -> Result<()> {
 fn completion(cq: &CompletionQueue, what: &str) -> Result<Completion> {
     let mut done = Vec::new();
     cq.wait(&mut done, &Deadline::after(TIMEOUT), &[], what)?;
-    let c = done[0];
+    let c = *done
+        .first()
+        .with_context(|| format!("no completion for {what}"))?;
     c.check(|| what.to_string())?;
     Ok(c)
 }

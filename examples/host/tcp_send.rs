@@ -99,11 +99,10 @@ fn run() -> Result<()> {
         "receiver: {}",
         rx.recv_timeout(TIMEOUT).context("no outcome")?
     );
-    if !verdict.ok()
-        || !served
-            .join()
-            .map_err(|_| anyhow::anyhow!("receiver panicked"))??
-    {
+    let receiver_ok = served
+        .join()
+        .map_err(|_| anyhow::anyhow!("the receiver's thread panicked"))??;
+    if !verdict.ok() || !receiver_ok {
         bail!("the receiver did not verify the data");
     }
     Ok(())
