@@ -12,7 +12,7 @@
 //!   rdma_client and with itself, and the faults: no receiver, a killed sender, a killed
 //!   receiver, rejected offers, a port in use; three concurrent senders; the NIC probes
 //!   of `host info` and `host doctor` on rxe (dma-buf registration: not supported; each
-//!   transport judged);
+//!   transport judged); the tutorial's `rdma-loopback` example (`SOFTROCE_LOOPBACK_BIN`);
 //! * topology two (guest b receives, guest a sends): seed, WRITE, 64 MiB, no receiver,
 //!   concurrent senders;
 //! * topology two again, with guest b's QEMU killed in the middle of a transfer.
