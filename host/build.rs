@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 /// The kernels the host launches; the builder checks each one is in the PTX.
-const KERNELS: [&str; 2] = ["generate_data", "verify_data"];
+const KERNELS: [&str; 3] = ["generate_data", "verify_data", "crc32c_chunks"];
 
 fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -227,7 +227,11 @@ pub fn row_step(register: u32, words: [u32; 4], table: impl Fn(usize, u32) -> u3
     let mut out = 0;
     let mut j = 0;
     while j < 4 {
-        let w = if j == 0 { words[0] ^ register } else { words[j] };
+        let w = if j == 0 {
+            words[0] ^ register
+        } else {
+            words[j]
+        };
         let k = 15 - 4 * j;
         out ^= table(k, w & 0xff)
             ^ table(k - 1, (w >> 8) & 0xff)
@@ -345,15 +349,20 @@ mod tests {
             assert_eq!(times_x_inverse(times_x(v)), v);
             assert_eq!(times_x(times_x_inverse(v)), v);
         }
-        for l in 0..LANES {
+        for (l, &unshift) in LANE_UNSHIFT.iter().enumerate() {
             // x^-128l * x^128l = 1
-            assert_eq!(mul(LANE_UNSHIFT[l], x8n(16 * l as u64)), ONE, "lane {l}");
+            assert_eq!(mul(unshift, x8n(16 * l as u64)), ONE, "lane {l}");
         }
     }
 
     #[test]
     fn mul_is_a_commutative_product_with_one() {
-        for (a, b) in [(0x1234_5678u32, 0x9ABC_DEF0u32), (ONE, 77), (0, 5), (POLY, POLY)] {
+        for (a, b) in [
+            (0x1234_5678u32, 0x9ABC_DEF0u32),
+            (ONE, 77),
+            (0, 5),
+            (POLY, POLY),
+        ] {
             assert_eq!(mul(a, b), mul(b, a));
             assert_eq!(mul(a, ONE), a);
         }
@@ -391,7 +400,9 @@ mod tests {
         for r in 0..rows as usize {
             for (l, register) in lanes.iter_mut().enumerate() {
                 let at = head as usize + r * ROW_BYTES + l * LANE_BYTES;
-                let w = |i: usize| u32::from_le_bytes(data[at + 4 * i..at + 4 * i + 4].try_into().unwrap());
+                let w = |i: usize| {
+                    u32::from_le_bytes(data[at + 4 * i..at + 4 * i + 4].try_into().unwrap())
+                };
                 *register = row_step(*register, [w(0), w(1), w(2), w(3)], |k, v| {
                     ROW_TABLES[k][v as usize]
                 });
@@ -414,7 +425,19 @@ mod tests {
     fn the_warp_algorithm_equals_the_plain_register() {
         let data = random_bytes(3 * ROW_BYTES * 4 + 777, 11);
         for misalign in [0u64, 1, 3, 8, 15] {
-            for len in [0usize, 1, 15, 16, 17, 511, 512, 513, 1024 + 31, 4096, data.len() - 16] {
+            for len in [
+                0usize,
+                1,
+                15,
+                16,
+                17,
+                511,
+                512,
+                513,
+                1024 + 31,
+                4096,
+                data.len() - 16,
+            ] {
                 let slice = &data[..len];
                 assert_eq!(
                     warp_model(0x1000 + misalign, slice),
@@ -457,10 +480,17 @@ mod tests {
         // XORed in, plus the chunk's init term once.
         let data = random_bytes(200_003, 5);
         let len = data.len() as u64;
-        for (chunk, piece) in [(4097u64, 1024u64), (65536, 65536), (100_000, 7000), (len, 512)] {
+        for (chunk, piece) in [
+            (4097u64, 1024u64),
+            (65536, 65536),
+            (100_000, 7000),
+            (len, 512),
+        ] {
             let mut out = std::vec![0u32; chunk_count(len, chunk) as usize];
             for w in 0..warps_needed(len, chunk, piece) {
-                let Some(p) = piece_of_warp(w, len, chunk, piece) else { continue };
+                let Some(p) = piece_of_warp(w, len, chunk, piece) else {
+                    continue;
+                };
                 let raw = warp_model(0x40 + p.start, &data[p.start as usize..p.end as usize]);
                 let mut v = shift(raw, p.chunk_end - p.end);
                 if p.start == p.chunk_start {

@@ -10,7 +10,10 @@
 //!   CRC32C kernel `crc32c_chunks` (tables, the combine rule, the per-row step), which
 //!   the host's tests replay against published check values and the `crc32c` crate.
 #![no_std]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
+)]
 
 pub mod crc32c;
 pub mod indexing;

@@ -164,6 +164,12 @@ impl Gpu {
         self.device.as_raw()
     }
 
+    /// The loaded module of this build's kernels (for launches kept in their own files,
+    /// such as `checksum.rs`).
+    pub(crate) fn module(&self) -> &Module {
+        &self.module
+    }
+
     /// The stream every launch and copy of this GPU runs on, in order.
     pub fn stream(&self) -> &Stream {
         &self.stream

@@ -158,6 +158,24 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     })
 }
 
+/// `cuMemcpyDtoDAsync` of `len` bytes on `stream` (the CRC benchmark's reference).
+///
+/// # Safety
+/// Both ranges are device-accessible memory of the current context, `len` bytes long,
+/// not overlapping, that stay allocated and that nothing else accesses until the copy
+/// has completed on `stream`.
+pub(crate) unsafe fn memcpy_dtod_async(
+    destination: u64,
+    source: u64,
+    len: usize,
+    stream: &cust::stream::Stream,
+) -> DriverResult<()> {
+    // SAFETY: the caller's contract; the stream is alive (borrowed).
+    check("cuMemcpyDtoDAsync", unsafe {
+        cu::cuMemcpyDtoDAsync_v2(destination, source, len, stream.as_inner())
+    })
+}
+
 /// `cuMemcpyDtoH` (synchronous) into a slice.
 ///
 /// # Safety

@@ -1,0 +1,141 @@
+//! CRC32C of every chunk of GPU memory, computed on that GPU by the `crc32c_chunks`
+//! kernel (gpu-kernels/src/kernels.rs; its arithmetic in gpu-kernels/src/crc32c.rs).
+//!
+//! The per-chunk result equals [`crate::integrity::chunk_crcs`] (the CPU's hardware
+//! CRC32C) over the same bytes: chunk `i` is bytes `[i * chunk, (i + 1) * chunk)`, the last
+//! one possibly short. Any byte length and any address work (no alignment needed).
+
+use super::allocations::DeviceBuffer;
+use super::context::{Gpu, GpuMemory};
+use super::driver;
+use anyhow::{bail, ensure, Context as _, Result};
+use cust::prelude::*;
+use gpu_kernels::crc32c::{chunk_count, warps_needed, LANES};
+use std::rc::Rc;
+
+/// Threads per block (8 warps): the block shares one 16 KiB copy of the row tables.
+pub const CRC_BLOCK_THREADS: u32 = 256;
+
+/// Bytes of a chunk one warp takes: tuned on the H200 (gpu-kernels/TUNING.md).
+pub const DEFAULT_PIECE: u64 = 64 << 10;
+
+/// The most blocks one launch asks for; the kernel's warps walk the pieces grid-stride
+/// beyond that.
+const MAX_BLOCKS: u64 = 1 << 24;
+
+/// The blocks of a launch over `len` bytes: a warp per piece, at least one block.
+pub fn crc_grid(len: u64, chunk: u64, piece: u64) -> u32 {
+    let warps_per_block = (CRC_BLOCK_THREADS as usize / LANES) as u64;
+    warps_needed(len, chunk, piece)
+        .div_ceil(warps_per_block)
+        .clamp(1, MAX_BLOCKS) as u32
+}
+
+/// Queue, on `memory`'s GPU's stream: zero `out`'s first `ceil(len / chunk)` words, then
+/// `crc32c_chunks` over `memory` with chunks of `chunk` bytes, each split into pieces of
+/// `piece` bytes, one warp each. Returns at once; the CRCs are in `out` once the stream
+/// has passed the launch.
+///
+/// # Safety
+/// Until the stream has been synchronised (or an event recorded after the launch has
+/// completed), nothing may write `memory`, nothing may read or write `out`, and neither
+/// may be freed: the borrows end when this returns, the kernel's reads and writes do not.
+pub unsafe fn launch_crc32c_chunks(
+    memory: &(impl GpuMemory + ?Sized),
+    chunk: u64,
+    piece: u64,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    let gpu: &Rc<Gpu> = memory.gpu();
+    ensure!(
+        chunk > 0,
+        "crc32c_chunks: the chunk size must be at least 1 byte"
+    );
+    ensure!(
+        piece > 0,
+        "crc32c_chunks: the piece size must be at least 1 byte"
+    );
+    if !Rc::ptr_eq(gpu, GpuMemory::gpu(out)) {
+        bail!(
+            "crc32c_chunks: the data is GPU {}'s, the output GPU {}'s",
+            gpu.ordinal(),
+            GpuMemory::gpu(out).ordinal()
+        );
+    }
+    let len = memory.byte_len() as u64;
+    let chunks = chunk_count(len, chunk);
+    if (out.len() as u64) < chunks * 4 {
+        bail!(
+            "crc32c_chunks: {len} bytes in chunks of {chunk} need {chunks} CRCs ({} bytes), the output holds {}",
+            chunks * 4,
+            out.len()
+        );
+    }
+    if chunks == 0 {
+        return Ok(());
+    }
+    let stream = gpu.stream();
+    // SAFETY: out is a device allocation of this context with room for `chunks` words
+    // (checked), aligned (cuMemAlloc), that the caller keeps everyone off until the
+    // stream has passed this launch.
+    unsafe { driver::memset_d32_async(out.device_ptr(), 0, chunks as usize, stream)? };
+    let function = gpu.module().get_function("crc32c_chunks")?;
+    let grid = crc_grid(len, chunk, piece);
+    let (data, out_ptr) = (memory.device_ptr(), out.device_ptr());
+    // SAFETY: the kernel's contract (kernels.rs, crc32c_chunks): `data` is `len` readable
+    // bytes of this context (GpuMemory's promise, same GPU checked), `out` holds
+    // ceil(len / chunk) zeroed words (the memset above, on the same stream), chunk and
+    // piece are nonzero; the caller keeps everyone else off both until it completes.
+    unsafe {
+        launch!(function<<<grid, CRC_BLOCK_THREADS, 0, stream>>>(data, len, chunk, piece, out_ptr))
+            .context("launching crc32c_chunks")?;
+    }
+    Ok(())
+}
+
+/// The CRC32C of every `chunk` bytes of `memory` (the last chunk may be short),
+/// computed on its GPU, with the default piece size.
+pub fn crc32c_chunks(memory: &(impl GpuMemory + ?Sized), chunk: u64) -> Result<Vec<u32>> {
+    crc32c_chunks_with_piece(memory, chunk, DEFAULT_PIECE)
+}
+
+/// [`crc32c_chunks`] with warps of `piece` bytes (the tests try several).
+pub fn crc32c_chunks_with_piece(
+    memory: &(impl GpuMemory + ?Sized),
+    chunk: u64,
+    piece: u64,
+) -> Result<Vec<u32>> {
+    ensure!(
+        chunk > 0,
+        "crc32c_chunks: the chunk size must be at least 1 byte"
+    );
+    let gpu = memory.gpu().clone();
+    let chunks = chunk_count(memory.byte_len() as u64, chunk) as usize;
+    let mut out = DeviceBuffer::new(&gpu, chunks * 4)?;
+    // SAFETY: we synchronise before the borrows of `memory` and `out` end.
+    unsafe { launch_crc32c_chunks(memory, chunk, piece, &mut out)? };
+    gpu.synchronize()
+        .context("crc32c_chunks failed while running")?;
+    let mut bytes = vec![0u8; chunks * 4];
+    out.read_into(&mut bytes)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_gives_every_piece_a_warp_and_is_never_empty() {
+        assert_eq!(crc_grid(0, 1, 1), 1);
+        assert_eq!(crc_grid(1, 1, 1), 1);
+        // 1 GiB in 1 MiB chunks of 64 KiB pieces: 16384 warps, 2048 blocks of 8.
+        assert_eq!(crc_grid(1 << 30, 1 << 20, 64 << 10), 2048);
+        // A short last chunk still gets its chunk's share of warps.
+        assert_eq!(crc_grid((1 << 30) + 3, 1 << 20, 64 << 10), 2050);
+        assert_eq!(crc_grid(u64::MAX / 2, 1, 1), MAX_BLOCKS as u32);
+    }
+}
