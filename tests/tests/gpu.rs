@@ -461,7 +461,9 @@ fn demonstration_a_gpu_test_on_a_broken_kernel_build_fails() {
 
 // ---- crc32c_chunks: the GPU's CRC32C of each chunk against the CPU's -------------------
 
-use host::gpu::checksum::{crc32c_chunks, crc32c_chunks_with_piece, launch_crc32c_chunks};
+use host::gpu::checksum::{
+    crc32c_chunks, crc32c_chunks_with_piece, launch_crc32c_chunks, launch_crc32c_chunks_shaped,
+};
 use host::integrity::bench::random_bytes;
 use host::integrity::chunk_crcs;
 
@@ -595,4 +597,35 @@ fn crc32c_launches_refuse_a_zero_chunk_and_a_short_output() {
     // The empty buffer has no chunks and no CRCs.
     let empty = DeviceBuffer::new(&gpu, 0).unwrap();
     assert!(crc32c_chunks(&empty, 1 << 20).unwrap().is_empty());
+}
+
+#[test]
+fn crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries() {
+    let Some(gpu) = gpu_or_skip("crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries")
+    else {
+        return;
+    };
+    let len = (3 << 20) + 5;
+    let (memory, data) = random_on_gpu(&gpu, len, 3, 4242);
+    let slice = memory.slice(3..3 + len).unwrap();
+    for (chunk, piece) in [(4097u64, 1024u64), (1 << 20, 64 << 10)] {
+        let want = chunk_crcs(&data, chunk as usize);
+        let mut out = DeviceBuffer::new(&gpu, want.len() * 4).unwrap();
+        for threads in [32u32, 128, 256, 512, 1024] {
+            // SAFETY: synchronised below before out is read or either buffer dropped.
+            unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, threads, &mut out) }
+                .unwrap();
+            gpu.synchronize().unwrap();
+            let mut bytes = vec![0u8; want.len() * 4];
+            out.read_into(&mut bytes).unwrap();
+            let got: Vec<u32> = bytes
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            assert_eq!(got, want, "{threads} threads, chunk {chunk}, piece {piece}");
+        }
+        // SAFETY: refused before anything is queued.
+        let odd = unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, 100, &mut out) };
+        assert!(odd.is_err(), "100 threads per block was accepted");
+    }
 }

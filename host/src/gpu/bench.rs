@@ -4,7 +4,7 @@
 //! Prints JSON; the README's numbers are pasted from it.
 
 use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
-use super::checksum::{launch_crc32c_chunks, DEFAULT_PIECE};
+use super::checksum::{launch_crc32c_chunks_shaped, CRC_BLOCK_THREADS, DEFAULT_PIECE};
 use super::context::{Gpu, GpuMemory};
 use super::driver;
 use super::sources::StagedSource;
@@ -315,6 +315,7 @@ fn staged(gpu: &Rc<Gpu>, bytes: usize, chunk: usize, rounds: usize) -> Result<St
 pub struct CrcTiming {
     pub chunk_bytes: u64,
     pub piece_bytes: u64,
+    pub block_threads: u32,
     pub median_us: f64,
     /// Bytes checksummed per second (the kernel reads each byte once).
     pub gb_per_s: f64,
@@ -340,8 +341,8 @@ pub struct CrcResult {
     /// Kernel GB/s over the copy's traffic GB/s: the share of the memory bandwidth a copy
     /// reaches that the checksum's reads reach.
     pub kernel_over_reference_traffic: f64,
-    /// Other piece sizes (1 MiB chunks) and a chunk size that is not a multiple of 16
-    /// (every piece starts unaligned), from the same run.
+    /// Other piece sizes and block sizes (1 MiB chunks), and a chunk size that is not a
+    /// multiple of 16 (every piece starts unaligned), from the same run.
     pub variants: Vec<CrcTiming>,
 }
 
@@ -351,15 +352,17 @@ fn crc_timing(
     out: &mut DeviceBuffer,
     chunk: u64,
     piece: u64,
+    block_threads: u32,
     reps: usize,
 ) -> Result<CrcTiming> {
     // SAFETY: time_events synchronises after each launch; nothing else touches data or out.
     let ms = time_events(gpu.stream(), reps, || unsafe {
-        launch_crc32c_chunks(data, chunk, piece, out)
+        launch_crc32c_chunks_shaped(data, chunk, piece, block_threads, out)
     })?;
     Ok(CrcTiming {
         chunk_bytes: chunk,
         piece_bytes: piece,
+        block_threads,
         median_us: ms * 1e3,
         gb_per_s: gb_per_s(data.len(), ms),
     })
@@ -376,7 +379,15 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
     data.write(0, &host)?;
     let mut out = DeviceBuffer::new(gpu, (bytes as u64).div_ceil(chunk) as usize * 4)?;
     let reps = repetitions(bytes);
-    let kernel = crc_timing(gpu, &data, &mut out, chunk, DEFAULT_PIECE, reps)?;
+    let kernel = crc_timing(
+        gpu,
+        &data,
+        &mut out,
+        chunk,
+        DEFAULT_PIECE,
+        CRC_BLOCK_THREADS,
+        reps,
+    )?;
     let gpu_crcs = super::checksum::crc32c_chunks(&data, chunk)?;
     let matches_cpu = gpu_crcs == crate::integrity::chunk_crcs(&host, chunk as usize);
 
@@ -390,7 +401,26 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
     })?;
     let mut variants = Vec::new();
     for piece in [16u64 << 10, 32 << 10, 128 << 10, 256 << 10] {
-        variants.push(crc_timing(gpu, &data, &mut out, chunk, piece, reps)?);
+        variants.push(crc_timing(
+            gpu,
+            &data,
+            &mut out,
+            chunk,
+            piece,
+            CRC_BLOCK_THREADS,
+            reps,
+        )?);
+    }
+    for threads in [128, 512] {
+        variants.push(crc_timing(
+            gpu,
+            &data,
+            &mut out,
+            chunk,
+            DEFAULT_PIECE,
+            threads,
+            reps,
+        )?);
     }
     let odd_chunk = chunk + 3;
     let mut odd_out = DeviceBuffer::new(gpu, (bytes as u64).div_ceil(odd_chunk) as usize * 4)?;
@@ -400,6 +430,7 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
         &mut odd_out,
         odd_chunk,
         DEFAULT_PIECE,
+        CRC_BLOCK_THREADS,
         reps,
     )?);
     let traffic = gb_per_s(2 * bytes, copy_ms);

@@ -23,9 +23,14 @@ pub const DEFAULT_PIECE: u64 = 64 << 10;
 /// beyond that.
 const MAX_BLOCKS: u64 = 1 << 24;
 
-/// The blocks of a launch over `len` bytes: a warp per piece, at least one block.
+/// The blocks of a launch over `len` bytes with [`CRC_BLOCK_THREADS`] threads each: a
+/// warp per piece, at least one block.
 pub fn crc_grid(len: u64, chunk: u64, piece: u64) -> u32 {
-    let warps_per_block = (CRC_BLOCK_THREADS as usize / LANES) as u64;
+    crc_grid_of(len, chunk, piece, CRC_BLOCK_THREADS)
+}
+
+fn crc_grid_of(len: u64, chunk: u64, piece: u64, block_threads: u32) -> u32 {
+    let warps_per_block = (block_threads as usize / LANES) as u64;
     warps_needed(len, chunk, piece)
         .div_ceil(warps_per_block)
         .clamp(1, MAX_BLOCKS) as u32
@@ -46,7 +51,28 @@ pub unsafe fn launch_crc32c_chunks(
     piece: u64,
     out: &mut DeviceBuffer,
 ) -> Result<()> {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { launch_crc32c_chunks_shaped(memory, chunk, piece, CRC_BLOCK_THREADS, out) }
+}
+
+/// [`launch_crc32c_chunks`] with blocks of `block_threads` threads (a multiple of 32, at
+/// most 1024): the benchmark's tuning variants.
+///
+/// # Safety
+/// As for [`launch_crc32c_chunks`].
+#[doc(hidden)]
+pub unsafe fn launch_crc32c_chunks_shaped(
+    memory: &(impl GpuMemory + ?Sized),
+    chunk: u64,
+    piece: u64,
+    block_threads: u32,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
     let gpu: &Rc<Gpu> = memory.gpu();
+    ensure!(
+        block_threads.is_multiple_of(32) && (32..=1024).contains(&block_threads),
+        "crc32c_chunks: {block_threads} threads per block is not a whole number of warps up to 1024"
+    );
     ensure!(
         chunk > 0,
         "crc32c_chunks: the chunk size must be at least 1 byte"
@@ -80,14 +106,14 @@ pub unsafe fn launch_crc32c_chunks(
     // stream has passed this launch.
     unsafe { driver::memset_d32_async(out.device_ptr(), 0, chunks as usize, stream)? };
     let function = gpu.module().get_function("crc32c_chunks")?;
-    let grid = crc_grid(len, chunk, piece);
+    let grid = crc_grid_of(len, chunk, piece, block_threads);
     let (data, out_ptr) = (memory.device_ptr(), out.device_ptr());
     // SAFETY: the kernel's contract (kernels.rs, crc32c_chunks): `data` is `len` readable
     // bytes of this context (GpuMemory's promise, same GPU checked), `out` holds
     // ceil(len / chunk) zeroed words (the memset above, on the same stream), chunk and
     // piece are nonzero; the caller keeps everyone else off both until it completes.
     unsafe {
-        launch!(function<<<grid, CRC_BLOCK_THREADS, 0, stream>>>(data, len, chunk, piece, out_ptr))
+        launch!(function<<<grid, block_threads, 0, stream>>>(data, len, chunk, piece, out_ptr))
             .context("launching crc32c_chunks")?;
     }
     Ok(())
