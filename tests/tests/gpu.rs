@@ -613,8 +613,19 @@ fn crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries() {
         let mut out = DeviceBuffer::new(&gpu, want.len() * 4).unwrap();
         for threads in [32u32, 128, 256, 512, 1024] {
             // SAFETY: synchronised below before out is read or either buffer dropped.
-            unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, threads, &mut out) }
-                .unwrap();
+            let launched =
+                unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, threads, &mut out) };
+            if let Err(e) = launched {
+                // Only a block larger than the driver allows this kernel may be refused
+                // (on the H200, 72 registers x 1024 threads exceed the register file),
+                // and it must be refused by the wrapper, not fail at the launch.
+                let text = e.to_string();
+                assert!(
+                    threads > 256 && text.contains("threads per block on this GPU"),
+                    "{threads} threads: {text}"
+                );
+                continue;
+            }
             gpu.synchronize().unwrap();
             let mut bytes = vec![0u8; want.len() * 4];
             out.read_into(&mut bytes).unwrap();

@@ -9,6 +9,7 @@ use super::allocations::DeviceBuffer;
 use super::context::{Gpu, GpuMemory};
 use super::driver;
 use anyhow::{bail, ensure, Context as _, Result};
+use cust::function::FunctionAttribute;
 use cust::prelude::*;
 use gpu_kernels::crc32c::{chunk_count, warps_needed, LANES};
 use std::rc::Rc;
@@ -56,7 +57,8 @@ pub unsafe fn launch_crc32c_chunks(
 }
 
 /// [`launch_crc32c_chunks`] with blocks of `block_threads` threads (a multiple of 32, at
-/// most 1024): the benchmark's tuning variants.
+/// most what the driver allows this kernel: 64 K registers / 72 per thread, so 512 on the
+/// H200): the benchmark's tuning variants.
 ///
 /// # Safety
 /// As for [`launch_crc32c_chunks`].
@@ -106,6 +108,15 @@ pub unsafe fn launch_crc32c_chunks_shaped(
     // stream has passed this launch.
     unsafe { driver::memset_d32_async(out.device_ptr(), 0, chunks as usize, stream)? };
     let function = gpu.module().get_function("crc32c_chunks")?;
+    // The driver's limit for this kernel on this GPU: its registers per thread times the
+    // block must fit the SM's register file (72 x 1024 does not on the H200).
+    let most = function
+        .get_attribute(FunctionAttribute::MaxThreadsPerBlock)
+        .context("asking the driver for crc32c_chunks' largest block")?;
+    ensure!(
+        block_threads as i64 <= most as i64,
+        "crc32c_chunks: at most {most} threads per block on this GPU, {block_threads} asked for"
+    );
     let grid = crc_grid_of(len, chunk, piece, block_threads);
     let (data, out_ptr) = (memory.device_ptr(), out.device_ptr());
     // SAFETY: the kernel's contract (kernels.rs, crc32c_chunks): `data` is `len` readable
