@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The kernels the host launches; the builder checks each one is in the PTX.
-const KERNELS: [&str; 2] = ["generate_data", "verify_data"];
+const KERNELS: [&str; 3] = ["generate_data", "verify_data", "crc32c_chunks"];
 
 fn main() {
     describe_build();

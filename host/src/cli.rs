@@ -146,6 +146,19 @@ pub enum BenchCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         gpu: u32,
     },
+    /// The CPU's CRC32C of each chunk (the `crc32c` crate, hardware instruction) on one
+    /// core, against a plain read of the same random bytes, interleaved rounds. Prints JSON.
+    Crc32c {
+        /// Bytes of random data.
+        #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Bytes per chunk (one CRC each).
+        #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
+        chunk: u64,
+        /// Rounds (each runs both once, after one warm-up round); median and spread.
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        rounds: u32,
+    },
     /// This project's TCP transfer (sender and receiver in this process, over loopback)
     /// against a plain socket copy with the same chunking, interleaved rounds. Prints JSON.
     Tcp {

@@ -4,6 +4,7 @@
 pub mod cli;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod integrity;
 pub mod memory;
 pub mod rdma;
 pub mod soundness;

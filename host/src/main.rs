@@ -29,6 +29,11 @@ fn main() -> ExitCode {
         Some(Command::Doctor(args)) => commands::doctor::run(args),
         Some(Command::GpuCheck(args)) => commands::gpu::check(args),
         Some(Command::Bench(BenchCommand::Gpu { gpu })) => commands::gpu::bench(*gpu),
+        Some(Command::Bench(BenchCommand::Crc32c {
+            size,
+            chunk,
+            rounds,
+        })) => commands::crc_bench::run(*size, *chunk, *rounds),
         Some(Command::Bench(BenchCommand::Tcp {
             size,
             chunk,

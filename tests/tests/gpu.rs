@@ -587,3 +587,185 @@ fn a_skew_that_wraps_is_an_error_not_a_buffer_outside_its_allocation() {
     assert!(buffer.offset_in_allocation() >= 256);
     assert_eq!(buffer.page_span(), Some(GPU_PAGE));
 }
+
+// ---- crc32c_chunks: the GPU's CRC32C of each chunk against the CPU's -------------------
+
+use host::gpu::checksum::{
+    crc32c_chunks, crc32c_chunks_with_piece, launch_crc32c_chunks, launch_crc32c_chunks_shaped,
+};
+use host::integrity::bench::random_bytes;
+use host::integrity::chunk_crcs;
+
+/// Random bytes in device memory, starting `offset` bytes into the allocation.
+fn random_on_gpu(gpu: &Rc<Gpu>, len: usize, offset: usize, seed: u64) -> (DeviceBuffer, Vec<u8>) {
+    let data = random_bytes(len, seed);
+    let mut memory = DeviceBuffer::new(gpu, len + offset).unwrap();
+    memory.write(offset, &data).unwrap();
+    (memory, data)
+}
+
+#[test]
+fn crc32c_kernel_equals_the_cpu_crate_for_many_lengths_chunks_pieces_and_offsets() {
+    let Some(gpu) = gpu_or_skip(
+        "crc32c_kernel_equals_the_cpu_crate_for_many_lengths_chunks_pieces_and_offsets",
+    ) else {
+        return;
+    };
+    let lengths = [
+        1usize,
+        3,
+        4,
+        15,
+        16,
+        17,
+        511,
+        512,
+        513,
+        4097,
+        65_541,
+        (1 << 20) + 3,
+    ];
+    let chunks = [1u64, 3, 4, 7, 512, 4097, 65_536, 1 << 20, u64::MAX];
+    let pieces = [1u64, 17, 512, 4096, 65_536];
+    let mut launches = 0;
+    for (i, &len) in lengths.iter().enumerate() {
+        // Offsets 0..15 from a 256-byte aligned allocation: every head length.
+        let offset = i % 16;
+        let (memory, data) = random_on_gpu(&gpu, len, offset, i as u64 + 1);
+        let slice = memory.slice(offset..offset + len).unwrap();
+        for &chunk in &chunks {
+            let chunk = chunk.min(len as u64);
+            let want = chunk_crcs(&data, chunk as usize);
+            for &piece in &pieces {
+                if len > 100_000 && (chunk < 512 || piece < 512) {
+                    continue; // a million one-byte chunks would only slow the test
+                }
+                let got = crc32c_chunks_with_piece(&slice, chunk, piece).unwrap();
+                assert_eq!(got.len(), want.len(), "{len} bytes, chunk {chunk}");
+                if let Some(bad) = (0..want.len()).find(|&k| got[k] != want[k]) {
+                    panic!(
+                        "{len} bytes at offset {offset}, chunk {chunk}, piece {piece}: chunk {bad} is {:#010x} on the GPU, {:#010x} on the CPU",
+                        got[bad], want[bad]
+                    );
+                }
+                launches += 1;
+            }
+        }
+    }
+    assert!(launches > 400, "only {launches} launches ran");
+}
+
+#[test]
+fn crc32c_kernel_over_1_gib_plus_3_bytes() {
+    let Some(gpu) = gpu_or_skip("crc32c_kernel_over_1_gib_plus_3_bytes") else {
+        return;
+    };
+    let len = (1usize << 30) + 3;
+    let (memory, data) = random_on_gpu(&gpu, len, 0, 1017);
+    // 1 MiB chunks (the last one 3 bytes), chunks that are no multiple of 4 (every piece
+    // but the first unaligned), and one chunk of the whole buffer.
+    for chunk in [1u64 << 20, (1 << 20) + 1, 4_000_003, len as u64] {
+        let got = crc32c_chunks(&memory, chunk).unwrap();
+        let want = chunk_crcs(&data, chunk as usize);
+        assert_eq!(got.len(), want.len());
+        if let Some(bad) = (0..want.len()).find(|&k| got[k] != want[k]) {
+            panic!(
+                "chunk {chunk}: chunk {bad} differs: GPU {:#010x}, CPU {:#010x}",
+                got[bad], want[bad]
+            );
+        }
+    }
+}
+
+#[test]
+fn crc32c_kernel_names_exactly_the_chunk_with_a_flipped_bit() {
+    let Some(gpu) = gpu_or_skip("crc32c_kernel_names_exactly_the_chunk_with_a_flipped_bit") else {
+        return;
+    };
+    let (chunk, chunks) = (65_536 + 7, 40usize);
+    let (mut memory, mut data) = random_on_gpu(&gpu, chunk * chunks - 5, 0, 99);
+    let before = crc32c_chunks(&memory, chunk as u64).unwrap();
+    assert_eq!(before, chunk_crcs(&data, chunk));
+    for at in [0usize, 17, chunk * 7 + 3, chunk * 21 - 1, data.len() - 1] {
+        data[at] ^= 0x10;
+        memory.write(at, &data[at..at + 1]).unwrap();
+        let after = crc32c_chunks(&memory, chunk as u64).unwrap();
+        let changed: Vec<usize> = (0..chunks).filter(|&k| after[k] != before[k]).collect();
+        assert_eq!(changed, vec![at / chunk], "bit flipped at byte {at}");
+        data[at] ^= 0x10;
+        memory.write(at, &data[at..at + 1]).unwrap();
+    }
+}
+
+#[test]
+fn crc32c_kernel_reads_mapped_host_memory_too() {
+    let Some(gpu) = gpu_or_skip("crc32c_kernel_reads_mapped_host_memory_too") else {
+        return;
+    };
+    // The generated pattern in mapped host memory: the GPU reads it over PCIe.
+    let mut memory = MappedHostBuffer::new(&gpu, (4 << 20) + 12).unwrap();
+    gpu.generate(&mut memory).unwrap();
+    let got = crc32c_chunks(&memory, 1 << 20).unwrap();
+    assert_eq!(got, chunk_crcs(memory.as_bytes(), 1 << 20));
+}
+
+#[test]
+fn crc32c_launches_refuse_a_zero_chunk_and_a_short_output() {
+    let Some(gpu) = gpu_or_skip("crc32c_launches_refuse_a_zero_chunk_and_a_short_output") else {
+        return;
+    };
+    let memory = DeviceBuffer::new(&gpu, 4096).unwrap();
+    let zero = crc32c_chunks(&memory, 0).unwrap_err().to_string();
+    assert!(zero.contains("at least 1 byte"), "{zero}");
+    let mut out = DeviceBuffer::new(&gpu, 4 * 3).unwrap();
+    // SAFETY: refused before anything is queued; nothing runs.
+    let short = unsafe { launch_crc32c_chunks(&memory, 1024, 512, &mut out) }
+        .unwrap_err()
+        .to_string();
+    assert!(short.contains("need 4 CRCs"), "{short}");
+    // The empty buffer has no chunks and no CRCs.
+    let empty = DeviceBuffer::new(&gpu, 0).unwrap();
+    assert!(crc32c_chunks(&empty, 1 << 20).unwrap().is_empty());
+}
+
+#[test]
+fn crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries() {
+    let Some(gpu) = gpu_or_skip("crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries")
+    else {
+        return;
+    };
+    let len = (3 << 20) + 5;
+    let (memory, data) = random_on_gpu(&gpu, len, 3, 4242);
+    let slice = memory.slice(3..3 + len).unwrap();
+    for (chunk, piece) in [(4097u64, 1024u64), (1 << 20, 64 << 10)] {
+        let want = chunk_crcs(&data, chunk as usize);
+        let mut out = DeviceBuffer::new(&gpu, want.len() * 4).unwrap();
+        for threads in [32u32, 128, 256, 512, 1024] {
+            // SAFETY: synchronised below before out is read or either buffer dropped.
+            let launched =
+                unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, threads, &mut out) };
+            if let Err(e) = launched {
+                // Only a block larger than the driver allows this kernel may be refused
+                // (on the H200, 72 registers x 1024 threads exceed the register file),
+                // and it must be refused by the wrapper, not fail at the launch.
+                let text = e.to_string();
+                assert!(
+                    threads > 256 && text.contains("threads per block on this GPU"),
+                    "{threads} threads: {text}"
+                );
+                continue;
+            }
+            gpu.synchronize().unwrap();
+            let mut bytes = vec![0u8; want.len() * 4];
+            out.read_into(&mut bytes).unwrap();
+            let got: Vec<u32> = bytes
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            assert_eq!(got, want, "{threads} threads, chunk {chunk}, piece {piece}");
+        }
+        // SAFETY: refused before anything is queued.
+        let odd = unsafe { launch_crc32c_chunks_shaped(&slice, chunk, piece, 100, &mut out) };
+        assert!(odd.is_err(), "100 threads per block was accepted");
+    }
+}

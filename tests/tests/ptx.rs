@@ -1,5 +1,6 @@
 //! CI's compile check of the kernels: the PTX embedded in the host binary has the entry
-//! points, uses 16-byte stores, and NVIDIA's `ptxas` assembles it for the architectures
+//! points, uses 16-byte stores (and the CRC kernel 16-byte loads, shared-memory tables
+//! and shuffles), and NVIDIA's `ptxas` assembles it for the architectures
 //! users run (Turing, Ampere, Hopper). No GPU needed.
 #![cfg(feature = "cuda")]
 
@@ -18,8 +19,8 @@ fn ptxas() -> Option<PathBuf> {
 }
 
 #[test]
-fn ptx_has_both_kernel_entry_points() {
-    for kernel in ["generate_data", "verify_data"] {
+fn ptx_has_every_kernel_entry_point() {
+    for kernel in ["generate_data", "verify_data", "crc32c_chunks"] {
         assert!(
             ptx_builder_has_entry(KERNELS_PTX, kernel),
             "no `.entry {kernel}` in the embedded PTX"
@@ -46,6 +47,46 @@ fn kernels_use_16_byte_global_accesses() {
     assert!(
         KERNELS_PTX.contains("ld.global.v4"),
         "verify_data lost its vector loads"
+    );
+}
+
+/// The PTX text of one kernel: from its `.entry` line to the next entry (or the end).
+fn kernel_text(name: &str) -> &'static str {
+    let start = KERNELS_PTX
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("no .entry {name}"));
+    let rest = &KERNELS_PTX[start..];
+    let end = rest[1..].find(".entry").map_or(rest.len(), |i| i + 1);
+    &rest[..end]
+}
+
+#[test]
+fn crc32c_reads_16_bytes_per_lane_and_looks_up_shared_memory() {
+    // The kernel's speed rests on coalesced 16-byte loads and on the row tables being in
+    // shared memory (one array, declared once: a second declaration would be a second,
+    // unfilled copy).
+    let crc = kernel_text("crc32c_chunks");
+    assert!(
+        crc.contains("ld.global.v4"),
+        "crc32c_chunks lost its vector loads"
+    );
+    assert!(
+        crc.contains("ld.shared.u32"),
+        "crc32c_chunks no longer reads shared memory"
+    );
+    assert!(
+        crc.contains("shfl.sync.bfly"),
+        "crc32c_chunks lost its warp shuffles"
+    );
+    assert_eq!(
+        crc.matches(".shared .align 16 .b8 crc32c_row_tables")
+            .count(),
+        1,
+        "the shared row tables must be declared exactly once"
+    );
+    assert!(
+        !crc.contains(".local"),
+        "crc32c_chunks uses local memory (a stack)"
     );
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand; each turns parsed arguments into the library's typed
 //! configuration, runs it and prints the result (for people, or `--json`).
 
+pub mod crc_bench;
 pub mod doctor;
 mod facts;
 pub mod gpu;

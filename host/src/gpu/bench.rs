@@ -1,8 +1,10 @@
 //! `host bench gpu`: how fast the Rust kernel fills memory, against the driver's own
-//! `cuMemsetD32` on the same buffer in the same run, plus the mapped and staged paths.
+//! `cuMemsetD32` on the same buffer in the same run, plus the mapped and staged paths, and
+//! the CRC32C kernel's read rate at 1 GiB against a device-to-device copy in the same run.
 //! Prints JSON; docs/measurements.md's numbers are pasted from it.
 
 use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
+use super::checksum::{launch_crc32c_chunks_shaped, CRC_BLOCK_THREADS, DEFAULT_PIECE};
 use super::context::{Gpu, GpuMemory};
 use super::driver;
 use super::sources::StagedSource;
@@ -55,6 +57,7 @@ pub struct GpuBenchReport {
     pub seed_launch_host_us: f64,
     pub mapped: PathResult,
     pub staged: StagedResult,
+    pub crc32c: CrcResult,
 }
 
 fn median(mut samples: Vec<f64>) -> f64 {
@@ -314,6 +317,153 @@ fn staged(gpu: &Rc<Gpu>, bytes: usize, chunk: usize, rounds: usize) -> Result<St
     })
 }
 
+#[derive(Debug, Serialize)]
+pub struct CrcTiming {
+    pub chunk_bytes: u64,
+    pub piece_bytes: u64,
+    pub block_threads: u32,
+    pub median_us: f64,
+    /// Bytes checksummed per second (the kernel reads each byte once).
+    pub gb_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CrcResult {
+    pub bytes: usize,
+    pub data: &'static str,
+    pub repetitions: usize,
+    /// What one timed repetition holds.
+    pub timed: &'static str,
+    /// The default launch (`gpu::checksum::DEFAULT_PIECE`), 1 MiB chunks.
+    pub kernel: CrcTiming,
+    /// Every chunk's CRC from the GPU equals the CPU's (`integrity::chunk_crcs`).
+    pub matches_cpu: bool,
+    pub reference: &'static str,
+    pub reference_median_us: f64,
+    /// Bytes copied per second; the copy reads and writes each, so HBM moves twice this.
+    pub reference_copy_gb_per_s: f64,
+    /// Bytes read plus bytes written per second by the copy.
+    pub reference_traffic_gb_per_s: f64,
+    /// Kernel GB/s over the copy's traffic GB/s: the share of the memory bandwidth a copy
+    /// reaches that the checksum's reads reach.
+    pub kernel_over_reference_traffic: f64,
+    /// Other piece sizes and block sizes (1 MiB chunks), and a chunk size that is not a
+    /// multiple of 16 (every piece starts unaligned), from the same run.
+    pub variants: Vec<CrcTiming>,
+}
+
+fn crc_timing(
+    gpu: &Rc<Gpu>,
+    data: &DeviceBuffer,
+    out: &mut DeviceBuffer,
+    chunk: u64,
+    piece: u64,
+    block_threads: u32,
+    reps: usize,
+) -> Result<CrcTiming> {
+    // SAFETY: time_events synchronises after each launch; nothing else touches data or out.
+    let ms = time_events(gpu, reps, || unsafe {
+        launch_crc32c_chunks_shaped(data, chunk, piece, block_threads, out)
+    })?;
+    Ok(CrcTiming {
+        chunk_bytes: chunk,
+        piece_bytes: piece,
+        block_threads,
+        median_us: ms * 1e3,
+        gb_per_s: gb_per_s(data.len(), ms),
+    })
+}
+
+/// The CRC32C kernel over `bytes` of random data in device memory, against a
+/// `cuMemcpyDtoDAsync` of the same buffer, in the same run.
+fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
+    let chunk = 1u64 << 20;
+    // Random bytes: the row tables' shared-memory bank conflicts depend on the data, and
+    // random data is the honest (worst typical) case.
+    let host = crate::integrity::bench::random_bytes(bytes, 0x5eed);
+    let mut data = DeviceBuffer::new(gpu, bytes)?;
+    data.write(0, &host)?;
+    let mut out = DeviceBuffer::new(gpu, (bytes as u64).div_ceil(chunk) as usize * 4)?;
+    let reps = repetitions(bytes);
+    let kernel = crc_timing(
+        gpu,
+        &data,
+        &mut out,
+        chunk,
+        DEFAULT_PIECE,
+        CRC_BLOCK_THREADS,
+        reps,
+    )?;
+    let gpu_crcs = super::checksum::crc32c_chunks(&data, chunk)?;
+    let matches_cpu = gpu_crcs == crate::integrity::chunk_crcs(&host, chunk as usize);
+
+    let copy = DeviceBuffer::new(gpu, bytes)?;
+    let copy_ms = time_events(gpu, reps, || {
+        let bound = gpu.bind()?;
+        // SAFETY: two distinct allocations of this context, `bytes` long; time_events
+        // synchronises after each repetition and nothing else touches them.
+        unsafe {
+            driver::memcpy_dtod_async(
+                &bound,
+                copy.device_ptr(),
+                data.device_ptr(),
+                bytes,
+                gpu.stream(),
+            )?
+        };
+        Ok(())
+    })?;
+    let mut variants = Vec::new();
+    for piece in [16u64 << 10, 32 << 10, 128 << 10, 256 << 10] {
+        variants.push(crc_timing(
+            gpu,
+            &data,
+            &mut out,
+            chunk,
+            piece,
+            CRC_BLOCK_THREADS,
+            reps,
+        )?);
+    }
+    for threads in [128, 512] {
+        variants.push(crc_timing(
+            gpu,
+            &data,
+            &mut out,
+            chunk,
+            DEFAULT_PIECE,
+            threads,
+            reps,
+        )?);
+    }
+    let odd_chunk = chunk + 3;
+    let mut odd_out = DeviceBuffer::new(gpu, (bytes as u64).div_ceil(odd_chunk) as usize * 4)?;
+    variants.push(crc_timing(
+        gpu,
+        &data,
+        &mut odd_out,
+        odd_chunk,
+        DEFAULT_PIECE,
+        CRC_BLOCK_THREADS,
+        reps,
+    )?);
+    let traffic = gb_per_s(2 * bytes, copy_ms);
+    Ok(CrcResult {
+        bytes,
+        data: "random bytes (xorshift64*), in device memory",
+        repetitions: reps,
+        timed: "cuMemsetD32Async of the CRC words (4 KiB) + the crc32c_chunks launch, as the product queues them",
+        matches_cpu,
+        reference: "cuMemcpyDtoDAsync of the same buffer into a second one",
+        reference_median_us: copy_ms * 1e3,
+        reference_copy_gb_per_s: gb_per_s(bytes, copy_ms),
+        reference_traffic_gb_per_s: traffic,
+        kernel_over_reference_traffic: kernel.gb_per_s / traffic,
+        kernel,
+        variants,
+    })
+}
+
 /// Run everything on GPU `ordinal`.
 pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
     let gpu = Gpu::open(ordinal)?;
@@ -340,5 +490,6 @@ pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
         seed_launch_host_us: median(host_samples),
         mapped: mapped(&gpu, 256 << 20)?,
         staged: staged(&gpu, 256 << 20, 1 << 20, 9)?,
+        crc32c: crc32c(&gpu, 1 << 30)?,
     })
 }

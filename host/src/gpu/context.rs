@@ -87,6 +87,7 @@ pub struct Gpu {
     _module: driver::Module,
     generate_data: CUfunction,
     verify_data: CUfunction,
+    crc32c_chunks: CUfunction,
     device: CUdevice,
     ordinal: u32,
     context: PrimaryContext,
@@ -120,8 +121,10 @@ impl Gpu {
     /// module's `generate_data` and `verify_data` on memory checked only against this
     /// crate's kernels' contract. If `ptx` defines them, they must do what those do:
     /// `generate_data(ptr, n)` writes only the `n` `i32`s at `ptr`, `verify_data(ptr, n,
-    /// out)` reads only those and writes only the 16 bytes at `out`. Arbitrary device
-    /// code behind those names could write any memory of the context.
+    /// out)` reads only those and writes only the 16 bytes at `out`, `crc32c_chunks(data,
+    /// len, chunk, piece, out)` reads only the `len` bytes at `data` and writes only
+    /// `ceil(len / chunk)` words at `out`. Arbitrary device code behind those names could
+    /// write any memory of the context.
     pub unsafe fn open_with_ptx(ordinal: u32, ptx: &str) -> Result<Rc<Gpu>, GpuError> {
         let init = driver::init();
         if init != 0 {
@@ -161,6 +164,7 @@ impl Gpu {
         };
         let generate_data = function(c"generate_data")?;
         let verify_data = function(c"verify_data")?;
+        let crc32c_chunks = function(c"crc32c_chunks")?;
         let stream =
             driver::Stream::new(&bound, &context).map_err(driver_error("cuStreamCreate"))?;
         drop(bound);
@@ -169,6 +173,7 @@ impl Gpu {
             _module: module,
             generate_data,
             verify_data,
+            crc32c_chunks,
             device,
             ordinal,
             context,
@@ -205,6 +210,11 @@ impl Gpu {
 
     pub fn raw_device(&self) -> i32 {
         self.device
+    }
+
+    /// The `crc32c_chunks` kernel of the loaded module (launched by `checksum.rs`).
+    pub(crate) fn crc32c_chunks_kernel(&self) -> CUfunction {
+        self.crc32c_chunks
     }
 
     /// The stream every launch and copy of this GPU runs on, in order.

@@ -254,6 +254,25 @@ impl Drop for Module {
     }
 }
 
+/// `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`: the largest block `function` launches
+/// with on this GPU (its registers per thread times the block must fit an SM).
+pub(crate) fn max_threads_per_block(
+    _bound: &Bound<'_>,
+    function: CUfunction,
+) -> DriverResult<c_int> {
+    let mut value = 0;
+    // SAFETY: value is a valid out-pointer; `function` is a kernel of a module loaded in
+    // the bound context (the caller's Gpu keeps it loaded).
+    check("cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)", unsafe {
+        ffi::cuFuncGetAttribute(
+            &mut value,
+            ffi::FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            function,
+        )
+    })?;
+    Ok(value)
+}
+
 /// `cuLaunchKernel` on a 1-D grid.
 ///
 /// # Safety
@@ -518,6 +537,25 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     // SAFETY: the caller's contract.
     check("cuMemcpyDtoHAsync", unsafe {
         ffi::cuMemcpyDtoHAsync(host.cast(), device, len, stream.raw)
+    })
+}
+
+/// `cuMemcpyDtoDAsync` of `len` bytes on `stream` (the CRC benchmark's reference).
+///
+/// # Safety
+/// Both ranges are device-accessible memory of the bound context, `len` bytes long, not
+/// overlapping, that stay allocated and that nothing else accesses until the copy has
+/// completed on `stream`.
+pub(crate) unsafe fn memcpy_dtod_async(
+    _bound: &Bound<'_>,
+    destination: CUdeviceptr,
+    source: CUdeviceptr,
+    len: usize,
+    stream: &Stream,
+) -> DriverResult<()> {
+    // SAFETY: the caller's contract; the stream is alive (borrowed).
+    check("cuMemcpyDtoDAsync", unsafe {
+        ffi::cuMemcpyDtoDAsync(destination, source, len, stream.raw)
     })
 }
 

@@ -31,6 +31,8 @@ pub const STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `CU_EVENT_DEFAULT` and `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DEFAULT: c_uint = 0x0;
 pub const EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+pub const FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
 /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`.
 pub const POINTER_ATTRIBUTE_SYNC_MEMOPS: c_int = 6;
 
@@ -93,6 +95,12 @@ extern "C" {
         module: CUmodule,
         name: *const c_char,
     ) -> RawResult;
+    #[link_name = "cuFuncGetAttribute"]
+    pub fn cuFuncGetAttribute(
+        value: *mut c_int,
+        attribute: c_int,
+        function: CUfunction,
+    ) -> RawResult;
     #[link_name = "cuLaunchKernel"]
     pub fn cuLaunchKernel(
         function: CUfunction,
@@ -153,6 +161,13 @@ extern "C" {
     pub fn cuMemcpyDtoHAsync(
         host: *mut c_void,
         device: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> RawResult;
+    #[link_name = "cuMemcpyDtoDAsync_v2"]
+    pub fn cuMemcpyDtoDAsync(
+        destination: CUdeviceptr,
+        source: CUdeviceptr,
         bytes: usize,
         stream: CUstream,
     ) -> RawResult;

@@ -4,7 +4,8 @@
 //! - `allocations`: RAII owners of device, mapped and pinned memory;
 //! - `context`: a GPU with its context, the embedded kernels and a stream;
 //! - `capabilities`: what the GPU offers for RDMA (for `host info` and `--mem auto`);
-//! - `sources`: the sender's and receiver's buffers in GPU-reachable memory.
+//! - `sources`: the sender's and receiver's buffers in GPU-reachable memory;
+//! - `checksum`: the CRC32C of each chunk of GPU memory, by the `crc32c_chunks` kernel.
 //!
 //! # Soundness: the GPU's promises
 //!
@@ -72,6 +73,7 @@ pub mod allocations;
 pub mod bench;
 pub mod capabilities;
 pub mod check;
+pub mod checksum;
 pub mod context;
 pub mod driver;
 mod ffi;

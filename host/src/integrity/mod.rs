@@ -1,0 +1,81 @@
+//! CRC32C of each chunk on the CPU, with the same shape as the GPU kernel
+//! (`gpu::checksum::crc32c_chunks`): chunk `i` is bytes `[i * chunk, (i + 1) * chunk)`,
+//! the last one possibly short.
+//!
+//! The work is the `crc32c` crate's: the SSE4.2 `crc32` instruction on x86-64 (three
+//! streams interleaved), ARMv8's CRC instructions on aarch64, and its own tables where
+//! neither exists. `gpu-kernels`' tests check it against published check values and the
+//! GPU kernel's own arithmetic; the GPU tests check the kernel against it.
+
+pub mod bench;
+
+/// The CRC32C (Castagnoli) of `data`.
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// The CRC32C of every `chunk` bytes of `data`, in order; empty for empty data.
+///
+/// # Panics
+/// If `chunk` is 0.
+pub fn chunk_crcs(data: &[u8], chunk: usize) -> Vec<u32> {
+    assert!(chunk > 0, "a chunk of 0 bytes");
+    data.chunks(chunk).map(crc32c::crc32c).collect()
+}
+
+/// Whether this CPU has the CRC32C instruction the crate uses (it falls back to tables
+/// without it, at a fraction of the speed).
+pub fn hardware_accelerated() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("sse4.2")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("crc")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_kernels::crc32c as arithmetic;
+
+    #[test]
+    fn published_check_values() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+        assert_eq!(crc32c(&[0xFFu8; 32]), 0x62A8_AB43);
+        assert_eq!(crc32c(&(0u8..32).collect::<Vec<_>>()), 0x46DD_794E);
+    }
+
+    #[test]
+    fn chunks_match_the_kernels_arithmetic_including_a_short_last_one() {
+        let data: Vec<u8> = (0..10_007u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for chunk in [1usize, 3, 4, 17, 4096, 10_006, 10_007, 1 << 20] {
+            let crcs = chunk_crcs(&data, chunk);
+            assert_eq!(crcs.len(), data.len().div_ceil(chunk));
+            for (i, crc) in crcs.iter().enumerate() {
+                let end = ((i + 1) * chunk).min(data.len());
+                assert_eq!(
+                    *crc,
+                    arithmetic::crc32c(&data[i * chunk..end]),
+                    "chunk {chunk}, #{i}"
+                );
+            }
+        }
+        assert!(chunk_crcs(&[], 7).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "a chunk of 0 bytes")]
+    fn a_zero_chunk_is_refused() {
+        chunk_crcs(b"abc", 0);
+    }
+}
