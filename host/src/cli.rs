@@ -220,6 +220,12 @@ pub struct SendArgs {
     /// Protocol version to put into the header (tests of the receiver's version check).
     #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]
     pub protocol_version: u16,
+
+    /// A shared secret (a file of at least 16 bytes): prove to a receiver started with
+    /// the same --key-file that this sender may send (HMAC-SHA256 over the offer and the
+    /// receiver's fresh nonce; the key never crosses the network). TCP only.
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 /// `host recv`.
@@ -297,6 +303,24 @@ pub struct RecvArgs {
     /// turns the rule off.
     #[arg(long, value_name = "BYTES/S", default_value = "1MiB", value_parser = parse_size)]
     pub min_rate: u64,
+
+    /// Transfers served at once for one sender address (its share of --max-connections);
+    /// more from that address are rejected at once with "receiver busy".
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_per_peer: u32,
+
+    /// Serve only senders whose address is in one of these networks (`10.0.0.0/8`,
+    /// `192.0.2.7`, `fd00::/16`, comma-separated); others are refused before anything
+    /// is read or allocated. Without it every address that reaches --bind is served.
+    #[arg(long, value_name = "CIDR[,CIDR...]", value_parser = crate::server::AllowList::parse)]
+    pub allow: Option<crate::server::AllowList>,
+
+    /// A shared secret (a file of at least 16 bytes): serve only senders started with the
+    /// same --key-file, which prove it with HMAC-SHA256 over their offer and a fresh
+    /// nonce from this receiver (a recorded offer replayed later does not get in). TCP
+    /// only.
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
 
     /// One JSON object per line on stdout for each event (listening, completed,
     /// rejected, failed); human lines go to stderr.

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod gpu;
 pub mod memory;
 pub mod rdma;
+pub mod server;
 pub mod topology;
 pub mod transfer;
 pub mod transport;

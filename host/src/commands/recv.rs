@@ -53,6 +53,12 @@ pub(super) fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
                 );
             }
         }
+        RecvOutcome::Notice { text } => {
+            eprintln!("receiver: {text}");
+            if json_out {
+                println!("{}", json!({ "event": "notice", "text": text }));
+            }
+        }
         RecvOutcome::Completed(r) => {
             if r.memory
                 .attempts
@@ -101,6 +107,12 @@ fn print_report(r: &RecvReport, human: &Human) {
         r.seconds,
         r.gbps
     ));
+    if r.transfers < r.offered {
+        human.line(format!(
+            "only {} of the {} transfers offered on this connection were done: not ok",
+            r.transfers, r.offered
+        ));
+    }
     if r.transfers > 1 {
         human.line(format!(
             "{} transfers of {} on one connection, each verified before its ack ({:.6} s verifying in all)",

@@ -41,6 +41,7 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
         timeout: cfg.timeout,
         progress: cfg.progress,
         protocol_version: cfg.protocol_version,
+        key: key(args.key_file.as_deref())?,
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, args.iters)?);
@@ -65,6 +66,11 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
         max_bytes: args.max_bytes,
         timeout: args.timeout,
         max_connections: args.max_connections as usize,
+        max_memory: args.max_memory,
+        min_rate: args.min_rate,
+        max_per_peer: args.max_per_peer as usize,
+        allow: args.allow.clone().unwrap_or_default(),
+        key: key(args.key_file.as_deref())?,
     };
     let memory = match args.mem {
         MemKind::Host | MemKind::Auto => RecvMemory::Host,
@@ -76,11 +82,16 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
     Ok(tcp::serve(&cfg, &memory, report)?)
 }
 
+/// `--key-file`, read once.
+fn key(path: Option<&std::path::Path>) -> Result<Option<host::server::Key>> {
+    path.map(host::server::Key::from_file).transpose()
+}
+
 #[cfg(feature = "cuda")]
 fn device_memory(args: &RecvArgs) -> Result<RecvMemory> {
     let gpu = host::memory::GpuChoice::open(args.gpu, MemKind::Device)?;
     let gpu = gpu.gpu()?.clone();
-    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread)");
+    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread), each counted against --max-memory with its page-locked ring");
     Ok(RecvMemory::Device(gpu))
 }
 

@@ -644,6 +644,7 @@ fn receive_framed(
         imm: None,
         reply_delivered,
         transfers: header.transfers,
+        offered: header.transfers,
         verify_seconds,
         memory: memory_log,
     })
@@ -1035,6 +1036,7 @@ fn raw(
         imm: message.imm,
         reply_delivered,
         transfers: 1,
+        offered: 1,
         verify_seconds,
         memory: memory_log,
     })

@@ -289,6 +289,8 @@ pub fn send_repeated(
         let start = Instant::now();
         let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
         let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
+        ack.check_counts(total)
+            .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
         let round_trip_seconds = start.elapsed().as_secs_f64();
         let framed = Framed {
             peer: &label,

@@ -2,14 +2,35 @@
 //! thread per stream, or GPU memory through a host chunk buffer.
 
 use super::frames::{Frame, FRAME_LEN};
-use super::socket;
+use super::socket::{self, ReadStop};
 use crate::memory::{DataPath, HostBuffer, RecvSink, Verification};
 use crate::transfer::plan::{Chunk, ChunkPlan};
-use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The bounds of a transfer's reads: no wait longer than `timeout`, and with `--min-rate`
+/// nothing past `deadline` (the whole transfer's, see the receiver).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    pub timeout: Duration,
+    pub deadline: Option<Instant>,
+}
+
+/// Why a receive stopped short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The whole-transfer deadline passed: the sender is below `--min-rate`.
+    TooSlow,
+    /// Anything else, in words.
+    Broken(String),
+}
+
+/// Chunks handed to the reader threads at once at most: the per-chunk bookkeeping of a
+/// receive is this many entries whatever chunk size the peer chose (4-byte chunks of
+/// 1 GiB would otherwise be 2^28 entries, ~10 GiB, built before any data).
+const BATCH_CHUNKS: u64 = 1 << 15;
 
 /// A receive buffer of one connection.
 pub trait Landing {
@@ -21,9 +42,9 @@ pub trait Landing {
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
-        timeout: Duration,
+        limits: ReadLimits,
         got: &AtomicU64,
-    ) -> Result<(), String>;
+    ) -> Result<(), Stop>;
     fn verify(&self, len: usize) -> anyhow::Result<Verification>;
     fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>>;
     fn path(&self) -> DataPath;
@@ -34,29 +55,33 @@ pub trait Landing {
 /// other offset or length is a protocol error, and nothing is ever written outside
 /// `dest`.
 fn read_chunk(
-    mut stream: &TcpStream,
+    stream: &TcpStream,
     chunk: &Chunk,
     dest: &mut [u8],
-    timeout: Duration,
-) -> Result<(), String> {
-    let what = || format!("reading chunk {}", chunk.index);
+    limits: ReadLimits,
+) -> Result<(), Stop> {
+    let failed = |stop: ReadStop| match stop {
+        ReadStop::Deadline => Stop::TooSlow,
+        ReadStop::Io(e) => Stop::Broken(socket::why(
+            &e,
+            limits.timeout,
+            &format!("reading chunk {}", chunk.index),
+        )),
+    };
     let mut head = [0u8; FRAME_LEN];
-    stream
-        .read_exact(&mut head)
-        .map_err(|e| socket::why(&e, timeout, &what()))?;
+    socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
+        .map_err(failed)?;
     let frame = Frame::decode(&head);
     if frame.offset != chunk.offset
         || frame.len as u64 != chunk.len
         || dest.len() as u64 != chunk.len
     {
-        return Err(format!(
+        return Err(Stop::Broken(format!(
             "protocol error: a frame of {} bytes at offset {} where chunk {} ({} bytes at {}) was due",
             frame.len, frame.offset, chunk.index, chunk.len, chunk.offset
-        ));
+        )));
     }
-    stream
-        .read_exact(dest)
-        .map_err(|e| socket::why(&e, timeout, &what()))
+    socket::read_exact_within(stream, dest, limits.timeout, limits.deadline).map_err(failed)
 }
 
 /// Host memory, poisoned; each stream's reader thread writes its own chunks' slices.
@@ -77,53 +102,24 @@ impl Landing for HostLanding {
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
-        timeout: Duration,
+        limits: ReadLimits,
         got: &AtomicU64,
-    ) -> Result<(), String> {
-        let total = usize::try_from(plan.total()).map_err(|e| e.to_string())?;
-        let n = streams.len().max(1);
+    ) -> Result<(), Stop> {
+        let broken = |e: String| Stop::Broken(e);
+        let total = usize::try_from(plan.total()).map_err(|e| broken(e.to_string()))?;
+        let chunk_bytes = usize::try_from(plan.chunk_bytes()).map_err(|e| broken(e.to_string()))?;
         let bytes = self
             .0
             .as_bytes_mut()
             .get_mut(..total)
-            .ok_or("the buffer is smaller than the transfer")?;
-        // Chunk i's slice goes to stream i % n's reader: the buffer is split by the
-        // borrow checker, not by care.
-        let mut shares: Vec<Vec<(Chunk, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
-        let chunk_bytes = usize::try_from(plan.chunk_bytes()).map_err(|e| e.to_string())?;
-        for (i, piece) in bytes.chunks_mut(chunk_bytes.max(1)).enumerate() {
-            let chunk = plan
-                .get(i as u64)
-                .ok_or("the plan has fewer chunks than the buffer")?;
-            shares[i % n].push((chunk, piece));
+            .ok_or_else(|| broken("the buffer is smaller than the transfer".into()))?;
+        let mut first = 0u64;
+        for batch in bytes.chunks_mut(chunk_bytes.max(1) * BATCH_CHUNKS as usize) {
+            let count = batch.len().div_ceil(chunk_bytes.max(1)) as u64;
+            receive_batch(streams, plan, first, batch, chunk_bytes, limits, got)?;
+            first += count;
         }
-        let first_error: Mutex<Option<String>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for (stream, share) in streams.iter().zip(shares) {
-                let first_error = &first_error;
-                scope.spawn(move || {
-                    for (chunk, dest) in share {
-                        if let Err(why) = read_chunk(stream, &chunk, dest, timeout) {
-                            let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                            if first.is_none() {
-                                *first = Some(why);
-                                // Break the other readers off now instead of after their
-                                // own timeouts.
-                                for s in streams {
-                                    let _ = s.shutdown(Shutdown::Both);
-                                }
-                            }
-                            return;
-                        }
-                        got.fetch_add(chunk.len, Ordering::Relaxed);
-                    }
-                });
-            }
-        });
-        match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(why) => Err(why),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {
@@ -136,6 +132,59 @@ impl Landing for HostLanding {
 
     fn path(&self) -> DataPath {
         DataPath::HostMemory
+    }
+}
+
+/// Read chunks `first..` (as many as `batch` holds) into `batch`, one thread per stream:
+/// chunk i's slice goes to stream i % n's reader, so the buffer is split by the borrow
+/// checker, not by care. The first error breaks every stream off at once.
+fn receive_batch(
+    streams: &[TcpStream],
+    plan: &ChunkPlan,
+    first: u64,
+    batch: &mut [u8],
+    chunk_bytes: usize,
+    limits: ReadLimits,
+    got: &AtomicU64,
+) -> Result<(), Stop> {
+    let n = streams.len().max(1);
+    let mut shares: Vec<Vec<(Chunk, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
+    for (k, piece) in batch.chunks_mut(chunk_bytes.max(1)).enumerate() {
+        let i = first + k as u64;
+        let chunk = plan
+            .get(i)
+            .ok_or_else(|| Stop::Broken("the plan has fewer chunks than the buffer".into()))?;
+        shares[super::frames::stream_of(i, n as u16)].push((chunk, piece));
+    }
+    let first_error: Mutex<Option<Stop>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for (stream, share) in streams.iter().zip(shares) {
+            if share.is_empty() {
+                continue;
+            }
+            let first_error = &first_error;
+            scope.spawn(move || {
+                for (chunk, dest) in share {
+                    if let Err(stop) = read_chunk(stream, &chunk, dest, limits) {
+                        let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                        if first.is_none() {
+                            *first = Some(stop);
+                            // Break the other readers off now instead of after their
+                            // own timeouts.
+                            for s in streams {
+                                let _ = s.shutdown(Shutdown::Read);
+                            }
+                        }
+                        return;
+                    }
+                    got.fetch_add(chunk.len, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(stop) => Err(stop),
+        None => Ok(()),
     }
 }
 
@@ -174,36 +223,38 @@ impl Landing for DeviceLanding {
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
-        timeout: Duration,
+        limits: ReadLimits,
         got: &AtomicU64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Stop> {
         let n = streams.len().max(1) as u16;
         let shut = || {
             for s in streams {
-                let _ = s.shutdown(Shutdown::Both);
+                let _ = s.shutdown(Shutdown::Read);
             }
         };
         for i in 0..plan.count() {
-            let chunk = plan.get(i).ok_or("chunk outside the plan")?;
+            let chunk = plan
+                .get(i)
+                .ok_or_else(|| Stop::Broken("chunk outside the plan".into()))?;
             let len = chunk.len as usize;
             let stream = &streams[super::frames::stream_of(i, n)];
-            let deadline = std::time::Instant::now() + timeout;
+            let deadline = Instant::now() + limits.timeout;
             let dest = self
                 .upload
                 .slot(i, len, deadline)
-                .map_err(|e| format!("chunk {i}: {e:#}"))?;
-            if let Err(why) = read_chunk(stream, &chunk, dest, timeout) {
+                .map_err(|e| Stop::Broken(format!("chunk {i}: {e:#}")))?;
+            if let Err(stop) = read_chunk(stream, &chunk, dest, limits) {
                 shut();
-                return Err(why);
+                return Err(stop);
             }
             self.upload
                 .commit(i, chunk.offset as usize, len)
-                .map_err(|e| format!("copying chunk {i} into GPU memory: {e:#}"))?;
+                .map_err(|e| Stop::Broken(format!("copying chunk {i} into GPU memory: {e:#}")))?;
             got.fetch_add(chunk.len, Ordering::Relaxed);
         }
         self.upload
             .finish()
-            .map_err(|e| format!("copying into GPU memory: {e:#}"))
+            .map_err(|e| Stop::Broken(format!("copying into GPU memory: {e:#}")))
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {

@@ -1,38 +1,66 @@
 //! The TCP receiver: accept sockets, tell transfer offers from extra streams by their
-//! first bytes, serve each transfer on a thread of its own (at most `--max-connections`
-//! at once; beyond that a `Busy` reject), verify, ack.
+//! first bytes, serve each transfer on a thread of its own, verify, ack.
 //!
-//! Threads: an accept loop; a short-lived handshake thread per accepted socket (it reads
-//! the offer or the stream hello under `--timeout`, so a client that connects and sends
-//! nothing, or junk, never holds up anyone else); a thread per transfer with host memory.
-//! Outcomes come back to the calling thread over a channel and are reported there.
+//! **Admission** is the verbs receiver's, shared ([`crate::server`]): a peer outside
+//! `--allow` is refused before anything is read; each socket then needs a handshake slot
+//! (all peers together, and per address); an offer, once read (and, with `--key-file`,
+//! proven over a fresh nonce), needs a [`Lease`] for its connection, its bytes (host
+//! buffer, or GPU memory and its page-locked ring) and its descriptors, all before
+//! anything is allocated for it. A refusal is one non-blocking write and a close.
+//!
+//! **Threads.** The accept loop only accepts, checks and hands off: it never reads from
+//! or waits on a peer. Each accepted socket gets a short-lived handshake thread that reads
+//! its first message within one deadline for the whole handshake (`--timeout` from the
+//! accept, however the bytes trickle). Offers go to the serving loop (the calling
+//! thread), which admits or refuses at once and starts a thread per transfer into host
+//! memory. Outcomes come back over a channel and are reported there.
+//!
+//! **Deadlines.** Besides `--timeout` for every wait, with `--min-rate` transfer `k` (from
+//! 0) of a connection must be done `--timeout + (k + 1) × size / rate` after the accept:
+//! the rate counts over the connection, so a `--reuse-connection` peer cannot hold a
+//! slot by sending one small transfer now and then. Past it the sender gets a "too slow"
+//! ack and the connection is shut.
+//!
+//! **`--once`** is used up only by a transfer that was accepted (the accept sent):
+//! junk, probes, rejects and busy refusals leave the receiver serving.
 //!
 //! GPU memory (`--mem device`): the GPU's objects are `Rc` and tied to the thread that
 //! opened the context, so transfers into GPU memory are served one after another on the
-//! calling thread, which owns the GPU. (Opening the GPU per connection thread would cost a
-//! context, ~100 ms and hundreds of MiB of GPU memory, per transfer; queued offers wait at
-//! most the sender's --timeout, as on verbs.)
+//! calling thread, which owns the GPU (counted by the same admission).
 
-use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
-use super::landing::{HostLanding, Landing};
-use super::socket::{self, read_array};
+use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC, MAX_STREAMS};
+use super::landing::{HostLanding, Landing, ReadLimits, Stop};
+use super::socket::{self, ReadStop};
 use crate::memory::select::AttemptLog;
+use crate::server::admission::{self, Admission, HandshakeSlot, Lease, Limits, Want};
+use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Header, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC,
+    AcceptInfo, Ack, Challenge, Header, Proof, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC,
+    PROOF_LEN,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::io::Write;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Sockets in their handshake at once at most; more are closed with a `Busy` reject.
-const MAX_HANDSHAKES: usize = 64;
+/// Sockets in their handshake at once at most, all peers together.
+pub const MAX_HANDSHAKES: usize = 128;
+/// Sockets in their handshake at once from one address: more than a sender's largest
+/// burst of stream sockets (`MAX_STREAMS`), well under [`MAX_HANDSHAKES`], so one address
+/// cannot take every slot.
+pub const MAX_HANDSHAKES_PER_PEER: usize = MAX_STREAMS as usize + 16;
+/// Descriptors kept free for everything else (the listener, standard streams, files).
+const SPARE_DESCRIPTORS: u64 = 32;
 /// How often the accept loop looks whether the receiver is done.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
+/// How long the accept loop stops when the process is out of descriptors.
+const OUT_OF_DESCRIPTORS_PAUSE: Duration = Duration::from_millis(100);
+/// A handshake thread's stack: it decodes a few dozen bytes and computes one HMAC.
+const HANDSHAKE_STACK: usize = 256 << 10;
 
 /// Everything the TCP receiver needs, built by the CLI.
 #[derive(Debug, Clone)]
@@ -43,6 +71,17 @@ pub struct TcpRecvConfig {
     pub timeout: Duration,
     /// Transfers served at once at most.
     pub max_connections: usize,
+    /// Bytes of buffers held at once (host buffers, GPU memory and its pinned ring).
+    pub max_memory: u64,
+    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
+    /// limit.
+    pub min_rate: u64,
+    /// Transfers served at once for one address.
+    pub max_per_peer: usize,
+    /// Addresses served (empty: all).
+    pub allow: AllowList,
+    /// With a key, only senders that prove they hold it are served.
+    pub key: Option<Key>,
 }
 
 /// Where received data goes.
@@ -53,27 +92,105 @@ pub enum RecvMemory {
     Device(std::rc::Rc<crate::gpu::Gpu>),
 }
 
+impl RecvMemory {
+    /// The bytes a transfer of `total` bytes in chunks of `chunk` holds here.
+    fn bytes_for(&self, total: u64, chunk: u64) -> u64 {
+        match self {
+            RecvMemory::Host => total,
+            // The device buffer and the upload ring's page-locked slots
+            // (`gpu::upload::UPLOAD_SLOTS` of one chunk each).
+            #[cfg(feature = "cuda")]
+            RecvMemory::Device(_) => total.saturating_add(chunk.min(total).saturating_mul(4)),
+        }
+    }
+}
+
 /// A transfer offer that passed its checks, for the serving loop.
 struct Offer {
     control: TcpStream,
-    peer: String,
+    peer: SocketAddr,
     header: Header,
     hello: Hello,
 }
 
 enum Event {
     Offer(Offer),
-    /// `transfer`: the outcome of a transfer (or of a socket that was to be one), which
-    /// ends a `--once` receiver; `served`: a transfer thread finished.
-    Outcome {
+    /// A refusal or failure before any transfer was accepted: it is reported and
+    /// changes nothing else (`--once` goes on serving).
+    Outcome(RecvOutcome),
+    /// A transfer thread ended; `accepted`: its accept was sent (this uses `--once` up).
+    Served {
         outcome: RecvOutcome,
-        transfer: bool,
-        served: bool,
+        accepted: bool,
     },
 }
 
 /// Extra streams on their way to the transfer whose token they carry.
-type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<(u16, TcpStream)>>>>;
+struct Route {
+    /// The offering peer's address: streams from any other are refused.
+    peer: IpAddr,
+    count: u16,
+    /// Stream indices handed over so far (bit i: stream i; stream 0 is the offer's).
+    seen: u64,
+    /// Tells this route from a later one with the same token.
+    serial: u64,
+    to: mpsc::Sender<(u16, TcpStream)>,
+}
+
+impl Route {
+    fn all_seen(&self) -> bool {
+        self.seen.count_ones() == self.count as u32
+    }
+}
+
+#[derive(Default)]
+struct Routes {
+    map: Mutex<HashMap<u64, Route>>,
+    serial: AtomicU64,
+}
+
+impl Routes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Route>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What the accept loop, the handshakes and the transfer threads share.
+struct Shared {
+    cfg: TcpRecvConfig,
+    admission: Arc<Admission>,
+    routes: Routes,
+}
+
+/// The descriptors this process may open (the soft `RLIMIT_NOFILE`), read from
+/// `/proc/self/limits`; `None` where it cannot be read or is unlimited.
+pub fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The shared limits of this receiver.
+fn limits(cfg: &TcpRecvConfig) -> Limits {
+    let connections = if cfg.once {
+        1
+    } else {
+        cfg.max_connections.max(1)
+    };
+    Limits {
+        max_connections: connections,
+        max_memory: cfg.max_memory,
+        max_handshakes: MAX_HANDSHAKES,
+        max_handshakes_per_peer: MAX_HANDSHAKES_PER_PEER,
+        max_per_peer: cfg.max_per_peer.max(1),
+        max_descriptors: open_files_limit()
+            .map_or(u64::MAX, |n| n.saturating_sub(SPARE_DESCRIPTORS)),
+    }
+}
 
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
 /// with `--once` (`Ok(true)` if that transfer verified) or on an error of the listener.
@@ -93,90 +210,80 @@ pub fn serve(
         .map_err(|e| TransferError::Protocol(format!("listener: {e}")))?;
     report(&RecvOutcome::Listening { addr });
 
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        admission: Admission::new(limits(cfg)),
+        routes: Routes::default(),
+    });
     let (events, rx) = mpsc::channel::<Event>();
-    let routes: Routes = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let accepter = {
-        let (events, routes, stop, cfg) =
-            (events.clone(), routes.clone(), stop.clone(), cfg.clone());
+        let (events, shared, stop) = (events.clone(), shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("tcp-accept".into())
-            .spawn(move || accept_loop(listener, &cfg, events, routes, &stop))
+            .spawn(move || accept_loop(listener, &shared, events, &stop))
             .map_err(|e| TransferError::Protocol(format!("cannot start the accept thread: {e}")))?
     };
     let _stop_on_return = StopOnDrop(stop, Some(accepter));
 
-    let mut active = 0usize;
-    let mut taken = false; // --once: the one transfer has been taken
     loop {
         let Ok(event) = rx.recv_timeout(Duration::from_secs(1)) else {
             continue;
         };
         match event {
             Event::Offer(offer) => {
-                if (cfg.once && taken) || active >= cfg.max_connections {
-                    let max = if cfg.once {
-                        1
-                    } else {
-                        cfg.max_connections as u64
-                    };
-                    let busy = RejectReason::BusyConnections {
-                        active: active as u64,
-                        max,
-                    };
-                    let outcome = refuse(offer.control, offer.peer, busy, None);
-                    report(&outcome);
-                    continue;
-                }
-                taken = true;
+                let want = Want {
+                    bytes: memory
+                        .bytes_for(offer.header.total_bytes, offer.header.chunk_bytes as u64),
+                    // The control socket, its clone, and the other streams.
+                    descriptors: offer.hello.count as u64 + 1,
+                };
+                let lease = match shared.admission.admit(offer.peer.ip(), want) {
+                    Ok(lease) => lease,
+                    Err(reason) => {
+                        report(&refuse(offer.control, offer.peer, reason, None));
+                        continue;
+                    }
+                };
                 match memory {
                     RecvMemory::Host => {
-                        active += 1;
-                        let (events, routes, cfg) = (events.clone(), routes.clone(), cfg.clone());
+                        let (events, shared) = (events.clone(), shared.clone());
+                        let peer = offer.peer;
                         let spawned = std::thread::Builder::new()
                             .name("tcp-transfer".into())
                             .spawn(move || {
-                                let outcome = serve_offer(&cfg, offer, &routes, &mut |len, _| {
-                                    Ok(Box::new(HostLanding::new(len)?))
-                                });
-                                let _ = events.send(Event::Outcome {
-                                    outcome,
-                                    transfer: true,
-                                    served: true,
-                                });
+                                let (outcome, accepted) =
+                                    serve_offer(&shared, offer, lease, &mut |len, _| {
+                                        Ok(Box::new(HostLanding::new(len)?))
+                                    });
+                                let _ = events.send(Event::Served { outcome, accepted });
                             });
                         if let Err(e) = spawned {
-                            active -= 1;
                             report(&RecvOutcome::Failed {
-                                peer: "?".into(),
+                                peer: peer.to_string(),
                                 error: format!("cannot start a transfer thread: {e}"),
                             });
                         }
                     }
                     #[cfg(feature = "cuda")]
                     RecvMemory::Device(gpu) => {
-                        let outcome = serve_offer(cfg, offer, &routes, &mut |len, chunk| {
-                            Ok(Box::new(super::landing::DeviceLanding::new(
-                                gpu, len, chunk,
-                            )?))
-                        });
+                        let (outcome, accepted) =
+                            serve_offer(&shared, offer, lease, &mut |len, chunk| {
+                                Ok(Box::new(super::landing::DeviceLanding::new(
+                                    gpu, len, chunk,
+                                )?))
+                            });
                         report(&outcome);
-                        if cfg.once {
+                        if cfg.once && accepted {
                             return Ok(completed_ok(&outcome));
                         }
                     }
                 }
             }
-            Event::Outcome {
-                outcome,
-                transfer,
-                served,
-            } => {
+            Event::Outcome(outcome) => report(&outcome),
+            Event::Served { outcome, accepted } => {
                 report(&outcome);
-                if served {
-                    active = active.saturating_sub(1);
-                }
-                if cfg.once && transfer {
+                if cfg.once && accepted {
                     return Ok(completed_ok(&outcome));
                 }
             }
@@ -200,14 +307,24 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// Whether an `accept` error means this process (or the system) is out of descriptors.
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 fn accept_loop(
     listener: TcpListener,
-    cfg: &TcpRecvConfig,
+    shared: &Arc<Shared>,
     events: mpsc::Sender<Event>,
-    routes: Routes,
     stop: &AtomicBool,
 ) {
-    let handshakes = Arc::new(AtomicUsize::new(0));
+    let tell = |outcome| {
+        let _ = events.send(Event::Outcome(outcome));
+    };
+    let mut starved = false; // said "out of descriptors" already, until an accept works
     while !stop.load(Ordering::Relaxed) {
         let (stream, peer) = match listener.accept() {
             Ok(s) => s,
@@ -215,75 +332,67 @@ fn accept_loop(
                 std::thread::sleep(ACCEPT_POLL);
                 continue;
             }
-            Err(_) => {
-                // Out of descriptors or a connection reset before accept: keep serving.
-                std::thread::sleep(Duration::from_millis(50));
+            Err(e) if out_of_descriptors(&e) => {
+                if !starved {
+                    starved = true;
+                    tell(RecvOutcome::Notice {
+                        text: format!(
+                            "cannot accept connections ({e}): pausing {} ms at a time until descriptors are free",
+                            OUT_OF_DESCRIPTORS_PAUSE.as_millis()
+                        ),
+                    });
+                }
+                std::thread::sleep(OUT_OF_DESCRIPTORS_PAUSE);
+                continue;
+            }
+            // A connection reset before its accept, and the like: it concerns that peer only.
+            Err(_) => continue,
+        };
+        starved = false;
+        if !shared.cfg.allow.permits(peer.ip()) {
+            tell(refuse(stream, peer, RejectReason::NotAllowed, None));
+            continue;
+        }
+        let slot = match shared.admission.handshake(peer.ip()) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                tell(refuse(stream, peer, reason, None));
                 continue;
             }
         };
-        let peer = peer.to_string();
-        if stream.set_nonblocking(false).is_err() || socket::prepare(&stream, cfg.timeout).is_err()
+        let deadline = Instant::now() + shared.cfg.timeout;
+        if stream.set_nonblocking(false).is_err()
+            || socket::prepare(&stream, shared.cfg.timeout).is_err()
         {
             continue;
         }
-        if handshakes.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
-            let outcome = refuse(
-                stream,
-                peer,
-                RejectReason::BusyConnections {
-                    active: handshakes.load(Ordering::Relaxed) as u64,
-                    max: cfg.max_connections as u64,
-                },
-                Some("too many connections in their handshake".into()),
-            );
-            let _ = events.send(Event::Outcome {
-                outcome,
-                transfer: false,
-                served: false,
-            });
-            continue;
-        }
-        handshakes.fetch_add(1, Ordering::Relaxed);
-        let (events, routes, count, cfg) = (
-            events.clone(),
-            routes.clone(),
-            handshakes.clone(),
-            cfg.clone(),
-        );
+        let (events, shared) = (events.clone(), shared.clone());
         let spawned = std::thread::Builder::new()
             .name("tcp-handshake".into())
+            .stack_size(HANDSHAKE_STACK)
             .spawn(move || {
-                if let Some(event) = handshake(&cfg, stream, peer, &routes) {
+                let event = handshake(&shared, stream, peer, deadline, slot);
+                if let Some(event) = event {
                     let _ = events.send(event);
                 }
-                count.fetch_sub(1, Ordering::Relaxed);
             });
-        if spawned.is_err() {
-            // Not started: its count is ours to give back.
-            handshakes.fetch_sub(1, Ordering::Relaxed);
+        if let Err(e) = spawned {
+            tell(RecvOutcome::Failed {
+                peer: peer.to_string(),
+                error: format!("cannot start a handshake thread: {e}"),
+            });
         }
     }
 }
 
-/// Tell the peer why not (the sender prints it), and close.
+/// Tell the peer why not (the sender prints it) without waiting on it, and close.
 fn refuse(
-    mut stream: TcpStream,
-    peer: String,
+    stream: TcpStream,
+    peer: SocketAddr,
     reason: RejectReason,
     detail: Option<String>,
 ) -> RecvOutcome {
-    let sent = stream.write_all(&reason.encode());
-    let _ = stream.shutdown(Shutdown::Write);
-    // Read what the peer still sends, briefly, so that closing with unread bytes does not
-    // reset the connection before the reject is read.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 4096];
-    for _ in 0..64 {
-        match stream.read(&mut sink) {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-    }
+    let sent = socket::write_and_close(stream, &reason.encode());
     let mut text = reason.to_string();
     if let Some(detail) = detail {
         text = format!("{text}: {detail}");
@@ -291,94 +400,103 @@ fn refuse(
     if let Err(e) = sent {
         text = format!("{text} (and the reject could not be sent: {e})");
     }
-    RecvOutcome::Rejected { peer, reason: text }
+    RecvOutcome::Rejected {
+        peer: peer.to_string(),
+        reason: text,
+    }
 }
 
-/// Read a socket's first message: a transfer offer (header + hello) becomes an
-/// [`Event::Offer`]; a stream hello goes to its transfer; anything else is refused.
+fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {
+    let reason = RejectReason::BadHeader(WireError::Inconsistent { what });
+    refuse(stream, peer, reason, None)
+}
+
+/// Read `N` bytes of the handshake within its deadline.
+fn read_handshake<const N: usize>(
+    stream: &TcpStream,
+    timeout: Duration,
+    deadline: Instant,
+    what: &str,
+) -> Result<[u8; N], String> {
+    let mut buf = [0u8; N];
+    socket::read_exact_within(stream, &mut buf, timeout, Some(deadline)).map_err(
+        |stop| match stop {
+            ReadStop::Deadline => format!(
+                "the handshake took longer than {} while {what} (--timeout)",
+                crate::rdma::format_duration(timeout)
+            ),
+            ReadStop::Io(e) => socket::why(&e, timeout, what),
+        },
+    )?;
+    Ok(buf)
+}
+
+/// Read a socket's first message within `deadline`: a transfer offer (header + hello,
+/// and with a key its proof) becomes an [`Event::Offer`]; a stream hello goes to its
+/// transfer; anything else is refused. The slot is held until this returns.
 fn handshake(
-    cfg: &TcpRecvConfig,
-    mut stream: TcpStream,
-    peer: String,
-    routes: &Routes,
+    shared: &Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+    _slot: HandshakeSlot,
 ) -> Option<Event> {
-    let outcome = |outcome, transfer| {
-        Some(Event::Outcome {
-            outcome,
-            transfer,
-            served: false,
-        })
-    };
-    let failed = |peer: String, why: String| RecvOutcome::Failed {
-        peer: peer.clone(),
+    let cfg = &shared.cfg;
+    let report = |outcome| Some(Event::Outcome(outcome));
+    let failed = |why: String| RecvOutcome::Failed {
+        peer: peer.to_string(),
         error: format!("{peer}: {why}"),
     };
-    let magic: [u8; 4] = match read_array(&mut stream) {
-        Ok(m) => m,
-        Err(e) => {
-            return outcome(
-                failed(
-                    peer,
-                    socket::why(&e, cfg.timeout, "reading the transfer offer"),
-                ),
-                true,
-            )
-        }
-    };
+    let magic: [u8; 4] =
+        match read_handshake(&stream, cfg.timeout, deadline, "reading the transfer offer") {
+            Ok(m) => m,
+            Err(why) => return report(failed(why)),
+        };
     match magic {
         HEADER_MAGIC => {
-            let rest: [u8; HEADER_LEN + HELLO_LEN - 4] = match read_array(&mut stream) {
+            let rest: [u8; HEADER_LEN + HELLO_LEN - 4] = match read_handshake(
+                &stream,
+                cfg.timeout,
+                deadline,
+                "reading the transfer offer",
+            ) {
                 Ok(r) => r,
-                Err(e) => {
-                    return outcome(
-                        failed(
-                            peer,
-                            socket::why(&e, cfg.timeout, "reading the transfer offer"),
-                        ),
-                        true,
-                    )
-                }
+                Err(why) => return report(failed(why)),
             };
             let mut offer = [0u8; HEADER_LEN + HELLO_LEN];
             offer[..4].copy_from_slice(&magic);
             offer[4..].copy_from_slice(&rest);
             let header = match Header::decode(&offer[..HEADER_LEN]) {
                 Ok(h) => h,
-                Err(e) => {
-                    return outcome(refuse(stream, peer, RejectReason::BadHeader(e), None), true)
-                }
+                Err(e) => return report(refuse(stream, peer, RejectReason::BadHeader(e), None)),
             };
             let hello = match Hello::decode(&offer[HEADER_LEN..]) {
                 Ok(h) if h.index == 0 => h,
                 Ok(_) => {
-                    return outcome(
-                        refuse_hello(
-                            stream,
-                            peer,
-                            "the offer's stream hello is not stream 0",
-                            None,
-                        ),
-                        true,
-                    )
+                    return report(refuse_hello(
+                        stream,
+                        peer,
+                        "the offer's stream hello is not stream 0",
+                    ))
                 }
                 Err(e) => {
-                    return outcome(
-                        refuse_hello(
-                            stream,
-                            peer,
-                            "bad stream hello after the header",
-                            Some(e.to_string()),
-                        ),
-                        true,
-                    )
+                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                        what: "bad stream hello after the header",
+                    });
+                    return report(refuse(stream, peer, reason, Some(e.to_string())));
                 }
             };
+            if let Some(key) = &cfg.key {
+                if let Err(why) = prove(key, &stream, &offer, cfg.timeout, deadline) {
+                    return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
+                }
+            }
             if header.total_bytes > cfg.max_bytes {
                 let reason = RejectReason::TooLarge {
                     requested: header.total_bytes,
                     max: cfg.max_bytes,
                 };
-                return outcome(refuse(stream, peer, reason, None), true);
+                return report(refuse(stream, peer, reason, None));
             }
             Some(Event::Offer(Offer {
                 control: stream,
@@ -388,208 +506,323 @@ fn handshake(
             }))
         }
         HELLO_MAGIC => {
-            let rest: [u8; HELLO_LEN - 4] = match read_array(&mut stream) {
-                Ok(r) => r,
-                Err(e) => {
-                    return outcome(
-                        failed(peer, socket::why(&e, cfg.timeout, "reading a stream hello")),
-                        false,
-                    )
-                }
-            };
+            let rest: [u8; HELLO_LEN - 4] =
+                match read_handshake(&stream, cfg.timeout, deadline, "reading a stream hello") {
+                    Ok(r) => r,
+                    Err(why) => return report(failed(why)),
+                };
             let mut bytes = [0u8; HELLO_LEN];
             bytes[..4].copy_from_slice(&magic);
             bytes[4..].copy_from_slice(&rest);
-            let hello = match Hello::decode(&bytes) {
-                Ok(h) => h,
+            match Hello::decode(&bytes) {
+                Ok(hello) => hand_over(&shared.routes, stream, peer, hello).and_then(report),
                 Err(e) => {
-                    return outcome(
-                        refuse_hello(stream, peer, "bad stream hello", Some(e.to_string())),
-                        false,
-                    )
+                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                        what: "bad stream hello",
+                    });
+                    report(refuse(stream, peer, reason, Some(e.to_string())))
                 }
-            };
-            let route = routes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&hello.token)
-                .cloned();
-            match route {
-                Some(to) if to.send((hello.index, stream)).is_ok() => None,
-                _ => outcome(
-                    RecvOutcome::Rejected {
-                        peer,
-                        reason: format!(
-                            "stream {} of a connection this receiver does not serve (token {:#x})",
-                            hello.index, hello.token
-                        ),
-                    },
-                    false,
-                ),
             }
         }
-        got => outcome(
-            refuse(
-                stream,
-                peer,
-                RejectReason::BadHeader(WireError::BadMagic { got }),
-                None,
-            ),
-            true,
-        ),
+        got => report(refuse(
+            stream,
+            peer,
+            RejectReason::BadHeader(WireError::BadMagic { got }),
+            None,
+        )),
     }
 }
 
-/// Removes a transfer's route when it ends, however it ends.
-struct RouteGuard<'a>(&'a Routes, u64);
+/// With `--key-file`: send a fresh nonce and check the sender's proof over the offer and
+/// it, within the handshake's deadline.
+fn prove(
+    key: &Key,
+    stream: &TcpStream,
+    offer: &[u8],
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<(), String> {
+    let nonce =
+        crate::server::key::fresh_nonce().map_err(|e| format!("no nonce could be drawn: {e}"))?;
+    (&*stream)
+        .write_all(&Challenge { nonce }.encode())
+        .map_err(|e| socket::why(&e, timeout, "sending the key challenge"))?;
+    let bytes: [u8; PROOF_LEN] = read_handshake(
+        stream,
+        timeout,
+        deadline,
+        "waiting for the proof of the key (has the sender the same --key-file?)",
+    )?;
+    let proof = Proof::decode(&bytes).map_err(|e| format!("no proof of the key: {e}"))?;
+    if key.verify(offer, &nonce, &proof.tag) {
+        Ok(())
+    } else {
+        Err("the proof does not match this receiver's key".into())
+    }
+}
+
+/// Give an extra stream to the transfer whose token it carries, if that transfer came
+/// from the same address, still waits for this stream index, and has not all of them;
+/// else refuse it. `Some` outcome to report when refused.
+fn hand_over(
+    routes: &Routes,
+    stream: TcpStream,
+    peer: SocketAddr,
+    hello: Hello,
+) -> Option<RecvOutcome> {
+    let mut map = routes.lock();
+    let why = match map.get_mut(&hello.token) {
+        None => {
+            "a stream of a connection this receiver does not serve (or that has all its streams)"
+        }
+        Some(route) if route.peer != admission::peer_key(peer.ip()) => {
+            "a stream from another address than its connection's offer"
+        }
+        Some(route) if route.count != hello.count => {
+            "a stream whose count differs from its offer's"
+        }
+        Some(route) if route.seen & (1 << hello.index) != 0 => "a stream index that repeats",
+        Some(route) => {
+            route.seen |= 1 << hello.index;
+            let delivered = route.to.send((hello.index, stream)).is_ok();
+            if route.all_seen() || !delivered {
+                // Gathered (or the transfer is gone): nothing more may join it.
+                map.remove(&hello.token);
+            }
+            return None;
+        }
+    };
+    drop(map);
+    Some(refuse_hello(stream, peer, why))
+}
+
+/// Removes a transfer's route when it ends, however it ends (unless a later transfer
+/// with the same token has one by then).
+struct RouteGuard<'a> {
+    routes: &'a Routes,
+    token: u64,
+    serial: u64,
+}
 
 impl Drop for RouteGuard<'_> {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.1);
+        let mut map = self.routes.lock();
+        if map
+            .get(&self.token)
+            .is_some_and(|r| r.serial == self.serial)
+        {
+            map.remove(&self.token);
+        }
     }
 }
 
 type MakeLanding<'a> = dyn FnMut(usize, usize) -> anyhow::Result<Box<dyn Landing>> + 'a;
 
-/// Serve one accepted offer: buffer, accept, gather the streams, receive, verify, ack
-/// (once per transfer of a `--reuse-connection`).
+/// Serve one admitted offer: buffer, accept, gather the streams, receive, verify, ack
+/// (once per transfer of a `--reuse-connection`). Also whether the accept was sent.
 fn serve_offer(
-    cfg: &TcpRecvConfig,
+    shared: &Shared,
     offer: Offer,
-    routes: &Routes,
+    lease: Lease,
     make: &mut MakeLanding<'_>,
-) -> RecvOutcome {
+) -> (RecvOutcome, bool) {
+    let _lease = lease; // held to the end of the transfer
+    let cfg = &shared.cfg;
     let Offer {
         mut control,
         peer,
         header,
         hello,
     } = offer;
+    let label = peer.to_string();
     let total = header.total_bytes;
-    let failed = |peer: &str, e: TransferError| RecvOutcome::Failed {
-        peer: peer.to_string(),
+    let failed = |e: TransferError| RecvOutcome::Failed {
+        peer: label.clone(),
         error: e.to_string(),
     };
     let (Ok(len), Ok(chunk)) = (usize::try_from(total), usize::try_from(header.chunk_bytes)) else {
-        return refuse(control, peer, RejectReason::NoMemory { bytes: total }, None);
+        return (
+            refuse(control, peer, RejectReason::NoMemory { bytes: total }, None),
+            false,
+        );
     };
     let plan = match ChunkPlan::new(total, header.chunk_bytes as u64) {
         Ok(p) => p,
         Err(e) => {
-            return refuse(
-                control,
-                peer,
-                RejectReason::BadHeader(WireError::Inconsistent { what: "chunk plan" }),
-                Some(e),
-            )
+            let reason = RejectReason::BadHeader(WireError::Inconsistent { what: "chunk plan" });
+            return (refuse(control, peer, reason, Some(e)), false);
         }
     };
     let mut landing = match make(len, chunk) {
         Ok(l) => l,
         Err(e) => {
-            return refuse(
-                control,
-                peer,
-                RejectReason::NoMemory { bytes: total },
-                Some(format!("{e:#}")),
-            )
+            let reason = RejectReason::NoMemory { bytes: total };
+            return (refuse(control, peer, reason, Some(format!("{e:#}"))), false);
         }
     };
     let (to_us, streams_in) = mpsc::channel();
-    {
-        let mut map = routes.lock().unwrap_or_else(|p| p.into_inner());
+    let serial = shared.routes.serial.fetch_add(1, Ordering::Relaxed);
+    if hello.count > 1 {
+        let mut map = shared.routes.lock();
         if map.contains_key(&hello.token) {
             drop(map);
-            return refuse(
-                control,
-                peer,
-                RejectReason::BadHeader(WireError::Inconsistent {
-                    what: "a connection token already in use",
-                }),
-                None,
-            );
+            let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                what: "a connection token already in use",
+            });
+            return (refuse(control, peer, reason, None), false);
         }
-        map.insert(hello.token, to_us);
+        map.insert(
+            hello.token,
+            Route {
+                peer: admission::peer_key(peer.ip()),
+                count: hello.count,
+                seen: 1,
+                serial,
+                to: to_us,
+            },
+        );
     }
-    let _route = RouteGuard(routes, hello.token);
+    let _route = RouteGuard {
+        routes: &shared.routes,
+        token: hello.token,
+        serial,
+    };
     let accept = AcceptInfo {
         addr: 0,
         rkey: 0,
         len: total,
     };
     if let Err(e) = control.write_all(&accept.encode()) {
-        return failed(
-            &peer,
-            TransferError::Protocol(format!(
-                "{peer}: {}",
-                socket::why(&e, cfg.timeout, "accepting the offer")
-            )),
+        let why = socket::why(&e, cfg.timeout, "accepting the offer");
+        return (
+            failed(TransferError::Protocol(format!("{peer}: {why}"))),
+            false,
         );
     }
-    let Ok(clone) = control.try_clone() else {
-        return failed(
-            &peer,
-            TransferError::Protocol("cannot clone the socket".into()),
-        );
+    // From here on the transfer is served: its outcome uses `--once` up.
+    let accepted_at = Instant::now();
+    let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
+        Ok(streams) => {
+            drop(_route); // every stream is in: nothing more may join
+            receive_all(
+                cfg,
+                &mut control,
+                &streams,
+                &label,
+                header,
+                &plan,
+                len,
+                landing.as_mut(),
+                accepted_at,
+            )
+        }
+        Err(e) => failed(e),
     };
-    let mut slots: Vec<Option<TcpStream>> = (0..hello.count).map(|_| None).collect();
+    (outcome, true)
+}
+
+/// Collect the transfer's streams (stream 0 is the control socket) within `--timeout`.
+fn gather(
+    cfg: &TcpRecvConfig,
+    control: &TcpStream,
+    count: u16,
+    streams_in: &mpsc::Receiver<(u16, TcpStream)>,
+    peer: &str,
+) -> Result<Vec<TcpStream>, TransferError> {
+    let clone = control
+        .try_clone()
+        .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
+    let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
     slots[0] = Some(clone);
     let deadline = Instant::now() + cfg.timeout;
     while slots.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         match streams_in.recv_timeout(left) {
-            Ok((index, stream)) => match slots.get_mut(index as usize) {
-                Some(slot @ None) => *slot = Some(stream),
-                _ => {
-                    return failed(
-                        &peer,
-                        TransferError::Protocol(format!(
-                            "{peer} opened stream {index} twice or beyond its count"
-                        )),
-                    )
-                }
-            },
+            // The route lets each index in once and below the count.
+            Ok((index, stream)) => slots[index as usize] = Some(stream),
             Err(_) => {
                 let have = slots.iter().filter(|s| s.is_some()).count();
-                return failed(
-                    &peer,
-                    TransferError::Protocol(format!(
-                        "{peer} opened {have} of its {} streams within {}",
-                        hello.count,
-                        crate::rdma::format_duration(cfg.timeout)
-                    )),
-                );
+                return Err(TransferError::Protocol(format!(
+                    "{peer} opened {have} of its {count} streams within {}",
+                    crate::rdma::format_duration(cfg.timeout)
+                )));
             }
         }
     }
-    let streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// Every transfer of the connection: receive within its deadline, verify, ack. A
+/// connection broken after `k` of `n` transfers reports `k`.
+#[allow(clippy::too_many_arguments)]
+fn receive_all(
+    cfg: &TcpRecvConfig,
+    control: &mut TcpStream,
+    streams: &[TcpStream],
+    peer: &str,
+    header: Header,
+    plan: &ChunkPlan,
+    len: usize,
+    landing: &mut dyn Landing,
+    accepted_at: Instant,
+) -> RecvOutcome {
+    let total = header.total_bytes;
     let transfers = header.transfers.max(1);
+    let failed = |e: TransferError, done: u32| RecvOutcome::Failed {
+        peer: peer.to_string(),
+        error: if transfers > 1 {
+            format!(
+                "{e} (in transfer {} of {transfers}; {done} done before it)",
+                done + 1
+            )
+        } else {
+            e.to_string()
+        },
+    };
     let mut seconds = 0.0;
     let mut verify_seconds = 0.0;
     let mut verification = None;
     let mut verify_error = None;
     let mut reply_delivered = true;
+    let mut done = 0u32;
     for k in 0..transfers {
         if k > 0 {
             if let Err(e) = landing.poison() {
-                return failed(&peer, TransferError::Memory(e));
+                return failed(TransferError::Memory(e), done);
             }
         }
+        let limits = ReadLimits {
+            timeout: cfg.timeout,
+            deadline: whole_deadline(cfg, accepted_at, total, k),
+        };
         let got = AtomicU64::new(0);
         let start = Instant::now();
-        if let Err(why) = landing.receive(&streams, &plan, cfg.timeout, &got) {
-            return failed(
-                &peer,
-                TransferError::Incomplete {
-                    peer: peer.clone(),
-                    got: got.load(Ordering::Relaxed),
+        if let Err(stop) = landing.receive(streams, plan, limits, &got) {
+            let got = got.load(Ordering::Relaxed);
+            let e = match stop {
+                Stop::TooSlow => {
+                    // Tell the sender why, as its ack, then shut the connection.
+                    let _ = control.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = control.write_all(&Ack::too_slow(got).encode());
+                    for s in streams {
+                        let _ = s.shutdown(Shutdown::Both);
+                    }
+                    TransferError::TooSlow {
+                        peer: peer.to_string(),
+                        got,
+                        total,
+                        seconds: accepted_at.elapsed().as_secs_f64(),
+                        min_rate: cfg.min_rate,
+                    }
+                }
+                Stop::Broken(why) => TransferError::Incomplete {
+                    peer: peer.to_string(),
+                    got,
                     total,
                     why,
                 },
-            );
+            };
+            return failed(e, done);
         }
         seconds += start.elapsed().as_secs_f64();
         let t_verify = Instant::now();
@@ -605,17 +838,18 @@ fn serve_offer(
         if let Err(e) = &result {
             verify_error = Some(format!("{e:#}"));
         }
+        done += 1;
         if control.write_all(&ack.encode()).is_err() {
             reply_delivered = false;
             break;
         }
     }
-    let bytes = total * transfers as u64;
+    let bytes = total * done as u64;
     RecvOutcome::Completed(RecvReport {
-        peer,
+        peer: peer.to_string(),
         op: "tcp",
         bytes,
-        chunks: plan.count() * transfers as u64,
+        chunks: plan.count() * done as u64,
         seconds,
         gbps: gigabytes_per_second(bytes, seconds),
         path: landing.path(),
@@ -628,9 +862,26 @@ fn serve_offer(
         first_values: landing.first_values(5).unwrap_or_default(),
         imm: None,
         reply_delivered,
-        transfers,
+        transfers: done,
+        offered: transfers,
         verify_seconds,
         memory: AttemptLog::default(),
+    })
+}
+
+/// With `--min-rate`, when transfer `k` (from 0) of a connection must be done: the rate
+/// counts over the connection since its accept, so `(k + 1) × total` bytes in
+/// `--timeout + (k + 1) × total / rate`.
+pub fn whole_deadline(
+    cfg: &TcpRecvConfig,
+    accepted_at: Instant,
+    total: u64,
+    k: u32,
+) -> Option<Instant> {
+    (cfg.min_rate > 0).then(|| {
+        let bytes = total as f64 * (k as f64 + 1.0);
+        let allowed = (bytes / cfg.min_rate as f64).min(1e9);
+        accepted_at + cfg.timeout + Duration::from_secs_f64(allowed)
     })
 }
 
@@ -654,17 +905,39 @@ fn merge(
     }
 }
 
-/// Refuse a connection whose stream hello is wrong (`what`), telling the peer why.
-fn refuse_hello(
-    stream: TcpStream,
-    peer: String,
-    what: &'static str,
-    detail: Option<String>,
-) -> RecvOutcome {
-    refuse(
-        stream,
-        peer,
-        RejectReason::BadHeader(WireError::Inconsistent { what }),
-        detail,
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_counts_over_the_connection() {
+        let cfg = TcpRecvConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            once: false,
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(10),
+            max_connections: 1,
+            max_memory: 1 << 30,
+            min_rate: 1 << 20,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+        };
+        let t0 = Instant::now();
+        let d = |k| whole_deadline(&cfg, t0, 4 << 20, k).unwrap() - t0;
+        assert_eq!(d(0), Duration::from_secs(14));
+        assert_eq!(
+            d(9),
+            Duration::from_secs(50),
+            "10 × 4 MiB at 1 MiB/s, plus 10 s"
+        );
+        let off = TcpRecvConfig { min_rate: 0, ..cfg };
+        assert_eq!(whole_deadline(&off, t0, 4 << 20, 0), None);
+    }
+
+    #[test]
+    fn the_open_files_limit_is_read() {
+        let n = open_files_limit().expect("/proc/self/limits names the open-files limit");
+        assert!(n >= 64, "{n}");
+    }
 }
