@@ -935,6 +935,80 @@ mod tests {
         assert_eq!(whole_deadline(&off, t0, 4 << 20, 0), None);
     }
 
+    /// Lands nothing, verifies everything: only the report logic around it is tested.
+    struct Verifies;
+
+    impl Landing for Verifies {
+        fn poison(&mut self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn receive(
+            &mut self,
+            _: &[TcpStream],
+            _: &ChunkPlan,
+            _: ReadLimits,
+            got: &AtomicU64,
+        ) -> Result<(), Stop> {
+            got.store(4096, Ordering::Relaxed);
+            Ok(())
+        }
+        fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
+            Ok(crate::memory::Verification {
+                elements: len as u64 / 4,
+                mismatches: 0,
+                first_mismatch: None,
+                crc32: None,
+            })
+        }
+        fn first_values(&self, _: usize) -> anyhow::Result<Vec<i32>> {
+            Ok(Vec::new())
+        }
+        fn path(&self) -> crate::memory::DataPath {
+            crate::memory::DataPath::HostMemory
+        }
+    }
+
+    #[test]
+    fn a_connection_whose_ack_cannot_be_sent_after_1_of_n_reports_1_and_not_ok() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut control, _) = listener.accept().unwrap();
+        control.shutdown(Shutdown::Write).unwrap(); // every ack write fails
+        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1)
+            .and_then(|h| h.with_transfers(1 << 20))
+            .unwrap();
+        let plan = ChunkPlan::new(4096, 4096).unwrap();
+        let cfg = TcpRecvConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            once: true,
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(1),
+            max_connections: 1,
+            max_memory: 1 << 30,
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+        };
+        let outcome = receive_all(
+            &cfg,
+            &mut control,
+            &[],
+            "peer",
+            header,
+            &plan,
+            4096,
+            &mut Verifies,
+            Instant::now(),
+        );
+        let RecvOutcome::Completed(r) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!((r.transfers, r.offered, r.bytes), (1, 1 << 20, 4096));
+        assert!(!r.reply_delivered);
+        assert!(!r.ok(), "1 of 2^20 transfers is not ok");
+    }
+
     #[test]
     fn the_open_files_limit_is_read() {
         let n = open_files_limit().expect("/proc/self/limits names the open-files limit");
