@@ -26,8 +26,12 @@ use std::time::Duration;
 const SIZES: [u64; 6] = [1, 255, 256, 4096, (1 << 20) + 3, 1 << 28];
 
 /// Open GPU 0 with `ptx`; skip (None) only if the driver reports no GPU.
-fn open_or_skip(test: &str, ptx: &str) -> Option<Rc<Gpu>> {
-    match Gpu::open_with_ptx(0, ptx) {
+///
+/// # Safety
+/// As [`Gpu::open_with_ptx`]: `ptx` is the embedded kernels, or PTX that does not load.
+unsafe fn open_or_skip(test: &str, ptx: &str) -> Option<Rc<Gpu>> {
+    // SAFETY: the caller's contract.
+    match unsafe { Gpu::open_with_ptx(0, ptx) } {
         Ok(gpu) => Some(gpu),
         Err(e) if e.is_no_gpu() => {
             skip(test, &e.to_string());
@@ -38,7 +42,8 @@ fn open_or_skip(test: &str, ptx: &str) -> Option<Rc<Gpu>> {
 }
 
 fn gpu_or_skip(test: &str) -> Option<Rc<Gpu>> {
-    open_or_skip(test, KERNELS_PTX)
+    // SAFETY: the kernels this build embeds.
+    unsafe { open_or_skip(test, KERNELS_PTX) }
 }
 
 /// Bytes as i32s.
@@ -351,9 +356,12 @@ fn capability_report_matches_the_driver() {
 fn through_the_schedule(source: &dyn SendSource, chunk: u64, depth: u32) -> Vec<u8> {
     let plan = ChunkPlan::new(source.len() as u64, chunk).unwrap();
     let schedule = Schedule::new(plan, depth, source, Duration::from_secs(30));
-    let mut wire = MemcpyWire::new(source.memory(), source.len()).unwrap();
-    schedule.run(source, &mut wire, "memcpy").unwrap();
-    wire.finish().unwrap()
+    let (run, arrived) = MemcpyWire::scope(source.memory(), vec![0; source.len()], |wire| {
+        schedule.run(source, wire, "memcpy")
+    })
+    .unwrap();
+    run.unwrap();
+    arrived
 }
 
 #[test]
@@ -431,13 +439,15 @@ fn corrupted_ptx_is_an_error_not_a_missing_gpu() {
     if gpu_or_skip(test).is_none() {
         return;
     }
-    let e = Gpu::open_with_ptx(0, &corrupted_ptx())
+    // SAFETY: PTX that does not load: no kernel of it can run.
+    let e = unsafe { Gpu::open_with_ptx(0, &corrupted_ptx()) }
         .err()
         .expect("refused");
     assert!(!e.is_no_gpu(), "{e}");
     assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
     // And the tests' own helper fails (panics) on it instead of skipping.
-    let helper = std::panic::catch_unwind(|| open_or_skip(test, &corrupted_ptx()));
+    // SAFETY: as above.
+    let helper = std::panic::catch_unwind(|| unsafe { open_or_skip(test, &corrupted_ptx()) });
     assert!(
         helper.is_err(),
         "a GPU test would have skipped on a broken kernel build"
@@ -449,10 +459,13 @@ fn corrupted_ptx_is_an_error_not_a_missing_gpu() {
 #[test]
 #[ignore = "demonstration: fails on a machine with a GPU, by design"]
 fn demonstration_a_gpu_test_on_a_broken_kernel_build_fails() {
-    let Some(gpu) = open_or_skip(
-        "demonstration_a_gpu_test_on_a_broken_kernel_build_fails",
-        &corrupted_ptx(),
-    ) else {
+    // SAFETY: PTX that does not load: no kernel of it can run.
+    let Some(gpu) = (unsafe {
+        open_or_skip(
+            "demonstration_a_gpu_test_on_a_broken_kernel_build_fails",
+            &corrupted_ptx(),
+        )
+    }) else {
         return;
     };
     let mut memory = DeviceBuffer::new(&gpu, 16).unwrap();

@@ -639,14 +639,14 @@ fn idle_sockets_and_trickling_handshakes_leave_a_good_sender_served_within_1s() 
         }
     }
     // 64 handshakes from 127.0.0.3 trickling a byte every 100 ms.
-    let mut trickling: Vec<TcpStream> = (0..64)
+    let trickling: Vec<TcpStream> = (0..64)
         .filter_map(|_| connect_from([127, 0, 0, 3], r.port).ok())
         .collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let trickler = {
         let stop = stop.clone();
         let bytes = offer(1 << 20, 1 << 20, 1, 1, 11);
-        let mut socks: Vec<TcpStream> = trickling.drain(..).collect();
+        let mut socks = trickling;
         std::thread::spawn(move || {
             for b in bytes.iter().cycle().take(40) {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {

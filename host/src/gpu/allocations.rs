@@ -42,6 +42,35 @@ pub fn page_aligned_within(base: u64, allocated: usize, len: usize) -> Option<(u
     (end <= base.checked_add(allocated as u64)?).then_some((start, span))
 }
 
+/// Bytes to allocate for a page-aligned buffer of `len` bytes whose allocation is taken
+/// as starting `skew` bytes later (the tests' misaligned base): whole pages for `len`,
+/// one page of room to align, and the skew. `None` where that overflows.
+pub fn skewed_allocation_size(len: usize, skew: usize) -> Option<usize> {
+    len.max(1)
+        .checked_next_multiple_of(GPU_PAGE)?
+        .checked_add(GPU_PAGE)?
+        .checked_add(skew)
+}
+
+/// [`page_aligned_within`] for an allocation of `allocated` bytes at `allocation`, taken
+/// as starting `skew` bytes later. Every step is checked: a skew past the allocation, or
+/// one that wraps the address space, gives `None`, never a range outside the allocation.
+pub fn skewed_page_aligned_within(
+    allocation: u64,
+    allocated: usize,
+    len: usize,
+    skew: usize,
+) -> Option<(u64, usize)> {
+    let base = allocation.checked_add(u64::try_from(skew).ok()?)?;
+    let (start, span) = page_aligned_within(base, allocated.checked_sub(skew)?, len)?;
+    // page_aligned_within keeps the range inside [base, base + allocated - skew), which
+    // lies inside the allocation; said once more, so that no arithmetic above can hide a
+    // range that starts before it.
+    let end = start.checked_add(span as u64)?;
+    (start >= allocation && end <= allocation.checked_add(allocated as u64)?)
+        .then_some((start, span))
+}
+
 /// Device memory from `cuMemAlloc`.
 pub struct DeviceBuffer {
     gpu: Rc<Gpu>,
@@ -57,8 +86,8 @@ pub struct DeviceBuffer {
 
 impl DeviceBuffer {
     /// `len` bytes of device memory (at least 256-byte aligned).
-    pub fn new(gpu: &Rc<Gpu>, len: usize) -> DriverResult<Self> {
-        let allocation = driver::mem_alloc(len.max(1))?;
+    pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        let allocation = driver::mem_alloc(&gpu.bind()?, len.max(1))?;
         Ok(DeviceBuffer {
             gpu: gpu.clone(),
             allocation,
@@ -80,11 +109,10 @@ impl DeviceBuffer {
     /// page boundary still gives a whole-page buffer inside the allocation.
     #[doc(hidden)]
     pub fn page_aligned_with_skew(gpu: &Rc<Gpu>, len: usize, skew: usize) -> Result<Self> {
-        let span = len.max(1).checked_next_multiple_of(GPU_PAGE);
-        let Some(allocated) = span.and_then(|s| s.checked_add(GPU_PAGE + skew)) else {
-            bail!("{len} bytes of GPU memory cannot be allocated in whole pages");
+        let Some(allocated) = skewed_allocation_size(len, skew) else {
+            bail!("{len} bytes of GPU memory with a skew of {skew} cannot be allocated in whole pages");
         };
-        let allocation = driver::mem_alloc(allocated)?;
+        let allocation = driver::mem_alloc(&gpu.bind()?, allocated)?;
         let mut buffer = DeviceBuffer {
             gpu: gpu.clone(),
             allocation,
@@ -92,9 +120,9 @@ impl DeviceBuffer {
             len,
             pages: None,
         };
-        let base = allocation + skew as u64;
-        let Some((start, pages)) = page_aligned_within(base, allocated - skew, len) else {
-            bail!("no page-aligned {len}-byte range inside a {allocated}-byte allocation at {allocation:#x}");
+        let Some((start, pages)) = skewed_page_aligned_within(allocation, allocated, len, skew)
+        else {
+            bail!("no page-aligned {len}-byte range inside a {allocated}-byte allocation at {allocation:#x} skewed by {skew}");
         };
         buffer.ptr = start;
         buffer.pages = Some(pages);
@@ -128,13 +156,14 @@ impl DeviceBuffer {
         let Some(span) = self.pages else {
             bail!("only page-aligned GPU buffers can be exported as dma-buf");
         };
-        driver::set_sync_memops(self.ptr)?;
-        Ok(driver::export_dma_buf(self.ptr, span)?)
+        let bound = self.gpu.bind()?;
+        driver::set_sync_memops(&bound, self.ptr)?;
+        Ok(driver::export_dma_buf(&bound, self.ptr, span)?)
     }
 
     /// Mark the buffer for peer-to-peer access by a NIC through nvidia-peermem.
     pub fn set_sync_memops(&self) -> Result<()> {
-        Ok(driver::set_sync_memops(self.ptr)?)
+        Ok(driver::set_sync_memops(&self.gpu.bind()?, self.ptr)?)
     }
 
     /// The GPU address of byte 0: what a registration through nvidia-peermem or a dma-buf
@@ -153,10 +182,12 @@ impl DeviceBuffer {
     pub fn read_range_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len(), self.len, "read")?;
         self.gpu.synchronize()?;
-        // SAFETY: the range lies inside this buffer (checked); the stream is idle and
-        // safe code cannot queue work on the buffer while we hold `&self`'s borrow
-        // without going through an `unsafe` launch whose contract excludes this read.
-        unsafe { driver::memcpy_dtoh(out, self.ptr + offset as u64)? };
+        let bound = self.gpu.bind()?;
+        // SAFETY: the range lies inside this buffer (checked), of the bound context; the
+        // stream is idle and safe code cannot queue work on the buffer while we hold
+        // `&self`'s borrow without going through an `unsafe` launch whose contract
+        // excludes this read.
+        unsafe { driver::memcpy_dtoh(&bound, out, self.ptr + offset as u64)? };
         Ok(())
     }
 
@@ -164,9 +195,20 @@ impl DeviceBuffer {
     /// and wait for it.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         check_range(offset, data.len(), self.len, "write")?;
-        // SAFETY: the range lies inside this buffer (checked), `&mut self` keeps everyone
-        // else off it, and we wait for the copy before returning.
-        unsafe { driver::memcpy_htod_async(self.ptr + offset as u64, data, self.gpu.stream())? };
+        let bound = self.gpu.bind()?;
+        // SAFETY: the range lies inside this buffer (checked), of the bound context;
+        // `&mut self` keeps everyone else off it, and `data` stays borrowed until we have
+        // waited for the copy.
+        unsafe {
+            driver::memcpy_htod_async(
+                &bound,
+                self.ptr + offset as u64,
+                data.as_ptr(),
+                data.len(),
+                self.gpu.stream(),
+            )?
+        };
+        drop(bound);
         self.gpu.synchronize()
     }
 
@@ -232,9 +274,14 @@ impl Drop for DeviceBuffer {
         // Queued work (an unsafe launch's caller must have waited, but be defensive)
         // finishes before the memory goes back.
         let _ = self.gpu.synchronize();
-        // SAFETY: allocated by mem_alloc, freed only here; every registration borrows the
-        // buffer, so none is left; the context is alive (we hold an Rc to it).
-        report_free_error(unsafe { driver::mem_free(self.allocation) });
+        let Ok(bound) = self.gpu.bind() else {
+            eprintln!("warning: GPU memory not freed: its CUDA context could not be bound");
+            return;
+        };
+        // SAFETY: allocated by mem_alloc in this context (bound), freed only here; every
+        // registration borrows the buffer, so none is left; the context is alive (we
+        // hold an Rc to it).
+        report_free_error(unsafe { driver::mem_free(&bound, self.allocation) });
     }
 }
 
@@ -298,7 +345,7 @@ impl PinnedHostBuffer {
     }
 
     fn alloc(gpu: &Rc<Gpu>, len: usize, device_map: bool) -> Result<Self> {
-        let host = driver::mem_host_alloc(len.max(1), device_map)?;
+        let host = driver::mem_host_alloc(&gpu.bind()?, len.max(1), device_map)?;
         let Some(host) = NonNull::new(host) else {
             bail!("cuMemHostAlloc returned no memory for {len} bytes");
         };
@@ -317,12 +364,31 @@ impl PinnedHostBuffer {
         self.len == 0
     }
 
-    /// The bytes, for the CPU. Safe code cannot have GPU or NIC work on them in flight:
-    /// both are started only through `unsafe` calls whose contracts exclude this read.
-    pub fn as_bytes(&self) -> &[u8] {
+    /// The bytes, for the CPU. `&mut self`: no registration borrows the buffer meanwhile,
+    /// so no peer can write it while the slice lives; GPU work on it is started only
+    /// through `unsafe` calls whose contracts exclude this read.
+    pub fn as_bytes(&mut self) -> &[u8] {
         // SAFETY: host is valid for len bytes while self lives (initialised: the driver's
-        // allocations are zero-filled pages, and we only ever write bytes).
+        // allocations are zero-filled pages, and we only ever write bytes); the exclusive
+        // borrow keeps every other Rust access and every registration away.
         unsafe { std::slice::from_raw_parts(self.host.as_ptr(), self.len) }
+    }
+
+    /// Copy bytes `[offset, offset + out.len())` out, through the raw pointer: never a
+    /// shared slice, because a peer may write the buffer while a remote-write region
+    /// borrows it (`&self`).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.len, "read")?;
+        // SAFETY: inside the allocation (checked); `out` is another allocation (it is
+        // borrowed mutably, which no view of this buffer can be while `&self` is shared).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.host.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
     }
 
     /// Bytes `range`, to be written by the CPU (a chunk arriving into a slot of a ring):
@@ -359,9 +425,13 @@ unsafe impl Registrable for PinnedHostBuffer {
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
         let _ = self.gpu.synchronize();
+        let Ok(bound) = self.gpu.bind() else {
+            eprintln!("warning: page-locked memory not freed: its CUDA context could not be bound");
+            return;
+        };
         // SAFETY: allocated by mem_host_alloc, freed only here, after its users (copies
         // are waited for above; registrations borrow the buffer, so none is left).
-        report_free_error(unsafe { driver::mem_free_host(self.host.as_ptr()) });
+        report_free_error(unsafe { driver::mem_free_host(&bound, self.host.as_ptr()) });
     }
 }
 
@@ -375,7 +445,7 @@ pub struct MappedHostBuffer {
 impl MappedHostBuffer {
     pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
         let pinned = PinnedHostBuffer::alloc(gpu, len, true)?;
-        let device = driver::host_device_pointer(pinned.as_mut_ptr())?;
+        let device = driver::host_device_pointer(&gpu.bind()?, pinned.as_mut_ptr())?;
         Ok(MappedHostBuffer { pinned, device })
     }
 
@@ -387,8 +457,14 @@ impl MappedHostBuffer {
         self.pinned.len == 0
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
+    /// The bytes, for the CPU (`&mut self`, as [`PinnedHostBuffer::as_bytes`]).
+    pub fn as_bytes(&mut self) -> &[u8] {
         self.pinned.as_bytes()
+    }
+
+    /// Copy bytes out from `offset` (as [`PinnedHostBuffer::read_at`]).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.pinned.read_at(offset, out)
     }
 }
 
@@ -440,6 +516,37 @@ mod tests {
             assert_eq!(span, 2 * GPU_PAGE);
             assert!(start >= base && start + span as u64 <= base + 3 * PAGE);
         }
+    }
+
+    #[test]
+    fn a_skew_that_would_wrap_or_leave_the_allocation_is_refused() {
+        // The audit's case: a huge skew used to wrap `allocation + skew` in a release
+        // build and give a buffer 4096 bytes before its allocation.
+        let allocation = 16 * PAGE;
+        assert_eq!(skewed_allocation_size(4, usize::MAX - 4095), None);
+        assert_eq!(skewed_allocation_size(usize::MAX, 0), None);
+        for skew in [
+            usize::MAX,
+            usize::MAX - 4095,
+            (u64::MAX - allocation) as usize + 1,
+        ] {
+            assert_eq!(
+                skewed_page_aligned_within(allocation, 3 * GPU_PAGE, 4, skew),
+                None,
+                "skew {skew}"
+            );
+        }
+        // A skew past the allocation's end.
+        assert_eq!(
+            skewed_page_aligned_within(allocation, 2 * GPU_PAGE, 4, 2 * GPU_PAGE + 1),
+            None
+        );
+        // And the ordinary case still works: inside the allocation, on a page.
+        let allocated = skewed_allocation_size(GPU_PAGE + 4, 256).unwrap();
+        let (start, span) =
+            skewed_page_aligned_within(allocation, allocated, GPU_PAGE + 4, 256).unwrap();
+        assert_eq!((start, span), (allocation + PAGE, 2 * GPU_PAGE));
+        assert!(start + span as u64 <= allocation + allocated as u64);
     }
 
     #[test]

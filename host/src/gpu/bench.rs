@@ -13,8 +13,6 @@ use crate::transfer::memcpy_wire::MemcpyWire;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::schedule::{ChunkWire, Posted, Schedule, WireError};
 use anyhow::Result;
-use cust::event::{Event, EventFlags};
-use cust::stream::Stream;
 use serde::Serialize;
 use std::ops::Range;
 use std::rc::Rc;
@@ -64,21 +62,22 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// Median milliseconds of `op` on `stream`, each repetition bracketed by events.
-fn time_events(stream: &Stream, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Median milliseconds of `op` on the GPU's stream, each repetition bracketed by events.
+fn time_events(gpu: &Gpu, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..3 {
         op()?; // warm-up: module load, first-touch of the pages, clocks
     }
+    let stream = gpu.stream();
     stream.synchronize()?;
-    let start = Event::new(EventFlags::DEFAULT)?;
-    let stop = Event::new(EventFlags::DEFAULT)?;
+    let start = gpu.new_event(true)?;
+    let stop = gpu.new_event(true)?;
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
         start.record(stream)?;
         op()?;
         stop.record(stream)?;
         stop.synchronize()?;
-        samples.push(stop.elapsed_time_f32(&start)? as f64);
+        samples.push(stop.elapsed_since(&start)? as f64);
     }
     Ok(median(samples))
 }
@@ -95,11 +94,11 @@ fn repetitions(bytes: usize) -> usize {
 fn fill(gpu: &Rc<Gpu>, bytes: usize) -> Result<FillResult> {
     let mut buffer = DeviceBuffer::new(gpu, bytes)?;
     let reps = repetitions(bytes);
-    let stream = gpu.stream();
     // SAFETY (both): time_events synchronises on its stop event after each launch, and
     // nothing else touches the buffer meanwhile.
-    let kernel_ms = time_events(stream, reps, || unsafe { gpu.launch_generate(&mut buffer) })?;
-    let memset_ms = time_events(stream, reps, || unsafe {
+    let kernel_ms = time_events(gpu, reps, || unsafe { gpu.launch_generate(&mut buffer) })?;
+    // SAFETY: as above.
+    let memset_ms = time_events(gpu, reps, || unsafe {
         gpu.launch_memset_d32(&mut buffer, 0x5a5a_5a5a)
     })?;
     // The last thing written was the memset: fill once more and check, so the timed
@@ -126,21 +125,23 @@ fn fill(gpu: &Rc<Gpu>, bytes: usize) -> Result<FillResult> {
 /// The seed's method: the kernel writes mapped host memory over PCIe, against the
 /// fastest way to get the same bytes to the host, a pinned device-to-host copy.
 fn mapped(gpu: &Rc<Gpu>, bytes: usize) -> Result<PathResult> {
-    let stream = gpu.stream();
     let mut host = MappedHostBuffer::new(gpu, bytes)?;
     // SAFETY: time_events synchronises after each launch; nothing else touches `host`.
-    let mapped_ms = time_events(stream, 10, || unsafe { gpu.launch_generate(&mut host) })?;
+    let mapped_ms = time_events(gpu, 10, || unsafe { gpu.launch_generate(&mut host) })?;
     let source = DeviceBuffer::new(gpu, bytes)?;
     let pinned = PinnedHostBuffer::new(gpu, bytes)?;
-    let copy_ms = time_events(stream, 10, || {
-        // SAFETY: both ranges are whole buffers of ours, `bytes` long; pinned is not read
-        // until the stream syncs (time_events synchronises after each repetition).
+    let copy_ms = time_events(gpu, 10, || {
+        let bound = gpu.bind()?;
+        // SAFETY: both ranges are whole buffers of ours, `bytes` long, of the bound
+        // context; pinned is not read until the stream syncs (time_events synchronises
+        // after each repetition).
         unsafe {
             driver::memcpy_dtoh_async(
+                &bound,
                 pinned.as_mut_ptr(),
                 source.device_ptr(),
                 bytes,
-                stream.as_inner(),
+                gpu.stream(),
             )?
         };
         Ok(())
@@ -204,7 +205,8 @@ struct InstantWire {
     last: Option<u64>,
 }
 
-impl ChunkWire for InstantWire {
+// SAFETY: reads no bytes at all.
+unsafe impl ChunkWire for InstantWire {
     /// # Safety
     /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
@@ -225,7 +227,10 @@ struct RingOnly<'a> {
     len: usize,
 }
 
-impl SendSource for RingOnly<'_> {
+// SAFETY: memory() is the staged source's ring, borrowed for 'a; chunks are whole slots
+// inside it (offset / slot_bytes % slots < slots), and nothing writes the ring while the
+// benchmark's consumer reads it (no copies run in this measurement).
+unsafe impl SendSource for RingOnly<'_> {
     fn len(&self) -> usize {
         self.len
     }
@@ -265,9 +270,10 @@ fn staged(gpu: &Rc<Gpu>, bytes: usize, chunk: usize, rounds: usize) -> Result<St
     // One destination for every run, its pages mapped before any is timed.
     let mut destination = vec![1u8; bytes];
     let consume = |src: &dyn SendSource, destination: Vec<u8>| -> Result<(f64, Vec<u8>)> {
-        let mut wire = MemcpyWire::with_destination(src.memory(), destination)?;
-        let took = schedule.run(src, &mut wire, "the memcpy consumer")?;
-        Ok((gb_per_s(bytes, took.as_secs_f64() * 1e3), wire.finish()?))
+        let (took, destination) = MemcpyWire::scope(src.memory(), destination, |wire| {
+            schedule.run(src, wire, "the memcpy consumer")
+        })?;
+        Ok((gb_per_s(bytes, took?.as_secs_f64() * 1e3), destination))
     };
     let (mut copy, mut consumer, mut pipelined) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..=rounds {
@@ -317,9 +323,8 @@ pub fn run(ordinal: u32) -> Result<GpuBenchReport> {
         .collect::<Result<Vec<_>>>()?;
 
     let mut seed = DeviceBuffer::new(&gpu, 4096 * 4)?;
-    let stream = gpu.stream();
     // SAFETY: time_events synchronises after each launch.
-    let seed_kernel_ms = time_events(stream, 200, || unsafe { gpu.launch_generate(&mut seed) })?;
+    let seed_kernel_ms = time_events(&gpu, 200, || unsafe { gpu.launch_generate(&mut seed) })?;
     let mut host_samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();

@@ -56,16 +56,14 @@ pub fn pci_bus_id(device: i32) -> DriverResult<String> {
 
 /// Report every GPU of the machine (an empty list when CUDA finds none).
 pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
-    use cust::device::Device;
-    cust::init(cust::CudaFlags::empty())?;
+    driver::check("cuInit", driver::init())?;
     let mut reports = Vec::new();
-    for ordinal in 0..Device::num_devices()? {
-        let device = Device::get_device(ordinal)?;
-        let raw = device.as_raw();
+    for ordinal in 0..driver::device_count()? {
+        let raw = driver::device_get(ordinal)?;
         let attr = |a| driver::device_attribute(raw, a);
         reports.push(GpuReport {
-            ordinal,
-            name: device.name()?,
+            ordinal: ordinal as u32,
+            name: driver::device_name(raw)?,
             pci_bus_id: pci_bus_id(raw)?,
             compute_capability: format!(
                 "{}.{}",
@@ -73,7 +71,7 @@ pub fn report_all() -> anyhow::Result<Vec<GpuReport>> {
                 attr(attribute::COMPUTE_CAPABILITY_MINOR)?
             ),
             multiprocessors: attr(attribute::MULTIPROCESSOR_COUNT)?,
-            total_memory_bytes: device.total_memory()?,
+            total_memory_bytes: driver::device_total_memory(raw)?,
             capabilities: capabilities(raw)?,
             rdma_writes_ordering: attr(attribute::GPU_DIRECT_RDMA_WRITES_ORDERING).unwrap_or(0),
             rdma_flush_writes_options: attr(attribute::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS)

@@ -2,15 +2,13 @@
 //! the PTX embedded at build time, and a stream; and the kernel launches, which take
 //! typed GPU memory ([`GpuMemory`]) rather than addresses.
 
-use super::driver::{self, DriverError};
-use super::ffi;
+use super::driver::{self, Bound, DriverError, PrimaryContext};
+use super::ffi::{self, CUdevice, CUfunction};
 use anyhow::{bail, Context as _, Result};
-use cust::context::Context;
-use cust::device::Device;
-use cust::module::Module;
-use cust::prelude::*;
 use gpu_kernels::indexing::{launch_grid, BLOCK_THREADS};
 use gpu_kernels::pattern::ELEMENT_BYTES;
+use std::ffi::CStr;
+use std::os::raw::c_void;
 use std::rc::Rc;
 
 /// The PTX that `build.rs` made from the `gpu-kernels` crate.
@@ -41,8 +39,8 @@ pub enum GpuError {
     },
 
     /// The embedded PTX did not load: a broken kernel build, or a driver too old for it.
-    #[error("loading the kernels' PTX (cuModuleLoadData) failed: {0}; the PTX embedded in this build does not load on this GPU and driver")]
-    KernelLoad(cust::error::CudaError),
+    #[error("loading the kernels' PTX failed: {0}; the PTX embedded in this build does not load on this GPU and driver")]
+    KernelLoad(DriverError),
 }
 
 impl GpuError {
@@ -81,13 +79,17 @@ pub unsafe trait GpuMemory {
 pub unsafe trait GpuMemoryMut: GpuMemory {}
 
 pub struct Gpu {
-    // Field order is drop order: stream and module go before the context. Every buffer
-    // holds an `Rc<Gpu>`, so the context outlives all memory allocated in it.
-    stream: Stream,
-    module: Module,
-    device: Device,
+    // Field order is drop order: the stream and the module go before the context they
+    // were made in. Every buffer, stream and event of this GPU holds an `Rc<Gpu>`, so
+    // the context outlives all of them.
+    stream: driver::Stream,
+    /// Kept loaded for the two kernels' sake (never read: they hold its code).
+    _module: driver::Module,
+    generate_data: CUfunction,
+    verify_data: CUfunction,
+    device: CUdevice,
     ordinal: u32,
-    _context: Context,
+    context: PrimaryContext,
 }
 
 /// Whether NVIDIA's kernel driver is loaded (it creates `/proc/driver/nvidia`).
@@ -95,7 +97,7 @@ fn kernel_driver_loaded() -> bool {
     std::path::Path::new("/proc/driver/nvidia").exists()
 }
 
-fn driver_error(what: &'static str) -> impl FnOnce(cust::error::CudaError) -> GpuError {
+fn driver_error(what: &'static str) -> impl FnOnce(DriverError) -> GpuError {
     move |e| GpuError::Driver {
         what,
         source: e.into(),
@@ -105,15 +107,25 @@ fn driver_error(what: &'static str) -> impl FnOnce(cust::error::CudaError) -> Gp
 impl Gpu {
     /// Initialise CUDA and open GPU `ordinal` with the kernels this build embeds.
     pub fn open(ordinal: u32) -> Result<Rc<Gpu>, GpuError> {
-        Self::open_with_ptx(ordinal, KERNELS_PTX)
+        // SAFETY: the embedded PTX is this crate's own kernels, whose contract the
+        // launches below keep (gpu-kernels/src/kernels.rs).
+        unsafe { Self::open_with_ptx(ordinal, KERNELS_PTX) }
     }
 
     /// [`open`](Self::open) with other PTX: the tests load corrupted PTX to show that a
     /// broken kernel build is an error, not a missing GPU.
-    pub fn open_with_ptx(ordinal: u32, ptx: &str) -> Result<Rc<Gpu>, GpuError> {
+    ///
+    /// # Safety
+    /// The safe launches ([`generate`](Self::generate), [`verify`](Self::verify)) run the
+    /// module's `generate_data` and `verify_data` on memory checked only against this
+    /// crate's kernels' contract. If `ptx` defines them, they must do what those do:
+    /// `generate_data(ptr, n)` writes only the `n` `i32`s at `ptr`, `verify_data(ptr, n,
+    /// out)` reads only those and writes only the 16 bytes at `out`. Arbitrary device
+    /// code behind those names could write any memory of the context.
+    pub unsafe fn open_with_ptx(ordinal: u32, ptx: &str) -> Result<Rc<Gpu>, GpuError> {
         let init = driver::init();
         if init != 0 {
-            let failure = driver::check_raw("cuInit", init).unwrap_err();
+            let failure = driver::check("cuInit", init).unwrap_err();
             // The narrowest test for "no GPU": the driver says so, or there is no
             // kernel driver for it to talk to. Anything else is a broken installation.
             if init == ffi::CUDA_ERROR_NO_DEVICE || !kernel_driver_loaded() {
@@ -126,10 +138,7 @@ impl Gpu {
                 source: failure.into(),
             });
         }
-        let count = driver::device_count().map_err(|e: DriverError| GpuError::Driver {
-            what: "counting GPUs",
-            source: e.into(),
-        })? as u32;
+        let count = driver::device_count().map_err(driver_error("counting GPUs"))? as u32;
         if count == 0 {
             return Err(GpuError::NoGpu {
                 why: "the driver finds no GPU (cuDeviceGetCount = 0)".into(),
@@ -138,18 +147,52 @@ impl Gpu {
         if ordinal >= count {
             return Err(GpuError::NoSuchGpu { ordinal, count });
         }
-        let device = Device::get_device(ordinal).map_err(driver_error("cuDeviceGet"))?;
-        let context = Context::new(device).map_err(driver_error("creating the CUDA context"))?;
-        let module = Module::from_ptx(ptx, &[]).map_err(GpuError::KernelLoad)?;
+        let device = driver::device_get(ordinal as i32).map_err(driver_error("cuDeviceGet"))?;
+        let context = PrimaryContext::retain(device)
+            .map_err(driver_error("retaining the GPU's primary CUDA context"))?;
+        let bound = context
+            .bind()
+            .map_err(driver_error("binding the CUDA context"))?;
+        let module = driver::Module::load(&bound, &context, ptx).map_err(GpuError::KernelLoad)?;
+        let function = |name: &'static CStr| {
+            module.function(name).map_err(driver_error(
+                "finding a kernel in the PTX (cuModuleGetFunction)",
+            ))
+        };
+        let generate_data = function(c"generate_data")?;
+        let verify_data = function(c"verify_data")?;
         let stream =
-            Stream::new(StreamFlags::NON_BLOCKING, None).map_err(driver_error("cuStreamCreate"))?;
+            driver::Stream::new(&bound, &context).map_err(driver_error("cuStreamCreate"))?;
+        drop(bound);
         Ok(Rc::new(Gpu {
             stream,
-            module,
+            _module: module,
+            generate_data,
+            verify_data,
             device,
             ordinal,
-            _context: context,
+            context,
         }))
+    }
+
+    /// Make this GPU's context current on the calling thread until the guard drops: every
+    /// driver call that acts on "the current context" runs inside one (see `driver`).
+    pub(crate) fn bind(&self) -> Result<Bound<'_>> {
+        self.context
+            .bind()
+            .context("making the GPU's CUDA context current (cuCtxPushCurrent)")
+    }
+
+    /// A new stream of this GPU's context (copies that overlap the main stream's work).
+    pub(crate) fn new_stream(&self) -> Result<driver::Stream> {
+        let bound = self.bind()?;
+        Ok(driver::Stream::new(&bound, &self.context)?)
+    }
+
+    /// A new event of this GPU's context; `timing` for the benchmark's timed events.
+    pub(crate) fn new_event(&self, timing: bool) -> Result<driver::Event> {
+        let bound = self.bind()?;
+        Ok(driver::Event::new(&bound, &self.context, timing)?)
     }
 
     pub fn ordinal(&self) -> u32 {
@@ -157,15 +200,15 @@ impl Gpu {
     }
 
     pub fn name(&self) -> String {
-        self.device.name().unwrap_or_else(|_| "unknown GPU".into())
+        driver::device_name(self.device).unwrap_or_else(|_| "unknown GPU".into())
     }
 
     pub fn raw_device(&self) -> i32 {
-        self.device.as_raw()
+        self.device
     }
 
     /// The stream every launch and copy of this GPU runs on, in order.
-    pub fn stream(&self) -> &Stream {
+    pub(crate) fn stream(&self) -> &driver::Stream {
         &self.stream
     }
 
@@ -206,19 +249,28 @@ impl Gpu {
     /// completed), nothing may read or write `memory` and it must not be freed: the
     /// borrow ends when this returns, the kernel's writes do not.
     pub unsafe fn launch_generate(&self, memory: &mut (impl GpuMemoryMut + ?Sized)) -> Result<()> {
-        let elements = self.kernel_elements("generate_data", memory)?;
-        let function = self.module.get_function("generate_data")?;
-        let grid = launch_grid(elements);
-        let (ptr, stream) = (memory.device_ptr(), &self.stream);
-        // SAFETY: the kernel's contract (gpu-kernels/src/kernels.rs): ptr is 16-byte
-        // aligned memory of this context for `elements` i32s (checked above, and
-        // GpuMemory's promise); the caller keeps everyone else off it until the launch
-        // completes.
+        let mut elements = self.kernel_elements("generate_data", memory)?;
+        let mut ptr = memory.device_ptr();
+        let bound = self.bind()?;
+        let mut params = [
+            (&mut ptr as *mut u64).cast::<c_void>(),
+            (&mut elements as *mut u64).cast::<c_void>(),
+        ];
+        // SAFETY: generate_data(*mut i32, u64) of our module (loaded in this context,
+        // which is bound), given two u64-sized values: a 16-byte aligned address of this
+        // context's memory for `elements` i32s (checked above, and GpuMemory's promise)
+        // and the count; the caller keeps everyone else off it until the launch completes.
         unsafe {
-            launch!(function<<<grid, BLOCK_THREADS, 0, stream>>>(ptr, elements))
-                .context("launching generate_data")?;
+            driver::launch(
+                &bound,
+                self.generate_data,
+                launch_grid(elements),
+                BLOCK_THREADS,
+                &self.stream,
+                &mut params,
+            )
         }
-        Ok(())
+        .context("launching generate_data")
     }
 
     /// Fill `memory` with the pattern and wait for the kernel.
@@ -232,8 +284,7 @@ impl Gpu {
 
     /// Compare `memory` with the pattern on the GPU, without copying the data back.
     pub fn verify(&self, memory: &(impl GpuMemory + ?Sized)) -> Result<GpuCheck> {
-        let elements = self.kernel_elements("verify_data", memory)?;
-        let function = self.module.get_function("verify_data")?;
+        let mut elements = self.kernel_elements("verify_data", memory)?;
         // The kernel's result words, [mismatches, first bad index], start as [0, MAX].
         // They are set on the launch's own stream, so the kernel sees them set.
         let gpu = memory.gpu();
@@ -241,16 +292,31 @@ impl Gpu {
         let mut init = [0u8; 16];
         init[8..].copy_from_slice(&u64::MAX.to_ne_bytes());
         result.write(0, &init)?;
-        let grid = launch_grid(elements);
-        let (ptr, stream, out) = (memory.device_ptr(), &self.stream, result.device_ptr());
-        // SAFETY: as in launch_generate for (ptr, elements), read-only; `result` is a
-        // 16-byte allocation of this context holding [0, u64::MAX] (written on this
-        // stream before the launch) that outlives the launch: we synchronise below.
+        let (mut ptr, mut out) = (memory.device_ptr(), result.device_ptr());
+        let bound = self.bind()?;
+        let mut params = [
+            (&mut ptr as *mut u64).cast::<c_void>(),
+            (&mut elements as *mut u64).cast::<c_void>(),
+            (&mut out as *mut u64).cast::<c_void>(),
+        ];
+        // SAFETY: verify_data(*const i32, u64, *mut u64) of our module, in the bound
+        // context, given three u64-sized values: (ptr, elements) as in launch_generate,
+        // read-only; `result` is a 16-byte allocation of this context holding [0, MAX]
+        // (written on this stream before the launch) that outlives the launch: we
+        // synchronise below before it can drop.
         unsafe {
-            launch!(function<<<grid, BLOCK_THREADS, 0, stream>>>(ptr, elements, out))
-                .context("launching verify_data")?;
+            driver::launch(
+                &bound,
+                self.verify_data,
+                launch_grid(elements),
+                BLOCK_THREADS,
+                &self.stream,
+                &mut params,
+            )
         }
-        stream
+        .context("launching verify_data")?;
+        drop(bound);
+        self.stream
             .synchronize()
             .context("verify_data failed while running")?;
         let mut out = [0u8; 16];
@@ -273,10 +339,17 @@ impl Gpu {
         value: u32,
     ) -> Result<()> {
         let elements = self.kernel_elements("cuMemsetD32", memory)?;
-        // SAFETY: memory of this context (checked), 4-byte aligned whole words; the
-        // caller keeps everyone else off it until the memset completes.
+        let bound = self.bind()?;
+        // SAFETY: memory of this context (checked), which is bound; 16-byte aligned whole
+        // words; the caller keeps everyone else off it until the memset completes.
         unsafe {
-            driver::memset_d32_async(memory.device_ptr(), value, elements as usize, &self.stream)?
+            driver::memset_d32_async(
+                &bound,
+                memory.device_ptr(),
+                value,
+                elements as usize,
+                &self.stream,
+            )?
         };
         Ok(())
     }

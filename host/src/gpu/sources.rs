@@ -4,15 +4,13 @@
 use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
 use super::capabilities;
 use super::context::Gpu;
-use super::driver;
+use super::driver::{self, Event, Stream};
 use crate::memory::host_buffer::{leading_values, verify_bytes};
 use crate::memory::select::DeviceRegistration;
 use crate::memory::{
     DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification, POISON,
 };
 use anyhow::{bail, Result};
-use cust::event::{Event, EventFlags, EventStatus};
-use cust::stream::{Stream, StreamFlags};
 use gpu_kernels::pattern::ELEMENT_BYTES;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -58,7 +56,9 @@ impl MappedSource {
     }
 }
 
-impl SendSource for MappedSource {
+// SAFETY: memory() is the mapped buffer, owned for the source's life; chunks are ranges
+// inside it (checked), never written after generation (kernels need `&mut`).
+unsafe impl SendSource for MappedSource {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -69,7 +69,9 @@ impl SendSource for MappedSource {
         chunk_range(offset, len, self.memory.len())
     }
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
-        Ok(leading_values(self.memory.as_bytes(), count))
+        let mut bytes = vec![0u8; count.saturating_mul(ELEMENT_BYTES).min(self.memory.len())];
+        self.memory.read_at(0, &mut bytes)?;
+        Ok(leading_values(&bytes, count))
     }
     fn path(&self) -> DataPath {
         DataPath::GpuMappedHostMemory
@@ -157,7 +159,10 @@ unsafe impl Registrable for GpuDirectBuffer {
     }
 }
 
-impl SendSource for GpuDirectBuffer {
+// SAFETY: memory() is this buffer; chunks are ranges inside it (checked), never written
+// after generation (kernels and poison run only before a transfer, through the receiver's
+// or generator's own calls, never while a sender's chunk is out).
+unsafe impl SendSource for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -175,7 +180,10 @@ impl SendSource for GpuDirectBuffer {
     }
 }
 
-impl RecvSink for GpuDirectBuffer {
+// SAFETY: memory() is this buffer's device memory, of len bytes, for its life; the CPU
+// never reads it through a reference (memset, the verify kernel and device-to-host
+// copies only).
+unsafe impl RecvSink for GpuDirectBuffer {
     fn len(&self) -> usize {
         self.memory.len()
     }
@@ -185,9 +193,14 @@ impl RecvSink for GpuDirectBuffer {
     fn poison(&self) -> Result<()> {
         let words = self.memory.len() / ELEMENT_BYTES;
         let gpu = self.memory_gpu();
-        // SAFETY: whole words of our own buffer; the trait's contract is that no receive
-        // is outstanding (so the NIC does not write it), and we wait for the memset.
-        unsafe { driver::memset_d32_async(self.memory.address(), POISON, words, gpu.stream())? };
+        let bound = gpu.bind()?;
+        // SAFETY: whole words of our own buffer, of the bound context; the trait's
+        // contract is that no receive is outstanding (so the NIC does not write it), and
+        // we wait for the memset.
+        unsafe {
+            driver::memset_d32_async(&bound, self.memory.address(), POISON, words, gpu.stream())?
+        };
+        drop(bound);
         gpu.synchronize()
     }
     fn verify(&self, len: usize) -> Result<Verification> {
@@ -196,7 +209,9 @@ impl RecvSink for GpuDirectBuffer {
         let gpu = self.memory_gpu();
         match capabilities::writes_visibility(gpu.raw_device()) {
             capabilities::WritesVisibility::Ordered => {}
-            capabilities::WritesVisibility::Flush => driver::flush_gpudirect_rdma_writes()?,
+            capabilities::WritesVisibility::Flush => {
+                driver::flush_gpudirect_rdma_writes(&gpu.bind()?)?
+            }
             capabilities::WritesVisibility::Unordered => bail!(
                 "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites): receiving into its memory cannot be verified; use --mem host"
             ),
@@ -286,7 +301,7 @@ impl StagedSource {
         };
         let ring = PinnedHostBuffer::new(&gpu, ring_bytes)?;
         let events = (0..slots)
-            .map(|_| Ok(Event::new(EventFlags::DISABLE_TIMING)?))
+            .map(|_| gpu.new_event(false))
             .collect::<Result<Vec<_>>>()?;
         Ok(StagedSource {
             state: RefCell::new(RingState {
@@ -295,7 +310,7 @@ impl StagedSource {
             }),
             events,
             slot_bytes,
-            copy_stream: Stream::new(StreamFlags::NON_BLOCKING, None)?,
+            copy_stream: gpu.new_stream()?,
             ring,
             device,
         })
@@ -318,6 +333,11 @@ impl StagedSource {
     /// Queue copies into every free slot, in chunk order.
     fn issue_copies(&self, state: &mut RingState) -> Result<()> {
         let slots = state.slots.len();
+        let gpu = {
+            use super::context::GpuMemory;
+            self.device.gpu()
+        };
+        let bound = gpu.bind()?;
         while state.next_copy < self.chunks() {
             let index = state.next_copy;
             let slot = index % slots;
@@ -329,13 +349,14 @@ impl StagedSource {
             // slots * slot_bytes bytes) and is free: no copy pending, not handed to the
             // wire; nobody reads it until its event reports the copy done. The device
             // range lies inside our buffer (offset + chunk_len <= len), which nothing
-            // writes after generation.
+            // writes after generation; both are of the bound context.
             unsafe {
                 driver::memcpy_dtoh_async(
+                    &bound,
                     self.ring.as_mut_ptr().add(slot * self.slot_bytes),
                     self.device.address() + offset as u64,
                     self.chunk_len(index),
-                    self.copy_stream.as_inner(),
+                    &self.copy_stream,
                 )?;
             }
             self.events[slot].record(&self.copy_stream)?;
@@ -349,7 +370,7 @@ impl StagedSource {
     /// takes about 20 us, less than a sleep's granularity.
     fn await_copy(&self, slot: usize, index: usize, deadline: Instant) -> Result<()> {
         let spin_until = Instant::now() + Duration::from_micros(100);
-        while self.events[slot].query()? != EventStatus::Ready {
+        while !self.events[slot].is_complete()? {
             let now = Instant::now();
             if now >= deadline {
                 bail!("timed out waiting for the GPU-to-host copy of chunk {index}");
@@ -364,7 +385,10 @@ impl StagedSource {
     }
 }
 
-impl SendSource for StagedSource {
+// SAFETY: memory() is the pinned ring, owned for the source's life; prepare_chunk hands
+// out a slot only once its copy completed, and the slot is copied into again only after
+// release_chunk freed it (SlotState), or after begin_pass found no slot with the wire.
+unsafe impl SendSource for StagedSource {
     fn len(&self) -> usize {
         self.device.len()
     }
@@ -420,7 +444,7 @@ impl SendSource for StagedSource {
         Ok(start..start + len)
     }
 
-    fn release_chunk(&self, offset: usize) {
+    unsafe fn release_chunk(&self, offset: usize) {
         let index = offset / self.slot_bytes;
         let mut state = self.state.borrow_mut();
         let slot = index % state.slots.len();

@@ -5,11 +5,9 @@
 
 use super::allocations::{DeviceBuffer, PinnedHostBuffer};
 use super::context::{Gpu, GpuMemory};
-use super::driver;
+use super::driver::{self, Event, Stream};
 use crate::memory::POISON;
 use anyhow::{bail, Result};
-use cust::event::{Event, EventFlags, EventStatus};
-use cust::stream::{Stream, StreamFlags};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -40,21 +38,28 @@ impl DeviceUpload {
             bail!("an upload ring of {UPLOAD_SLOTS} slots of {slot_bytes} bytes is too large");
         };
         let events = (0..UPLOAD_SLOTS)
-            .map(|_| Ok(Event::new(EventFlags::DISABLE_TIMING)?))
+            .map(|_| gpu.new_event(false))
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceUpload {
             events,
             pending: vec![false; UPLOAD_SLOTS],
             slot_bytes,
-            stream: Stream::new(StreamFlags::NON_BLOCKING, None)?,
+            stream: gpu.new_stream()?,
             ring: PinnedHostBuffer::new(gpu, ring_bytes)?,
             memory,
         })
     }
 
-    /// The device memory (for the verify kernel, after [`finish`](Self::finish)).
-    pub fn memory(&self) -> &DeviceBuffer {
-        &self.memory
+    /// The device memory, once every copy into it has completed ([`finish`](Self::finish)):
+    /// an error while any may still be in flight, so nobody verifies or reads memory a
+    /// copy is still writing (a 1 GiB upload read right after its last `commit` had
+    /// millions of elements still poisoned). Copies are queued only through `&mut self`,
+    /// so none can start while the returned borrow lives.
+    pub fn memory(&self) -> Result<&DeviceBuffer> {
+        if let Some(slot) = self.pending.iter().position(|&p| p) {
+            bail!("the copy out of upload slot {slot} may still be running: finish() the upload before reading its memory");
+        }
+        Ok(&self.memory)
     }
 
     /// Poison the device memory again (before a transfer), after every copy.
@@ -96,14 +101,23 @@ impl DeviceUpload {
             );
         }
         let start = slot * self.slot_bytes;
-        let source = &self.ring.as_bytes()[start..start + len];
-        // SAFETY: the device range lies inside our buffer (checked); the slot is pinned
-        // memory of ours that nobody writes until this copy's event has completed
-        // (`slot` waits for it), and Drop waits for every copy before the ring and the
-        // device memory are freed.
+        let gpu = self.memory.gpu().clone();
+        let bound = gpu.bind()?;
+        // SAFETY: the device range lies inside our buffer (checked), of the bound context;
+        // the slot [start, start + len) lies inside the pinned ring (slot < UPLOAD_SLOTS,
+        // len <= slot_bytes) and nobody writes it until this copy's event has completed
+        // (`slot` waits for it); Drop waits for every copy before the ring and the device
+        // memory are freed.
         unsafe {
-            driver::memcpy_htod_async(self.memory.address() + offset as u64, source, &self.stream)?
+            driver::memcpy_htod_async(
+                &bound,
+                self.memory.address() + offset as u64,
+                self.ring.as_mut_ptr().add(start),
+                len,
+                &self.stream,
+            )?
         };
+        drop(bound);
         self.events[slot].record(&self.stream)?;
         self.pending[slot] = true;
         Ok(())
@@ -120,7 +134,7 @@ impl DeviceUpload {
         if !self.pending[slot] {
             return Ok(());
         }
-        while self.events[slot].query()? != EventStatus::Ready {
+        while !self.events[slot].is_complete()? {
             if Instant::now() >= deadline {
                 bail!("timed out waiting for a host-to-GPU copy");
             }

@@ -11,13 +11,17 @@ use std::time::Instant;
 
 /// Page size used for alignment; registration pins whole pages anyway.
 const PAGE: usize = 4096;
+/// Bytes copied out at a time to check a buffer a peer may be writing (a whole number of
+/// elements, small enough to stay in the CPU's cache).
+const COPY_BLOCK: usize = 64 * 1024;
 
 /// A page-aligned, heap-allocated byte buffer.
 ///
-/// The NIC may write it (a receiver's buffer) while a memory region borrows it, so its
-/// bytes are reached through its raw pointer, like an `UnsafeCell`: shared methods read
-/// or write them only for the length of the call, and a slice that outlives the call is
-/// handed out only from `&mut self`, when no registration can exist.
+/// The NIC may write it (a receiver's buffer, registered for remote write) while a memory
+/// region borrows it, so shared methods reach its bytes only through its raw pointer,
+/// copying them out: no `&[u8]` over it ever exists while `&self` is shared, since a peer
+/// writing under a shared slice would be a data race. Slices are handed out only from
+/// `&mut self`, when no registration can exist.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
@@ -97,13 +101,36 @@ impl HostBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len / 4) }
     }
 
-    /// Run `f` on the bytes, for the length of the call only.
-    fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> T) -> T {
-        // SAFETY: valid for len initialised bytes. The slice does not outlive the call,
-        // and nothing writes the buffer during it: the CPU only through `&mut self` or
-        // fill_poison (not re-entered from here), the NIC only where a posted receive's
-        // contract says nobody reads meanwhile.
-        f(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    /// Copy bytes `[offset, offset + out.len())` out through the raw pointer.
+    fn copy_out(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|end| end <= self.len),
+            "copy_out outside the buffer"
+        );
+        // SAFETY: the range lies inside the allocation (asserted); `out` is another
+        // allocation, borrowed mutably (no view of this buffer can be one while `&self`
+        // is shared). A raw copy, not a slice: a peer may write these bytes meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+    }
+
+    /// Run `f` over the first `len` bytes, in copied blocks of at most [`COPY_BLOCK`].
+    fn for_each_block(&self, len: usize, mut f: impl FnMut(&[u8])) {
+        let mut scratch = vec![0u8; len.min(COPY_BLOCK)];
+        let mut offset = 0;
+        while offset < len {
+            let n = (len - offset).min(COPY_BLOCK);
+            self.copy_out(offset, &mut scratch[..n]);
+            f(&scratch[..n]);
+            offset += n;
+        }
     }
 
     fn fill_poison(&self) {
@@ -111,7 +138,7 @@ impl HostBuffer {
         let ptr = self.ptr.as_ptr().cast::<u32>();
         for i in 0..words {
             // SAFETY: i < len / 4 words inside the page-aligned allocation; no slice of
-            // the buffer lives during this call (see with_bytes).
+            // the buffer exists while `&self` is shared (slices need `&mut self`).
             unsafe { ptr.add(i).write(POISON) };
         }
         for i in words * 4..self.len {
@@ -135,8 +162,8 @@ impl HostBuffer {
             );
         }
         // SAFETY: the range lies inside the allocation (checked); `data` is a different
-        // allocation (no slice of this buffer outlives a call of ours, and `&mut self`
-        // slices cannot coexist with `&self`); no slice of the buffer lives meanwhile.
+        // allocation (slices of this buffer come only from `&mut self`, which cannot
+        // coexist with `&self`).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
         };
@@ -145,11 +172,16 @@ impl HostBuffer {
 
     /// A copy of the first `len` bytes (clamped to the buffer).
     pub fn read_prefix(&self, len: usize) -> Vec<u8> {
-        self.with_bytes(|b| b[..len.min(b.len())].to_vec())
+        let mut out = vec![0u8; len.min(self.len)];
+        self.copy_out(0, &mut out);
+        out
     }
 
     fn leading_values(&self, count: usize) -> Vec<i32> {
-        self.with_bytes(|b| leading_values(b, count))
+        leading_values(
+            &self.read_prefix(count.saturating_mul(pattern::ELEMENT_BYTES)),
+            count,
+        )
     }
 }
 
@@ -182,30 +214,61 @@ pub fn leading_values(bytes: &[u8], count: usize) -> Vec<i32> {
 
 /// Check `bytes` against the pattern from element 0 on, on the CPU.
 pub fn verify_bytes(bytes: &[u8]) -> Verification {
-    let elements = bytes.len() / pattern::ELEMENT_BYTES;
-    let mut mismatches = 0u64;
-    let mut first_mismatch = None;
-    for (i, chunk) in bytes.chunks_exact(pattern::ELEMENT_BYTES).enumerate() {
-        let got = i32::from_ne_bytes(chunk.try_into().expect("chunks_exact gives 4 bytes"));
-        if got != pattern::value(i as u64) {
-            mismatches += 1;
-            first_mismatch.get_or_insert(i as u64);
+    let mut check = PatternCheck::default();
+    check.update(bytes);
+    check.finish()
+}
+
+/// The pattern check over bytes that come in blocks (copied out of a buffer a peer may
+/// write): element indices and the CRC-32 run on across blocks. Every block but the last
+/// must be whole elements.
+#[derive(Default)]
+struct PatternCheck {
+    elements: u64,
+    mismatches: u64,
+    first_mismatch: Option<u64>,
+    crc: crc32fast::Hasher,
+    /// The last block ended inside an element.
+    partial: bool,
+}
+
+impl PatternCheck {
+    fn update(&mut self, block: &[u8]) {
+        debug_assert!(
+            !self.partial,
+            "only the last block may end inside an element"
+        );
+        self.crc.update(block);
+        for chunk in block.chunks_exact(pattern::ELEMENT_BYTES) {
+            let got = i32::from_ne_bytes(chunk.try_into().expect("chunks_exact gives 4 bytes"));
+            if got != pattern::value(self.elements) {
+                self.mismatches += 1;
+                self.first_mismatch.get_or_insert(self.elements);
+            }
+            self.elements += 1;
         }
+        self.partial |= !block.len().is_multiple_of(pattern::ELEMENT_BYTES);
     }
-    // A trailing partial element cannot match the pattern.
-    if !bytes.len().is_multiple_of(pattern::ELEMENT_BYTES) {
-        mismatches += 1;
-        first_mismatch.get_or_insert(elements as u64);
-    }
-    Verification {
-        elements: elements as u64,
-        mismatches,
-        first_mismatch,
-        crc32: Some(crc32fast::hash(bytes)),
+
+    fn finish(mut self) -> Verification {
+        // A trailing partial element cannot match the pattern.
+        if self.partial {
+            self.mismatches += 1;
+            self.first_mismatch.get_or_insert(self.elements);
+        }
+        Verification {
+            elements: self.elements,
+            mismatches: self.mismatches,
+            first_mismatch: self.first_mismatch,
+            crc32: Some(self.crc.finalize()),
+        }
     }
 }
 
-impl SendSource for HostBuffer {
+// SAFETY: memory() is this buffer, whose allocation never moves or changes size; chunks
+// are ranges inside it (checked), and the source never writes its bytes after creation
+// except through `&mut self`, which no transfer's `&self` borrow allows meanwhile.
+unsafe impl SendSource for HostBuffer {
     fn len(&self) -> usize {
         self.len
     }
@@ -233,7 +296,10 @@ impl SendSource for HostBuffer {
     }
 }
 
-impl RecvSink for HostBuffer {
+// SAFETY: memory() is this buffer, of `len` bytes, for its whole life; poison writes and
+// verify and first_values read through the raw pointer by copies (fill_poison,
+// for_each_block, read_prefix), never through a reference.
+unsafe impl RecvSink for HostBuffer {
     fn len(&self) -> usize {
         self.len
     }
@@ -251,7 +317,9 @@ impl RecvSink for HostBuffer {
         if len > self.len {
             bail!("asked to verify {len} bytes of a {}-byte buffer", self.len);
         }
-        Ok(self.with_bytes(|b| verify_bytes(&b[..len])))
+        let mut check = PatternCheck::default();
+        self.for_each_block(len, |block| check.update(block));
+        Ok(check.finish())
     }
 
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {

@@ -109,7 +109,18 @@ impl DataPath {
 /// Every method takes `&self`: the transfer registers [`memory`](SendSource::memory) for
 /// the whole transfer (the region borrows it), and a staging ring still has to move its
 /// slots on meanwhile, through interior mutability.
-pub trait SendSource {
+///
+/// # Safety
+/// The chunk schedule ([`Schedule::run`](crate::transfer::schedule::Schedule::run)) and
+/// the wires read the memory behind the ranges this trait hands out from other threads,
+/// the GPU's copy engine or the NIC, trusting that:
+/// - [`memory`](SendSource::memory) is the same memory for as long as `self` lives;
+/// - a range [`prepare_chunk`](SendSource::prepare_chunk) returns lies inside that
+///   memory and holds the chunk's bytes, and those bytes stay valid and unmodified until
+///   [`release_chunk`](SendSource::release_chunk) is called for the chunk (a chunk never
+///   released stays untouched for the life of `self`: [`begin_pass`](SendSource::begin_pass)
+///   fails rather than reuse its bytes).
+pub unsafe trait SendSource {
     /// Bytes to send.
     fn len(&self) -> usize;
 
@@ -139,8 +150,14 @@ pub trait SendSource {
     /// [`memory`]: SendSource::memory
     fn prepare_chunk(&self, offset: usize, len: usize, deadline: Instant) -> Result<Range<usize>>;
 
-    /// The wire has finished reading the chunk that starts at `offset`.
-    fn release_chunk(&self, _offset: usize) {}
+    /// The wire has finished reading the chunk that starts at `offset`: its slot may be
+    /// reused.
+    ///
+    /// # Safety
+    /// Nothing reads the chunk's bytes any more: the schedule calls this only after its
+    /// wire reported the chunk done. (A safe caller that released a chunk still on the
+    /// wire would let a staging ring overwrite bytes the NIC or a writer thread reads.)
+    unsafe fn release_chunk(&self, _offset: usize) {}
 
     /// The first few elements, read back for the user (`First 5 values: ...`).
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
@@ -169,7 +186,16 @@ impl Verification {
 
 /// The receiver's buffer. As with [`SendSource`], `&self` throughout: the connection's
 /// memory region borrows [`memory`](RecvSink::memory) while transfers come and go.
-pub trait RecvSink {
+///
+/// # Safety
+/// The receiver registers [`memory`](RecvSink::memory), in write mode for the peer to
+/// write at any time while the region lives, and trusts that:
+/// - it is the same memory, of at least [`len`](RecvSink::len) bytes, for as long as
+///   `self` lives;
+/// - no method reads or writes it through a Rust reference (`&[u8]`, `&mut [u8]`): a
+///   peer may be writing it meanwhile, so the CPU reaches it only by copies through raw
+///   pointers, and the GPU by kernels and driver copies.
+pub unsafe trait RecvSink {
     fn len(&self) -> usize;
 
     fn is_empty(&self) -> bool {

@@ -190,10 +190,9 @@ impl CmId {
     pub fn listen(&self, backlog: i32) -> Result<(), RdmaError> {
         // SAFETY: valid, bound id.
         if unsafe { rdma_listen(self.as_ptr(), backlog) } != 0 {
-            return Err(RdmaError::last(
-                "rdma_listen",
-                self.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            ));
+            return Err(RdmaError::last("rdma_listen", || {
+                self.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            }));
         }
         Ok(())
     }
@@ -226,7 +225,7 @@ impl CmId {
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: valid id with a resolved address.
         if unsafe { rdma_resolve_route(self.as_ptr(), ms) } != 0 {
-            return Err(RdmaError::last("rdma_resolve_route", self.peer_label()));
+            return Err(RdmaError::last("rdma_resolve_route", || self.peer_label()));
         }
         Ok(())
     }
@@ -238,7 +237,7 @@ impl CmId {
         // SAFETY: valid id; raw points to private data that lives across the call (the CM
         // copies it into the request).
         if unsafe { rdma_connect(self.as_ptr(), &mut raw) } != 0 {
-            return Err(RdmaError::last("rdma_connect", self.peer_label()));
+            return Err(RdmaError::last("rdma_connect", || self.peer_label()));
         }
         Ok(())
     }
@@ -248,7 +247,7 @@ impl CmId {
         let mut raw = params.to_raw(MAX_ACCEPT_PRIVATE_DATA, "rdma_accept")?;
         // SAFETY: valid id from a connect request; private data copied during the call.
         if unsafe { rdma_accept(self.as_ptr(), &mut raw) } != 0 {
-            return Err(RdmaError::last("rdma_accept", self.peer_label()));
+            return Err(RdmaError::last("rdma_accept", || self.peer_label()));
         }
         Ok(())
     }
@@ -268,7 +267,7 @@ impl CmId {
         };
         // SAFETY: valid id from a connect request; the data is copied during the call.
         if unsafe { rdma_reject(self.as_ptr(), ptr, private_data.len() as u8) } != 0 {
-            return Err(RdmaError::last("rdma_reject", self.peer_label()));
+            return Err(RdmaError::last("rdma_reject", || self.peer_label()));
         }
         Ok(())
     }
@@ -277,7 +276,7 @@ impl CmId {
     pub fn disconnect(&self) -> Result<(), RdmaError> {
         // SAFETY: valid id.
         if unsafe { rdma_disconnect(self.as_ptr()) } != 0 {
-            return Err(RdmaError::last("rdma_disconnect", self.peer_label()));
+            return Err(RdmaError::last("rdma_disconnect", || self.peer_label()));
         }
         Ok(())
     }

@@ -53,7 +53,7 @@ impl DeviceList {
         let ctx = unsafe { ibv_open_device(dev) };
         NonNull::new(ctx)
             .map(Context)
-            .ok_or_else(|| RdmaError::last("ibv_open_device", name))
+            .ok_or_else(|| RdmaError::last("ibv_open_device", || name))
     }
 
     fn devices(&self) -> impl Iterator<Item = (*mut ibv_device, String)> + '_ {

@@ -24,10 +24,9 @@ impl CompletionChannel {
         // SAFETY: a valid device context kept alive by `id`.
         let raw = unsafe { ibv_create_comp_channel(verbs.as_ptr()) };
         let Some(raw) = NonNull::new(raw) else {
-            return Err(RdmaError::last(
-                "ibv_create_comp_channel",
-                id.device_name().unwrap_or_default(),
-            ));
+            return Err(RdmaError::last("ibv_create_comp_channel", || {
+                id.device_name().unwrap_or_default()
+            }));
         };
         let channel = Rc::new(CompletionChannel {
             raw,
@@ -176,7 +175,9 @@ impl CompletionQueue {
                 armed: Cell::new(false),
                 solicited_only: Cell::new(false),
             })),
-            None => Err(RdmaError::last("ibv_create_cq", format!("{cqe} entries"))),
+            None => Err(RdmaError::last("ibv_create_cq", || {
+                format!("{cqe} entries")
+            })),
         }
     }
 

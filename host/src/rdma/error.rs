@@ -76,8 +76,12 @@ impl RdmaError {
 
     /// A verb failed and set `errno` (the librdmacm convention: return -1, set errno).
     /// `ENODEV` from the CM means there is no RDMA device to use.
-    pub fn last(verb: &'static str, context: impl Into<String>) -> Self {
-        Self::verb(verb, context, super::last_errno())
+    ///
+    /// `errno` is read first, before `context` is called: anything that allocates or
+    /// formats (the context's own `format!`) may change it.
+    pub fn last<C: Into<String>>(verb: &'static str, context: impl FnOnce() -> C) -> Self {
+        let errno = super::last_errno();
+        Self::verb(verb, context(), errno)
     }
 
     /// The errno of a failed verb, if it is one.

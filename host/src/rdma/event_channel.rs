@@ -249,7 +249,7 @@ impl CmEvent<'_> {
         };
         // SAFETY: raw_id is a valid id whose events are all acked; `own` is a valid channel.
         if unsafe { rdma_migrate_id(raw_id.as_ptr(), own.as_ptr()) } != 0 {
-            let err = RdmaError::last("rdma_migrate_id", "new connection");
+            let err = RdmaError::last("rdma_migrate_id", || "new connection");
             // SAFETY: the migration failed, so the id is still on the listener's channel.
             drop(unsafe { CmId::from_raw(raw_id, listener.clone()) });
             return Err(err);

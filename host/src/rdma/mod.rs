@@ -33,8 +33,13 @@
 //!   event of the id to be acked, so a connect request is turned into an owned
 //!   [`ConnectRequest`] (private data copied, event acked) *before* its id gets a
 //!   wrapper that may be destroyed.
-//! * **Memory outlives its registration.** [`MemoryRegion::register`] is `unsafe`: the
-//!   caller promises the registered memory stays allocated until the region is dropped.
+//! * **Memory outlives its registration.** A [`MemoryRegion`] borrows the memory it
+//!   registers, so the memory cannot be freed while the region is alive. A leaked region
+//!   (`mem::forget`, an `Rc` cycle) ends that borrow without deregistering, so only
+//!   local registrations are safe ([`MemoryRegion::register`]: nothing reaches them but
+//!   our own `unsafe` work requests); one the peer may write
+//!   ([`MemoryRegion::register_remote_writable`]) is `unsafe`, its caller promising to
+//!   drop it before the memory and to read the memory only by copies meanwhile.
 //! * **Posted memory is untouched until completion.** [`QueuePair::post_send`] and
 //!   [`QueuePair::post_recv`] are `unsafe`: the memory a work request names must lie in
 //!   a live memory region (whose `lkey` the request carries) and must not be written
@@ -68,7 +73,7 @@ pub use cq::{Completion, CompletionChannel, CompletionQueue, Wake};
 pub use device::{devices, ensure_device, DeviceInfo, GidInfo, PortSummary};
 pub use error::{errno_message, format_duration, RdmaError};
 pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel, SendableRequest};
-pub use mr::{Access, MemoryRegion, MessageBuffer, Sge};
+pub use mr::{MemoryRegion, MessageBuffer, Sge};
 pub use pd::ProtectionDomain;
 pub use probe::{
     describe_peermem, errno_in_words, errno_name, loaded_peermem_module, peermem_module,

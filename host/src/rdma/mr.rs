@@ -12,23 +12,24 @@ use crate::memory::{HostBuffer, Registrable, RegistrationTarget};
 use rdma_sys::*;
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
 /// What the NIC may do with a region besides reading it for sends. Local write is always
 /// granted (receives land in memory through it; verbs also require it whenever remote
-/// write is granted).
+/// write is granted). Chosen by which constructor registers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Access {
+struct Access {
     /// Peers may RDMA WRITE into the region (only the receiver's buffer in write mode).
-    pub remote_write: bool,
+    remote_write: bool,
 }
 
 impl Access {
-    pub const LOCAL: Access = Access {
+    const LOCAL: Access = Access {
         remote_write: false,
     };
-    pub const REMOTE_WRITE: Access = Access { remote_write: true };
+    const REMOTE_WRITE: Access = Access { remote_write: true };
 
     fn flags(self, target: &RegistrationTarget) -> libc::c_int {
         let mut flags = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
@@ -43,6 +44,19 @@ impl Access {
             flags |= ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         }
         flags as libc::c_int
+    }
+}
+
+/// What a registration covers, in words, for its error message.
+fn describe(target: &RegistrationTarget<'_>) -> String {
+    match *target {
+        RegistrationTarget::Host { len, .. } => format!("{len} bytes of host memory"),
+        RegistrationTarget::DmaBuf { fd, len, .. } => {
+            format!("{len} bytes of GPU memory, dma-buf fd {}", fd.as_raw_fd())
+        }
+        RegistrationTarget::DeviceAddress { addr, len } => {
+            format!("{len} bytes of GPU memory at {addr:#x} (nvidia-peermem)")
+        }
     }
 }
 
@@ -85,16 +99,44 @@ pub struct MemoryRegion<'m> {
 }
 
 impl<'m> MemoryRegion<'m> {
-    /// Register `memory` with the NIC. The region borrows it: the memory stays allocated
-    /// (the [`Registrable`] contract) until the region is dropped.
+    /// Register `memory` for local access: the NIC reads it for sends and writes it for
+    /// receives, both only through work requests this program posts (`unsafe`, with
+    /// their own contract). The region borrows the memory: it stays allocated (the
+    /// [`Registrable`] contract) until the region is dropped.
+    ///
+    /// A region leaked here (`mem::forget`, an `Rc` cycle) lets the memory be freed while
+    /// registered, but nothing can reach it: no peer holds a key to it, and a work request
+    /// names it only through an [`Sge`] that borrows the region.
     pub fn register(
         pd: &Rc<ProtectionDomain>,
         memory: &'m (impl Registrable + ?Sized),
-        access: Access,
     ) -> Result<MemoryRegion<'m>, RdmaError> {
         // SAFETY: Registrable promises the target stays valid while `memory` is borrowed,
-        // and the returned region holds that borrow ('m) until it is dropped.
-        unsafe { Self::register_target(pd, memory.target(), access) }
+        // and the returned region holds that borrow ('m); without remote access only our
+        // own (unsafe) work requests reach the memory.
+        unsafe { Self::register_target(pd, memory.target(), Access::LOCAL) }
+    }
+
+    /// Register `memory` for local access and for the peer's RDMA WRITEs: whoever holds
+    /// the [`rkey`](Self::rkey) may write it at any moment while it is registered, without
+    /// any work request of ours.
+    ///
+    /// # Safety
+    /// - The region must be dropped, not leaked, before the borrow of `memory` ends: a
+    ///   region that skips its destructor (`mem::forget`, an `Rc` cycle, a leaked box)
+    ///   stays registered, and the NIC would write memory that has been freed and reused.
+    ///   (rust-ibverbs avoids the promise by having the region own its memory.)
+    /// - While it lives, nothing may read or write the memory through a Rust reference
+    ///   (`&[u8]`): a peer writing then would be a data race. Read it by copies through
+    ///   raw pointers (as [`HostBuffer`]'s shared methods and every
+    ///   [`RecvSink`](crate::memory::RecvSink) do).
+    pub unsafe fn register_remote_writable(
+        pd: &Rc<ProtectionDomain>,
+        memory: &'m (impl Registrable + ?Sized),
+    ) -> Result<MemoryRegion<'m>, RdmaError> {
+        // SAFETY: as for `register`, plus the caller's promise that the region is dropped
+        // before the memory's borrow ends and that no reference reads the memory.
+        unsafe { Self::register_target(pd, memory.target(), Access::REMOTE_WRITE) }
     }
 
     /// # Safety
@@ -112,36 +154,29 @@ impl<'m> MemoryRegion<'m> {
             ));
         }
         let flags = access.flags(&target);
-        let (raw, verb, what) = match target {
+        let (raw, verb) = match target {
             RegistrationTarget::Host { ptr, len } => (
                 // SAFETY: the PD is valid; the caller promises [ptr, ptr+len) stays
                 // allocated while registered.
                 unsafe { ibv_reg_mr(pd.as_ptr(), ptr.as_ptr().cast(), len, flags) },
                 "ibv_reg_mr",
-                format!("{len} bytes of host memory"),
             ),
             RegistrationTarget::DmaBuf {
                 fd,
                 offset,
                 len,
                 iova,
-            } => {
-                use std::os::fd::AsRawFd;
-                let fd = fd.as_raw_fd();
-                (
-                    // SAFETY: the PD is valid; the caller promises the dma-buf stays open
-                    // and its memory allocated while registered.
-                    unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd, flags) },
-                    "ibv_reg_dmabuf_mr",
-                    format!("{len} bytes of GPU memory, dma-buf fd {fd}"),
-                )
-            }
+            } => (
+                // SAFETY: the PD is valid; the caller promises the dma-buf stays open and
+                // its memory allocated while registered.
+                unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), flags) },
+                "ibv_reg_dmabuf_mr",
+            ),
             RegistrationTarget::DeviceAddress { addr, len } => (
                 // SAFETY: as for host memory; the driver pins the GPU pages (through
                 // nvidia-peermem) or fails.
                 unsafe { ibv_reg_mr(pd.as_ptr(), addr as *mut libc::c_void, len, flags) },
                 "ibv_reg_mr",
-                format!("{len} bytes of GPU memory at {addr:#x} (nvidia-peermem)"),
             ),
         };
         match NonNull::new(raw) {
@@ -152,7 +187,7 @@ impl<'m> MemoryRegion<'m> {
                 len,
                 _memory: PhantomData,
             }),
-            None => Err(RdmaError::last(verb, what)),
+            None => Err(RdmaError::last(verb, || describe(&target))),
         }
     }
 

@@ -22,10 +22,9 @@ impl ProtectionDomain {
                 raw,
                 id: id.clone(),
             })),
-            None => Err(RdmaError::last(
-                "ibv_alloc_pd",
-                id.device_name().unwrap_or_default(),
-            )),
+            None => Err(RdmaError::last("ibv_alloc_pd", || {
+                id.device_name().unwrap_or_default()
+            })),
         }
     }
 

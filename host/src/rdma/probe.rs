@@ -216,7 +216,7 @@ fn probe_dma_buf(list: &DeviceList, name: &str) -> DmaBufProbe {
     // SAFETY: a valid, open context.
     let pd = match NonNull::new(unsafe { ibv_alloc_pd(ctx.as_ptr()) }) {
         Some(raw) => Pd(raw),
-        None => return unknown(RdmaError::last("ibv_alloc_pd", name)),
+        None => return unknown(RdmaError::last("ibv_alloc_pd", || name)),
     };
     // SAFETY: a valid PD; fd -1 and length 0 register nothing, so no memory is involved.
     let mr = unsafe { ibv_reg_dmabuf_mr(pd.0.as_ptr(), 0, 0, 0, -1, 0) };

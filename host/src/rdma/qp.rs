@@ -79,7 +79,10 @@ pub struct QueuePair<'r> {
     _pd: Rc<ProtectionDomain>,
     _send_cq: Rc<CompletionQueue>,
     _recv_cq: Rc<CompletionQueue>,
-    _regions: PhantomData<&'r ()>,
+    /// Invariant in `'r` (a `fn` taking and returning it): were it covariant, a queue pair
+    /// could be seen as a `QueuePair<'shorter>` and take the SGEs of a region that dies
+    /// before it, and "destroyed before its regions" would no longer follow.
+    _regions: PhantomData<fn(&'r ()) -> &'r ()>,
 }
 
 impl<'r> QueuePair<'r> {
@@ -109,14 +112,14 @@ impl<'r> QueuePair<'r> {
         // SAFETY: valid id, PD and CQs (all on the id's device, kept alive by the Rcs we
         // store); attr is fully initialised and read (and updated) during the call.
         if unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) } != 0 {
-            id.release_qp();
-            return Err(RdmaError::last(
-                "rdma_create_qp",
+            let failed = RdmaError::last("rdma_create_qp", || {
                 format!(
                     "{} send / {} receive work requests",
                     caps.max_send_wr, caps.max_recv_wr
-                ),
-            ));
+                )
+            });
+            id.release_qp();
+            return Err(failed);
         }
         // SAFETY: rdma_create_qp succeeded, so id->qp is the new QP.
         let raw = unsafe { (*id.as_ptr()).qp };

@@ -8,7 +8,6 @@ use crate::memory::{Registrable, RegistrationTarget};
 use crate::rdma::Deadline;
 use std::marker::PhantomData;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 /// One chunk for the copying thread: source and destination byte offsets, length, index.
 struct Job {
@@ -24,81 +23,91 @@ struct Job {
 struct SourceBase(*const u8);
 
 // SAFETY: only an address; the wire's contract (ChunkWire::post) keeps the bytes it
-// names valid and unmodified until the thread reports them copied.
+// names valid and unmodified until the thread reports them copied, and the scope that
+// runs the thread ends before the borrow of the source does.
 unsafe impl Send for SourceBase {}
 
-/// Copies chunks of host memory (borrowed for `'m`) into an owned destination buffer.
-pub struct MemcpyWire<'m> {
+/// Copies chunks of a host-memory source into a destination buffer, on a thread that
+/// lives exactly as long as one [`MemcpyWire::scope`] call.
+///
+/// There is no constructor that returns a wire: a wire whose thread outlived its borrow
+/// of the source could be leaked (`mem::forget`, after an early error) and keep reading
+/// freed memory, because a destructor is not a guarantee. So, like `std::thread::scope`,
+/// the wire exists only inside a closure, and the copying thread is joined before
+/// `scope` returns, whatever the closure did with the wire. `'w` brands one scope's wire
+/// (invariant), so two scopes' wires cannot be swapped.
+pub struct MemcpyWire<'w> {
     jobs: Option<mpsc::Sender<Job>>,
     done: mpsc::Receiver<u64>,
-    thread: Option<JoinHandle<Vec<u8>>>,
     source_len: usize,
     destination_len: usize,
-    _source: PhantomData<&'m ()>,
+    _scope: PhantomData<fn(&'w ()) -> &'w ()>,
 }
 
-impl<'m> MemcpyWire<'m> {
-    /// A wire reading from `source` (host memory: a staging ring, a host buffer) into a
-    /// new zeroed buffer of `destination_len` bytes; chunk `c` lands at `c.offset`.
-    pub fn new(source: &'m dyn Registrable, destination_len: usize) -> anyhow::Result<Self> {
-        Self::with_destination(source, vec![0u8; destination_len])
-    }
-
-    /// The same, into `destination` (a benchmark reuses one buffer whose pages are already
-    /// mapped, so page faults do not count as copying time).
-    pub fn with_destination(
-        source: &'m dyn Registrable,
+impl MemcpyWire<'_> {
+    /// Run `f` with a wire reading from `source` (host memory: a staging ring, a host
+    /// buffer) into `destination` (chunk `c` lands at `c.offset`; a benchmark passes one
+    /// buffer whose pages are already mapped, so page faults do not count as copying
+    /// time). Returns what `f` returned and the destination, after the copying thread
+    /// has ended.
+    pub fn scope<R>(
+        source: &dyn Registrable,
         mut destination: Vec<u8>,
-    ) -> anyhow::Result<Self> {
+        f: impl for<'w> FnOnce(&mut MemcpyWire<'w>) -> R,
+    ) -> anyhow::Result<(R, Vec<u8>)> {
         let destination_len = destination.len();
         let RegistrationTarget::Host { ptr, len } = source.target() else {
             anyhow::bail!("the memcpy wire reads host memory only");
         };
         let base = SourceBase(ptr.as_ptr());
-        let (jobs, rx) = mpsc::channel::<Job>();
-        let (tx, done) = mpsc::channel::<u64>();
-        let thread = std::thread::Builder::new()
-            .name("memcpy-wire".into())
-            .spawn(move || {
-                let base = base;
-                for job in rx {
-                    // SAFETY: post() checked that [from, from + len) lies in the source
-                    // and [to, to + len) in the destination; the poster keeps the source
-                    // bytes valid and unmodified until we report the chunk done.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            base.0.add(job.from),
-                            destination.as_mut_ptr().add(job.to),
-                            job.len,
-                        )
-                    };
-                    if job.signaled && tx.send(job.index).is_err() {
-                        break;
+        std::thread::scope(|scope| {
+            let (jobs, rx) = mpsc::channel::<Job>();
+            let (tx, done) = mpsc::channel::<u64>();
+            let thread = std::thread::Builder::new()
+                .name("memcpy-wire".into())
+                .spawn_scoped(scope, move || {
+                    let base = base;
+                    for job in rx {
+                        // SAFETY: post() checked that [from, from + len) lies in the source
+                        // and [to, to + len) in the destination; the poster keeps the
+                        // source bytes valid and unmodified until we report the chunk
+                        // done, and this thread ends inside `scope`, while the source is
+                        // still borrowed.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                base.0.add(job.from),
+                                destination.as_mut_ptr().add(job.to),
+                                job.len,
+                            )
+                        };
+                        if job.signaled && tx.send(job.index).is_err() {
+                            break;
+                        }
                     }
-                }
-                destination
-            })?;
-        Ok(MemcpyWire {
-            jobs: Some(jobs),
-            done,
-            thread: Some(thread),
-            source_len: len,
-            destination_len,
-            _source: PhantomData,
+                    destination
+                })?;
+            let mut wire = MemcpyWire {
+                jobs: Some(jobs),
+                done,
+                source_len: len,
+                destination_len,
+                _scope: PhantomData,
+            };
+            let result = f(&mut wire);
+            // Closing the job channel ends the thread (also when `f` panicked: the wire
+            // drops while unwinding, and the scope joins the thread before going on).
+            drop(wire);
+            match thread.join() {
+                Ok(destination) => Ok((result, destination)),
+                Err(_) => anyhow::bail!("the memcpy wire's thread panicked"),
+            }
         })
-    }
-
-    /// Stop the thread and take the destination buffer.
-    pub fn finish(mut self) -> anyhow::Result<Vec<u8>> {
-        self.jobs.take();
-        match self.thread.take().map(JoinHandle::join) {
-            Some(Ok(destination)) => Ok(destination),
-            _ => anyhow::bail!("the memcpy wire's thread panicked"),
-        }
     }
 }
 
-impl ChunkWire for MemcpyWire<'_> {
+// SAFETY: a chunk is reported (by index, in order) only after the thread copied it, and
+// the thread reads nothing of a chunk after copying it.
+unsafe impl ChunkWire for MemcpyWire<'_> {
     fn batch(&self) -> usize {
         1
     }
@@ -153,16 +162,6 @@ impl ChunkWire for MemcpyWire<'_> {
     }
 }
 
-impl Drop for MemcpyWire<'_> {
-    fn drop(&mut self) {
-        // The thread reads the borrowed source: it must be done before the borrow ends.
-        self.jobs.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,9 +177,11 @@ mod tests {
         for (chunk, depth) in [(4096u64, 16u32), (100_000, 3), (1 << 20, 1)] {
             let plan = ChunkPlan::new(src.len() as u64, chunk).unwrap();
             let schedule = Schedule::new(plan, depth, &src, Duration::from_secs(5));
-            let mut wire = MemcpyWire::new(&src, src.len()).unwrap();
-            schedule.run(&src, &mut wire, "memcpy").unwrap();
-            let copy = wire.finish().unwrap();
+            let (run, copy) = MemcpyWire::scope(&src, vec![0; src.len()], |wire| {
+                schedule.run(&src, wire, "memcpy")
+            })
+            .unwrap();
+            run.unwrap();
             let v = verify_bytes(&copy);
             assert!(v.ok(), "chunk {chunk}: {v:?}");
             assert_eq!(v.elements, 1 << 18);
@@ -190,7 +191,6 @@ mod tests {
     #[test]
     fn chunks_outside_the_buffers_are_refused() {
         let src = HostBuffer::with_pattern(4096).unwrap();
-        let mut wire = MemcpyWire::new(&src, 4096).unwrap();
         let plan = ChunkPlan::new(8192, 4096).unwrap();
         let p = Posted {
             chunk: plan.get(1).unwrap(),
@@ -198,10 +198,11 @@ mod tests {
             signaled: true,
             last: true,
         };
-        // SAFETY: refused before anything is copied.
-        assert!(matches!(
-            unsafe { wire.post(&[p]) },
-            Err(WireError::Broken(_))
-        ));
+        let (refused, _) = MemcpyWire::scope(&src, vec![0; 4096], |wire| {
+            // SAFETY: refused before anything is copied.
+            matches!(unsafe { wire.post(&[p]) }, Err(WireError::Broken(_)))
+        })
+        .unwrap();
+        assert!(refused);
     }
 }

@@ -44,7 +44,13 @@ impl From<crate::rdma::RdmaError> for WireError {
 }
 
 /// What carries the chunks.
-pub trait ChunkWire {
+///
+/// # Safety
+/// The schedule gives a chunk back to its source once [`wait`](ChunkWire::wait) reports it
+/// done, and a staging ring then overwrites its slot. So an implementation reports a chunk
+/// index only when nothing (its threads, the NIC) reads any chunk up to it any more, and
+/// reads a posted chunk's bytes only until then.
+pub unsafe trait ChunkWire {
     /// Chunks per [`post`](ChunkWire::post) call (one doorbell for all).
     fn batch(&self) -> usize {
         1
@@ -164,7 +170,9 @@ impl Schedule {
                     let through = (index + 1).min(next);
                     while done < through {
                         if let Some(chunk) = plan.get(done) {
-                            source.release_chunk(chunk.offset as usize);
+                            // SAFETY: the wire reported every chunk up to `index` done,
+                            // and ChunkWire's contract says it no longer reads them.
+                            unsafe { source.release_chunk(chunk.offset as usize) };
                         }
                         done += 1;
                     }
@@ -269,7 +277,8 @@ mod tests {
         fail_at: Option<u64>,
     }
 
-    impl ChunkWire for Recorder {
+    // SAFETY: a recorder reads no bytes at all.
+    unsafe impl ChunkWire for Recorder {
         fn batch(&self) -> usize {
             3
         }

@@ -23,8 +23,8 @@ use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
-    self, Access, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline,
-    EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
+    self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
+    MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
 use crate::transfer::header::{
     AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY,
@@ -331,7 +331,7 @@ fn choose_sink(
     res: &Resources,
     sinks: &SinkFactory,
     len: u64,
-    access: Access,
+    remote_write: bool,
 ) -> Result<(Box<dyn RecvSink>, AttemptLog), Failure> {
     let no_memory = |e: &dyn std::fmt::Display| {
         Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string()))
@@ -340,7 +340,9 @@ fn choose_sink(
     let plan = sinks.plan();
     let walked = walk(&plan, |method| {
         let sink = sinks.make(method, bytes).map_err(|e| format!("{e:#}"))?;
-        MemoryRegion::register(&res.pd, sink.memory(), access)
+        // SAFETY: the trial region is dropped at once (`map(drop)`), before the sink it
+        // borrows; nothing reads the sink meanwhile.
+        unsafe { register_sink(res, sink.as_ref(), remote_write) }
             .map(drop)
             .map_err(|e| e.to_string())?;
         Ok(sink)
@@ -353,6 +355,26 @@ fn choose_sink(
     })?;
     sinks.settle(walked.method);
     Ok((walked.value, walked.log))
+}
+
+/// Register a sink's memory on the connection's protection domain: for the peer's RDMA
+/// WRITEs too in write mode, local access only otherwise.
+///
+/// # Safety
+/// With `remote_write`, the caller drops the region before `sink` and never leaks it, as
+/// [`MemoryRegion::register_remote_writable`] requires (a [`RecvSink`] reads its memory
+/// only by copies, the other half of that contract).
+unsafe fn register_sink<'m>(
+    res: &Resources,
+    sink: &'m dyn RecvSink,
+    remote_write: bool,
+) -> Result<MemoryRegion<'m>, rdma::RdmaError> {
+    if remote_write {
+        // SAFETY: the caller's promise.
+        unsafe { MemoryRegion::register_remote_writable(&res.pd, sink.memory()) }
+    } else {
+        MemoryRegion::register(&res.pd, sink.memory())
+    }
 }
 
 /// Post the receive for data chunk `index`: send mode into the chunk's place in the
@@ -466,11 +488,8 @@ fn receive_framed(
     )
     .map_err(|e| setup_failed(peer, e))?;
     // Remote write only for write mode, only on this connection's buffer.
-    let access = match header.op {
-        Op::Write => Access::REMOTE_WRITE,
-        Op::Send => Access::LOCAL,
-    };
-    let (sink, memory_log) = choose_sink(&res, sinks, total, access)?;
+    let remote_write = header.op == Op::Write;
+    let (sink, memory_log) = choose_sink(&res, sinks, total, remote_write)?;
     let sink = sink.as_ref();
     if (sink.len() as u64) < total {
         return Err(internal(format!(
@@ -478,7 +497,10 @@ fn receive_framed(
             sink.len()
         )));
     }
-    let mr = MemoryRegion::register(&res.pd, sink.memory(), access).map_err(|e| {
+    // SAFETY: `mr` is a local of this function, declared after `sink` and never moved out
+    // or leaked, so it is dropped (deregistered) before the sink; the sink reads its
+    // memory only by copies (RecvSink's contract).
+    let mr = unsafe { register_sink(&res, sink, remote_write) }.map_err(|e| {
         Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
     })?;
     let ack_buf = MessageBuffer::new(&res.pd, ACK_LEN).map_err(internal)?;
@@ -884,9 +906,9 @@ fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Fail
 
 /// SEND the first `len` bytes of `buf` and wait for the completion. `Ok(false)` if the
 /// peer disconnected first (the message may not have arrived).
-fn send_and_wait(
-    conn: &Connection,
-    buf: &MessageBuffer,
+fn send_and_wait<'r>(
+    conn: &Connection<'r>,
+    buf: &'r MessageBuffer,
     wr_id: u64,
     len: usize,
     inline: bool,
@@ -950,9 +972,9 @@ fn raw(
     };
     let res = Resources::new(id, Resources::cq_entries(caps), cfg.busy_poll)
         .map_err(|e| setup_failed(peer, e))?;
-    let (sink, memory_log) = choose_sink(&res, sinks, len, Access::LOCAL)?;
+    let (sink, memory_log) = choose_sink(&res, sinks, len, false)?;
     let sink = sink.as_ref();
-    let mr = MemoryRegion::register(&res.pd, sink.memory(), Access::LOCAL)
+    let mr = MemoryRegion::register(&res.pd, sink.memory())
         .map_err(|e| Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string())))?;
     let reply_buf = MessageBuffer::new(&res.pd, RAW_REPLY.len()).map_err(internal)?;
     reply_buf.write(&RAW_REPLY)?;

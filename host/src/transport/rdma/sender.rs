@@ -8,7 +8,7 @@ use super::conn::{
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{
-    self, errno_message, Access, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
+    self, errno_message, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
 use crate::transfer::header::{
@@ -476,7 +476,10 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
     }
 }
 
-impl ChunkWire for VerbsWire<'_, '_> {
+// SAFETY: chunks are reported done only from polled completions: a signaled completion
+// means the NIC finished every earlier request of the send queue (RC ordering), so it no
+// longer reads their bytes.
+unsafe impl ChunkWire for VerbsWire<'_, '_> {
     fn batch(&self) -> usize {
         POST_BATCH.min(POST_LIST_MAX)
     }
@@ -588,7 +591,7 @@ fn choose_source<'m>(
     let plan = memory.plan().clone();
     let walked = walk(&plan, |method| {
         let source = memory.source(method).map_err(|e| format!("{e:#}"))?;
-        MemoryRegion::register(&res.pd, source.memory(), Access::LOCAL)
+        MemoryRegion::register(&res.pd, source.memory())
             .map(drop)
             .map_err(|e| e.to_string())
     })
@@ -608,7 +611,7 @@ fn register_source<'s>(
     source: &'s dyn SendSource,
 ) -> Result<MemoryRegion<'s>, TransferError> {
     let memory = source.memory();
-    MemoryRegion::register(&res.pd, memory, Access::LOCAL).map_err(|e| {
+    MemoryRegion::register(&res.pd, memory).map_err(|e| {
         if memory.target().is_gpu_memory() {
             TransferError::Protocol(format!(
                 "the NIC could not register GPU memory for GPUDirect RDMA ({e}); use --mem staged or --mem mapped"

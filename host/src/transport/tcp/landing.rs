@@ -258,7 +258,7 @@ impl Landing for DeviceLanding {
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {
-        let check = self.gpu.verify(&self.upload.memory().slice(0..len)?)?;
+        let check = self.gpu.verify(&self.upload.memory()?.slice(0..len)?)?;
         Ok(Verification {
             elements: (len / 4) as u64,
             mismatches: check.mismatches,
@@ -268,7 +268,7 @@ impl Landing for DeviceLanding {
     }
 
     fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
-        crate::gpu::sources::read_device_values(self.upload.memory(), count)
+        crate::gpu::sources::read_device_values(self.upload.memory()?, count)
     }
 
     fn path(&self) -> DataPath {

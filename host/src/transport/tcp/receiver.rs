@@ -48,7 +48,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Sockets in their handshake at once at most, all peers together.
-pub const MAX_HANDSHAKES: usize = 128;
+pub const MAX_HANDSHAKES: usize = 256;
 /// Sockets in their handshake at once from one address: more than a sender's largest
 /// burst of stream sockets (`MAX_STREAMS`), well under [`MAX_HANDSHAKES`], so one address
 /// cannot take every slot.
@@ -94,6 +94,7 @@ pub enum RecvMemory {
 
 impl RecvMemory {
     /// The bytes a transfer of `total` bytes in chunks of `chunk` holds here.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn bytes_for(&self, total: u64, chunk: u64) -> u64 {
         match self {
             RecvMemory::Host => total,

@@ -147,30 +147,31 @@ pub fn send_repeated(
 
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
     schedule.progress = cfg.progress;
-    let mut wire =
-        TcpWire::new(source.memory(), &streams, cfg.timeout).map_err(TransferError::Memory)?;
-    let mut reports = Vec::new();
-    for k in 0..transfers {
-        wire.next_transfer();
-        let start = Instant::now();
-        let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
-        let ack = read_ack(&mut control, cfg.timeout, &label)?;
-        ack.check_counts(total)
-            .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
-        let round_trip_seconds = start.elapsed().as_secs_f64();
-        let framed = Framed {
-            peer: &label,
-            device: None,
-            op: "tcp",
-            plan: &plan,
-            in_flight: schedule.window as u32,
-            connect_seconds,
-            path: source.path(),
-            memory: memory_log,
-        };
-        reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
-    }
-    Ok(reports)
+    TcpWire::scope(source.memory(), &streams, cfg.timeout, |wire| {
+        let mut reports = Vec::new();
+        for k in 0..transfers {
+            wire.next_transfer();
+            let start = Instant::now();
+            let seconds = schedule.run(source, wire, &label)?.as_secs_f64();
+            let ack = read_ack(&mut control, cfg.timeout, &label)?;
+            ack.check_counts(total)
+                .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
+            let round_trip_seconds = start.elapsed().as_secs_f64();
+            let framed = Framed {
+                peer: &label,
+                device: None,
+                op: "tcp",
+                plan: &plan,
+                in_flight: schedule.window as u32,
+                connect_seconds,
+                path: source.path(),
+                memory: memory_log,
+            };
+            reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
+        }
+        Ok(reports)
+    })
+    .map_err(TransferError::Memory)?
 }
 
 /// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or

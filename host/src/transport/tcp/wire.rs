@@ -14,7 +14,6 @@ use std::io::Write;
 use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// One chunk for a writer thread.
@@ -32,15 +31,18 @@ struct Job {
 struct SourceBase(*const u8);
 
 // SAFETY: only an address; ChunkWire::post's contract keeps the bytes it names valid and
-// unmodified until the wire reports them done, and the wire joins its threads before the
-// borrow of the source ends (Drop).
+// unmodified until the wire reports them done, and the writer threads are scoped: they
+// end before `TcpWire::scope` returns, while the source is still borrowed.
 unsafe impl Send for SourceBase {}
 
-/// Writes chunks of host memory (borrowed for `'m`) to the streams of one connection.
-pub struct TcpWire<'m> {
+/// Writes chunks of a host-memory source to the streams of one connection, on writer
+/// threads that live exactly as long as one [`TcpWire::scope`] call: like
+/// `std::thread::scope`, and for the same reason as
+/// [`MemcpyWire`](crate::transfer::memcpy_wire::MemcpyWire), no wire can be leaked with
+/// its threads still reading the source. `'w` brands one scope's wire.
+pub struct TcpWire<'w> {
     jobs: Vec<mpsc::Sender<Job>>,
     done: mpsc::Receiver<Result<u64, String>>,
-    threads: Vec<JoinHandle<()>>,
     /// Clones of the streams, to break blocked writes off when the transfer fails.
     shutters: Vec<TcpStream>,
     source_len: usize,
@@ -49,71 +51,77 @@ pub struct TcpWire<'m> {
     /// The lowest chunk index not yet known written.
     next_done: u64,
     failed: bool,
-    _source: PhantomData<&'m ()>,
+    _scope: PhantomData<fn(&'w ()) -> &'w ()>,
 }
 
-impl<'m> TcpWire<'m> {
-    /// A wire reading from `source` (host memory: a host buffer, a staging ring, mapped
-    /// memory) and writing to `streams` (each cloned for its writer thread).
-    pub fn new(
-        source: &'m dyn Registrable,
+impl TcpWire<'_> {
+    /// Run `f` with a wire reading from `source` (host memory: a host buffer, a staging
+    /// ring, mapped memory) and writing to `streams` (each cloned for its writer thread);
+    /// every writer thread has ended when this returns.
+    pub fn scope<R>(
+        source: &dyn Registrable,
         streams: &[TcpStream],
         timeout: Duration,
-    ) -> anyhow::Result<Self> {
+        f: impl for<'w> FnOnce(&mut TcpWire<'w>) -> R,
+    ) -> anyhow::Result<R> {
         let RegistrationTarget::Host { ptr, len } = source.target() else {
             anyhow::bail!(
                 "the TCP wire reads host memory only (GPU memory goes through the staged ring)"
             );
         };
         let base = SourceBase(ptr.as_ptr());
-        let (tx, done) = mpsc::channel();
-        let mut wire = TcpWire {
-            jobs: Vec::new(),
-            done,
-            threads: Vec::new(),
-            shutters: Vec::new(),
-            source_len: len,
-            written: BTreeSet::new(),
-            next_done: 0,
-            failed: false,
-            _source: PhantomData,
-        };
-        for (i, stream) in streams.iter().enumerate() {
-            let mut stream = stream.try_clone()?;
-            wire.shutters.push(stream.try_clone()?);
-            let (jobs, rx) = mpsc::channel::<Job>();
-            let tx = tx.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("tcp-writer-{i}"))
-                .spawn(move || {
-                    let base = base;
-                    for job in rx {
-                        // SAFETY: post() checked that [from, from + len) lies inside the
-                        // source; the poster keeps those bytes valid and unmodified until
-                        // we report the chunk written, and Drop joins us before the
-                        // source's borrow ends.
-                        let bytes =
-                            unsafe { std::slice::from_raw_parts(base.0.add(job.from), job.len) };
-                        let frame = Frame {
-                            offset: job.offset,
-                            len: job.len as u32,
-                        };
-                        let result = stream
-                            .write_all(&frame.encode())
-                            .and_then(|()| stream.write_all(bytes));
-                        let report = result.map(|()| job.index).map_err(|e| {
-                            socket::why(&e, timeout, &format!("writing chunk {}", job.index))
-                        });
-                        let stop = report.is_err();
-                        if tx.send(report).is_err() || stop {
-                            break;
+        std::thread::scope(|scope| {
+            let (tx, done) = mpsc::channel();
+            let mut wire = TcpWire {
+                jobs: Vec::new(),
+                done,
+                shutters: Vec::new(),
+                source_len: len,
+                written: BTreeSet::new(),
+                next_done: 0,
+                failed: false,
+                _scope: PhantomData,
+            };
+            for (i, stream) in streams.iter().enumerate() {
+                let mut stream = stream.try_clone()?;
+                wire.shutters.push(stream.try_clone()?);
+                let (jobs, rx) = mpsc::channel::<Job>();
+                let tx = tx.clone();
+                std::thread::Builder::new()
+                    .name(format!("tcp-writer-{i}"))
+                    .spawn_scoped(scope, move || {
+                        let base = base;
+                        for job in rx {
+                            // SAFETY: post() checked that [from, from + len) lies inside
+                            // the source; the poster keeps those bytes valid and
+                            // unmodified until we report the chunk written, and this
+                            // thread ends inside `scope`, while the source is borrowed.
+                            let bytes = unsafe {
+                                std::slice::from_raw_parts(base.0.add(job.from), job.len)
+                            };
+                            let frame = Frame {
+                                offset: job.offset,
+                                len: job.len as u32,
+                            };
+                            let result = stream
+                                .write_all(&frame.encode())
+                                .and_then(|()| stream.write_all(bytes));
+                            let report = result.map(|()| job.index).map_err(|e| {
+                                socket::why(&e, timeout, &format!("writing chunk {}", job.index))
+                            });
+                            let stop = report.is_err();
+                            if tx.send(report).is_err() || stop {
+                                break;
+                            }
                         }
-                    }
-                })?;
-            wire.jobs.push(jobs);
-            wire.threads.push(thread);
-        }
-        Ok(wire)
+                    })?;
+                wire.jobs.push(jobs);
+            }
+            // The wire's Drop (here, or while unwinding from a panic in `f`) closes the
+            // job channels and breaks blocked writes off; the scope then joins the
+            // writers before returning.
+            Ok(f(&mut wire))
+        })
     }
 
     /// Start counting chunks from 0 again (the next transfer on this connection).
@@ -128,7 +136,9 @@ impl<'m> TcpWire<'m> {
     }
 }
 
-impl ChunkWire for TcpWire<'_> {
+// SAFETY: a chunk is reported done only once every chunk up to it was written to its
+// socket (the kernel copied the bytes), and a writer reads nothing of a chunk after that.
+unsafe impl ChunkWire for TcpWire<'_> {
     fn batch(&self) -> usize {
         1
     }
@@ -188,17 +198,14 @@ impl ChunkWire for TcpWire<'_> {
 
 impl Drop for TcpWire<'_> {
     fn drop(&mut self) {
-        // The threads read the borrowed source: they must be gone before the borrow ends.
-        // After a failure, a writer may be blocked on a stalled peer: shutting the
-        // sockets down breaks the write off at once instead of after --timeout.
+        // The scope joins the writers next. After a failure, a writer may be blocked on a
+        // stalled peer: shutting the sockets down breaks the write off at once instead of
+        // after --timeout. (Not what makes the wire sound: the scope is.)
         if self.failed {
             for s in &self.shutters {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
         self.jobs.clear();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
     }
 }

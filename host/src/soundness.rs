@@ -1,0 +1,192 @@
+//! The promises the types make, each shown by code the compiler refuses.
+//!
+//! Safe code must not be able to reach undefined behaviour through this crate: not by
+//! leaking a value (`mem::forget` and `Rc` cycles are safe, so a destructor is never a
+//! guarantee), not by implementing a trait badly, not by juggling CUDA contexts. Each
+//! section below names one promise and holds a `compile_fail` example that breaks it (the
+//! doctest fails if that code ever compiles, with the error code given), beside the same
+//! code done right, which must compile. `cargo test --doc -p host` runs them; the README's
+//! soundness section says which promises rest on types, which on run-time checks, and
+//! which remain the caller's.
+//!
+//! # A wire's threads cannot outlive the source they read
+//!
+//! The memcpy and TCP wires read the sender's memory on threads of their own. They exist
+//! only inside a scope, like `std::thread::scope`: the threads are joined before
+//! [`MemcpyWire::scope`](crate::transfer::memcpy_wire::MemcpyWire::scope) returns, so
+//! there is no wire to forget with its threads still reading.
+//!
+//! ```
+//! use host::memory::HostBuffer;
+//! use host::transfer::memcpy_wire::MemcpyWire;
+//! let source = HostBuffer::with_pattern(4096).unwrap();
+//! let (_, copy) = MemcpyWire::scope(&source, vec![0; 4096], |_wire| ()).unwrap();
+//! assert_eq!(copy.len(), 4096);
+//! ```
+//!
+//! ```compile_fail,E0521
+//! use host::memory::HostBuffer;
+//! use host::transfer::memcpy_wire::MemcpyWire;
+//! let source = HostBuffer::with_pattern(4096).unwrap();
+//! let mut kept = None;
+//! // Smuggle the wire out of its scope, to forget it later: refused.
+//! MemcpyWire::scope(&source, vec![0; 4096], |wire| kept = Some(wire)).unwrap();
+//! ```
+//!
+//! # Safe code cannot implement the traits unsafe code trusts
+//!
+//! The chunk schedule hands a source's byte ranges to wires that read them on other
+//! threads or through the NIC, and gives a chunk back only when its wire reports it done.
+//! Both sides are `unsafe trait`s, and giving a chunk back early is an `unsafe fn`.
+//!
+//! ```compile_fail,E0200
+//! use host::memory::{DataPath, Registrable, SendSource};
+//! struct Rewrites(host::memory::HostBuffer);
+//! impl SendSource for Rewrites {
+//!     fn len(&self) -> usize { 4096 }
+//!     fn memory(&self) -> &dyn Registrable { &self.0 }
+//!     fn prepare_chunk(&self, o: usize, l: usize, _: std::time::Instant)
+//!         -> anyhow::Result<std::ops::Range<usize>> { Ok(o..o + l) }
+//!     fn first_values(&self, _: usize) -> anyhow::Result<Vec<i32>> { Ok(vec![]) }
+//!     fn path(&self) -> DataPath { DataPath::HostMemory }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0200
+//! use host::transfer::schedule::{ChunkWire, Posted, WireError};
+//! struct ReportsEarly;
+//! impl ChunkWire for ReportsEarly {
+//!     unsafe fn post(&mut self, _: &[Posted]) -> Result<(), WireError> { Ok(()) }
+//!     fn wait(&mut self, _: &host::rdma::Deadline) -> Result<Option<u64>, WireError> {
+//!         Ok(Some(u64::MAX))
+//!     }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0133
+//! use host::memory::{HostBuffer, SendSource};
+//! let source = HostBuffer::with_pattern(4096).unwrap();
+//! source.release_chunk(0); // "the wire is done with it": only unsafe code may say so
+//! ```
+//!
+//! # A queue pair cannot outlive a region it was given
+//!
+//! A [`QueuePair`](crate::rdma::QueuePair)`<'r>` takes only [`Sge`](crate::rdma::Sge)`<'r>`s
+//! and is invariant in `'r`, so every region it was given outlives it: the queue pair is
+//! destroyed first (a covariant `'r` let it take a shorter-lived region's SGE).
+//!
+//! ```no_run
+//! use host::memory::HostBuffer;
+//! use host::rdma::{MemoryRegion, ProtectionDomain, QueuePair};
+//! use std::rc::Rc;
+//! fn post<'r>(qp: &QueuePair<'r>, pd: &Rc<ProtectionDomain>, buffer: &'r HostBuffer) {
+//!     let mr = MemoryRegion::register(pd, buffer).unwrap();
+//!     let mr: &'r MemoryRegion<'r> = Box::leak(Box::new(mr));
+//!     // SAFETY: (not run) nothing touches the buffer until the receive completes.
+//!     unsafe { qp.post_recv(0, Some(mr.sge(0..64).unwrap())).unwrap() };
+//! }
+//! ```
+//!
+//! ```compile_fail,E0597
+//! use host::memory::HostBuffer;
+//! use host::rdma::{MemoryRegion, ProtectionDomain, QueuePair};
+//! use std::rc::Rc;
+//! fn post(qp: &QueuePair<'_>, pd: &Rc<ProtectionDomain>) {
+//!     let buffer = HostBuffer::zeroed(64).unwrap();
+//!     let mr = MemoryRegion::register(pd, &buffer).unwrap();
+//!     // SAFETY: (not run) the point is that it does not compile.
+//!     unsafe { qp.post_recv(0, Some(mr.sge(0..64).unwrap())).unwrap() };
+//! } // the region and the buffer die here, before the queue pair
+//! ```
+//!
+//! # A region the peer may write cannot be leaked by safe code
+//!
+//! A leaked registration stays registered; with remote write, the peer holding its rkey
+//! would then write memory that has been freed. So only local registration is safe.
+//!
+//! ```compile_fail,E0133
+//! use host::memory::HostBuffer;
+//! use host::rdma::{MemoryRegion, ProtectionDomain};
+//! fn leak(pd: &std::rc::Rc<ProtectionDomain>) {
+//!     let buffer = HostBuffer::zeroed(64).unwrap();
+//!     let mr = MemoryRegion::register_remote_writable(pd, &buffer).unwrap();
+//!     std::mem::forget(mr);
+//! }
+//! ```
+//!
+//! # No shared slice over memory a peer may write
+//!
+//! Buffers hand out slices only from `&mut self`, which a registration's borrow excludes;
+//! their shared methods copy bytes out through raw pointers.
+//!
+//! ```no_run
+//! use host::memory::HostBuffer;
+//! use host::rdma::{MemoryRegion, ProtectionDomain};
+//! fn read(pd: &std::rc::Rc<ProtectionDomain>) {
+//!     let mut buffer = HostBuffer::zeroed(64).unwrap();
+//!     // SAFETY: (not run) dropped below, before the buffer; no reference reads it.
+//!     let mr = unsafe { MemoryRegion::register_remote_writable(pd, &buffer) }.unwrap();
+//!     let copy = buffer.read_prefix(64); // a copy: fine while the peer may write
+//!     drop(mr);
+//!     let bytes: &[u8] = buffer.as_bytes(); // a slice once the region is gone
+//!     assert_eq!(copy, bytes);
+//! }
+//! ```
+//!
+//! ```compile_fail,E0502
+//! use host::memory::HostBuffer;
+//! use host::rdma::{MemoryRegion, ProtectionDomain};
+//! fn read(pd: &std::rc::Rc<ProtectionDomain>) {
+//!     let mut buffer = HostBuffer::zeroed(64).unwrap();
+//!     // SAFETY: (not run) the point is that it does not compile.
+//!     let mr = unsafe { MemoryRegion::register_remote_writable(pd, &buffer) }.unwrap();
+//!     let bytes: &[u8] = buffer.as_bytes(); // while the peer may write it: refused
+//!     drop(mr);
+//!     let _ = bytes;
+//! }
+//! ```
+#![cfg_attr(
+    feature = "cuda",
+    doc = r#"
+```compile_fail,E0502
+use host::gpu::{allocations::PinnedHostBuffer, Gpu};
+use host::rdma::{MemoryRegion, ProtectionDomain};
+fn read(gpu: &std::rc::Rc<Gpu>, pd: &std::rc::Rc<ProtectionDomain>) {
+    let mut ring = PinnedHostBuffer::new(gpu, 64).unwrap();
+    // SAFETY: (not run) the point is that it does not compile.
+    let mr = unsafe { MemoryRegion::register_remote_writable(pd, &ring) }.unwrap();
+    let bytes: &[u8] = ring.as_bytes(); // page-locked memory the peer may write: refused
+    drop(mr);
+    let _ = bytes;
+}
+```
+
+# Safe code runs no device code but this crate's kernels
+
+The launches check memory against the embedded kernels' contract, so loading other PTX
+is `unsafe`: safe code could otherwise run any device code on memory it does not own.
+
+```compile_fail,E0133
+use host::gpu::Gpu;
+let gpu = Gpu::open_with_ptx(0, ".version 8.0\n.target sm_90\n.address_size 64\n");
+```
+
+```no_run
+use host::gpu::Gpu;
+let gpu = Gpu::open(0).unwrap(); // the kernels this build embeds
+```
+
+# Buffers of one GPU are not used with another
+
+Every buffer holds the `Rc<Gpu>` it was allocated with; a launch checks that it is its
+own GPU's (a run-time check: both are the same type), and every driver call binds that
+GPU's context first, whatever context other code left current. `tests/tests/gpu.rs`
+shows both on a GPU (`a_buffer_of_another_gpu_is_refused`,
+`another_current_context_does_not_redirect_allocations_or_launches`).
+
+# An upload is not read before its copies land
+
+`DeviceUpload::memory` answers only once no copy into the memory may still be running
+(a run-time check, shown on a GPU by `an_upload_is_not_readable_before_its_copies_land`).
+"#
+)]
