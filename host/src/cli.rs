@@ -229,7 +229,7 @@ pub struct SendArgs {
 }
 
 /// `host recv`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RecvArgs {
     /// Local address to listen on (0.0.0.0: every RDMA-capable interface).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
@@ -304,10 +304,11 @@ pub struct RecvArgs {
     #[arg(long, value_name = "BYTES/S", default_value = "1MiB", value_parser = parse_size)]
     pub min_rate: u64,
 
-    /// Transfers served at once for one sender address (its share of --max-connections);
-    /// more from that address are rejected at once with "receiver busy".
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub max_per_peer: u32,
+    /// Transfers served at once for one sender address (its share of --max-connections;
+    /// default: all of it); more from that address are rejected at once with "receiver
+    /// busy". Handshakes are capped per address anyway (80 sockets at once).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_per_peer: Option<u32>,
 
     /// Serve only senders whose address is in one of these networks (`10.0.0.0/8`,
     /// `192.0.2.7`, `fd00::/16`, comma-separated); others are refused before anything
@@ -326,6 +327,13 @@ pub struct RecvArgs {
     /// rejected, failed); human lines go to stderr.
     #[arg(long)]
     pub json: bool,
+}
+
+impl RecvArgs {
+    /// `--max-per-peer`, by default `--max-connections`.
+    pub fn max_per_peer(&self) -> usize {
+        self.max_per_peer.unwrap_or(self.max_connections) as usize
+    }
 }
 
 /// A transfer size: at least one element and whole elements.

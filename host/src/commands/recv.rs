@@ -2,13 +2,15 @@
 
 use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use host::cli::RecvArgs;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
+use host::server::admission::{Admission, Limits};
 use host::transfer::units::format_bytes;
 use host::transfer::{RecvOutcome, RecvReport};
 use host::transport::rdma::{self, RecvConfig, SinkFactoryMaker};
+use host::transport::TransportKind;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -212,16 +214,33 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     if let Some(note) = &chosen.note {
         eprintln!("note: {note}");
     }
-    if chosen.kind == host::transport::TransportKind::Tcp {
-        let json_out = args.json;
-        let verified = super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?;
-        return Ok(if verified {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
-    }
-    let cfg = RecvConfig {
+    let json_out = args.json;
+    let auto = args.transport == host::transport::TransportKind::Auto;
+    let verified = match chosen.kind {
+        TransportKind::Rdma if args.key_file.is_some() && auto => {
+            eprintln!(
+                "note: --key-file: the verbs receiver has no key check yet, so only TCP is served"
+            );
+            super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?
+        }
+        TransportKind::Rdma if args.key_file.is_some() => {
+            bail!("--key-file is checked over TCP only so far; use --transport tcp (or auto), or drop --key-file")
+        }
+        // A sender whose auto choice fell back to TCP (no RDMA route to here) finds this
+        // receiver too: both listen, under one admission.
+        TransportKind::Rdma if auto && !args.raw => serve_both(args)?,
+        TransportKind::Rdma => serve_verbs(args, None)?,
+        _ => super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?,
+    };
+    Ok(if verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn verbs_config(args: &RecvArgs) -> RecvConfig {
+    RecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,
         raw: args.raw,
@@ -231,13 +250,65 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         max_connections: args.max_connections as usize,
         max_memory: args.max_memory,
         min_rate: args.min_rate,
-    };
+        max_per_peer: args.max_per_peer(),
+        allow: args.allow.clone().unwrap_or_default(),
+    }
+}
+
+/// The verbs receiver, under its own admission or a shared one.
+fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bool> {
+    let cfg = verbs_config(args);
     let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
-    let verified = rdma::serve(&cfg, make_sinks, &mut |o| print_outcome(o, json_out))?;
-    Ok(if verified {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    let mut report = |o: &RecvOutcome| print_outcome(o, json_out);
+    Ok(match admission {
+        Some(a) => rdma::serve_with(&cfg, make_sinks, a, &mut report)?,
+        None => rdma::serve(&cfg, make_sinks, &mut report)?,
     })
+}
+
+/// `--transport auto` with an RDMA device: verbs and TCP on the same port number, each on
+/// a thread of its own, under one admission (connections, bytes, per address); the first
+/// to end (`--once`, or a listener's error) ends the receiver.
+fn serve_both(args: &RecvArgs) -> Result<bool> {
+    let limits = Limits::receiver(
+        args.once,
+        args.max_connections as usize,
+        args.max_memory,
+        args.max_per_peer(),
+    );
+    let admission = Admission::new(limits);
+    eprintln!(
+        "note: --transport auto: listening on TCP port {} too (for senders without an RDMA route here)",
+        args.port
+    );
+    let (done, first) = std::sync::mpsc::channel::<Result<bool>>();
+    let spawn = |name: &str, serve: Box<dyn FnOnce() -> Result<bool> + Send>| {
+        let done = done.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _ = done.send(serve());
+            })
+            .map(drop)
+    };
+    let (tcp_args, tcp_admission) = (args.clone(), admission.clone());
+    spawn(
+        "tcp-receiver",
+        Box::new(move || {
+            let json_out = tcp_args.json;
+            super::tcp::serve_with(&tcp_args, &tcp_admission, &mut |o| {
+                print_outcome(o, json_out)
+            })
+        }),
+    )?;
+    let verbs_args = args.clone();
+    spawn(
+        "rdma-receiver",
+        Box::new(move || serve_verbs(&verbs_args, Some(&admission))),
+    )?;
+    drop(done);
+    first
+        .recv()
+        .map_err(|_| anyhow::anyhow!("both receivers ended without a word"))?
 }

@@ -6,10 +6,12 @@ use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
+use host::server::admission::{Admission, Limits};
 use host::transfer::{Op, RecvOutcome, SendReport};
 use host::transport::rdma::SendConfig;
 use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// The sender's memory over TCP: GPU memory (`--mem device`) goes through the staged ring,
 /// because no NIC can read GPU memory for a socket.
@@ -57,6 +59,21 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
 
 /// `host recv --transport tcp`.
 pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bool> {
+    let limits = Limits::receiver(
+        args.once,
+        args.max_connections as usize,
+        args.max_memory,
+        args.max_per_peer(),
+    );
+    serve_with(args, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with the verbs receiver (`--transport auto`).
+pub fn serve_with(
+    args: &RecvArgs,
+    admission: &Arc<Admission>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool> {
     if args.raw {
         bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma");
     }
@@ -68,7 +85,7 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
         max_connections: args.max_connections as usize,
         max_memory: args.max_memory,
         min_rate: args.min_rate,
-        max_per_peer: args.max_per_peer as usize,
+        max_per_peer: args.max_per_peer(),
         allow: args.allow.clone().unwrap_or_default(),
         key: key(args.key_file.as_deref())?,
     };
@@ -79,7 +96,7 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
             bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
         }
     };
-    Ok(tcp::serve(&cfg, &memory, report)?)
+    Ok(tcp::serve_with(&cfg, &memory, admission, report)?)
 }
 
 /// `--key-file`, read once.

@@ -31,6 +31,48 @@ pub struct Limits {
     pub max_descriptors: u64,
 }
 
+/// Sockets in their handshake at once at most, all peers together (TCP).
+pub const MAX_HANDSHAKES: usize = 256;
+/// Sockets in their handshake at once from one address: more than a TCP sender's largest
+/// burst of stream sockets (64), well under [`MAX_HANDSHAKES`], so one address cannot
+/// take every slot.
+pub const MAX_HANDSHAKES_PER_PEER: usize = 80;
+/// Descriptors kept free for everything else (the listener, standard streams, files).
+const SPARE_DESCRIPTORS: u64 = 32;
+
+impl Limits {
+    /// A receiver's limits from its options: one connection with `--once`; handshakes
+    /// as above; descriptors up to this process's open-files limit, less a spare.
+    pub fn receiver(
+        once: bool,
+        max_connections: usize,
+        max_memory: u64,
+        max_per_peer: usize,
+    ) -> Limits {
+        Limits {
+            max_connections: if once { 1 } else { max_connections.max(1) },
+            max_memory,
+            max_handshakes: MAX_HANDSHAKES,
+            max_handshakes_per_peer: MAX_HANDSHAKES_PER_PEER,
+            max_per_peer: max_per_peer.max(1),
+            max_descriptors: open_files_limit()
+                .map_or(u64::MAX, |n| n.saturating_sub(SPARE_DESCRIPTORS)),
+        }
+    }
+}
+
+/// The descriptors this process may open (the soft `RLIMIT_NOFILE`), read from
+/// `/proc/self/limits`; `None` where it cannot be read or is unlimited.
+pub fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// What one transfer holds while it is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Want {
@@ -253,6 +295,16 @@ mod tests {
 
     fn want(bytes: u64, descriptors: u64) -> Want {
         Want { bytes, descriptors }
+    }
+
+    #[test]
+    fn a_receivers_limits_and_the_open_files_limit() {
+        let n = open_files_limit().expect("/proc/self/limits names the open-files limit");
+        assert!(n >= 64, "{n}");
+        let l = Limits::receiver(true, 16, 1 << 30, 8);
+        assert_eq!((l.max_connections, l.max_per_peer), (1, 8));
+        assert_eq!(l.max_descriptors, n - SPARE_DESCRIPTORS);
+        const { assert!(MAX_HANDSHAKES_PER_PEER > 64 && MAX_HANDSHAKES_PER_PEER < MAX_HANDSHAKES) };
     }
 
     #[test]

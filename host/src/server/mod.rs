@@ -17,3 +17,44 @@ pub mod key;
 pub use admission::{Admission, HandshakeSlot, Lease, Limits, Want};
 pub use allow::AllowList;
 pub use key::Key;
+
+use std::time::{Duration, Instant};
+
+/// With `--min-rate`, when transfer `k` (from 0) of a connection must be done: the rate
+/// counts over the connection since its accept, `(k + 1) × total` bytes within
+/// `--timeout + (k + 1) × total / rate`, so a `--reuse-connection` peer cannot hold a
+/// slot by sending one small transfer now and then. `None` without a rate.
+pub fn whole_deadline(
+    accepted_at: Instant,
+    timeout: Duration,
+    min_rate: u64,
+    total: u64,
+    k: u64,
+) -> Option<Instant> {
+    (min_rate > 0).then(|| {
+        let bytes = total as f64 * (k as f64 + 1.0);
+        let allowed = (bytes / min_rate as f64).min(1e9);
+        accepted_at + timeout + Duration::from_secs_f64(allowed)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_counts_over_the_connection() {
+        let t0 = Instant::now();
+        let d = |k| whole_deadline(t0, Duration::from_secs(10), 1 << 20, 4 << 20, k).unwrap() - t0;
+        assert_eq!(d(0), Duration::from_secs(14));
+        assert_eq!(
+            d(9),
+            Duration::from_secs(50),
+            "10 × 4 MiB at 1 MiB/s, plus 10 s"
+        );
+        assert_eq!(
+            whole_deadline(t0, Duration::from_secs(10), 0, 4 << 20, 0),
+            None
+        );
+    }
+}

@@ -13,8 +13,13 @@
 //!
 //! **Deadlines a slow peer cannot stretch.** Besides `--timeout` for every wait (which
 //! restarts on progress), a transfer of `n` bytes must be done within `--timeout` plus
-//! `n / --min-rate`; past that the receiver sends a "too slow" ack and disconnects, and
-//! both sides say so.
+//! `n / --min-rate`, and over a `--reuse-connection` the rate counts over the connection
+//! (transfer `k` done `--timeout + (k + 1) × n / rate` after it was established); past
+//! that the receiver sends a "too slow" ack and disconnects, and both sides say so.
+//!
+//! **Admission** is the TCP receiver's too ([`crate::server`]): `--allow`, then
+//! connections, this address's share (`--max-per-peer`) and bytes, answered at once by
+//! the listener; `--once` is used up only by a connection that was accepted.
 
 use super::conn::{
     is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
@@ -26,13 +31,16 @@ use crate::rdma::{
     self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
+use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::AllowList;
 use crate::transfer::header::{
     AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
-use std::net::SocketAddr;
+use std::cell::Cell;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -60,18 +68,24 @@ pub struct RecvConfig {
     pub max_connections: usize,
     /// Bytes of receive buffers held at once; an offer that would go over is rejected.
     pub max_memory: u64,
-    /// Bytes per second a transfer must average (beyond its first `timeout`); 0: no limit.
+    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
+    /// limit.
     pub min_rate: u64,
+    /// Connections served at once for one address.
+    pub max_per_peer: usize,
+    /// Addresses served (empty: all).
+    pub allow: AllowList,
 }
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
 /// on the thread that made them).
 pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
 
-/// A connection's thread, done: what happened, and the buffer bytes it had reserved.
+/// A connection's thread, done: what happened, and whether the connection was accepted
+/// (only an accepted one uses `--once` up).
 struct Finished {
     outcome: RecvOutcome,
-    reserved: u64,
+    accepted: bool,
 }
 
 /// Listen on `cfg.bind` and serve senders, many at once, telling `report` about each.
@@ -80,6 +94,23 @@ struct Finished {
 pub fn serve(
     cfg: &RecvConfig,
     make_sinks: Arc<SinkFactoryMaker>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_with(cfg, make_sinks, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with another receiver (`--transport auto` serves
+/// verbs and TCP under one).
+pub fn serve_with(
+    cfg: &RecvConfig,
+    make_sinks: Arc<SinkFactoryMaker>,
+    admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     rdma::ensure_device()?;
@@ -91,22 +122,13 @@ pub fn serve(
         .local_addr()
         .map_or_else(|| cfg.bind.to_string(), |a| a.to_string());
     report(&RecvOutcome::Listening { addr });
-    // `--once` serves one transfer: one connection at a time, and only a transfer (not a
-    // rejected offer) uses it up.
-    let max_connections = if cfg.once {
-        1
-    } else {
-        cfg.max_connections.max(1)
-    };
+    // `--once` serves one transfer: one connection at a time, and only a transfer that
+    // was accepted (not a refused or withdrawn request) uses it up.
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
-    let mut active = 0usize;
-    let mut reserved = 0u64;
     loop {
         for finished in done_rx.try_iter() {
-            active -= 1;
-            reserved -= finished.reserved;
             report(&finished.outcome);
-            if cfg.once && !matches!(finished.outcome, RecvOutcome::Rejected { .. }) {
+            if cfg.once && finished.accepted {
                 return Ok(matches!(&finished.outcome, RecvOutcome::Completed(r) if r.ok()));
             }
         }
@@ -133,8 +155,8 @@ pub fn serve(
             }
         };
         let peer = peer_label(request.peer);
-        let wanted = match admit(cfg, &request, active, max_connections, reserved) {
-            Ok(wanted) => wanted,
+        let lease = match admit(cfg, admission, &request) {
+            Ok(lease) => lease,
             Err(reason) => {
                 report(&conclude(
                     &request.id,
@@ -157,22 +179,21 @@ pub fn serve(
             .name(format!("recv {peer}"))
             .spawn(move || {
                 let request = request.into_inner();
-                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref());
+                let accepted = Cell::new(false);
+                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref(), &accepted);
+                // Its share is free before the listener hears of the end.
+                drop(lease);
                 // The listener may be gone (--once ended): nothing left to tell.
                 let _ = done.send(Finished {
                     outcome,
-                    reserved: wanted,
+                    accepted: accepted.get(),
                 });
             });
-        match spawned {
-            Ok(_) => {
-                active += 1;
-                reserved += wanted;
-            }
-            Err(e) => report(&RecvOutcome::Failed {
+        if let Err(e) = spawned {
+            report(&RecvOutcome::Failed {
                 peer,
                 error: format!("starting a thread for the connection: {e}"),
-            }),
+            });
         }
     }
 }
@@ -182,20 +203,19 @@ const LISTEN_BACKLOG: i32 = 64;
 /// How often the listener looks for finished connections when no request comes.
 const LISTENER_TICK: Duration = Duration::from_millis(50);
 
-/// May this request be served now? The buffer bytes it will hold, or why not. Offers the
-/// connection's thread will reject anyway (a bad header, too large) reserve nothing.
+/// May this request be served now? Its lease on the receiver's connections and bytes,
+/// or why not: an address outside `--allow` first, before anything else. Offers the
+/// connection's thread will reject anyway (a bad header, too large) reserve no bytes.
 fn admit(
     cfg: &RecvConfig,
+    admission: &Arc<Admission>,
     request: &ConnectRequest,
-    active: usize,
-    max_connections: usize,
-    reserved: u64,
-) -> Result<u64, RejectReason> {
-    if active >= max_connections {
-        return Err(RejectReason::BusyConnections {
-            active: active as u64,
-            max: max_connections as u64,
-        });
+) -> Result<Lease, RejectReason> {
+    let ip = request
+        .peer
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+    if !cfg.allow.is_empty() && (request.peer.is_none() || !cfg.allow.permits(ip)) {
+        return Err(RejectReason::NotAllowed);
     }
     let wanted = if cfg.raw {
         cfg.max_bytes
@@ -205,13 +225,13 @@ fn admit(
             _ => 0,
         }
     };
-    if reserved.saturating_add(wanted) > cfg.max_memory {
-        return Err(RejectReason::BusyMemory {
-            wanted,
-            max: cfg.max_memory,
-        });
-    }
-    Ok(wanted)
+    admission.admit(
+        ip,
+        Want {
+            bytes: wanted,
+            descriptors: 0,
+        },
+    )
 }
 
 /// Serve one connection on its own thread, with buffers made there, and tell the peer
@@ -220,11 +240,12 @@ fn serve_connection(
     cfg: &RecvConfig,
     request: ConnectRequest,
     make_sinks: &SinkFactoryMaker,
+    accepted: &Cell<bool>,
 ) -> RecvOutcome {
     let peer = peer_label(request.peer);
     let result = match make_sinks() {
-        Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks),
-        Ok(sinks) => framed(cfg, &request, &peer, &sinks),
+        Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks, accepted),
+        Ok(sinks) => framed(cfg, &request, &peer, &sinks, accepted),
         Err(e) => Err(internal(format!("{e:#}"))),
     };
     conclude(&request.id, peer, result)
@@ -298,6 +319,7 @@ fn framed(
     request: &ConnectRequest,
     peer: &str,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     let header = Header::decode(&request.private_data)
         .map_err(|e| Failure::Refuse(RejectReason::BadHeader(e), None))?;
@@ -321,7 +343,7 @@ fn framed(
             None,
         ));
     }
-    receive_framed(cfg, &request.id, peer, header, sinks)
+    receive_framed(cfg, &request.id, peer, header, sinks, accepted)
 }
 
 /// Walk the receiver's memory plan on this connection's protection domain: make a
@@ -469,6 +491,7 @@ fn receive_framed(
     peer: &str,
     header: Header,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     let total = header.total_bytes;
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
@@ -534,6 +557,7 @@ fn receive_framed(
         },
     };
     id.accept(&ConnParams::with_private_data(&accept.encode()))?;
+    accepted.set(true);
     // Should the receives run out after all, the sender retries after 0.64 ms, not the
     // 655 ms the CM leaves configured. Only an optimisation: failure is not fatal.
     let _ = conn.qp.set_min_rnr_timer(MIN_RNR_TIMER);
@@ -569,6 +593,7 @@ fn receive_framed(
             &mut recvs,
             &mut comps,
             context,
+            start,
             &mut on_ack,
         );
         if let Err(Failure::TooSlow(TransferError::TooSlow { got, .. })) = &received {
@@ -747,8 +772,10 @@ fn receive_transfer(
     recvs: &mut Receives,
     comps: &mut Vec<Completion>,
     context: Context,
+    established: Instant,
     on_ack: &mut dyn FnMut(&Completion),
 ) -> Result<(), Failure> {
+    let k = context.k;
     let context = || context.words();
     let total = header.total_bytes;
     let n = plan.count();
@@ -762,12 +789,10 @@ fn receive_transfer(
         })
     };
     let mut deadline = Deadline::after(cfg.timeout);
-    // The whole transfer's end: progress cannot push it back (see the module docs).
-    let started = Instant::now();
-    let whole = (cfg.min_rate > 0).then(|| {
-        let allowed = total as f64 / cfg.min_rate as f64;
-        Deadline::after(cfg.timeout + Duration::from_secs_f64(allowed.min(1e9)))
-    });
+    // The whole transfer's end: progress cannot push it back, and over a reused
+    // connection the rate counts since its start (see the module docs).
+    let whole = crate::server::whole_deadline(established, cfg.timeout, cfg.min_rate, total, k)
+        .map(|at| Deadline::after(at.saturating_duration_since(Instant::now())));
     let mut gone = false;
     while got < n {
         if gone {
@@ -786,7 +811,7 @@ fn receive_transfer(
                     peer: peer.to_string(),
                     got: plan.bytes_through(got),
                     total,
-                    seconds: started.elapsed().as_secs_f64(),
+                    seconds: established.elapsed().as_secs_f64(),
                     min_rate: cfg.min_rate,
                 }))
             }
@@ -956,6 +981,7 @@ fn raw(
     request: &ConnectRequest,
     peer: &str,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     if Header::decode(&request.private_data).is_ok() {
         // A framed sender would wait for an accept with a buffer offer we do not make.
@@ -983,6 +1009,7 @@ fn raw(
     // SAFETY: the sink is read (verified) only after the receive completed.
     unsafe { conn.qp.post_recv(TAG_DATA, Some(sge)).map_err(internal)? };
     id.accept(&ConnParams::with_private_data(&[]))?;
+    accepted.set(true);
     wait_established(id, peer, cfg.timeout)?;
     let start = Instant::now();
 

@@ -28,7 +28,7 @@
 //! opened the context, so transfers into GPU memory are served one after another on the
 //! calling thread, which owns the GPU (counted by the same admission).
 
-use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC, MAX_STREAMS};
+use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
 use super::landing::{HostLanding, Landing, ReadLimits, Stop};
 use super::socket::{self, ReadStop};
 use crate::memory::select::AttemptLog;
@@ -47,14 +47,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Sockets in their handshake at once at most, all peers together.
-pub const MAX_HANDSHAKES: usize = 256;
-/// Sockets in their handshake at once from one address: more than a sender's largest
-/// burst of stream sockets (`MAX_STREAMS`), well under [`MAX_HANDSHAKES`], so one address
-/// cannot take every slot.
-pub const MAX_HANDSHAKES_PER_PEER: usize = MAX_STREAMS as usize + 16;
-/// Descriptors kept free for everything else (the listener, standard streams, files).
-const SPARE_DESCRIPTORS: u64 = 32;
 /// How often the accept loop looks whether the receiver is done.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
 /// How long the accept loop stops when the process is out of descriptors.
@@ -163,41 +155,28 @@ struct Shared {
     routes: Routes,
 }
 
-/// The descriptors this process may open (the soft `RLIMIT_NOFILE`), read from
-/// `/proc/self/limits`; `None` where it cannot be read or is unlimited.
-pub fn open_files_limit() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// The shared limits of this receiver.
-fn limits(cfg: &TcpRecvConfig) -> Limits {
-    let connections = if cfg.once {
-        1
-    } else {
-        cfg.max_connections.max(1)
-    };
-    Limits {
-        max_connections: connections,
-        max_memory: cfg.max_memory,
-        max_handshakes: MAX_HANDSHAKES,
-        max_handshakes_per_peer: MAX_HANDSHAKES_PER_PEER,
-        max_per_peer: cfg.max_per_peer.max(1),
-        max_descriptors: open_files_limit()
-            .map_or(u64::MAX, |n| n.saturating_sub(SPARE_DESCRIPTORS)),
-    }
-}
-
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
 /// with `--once` (`Ok(true)` if that transfer verified) or on an error of the listener.
 pub fn serve(
     cfg: &TcpRecvConfig,
     memory: &RecvMemory,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_with(cfg, memory, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with another receiver (`--transport auto` serves
+/// verbs and TCP under one).
+pub fn serve_with(
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let listener = TcpListener::bind(cfg.bind).map_err(|e| {
@@ -213,7 +192,7 @@ pub fn serve(
 
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
-        admission: Admission::new(limits(cfg)),
+        admission: admission.clone(),
         routes: Routes::default(),
     });
     let (events, rx) = mpsc::channel::<Event>();
@@ -794,7 +773,13 @@ fn receive_all(
         }
         let limits = ReadLimits {
             timeout: cfg.timeout,
-            deadline: whole_deadline(cfg, accepted_at, total, k),
+            deadline: crate::server::whole_deadline(
+                accepted_at,
+                cfg.timeout,
+                cfg.min_rate,
+                total,
+                k as u64,
+            ),
         };
         let got = AtomicU64::new(0);
         let start = Instant::now();
@@ -870,22 +855,6 @@ fn receive_all(
     })
 }
 
-/// With `--min-rate`, when transfer `k` (from 0) of a connection must be done: the rate
-/// counts over the connection since its accept, so `(k + 1) × total` bytes in
-/// `--timeout + (k + 1) × total / rate`.
-pub fn whole_deadline(
-    cfg: &TcpRecvConfig,
-    accepted_at: Instant,
-    total: u64,
-    k: u32,
-) -> Option<Instant> {
-    (cfg.min_rate > 0).then(|| {
-        let bytes = total as f64 * (k as f64 + 1.0);
-        let allowed = (bytes / cfg.min_rate as f64).min(1e9);
-        accepted_at + cfg.timeout + Duration::from_secs_f64(allowed)
-    })
-}
-
 /// The verification of all transfers of a connection: counts add up, the first
 /// mismatch is the first transfer's that has one (as an element index of that transfer).
 fn merge(
@@ -909,32 +878,6 @@ fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_rate_counts_over_the_connection() {
-        let cfg = TcpRecvConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            once: false,
-            max_bytes: 1 << 30,
-            timeout: Duration::from_secs(10),
-            max_connections: 1,
-            max_memory: 1 << 30,
-            min_rate: 1 << 20,
-            max_per_peer: 1,
-            allow: AllowList::default(),
-            key: None,
-        };
-        let t0 = Instant::now();
-        let d = |k| whole_deadline(&cfg, t0, 4 << 20, k).unwrap() - t0;
-        assert_eq!(d(0), Duration::from_secs(14));
-        assert_eq!(
-            d(9),
-            Duration::from_secs(50),
-            "10 × 4 MiB at 1 MiB/s, plus 10 s"
-        );
-        let off = TcpRecvConfig { min_rate: 0, ..cfg };
-        assert_eq!(whole_deadline(&off, t0, 4 << 20, 0), None);
-    }
 
     /// Lands nothing, verifies everything: only the report logic around it is tested.
     struct Verifies;
@@ -1008,11 +951,5 @@ mod tests {
         assert_eq!((r.transfers, r.offered, r.bytes), (1, 1 << 20, 4096));
         assert!(!r.reply_delivered);
         assert!(!r.ok(), "1 of 2^20 transfers is not ok");
-    }
-
-    #[test]
-    fn the_open_files_limit_is_read() {
-        let n = open_files_limit().expect("/proc/self/limits names the open-files limit");
-        assert!(n >= 64, "{n}");
     }
 }
