@@ -600,7 +600,9 @@ fn receive_framed(
             // Tell the sender why, as its ack, before the disconnect ends it: best effort,
             // and only where the ack buffer is free (inline acks, or none in flight).
             let buffer_free = inline_ack || acks_pending == 0;
-            if buffer_free && ack_buf.write(&Ack::too_slow(*got).encode()).is_ok() {
+            // The ack speaks of this transfer; the error of the connection.
+            let this = got.saturating_sub(k * total);
+            if buffer_free && ack_buf.write(&Ack::too_slow(this).encode()).is_ok() {
                 let _ = send_and_wait(
                     &conn,
                     &ack_buf,
@@ -775,7 +777,7 @@ fn receive_transfer(
     established: Instant,
     on_ack: &mut dyn FnMut(&Completion),
 ) -> Result<(), Failure> {
-    let k = context.k;
+    let (k, context_transfers) = (context.k, context.transfers);
     let context = || context.words();
     let total = header.total_bytes;
     let n = plan.count();
@@ -807,13 +809,14 @@ fn receive_transfer(
                 conn.cq.poll(comps)?;
             }
             Err(RdmaError::Timeout { .. }) if whole.is_some_and(|w| w.expired()) => {
+                // Counted over the connection, as the rate is.
                 return Err(Failure::TooSlow(TransferError::TooSlow {
                     peer: peer.to_string(),
-                    got: plan.bytes_through(got),
-                    total,
+                    got: k * total + plan.bytes_through(got),
+                    total: total * context_transfers,
                     seconds: established.elapsed().as_secs_f64(),
                     min_rate: cfg.min_rate,
-                }))
+                }));
             }
             Err(RdmaError::Timeout { after, .. }) => {
                 return Err(incomplete(

@@ -793,10 +793,11 @@ fn receive_all(
                     for s in streams {
                         let _ = s.shutdown(Shutdown::Both);
                     }
+                    // Counted over the connection, as the rate is.
                     TransferError::TooSlow {
                         peer: peer.to_string(),
-                        got,
-                        total,
+                        got: total * done as u64 + got,
+                        total: total * transfers as u64,
                         seconds: accepted_at.elapsed().as_secs_f64(),
                         min_rate: cfg.min_rate,
                     }
