@@ -1629,12 +1629,12 @@ fn admission_min_rate_counts_over_a_reused_connection() {
     // Per transfer, no deadline is ever near (2.5 s stalls, --timeout 3); over the
     // connection, the average falls below the rate within a few 2.6 s cycles.
     c.check(
-        took < 25.0,
+        took < 35.0,
         &format!("the too-slow connection lasted {took:.1} s after the stalls began"),
     );
     c.served_until_stopped("receiver");
     note(&format!(
-        "admission: a reused connection stalled 2 s of every 2.2 s ended as too slow after {took:.1} s ({} stall cycles)",
+        "admission: a reused connection stalled 2.5 s of every 2.6 s ended as too slow after {took:.1} s ({} stall cycles)",
         c.val("stall_cycles")
     ));
 }
