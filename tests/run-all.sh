@@ -10,7 +10,8 @@
 # 3. builds the no-CUDA binary the Soft-RoCE guests run;
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
 #    with a reason where there is no GPU) and the RDMA tests inside the guests;
-# 5. fuzzes the wire-format decoders for 30 s.
+# 5. runs the host-memory modules under Miri;
+# 6. fuzzes the wire-format decoders for 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,15 @@ export SOFTROCE_HOST_CUDA_BIN="$PWD/target/guest-cuda/host-cuda"
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "Miri over the host-memory modules (host buffers, the schedule, the memcpy wire and its thread, wire formats)"
+# Miri checks for undefined behaviour as the code runs: use after free, data races
+# between the wire's thread and the source, out-of-bounds copies. Only code that makes
+# no FFI call can run under it, hence the module list and the build without CUDA.
+cargo miri setup
+cargo miri test -p host --no-default-features --lib --locked -- \
+    memory::host_buffer transfer::memcpy_wire transfer::schedule transfer::header \
+    transfer::plan transport::tcp::frames
 
 step "fuzzing the wire formats for 30 s (cargo fuzz; everything a peer sends is decoded there)"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked

@@ -5,7 +5,8 @@
 #   eval "$(bash tests/setup-env.sh)"      # installs, then exports CUDA_LIBRARY_PATH etc.
 #
 # What it installs, and why:
-# - the pinned nightly of rust-toolchain.toml (RUSTUP_AUTO_INSTALL=0 here, so nobody else will);
+# - the pinned nightly of rust-toolchain.toml (RUSTUP_AUTO_INSTALL=0 here, so nobody else will),
+#   with Miri for the soundness checks;
 # - rdma-core's headers and libclang (rdma-sys generates its bindings with bindgen);
 # - NVIDIA's driver library libcuda.so from Debian's non-free `libcuda1`, unpacked into
 #   target/deps/cuda (never installed): only so that `cust` can link. At run time the
@@ -33,11 +34,13 @@ fi
 
 # --- Rust toolchain --------------------------------------------------------------------
 toolchain=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$repo/rust-toolchain.toml")
+installed=$(rustup component list --toolchain "$toolchain" --installed 2>/dev/null || true)
 if ! rustup run "$toolchain" rustc --version >/dev/null 2>&1 \
-    || ! rustup component list --toolchain "$toolchain" --installed 2>/dev/null | grep -q '^llvm-tools'; then
+    || ! grep -q '^llvm-tools' <<<"$installed" || ! grep -q '^miri' <<<"$installed"; then
     log "installing Rust $toolchain"
+    # miri: CI runs the host-memory modules under Miri (tests/run-all.sh).
     rustup toolchain install "$toolchain" --profile minimal \
-        -c rust-src -c llvm-tools -c rustfmt -c clippy >&2
+        -c rust-src -c llvm-tools -c rustfmt -c clippy -c miri >&2
 fi
 
 # --- libcuda.so for linking (Debian non-free libcuda1, unpacked, not installed) ---------

@@ -145,48 +145,10 @@
 //!     let _ = bytes;
 //! }
 //! ```
-#![cfg_attr(
-    feature = "cuda",
-    doc = r#"
-```compile_fail,E0502
-use host::gpu::{allocations::PinnedHostBuffer, Gpu};
-use host::rdma::{MemoryRegion, ProtectionDomain};
-fn read(gpu: &std::rc::Rc<Gpu>, pd: &std::rc::Rc<ProtectionDomain>) {
-    let mut ring = PinnedHostBuffer::new(gpu, 64).unwrap();
-    // SAFETY: (not run) the point is that it does not compile.
-    let mr = unsafe { MemoryRegion::register_remote_writable(pd, &ring) }.unwrap();
-    let bytes: &[u8] = ring.as_bytes(); // page-locked memory the peer may write: refused
-    drop(mr);
-    let _ = bytes;
-}
-```
-
-# Safe code runs no device code but this crate's kernels
-
-The launches check memory against the embedded kernels' contract, so loading other PTX
-is `unsafe`: safe code could otherwise run any device code on memory it does not own.
-
-```compile_fail,E0133
-use host::gpu::Gpu;
-let gpu = Gpu::open_with_ptx(0, ".version 8.0\n.target sm_90\n.address_size 64\n");
-```
-
-```no_run
-use host::gpu::Gpu;
-let gpu = Gpu::open(0).unwrap(); // the kernels this build embeds
-```
-
-# Buffers of one GPU are not used with another
-
-Every buffer holds the `Rc<Gpu>` it was allocated with; a launch checks that it is its
-own GPU's (a run-time check: both are the same type), and every driver call binds that
-GPU's context first, whatever context other code left current. `tests/tests/gpu.rs`
-shows both on a GPU (`a_buffer_of_another_gpu_is_refused`,
-`another_current_context_does_not_redirect_allocations_or_launches`).
-
-# An upload is not read before its copies land
-
-`DeviceUpload::memory` answers only once no copy into the memory may still be running
-(a run-time check, shown on a GPU by `an_upload_is_not_readable_before_its_copies_land`).
-"#
-)]
+//!
+//! # The GPU's promises
+//!
+//! With the `cuda` feature, the [`gpu`](crate::gpu) module's documentation holds the rest:
+//! no slice over page-locked memory a peer may write, no device code but this crate's
+//! kernels from safe code, buffers of one GPU refused by another, uploads not read before
+//! their copies land.

@@ -471,3 +471,110 @@ fn demonstration_a_gpu_test_on_a_broken_kernel_build_fails() {
     let mut memory = DeviceBuffer::new(&gpu, 16).unwrap();
     gpu.generate(&mut memory).unwrap();
 }
+
+// --- soundness: contexts, foreign buffers, uploads, sizes ------------------------------------
+
+#[test]
+fn another_current_context_does_not_redirect_allocations_or_launches() {
+    let test = "another_current_context_does_not_redirect_allocations_or_launches";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    // Other code makes a context of its own current, through cust's safe API.
+    let device = cust::device::Device::get_device(0).unwrap();
+    let other = cust::context::legacy::Context::create_and_push(
+        cust::context::legacy::ContextFlags::empty(),
+        device,
+    )
+    .unwrap();
+    // Allocated, filled and checked while that context is current: each call binds
+    // the GPU's own context, so everything lands there.
+    let len = 1 << 20;
+    let mut buffer = DeviceBuffer::new(&gpu, len).unwrap();
+    gpu.generate(&mut buffer).unwrap();
+    assert_eq!(gpu.verify(&buffer).unwrap().mismatches, 0);
+    // Destroying the other context frees whatever was allocated in it. Had the buffer
+    // gone there (as before the binding), what follows would fail or read freed memory.
+    drop(other);
+    assert_eq!(gpu.verify(&buffer).unwrap().mismatches, 0);
+    assert!(verify_on_cpu(&buffer).unwrap().ok());
+    let mut again = DeviceBuffer::new(&gpu, len).unwrap();
+    gpu.generate(&mut again).unwrap();
+    assert!(verify_on_cpu(&again).unwrap().ok());
+}
+
+#[test]
+fn a_buffer_of_another_gpu_is_refused() {
+    let test = "a_buffer_of_another_gpu_is_refused";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    // A second Gpu value (here of the same device; on a machine with two GPUs, GPU 1 is
+    // refused the same way): its launches take only its own buffers.
+    let other = gpu_or_skip(test).unwrap();
+    let mut buffer = DeviceBuffer::new(&gpu, 4096).unwrap();
+    let e = other.generate(&mut buffer).unwrap_err().to_string();
+    assert!(e.contains("belongs to another GPU"), "{e}");
+    let e = other.verify(&buffer).unwrap_err().to_string();
+    assert!(e.contains("belongs to another GPU"), "{e}");
+    // The owner still can, and its buffer still holds what it wrote.
+    gpu.generate(&mut buffer).unwrap();
+    drop(other); // one of the two dropped: the context stays with the other
+    assert_eq!(gpu.verify(&buffer).unwrap().mismatches, 0);
+    let mut fresh = DeviceBuffer::new(&gpu, 4096).unwrap();
+    gpu.generate(&mut fresh).unwrap();
+    assert!(verify_on_cpu(&fresh).unwrap().ok());
+}
+
+#[test]
+fn an_upload_is_not_readable_before_its_copies_land() {
+    let test = "an_upload_is_not_readable_before_its_copies_land";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let (len, chunk, writers) = (64usize << 20, 1usize << 20, 4);
+    let mut upload = host::gpu::upload::DeviceUpload::new(&gpu, len, chunk, writers).unwrap();
+    // Four writers at once, each its own quarter of the chunks, as four TCP streams.
+    let seen_while_filling = std::sync::Mutex::new(Vec::new());
+    upload
+        .fill(writers, Duration::from_secs(30), |k, writer| {
+            for i in (k..len / chunk).step_by(writers) {
+                writer.write_at(i * chunk, chunk, |slot| {
+                    for (e, word) in slot.chunks_exact_mut(4).enumerate() {
+                        word.copy_from_slice(
+                            &pattern::value((i * chunk / 4 + e) as u64).to_ne_bytes(),
+                        );
+                    }
+                    Ok(())
+                })?;
+            }
+            seen_while_filling.lock().unwrap().push(k);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen_while_filling.lock().unwrap().len(), writers);
+    let memory = upload.memory().unwrap();
+    assert_eq!(gpu.verify(memory).unwrap().mismatches, 0);
+}
+
+#[test]
+fn a_skew_that_wraps_is_an_error_not_a_buffer_outside_its_allocation() {
+    let test = "a_skew_that_wraps_is_an_error_not_a_buffer_outside_its_allocation";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    for skew in [usize::MAX, usize::MAX - 4095, usize::MAX - 2 * GPU_PAGE] {
+        let e = DeviceBuffer::page_aligned_with_skew(&gpu, 4096, skew)
+            .err()
+            .unwrap_or_else(|| panic!("skew {skew} gave a buffer"))
+            .to_string();
+        assert!(
+            e.contains("cannot be allocated") || e.contains("no page-aligned"),
+            "{e}"
+        );
+    }
+    // A sensible skew still works, inside its allocation.
+    let buffer = DeviceBuffer::page_aligned_with_skew(&gpu, 4096, 256).unwrap();
+    assert!(buffer.offset_in_allocation() >= 256);
+    assert_eq!(buffer.page_span(), Some(GPU_PAGE));
+}

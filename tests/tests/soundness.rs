@@ -115,126 +115,268 @@ fn the_readme_lists_exactly_the_files_that_contain_unsafe() {
     );
 }
 
-#[test]
-fn every_unsafe_block_impl_and_fn_says_why_it_is_sound() {
-    let mut missing = Vec::new();
-    for (path, text) in sources() {
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let code = code_of(line);
-            if !has_word(&code, "unsafe") {
-                continue;
-            }
-            // Look back over the comment and attribute lines just above (and the line
-            // itself, and the statement it continues, a few lines up).
-            let window = &lines[i.saturating_sub(12)..=i];
-            let declares = ["unsafe fn", "unsafe extern", "unsafe trait"]
-                .iter()
-                .any(|d| code.contains(d));
-            let noted = if declares {
-                window.iter().any(|l| l.contains("# Safety"))
-            } else {
-                window.iter().any(|l| l.contains("SAFETY"))
-            };
-            if !noted {
-                missing.push(format!("{path}:{}: {}", i + 1, line.trim()));
-            }
+/// Whether `code` (a line without its comment) continues the statement of the line above
+/// it, whose code is `above`: `let x =` / `unsafe { .. }`, a call's arguments, a chain.
+fn continues(above: &str, code: &str) -> bool {
+    let above = above.trim_end();
+    ["=", "(", "=>", ".", "|", "&", "+", "-"]
+        .iter()
+        .any(|end| above.ends_with(end))
+        || code.trim_start().starts_with('.')
+}
+
+/// The comment and attribute lines directly above the statement that line `i` belongs
+/// to: nothing but those may stand between a note and its `unsafe`.
+fn note_above<'a>(lines: &[&'a str], i: usize) -> Vec<&'a str> {
+    let mut start = i;
+    while start > 0 && continues(&code_of(lines[start - 1]), &code_of(lines[start])) {
+        start -= 1;
+    }
+    let mut note = Vec::new();
+    for line in lines[..start].iter().rev() {
+        let t = line.trim_start();
+        if t.starts_with("//") || t.starts_with("#[") {
+            note.push(*line);
+        } else {
+            break;
         }
     }
+    note
+}
+
+/// Every `unsafe` of a line that needs a note: blocks and impls a `SAFETY:` comment
+/// directly above, `unsafe fn` and `unsafe trait` a `# Safety` section in their docs.
+fn unnoted(path: &str, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut missing = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = code_of(line);
+        if !has_word(&code, "unsafe") {
+            continue;
+        }
+        let declares = ["unsafe fn", "unsafe extern", "unsafe trait"]
+            .iter()
+            .any(|d| code.contains(d));
+        let want = if declares { "# Safety" } else { "SAFETY" };
+        if !note_above(&lines, i).iter().any(|l| l.contains(want)) {
+            missing.push(format!("{path}:{}: {}", i + 1, line.trim()));
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_unsafe_block_impl_and_fn_says_why_it_is_sound() {
+    let missing: Vec<String> = sources()
+        .iter()
+        .flat_map(|(path, text)| unnoted(path, text))
+        .collect();
     assert!(
         missing.is_empty(),
-        "unsafe without its SAFETY note (or `# Safety` section):\n{}",
+        "unsafe without its SAFETY note directly above (or a `# Safety` section):\n{}",
         missing.join("\n")
     );
 }
 
-/// The parameters of a signature that starts at `lines[i]` (up to its `{` or `;`).
-fn signature(lines: &[&str], i: usize) -> String {
-    let mut sig = String::new();
-    for line in &lines[i..] {
-        let code = code_of(line);
-        sig.push_str(&code);
-        sig.push(' ');
-        if code.contains('{') || code.trim_end().ends_with(';') {
-            break;
-        }
-    }
-    sig
+// --- the public API, judged from rustdoc's JSON --------------------------------------------
+
+/// rustdoc's JSON description of the `host` library (with its default features), made
+/// into a target directory of its own so it does not wait on the tests' build.
+fn host_api() -> serde_json::Value {
+    let root = workspace_root();
+    let target = root.join("target/rustdoc-json");
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["rustdoc", "-p", "host", "--lib", "--quiet", "--target-dir"])
+        .arg(&target)
+        .args(["--", "-Zunstable-options", "--output-format", "json"])
+        .status()
+        .expect("running cargo rustdoc");
+    assert!(
+        status.success(),
+        "cargo rustdoc --output-format json failed"
+    );
+    let json = std::fs::read(target.join("doc/host.json")).expect("rustdoc wrote host.json");
+    serde_json::from_slice(&json).expect("rustdoc's JSON parses")
 }
 
-/// The parameter list of a signature: from its first `(` to the matching `)` (the
-/// return type may have parentheses of its own).
-fn parameters(sig: &str) -> &str {
-    let Some(open) = sig.find('(') else { return "" };
-    let mut depth = 0;
-    for (i, c) in sig[open..].char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth == 0 {
-                    return &sig[open + 1..open + i];
+/// Parameter names that say "an address", whatever their integer type.
+const ADDRESS_NAMES: [&str; 9] = [
+    "addr",
+    "address",
+    "ptr",
+    "pointer",
+    "device_ptr",
+    "dptr",
+    "iova",
+    "remote_addr",
+    "va",
+];
+
+fn is_address_name(name: &str) -> bool {
+    let name = name.trim_start_matches('_');
+    ADDRESS_NAMES.contains(&name)
+        || name.ends_with("_addr")
+        || name.ends_with("_address")
+        || name.ends_with("_ptr")
+}
+
+/// Why a type (rustdoc JSON) is a raw address, looking through references, tuples,
+/// slices, arrays, generic arguments, function pointers and this crate's type aliases:
+/// a raw pointer, `NonNull`, or an integer under an address's name.
+fn raw_address_in(
+    index: &serde_json::Map<String, serde_json::Value>,
+    ty: &serde_json::Value,
+    name: &str,
+    depth: usize,
+) -> Option<String> {
+    if depth > 16 {
+        return None;
+    }
+    let inner = |t: &serde_json::Value| raw_address_in(index, t, name, depth + 1);
+    let (kind, value) = ty.as_object()?.iter().next()?;
+    match kind.as_str() {
+        "raw_pointer" => Some("a raw pointer".into()),
+        "primitive" => {
+            let p = value.as_str()?;
+            let integer = ["u64", "usize", "i64", "isize", "u32"].contains(&p);
+            (integer && is_address_name(name)).then(|| format!("an integer named `{name}`"))
+        }
+        "borrowed_ref" | "slice" => inner(&value["type"]).or_else(|| inner(value)),
+        "array" => inner(&value["type"]),
+        "tuple" => value.as_array()?.iter().find_map(inner),
+        "function_pointer" => value["sig"]["inputs"]
+            .as_array()?
+            .iter()
+            .find_map(|p| raw_address_in(index, &p[1], p[0].as_str().unwrap_or(""), depth + 1)),
+        "resolved_path" => {
+            let path = value["path"].as_str().unwrap_or("");
+            if path.ends_with("NonNull") {
+                return Some("a NonNull pointer".into());
+            }
+            // A type alias of this crate: judge what it stands for.
+            let id = value["id"].to_string();
+            if let Some(alias) = index
+                .get(&id)
+                .and_then(|item| item["inner"].get("type_alias"))
+            {
+                if let Some(why) = inner(&alias["type"]) {
+                    return Some(format!("{why} (through the alias `{path}`)"));
                 }
             }
-            _ => {}
+            let args = value["args"]["angle_bracketed"]["args"].as_array()?;
+            args.iter().find_map(|a| a.get("type").and_then(inner))
+        }
+        "qualified_path" => inner(&value["self_type"]),
+        _ => None,
+    }
+}
+
+/// Every safe function or method of `host`'s public API (free functions, inherent and
+/// trait methods) that takes a raw address: `(where, why)`.
+fn safe_functions_taking_addresses(api: &serde_json::Value) -> Vec<String> {
+    let index = api["index"].as_object().expect("an index");
+    let mut offenders = Vec::new();
+    for item in index.values() {
+        if item["crate_id"] != 0 {
+            continue;
+        }
+        let Some(function) = item["inner"].get("function") else {
+            continue;
+        };
+        // Public, or a trait's method (its visibility is the trait's: "default").
+        let public = matches!(item["visibility"].as_str(), Some("public" | "default"));
+        if !public || function["header"]["is_unsafe"] == true {
+            continue;
+        }
+        for param in function["sig"]["inputs"].as_array().into_iter().flatten() {
+            let name = param[0].as_str().unwrap_or("");
+            if let Some(why) = raw_address_in(index, &param[1], name, 0) {
+                let file = item["span"]["filename"].as_str().unwrap_or("?");
+                let line = item["span"]["begin"][0].as_u64().unwrap_or(0);
+                offenders.push(format!(
+                    "{file}:{line}: `{}` takes `{name}`: {why}",
+                    item["name"].as_str().unwrap_or("?")
+                ));
+            }
         }
     }
-    ""
+    offenders.sort();
+    offenders
 }
 
 #[test]
-fn no_safe_public_function_takes_a_raw_address() {
-    const ADDRESS_NAMES: [&str; 6] = [
-        "addr",
-        "address",
-        "ptr",
-        "device_ptr",
-        "iova",
-        "remote_addr",
+fn no_safe_public_function_takes_a_raw_address_in_any_spelling() {
+    let api = host_api();
+    // The check sees what it looks for: these spellings in the real API would be caught.
+    let probe = serde_json::json!({"index": {}});
+    let index = probe["index"].as_object().unwrap();
+    let cases = [
+        (
+            serde_json::json!({"raw_pointer": {"is_mutable": false, "type": {"primitive": "u8"}}}),
+            "x",
+        ),
+        (serde_json::json!({"primitive": "usize"}), "addr"),
+        (serde_json::json!({"primitive": "u64"}), "remote_ptr"),
+        (
+            serde_json::json!({"tuple": [{"primitive": "u8"}, {"primitive": "u64"}]}),
+            "iova",
+        ),
+        (
+            serde_json::json!({"resolved_path": {"path": "std::ptr::NonNull", "id": 1, "args": null}}),
+            "p",
+        ),
+        (
+            serde_json::json!({"borrowed_ref": {"type": {"slice": {"raw_pointer": {"is_mutable": true, "type": {"primitive": "u8"}}}}}}),
+            "xs",
+        ),
     ];
-    let mut offenders = Vec::new();
-    for (path, text) in sources() {
-        if !path.starts_with("host/") {
-            continue;
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        // Declarations inside `extern "C" { ... }` are foreign functions: calling them is
-        // `unsafe` whatever their signature says.
-        let mut in_extern = false;
-        for (i, line) in lines.iter().enumerate() {
-            let code = code_of(line);
-            let trimmed = code.trim_start();
-            // (code_of has emptied the ABI string: `extern "" {`.)
-            if trimmed.starts_with("extern \"") || trimmed.starts_with("unsafe extern \"") {
-                in_extern = !trimmed.contains('}');
-                continue;
-            }
-            if in_extern {
-                in_extern = code.trim_end() != "}";
-                continue;
-            }
-            if !trimmed.starts_with("pub fn ") {
-                continue; // unsafe fns, pub(crate) and private functions are not this rule's
-            }
-            let sig = signature(&lines, i);
-            let params = parameters(&sig);
-            let raw_pointer = params.contains("*mut") || params.contains("*const");
-            let raw_address = params.split(',').any(|p| {
-                p.split_once(':').is_some_and(|(name, ty)| {
-                    let name = name.trim().trim_start_matches("mut ");
-                    ty.trim() == "u64" && ADDRESS_NAMES.contains(&name)
-                })
-            });
-            if raw_pointer || raw_address {
-                offenders.push(format!("{path}:{}: {}", i + 1, sig.trim()));
-            }
-        }
+    for (ty, name) in &cases {
+        assert!(raw_address_in(index, ty, name, 0).is_some(), "{ty} {name}");
     }
+    assert!(raw_address_in(index, &serde_json::json!({"primitive": "usize"}), "len", 0).is_none());
+    let functions = api["index"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|i| i["crate_id"] == 0 && i["inner"].get("function").is_some())
+        .count();
+    assert!(
+        functions > 300,
+        "rustdoc's JSON lists only {functions} functions of host"
+    );
+    let offenders = safe_functions_taking_addresses(&api);
     assert!(
         offenders.is_empty(),
         "safe public functions that take raw addresses (make them unsafe with a contract, or take a typed buffer):\n{}",
         offenders.join("\n")
     );
+}
+
+#[test]
+fn the_host_crate_calls_no_driver_entry_point_declared_with_an_enum_result() {
+    // cust_raw declares CUresult as a Rust enum: a newer driver's code outside it would be
+    // undefined behaviour. Every call goes through gpu/ffi.rs's raw declarations instead.
+    let offenders: Vec<String> = sources()
+        .iter()
+        .filter(|(path, _)| path.starts_with("host/"))
+        .flat_map(|(path, text)| {
+            text.lines().enumerate().filter_map(move |(i, line)| {
+                let code = code_of(line);
+                let calls_cust = [
+                    "cust::sys::cu",
+                    "cu::cu",
+                    "cust_raw::",
+                    "launch!",
+                    "cust::prelude",
+                ]
+                .iter()
+                .any(|p| code.contains(p));
+                calls_cust.then(|| format!("{path}:{}: {}", i + 1, line.trim()))
+            })
+        })
+        .collect();
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
 #[test]
@@ -244,10 +386,21 @@ fn the_checks_see_what_they_look_for() {
     assert!(!has_word(&code_of("    // unsafe { x }"), "unsafe"));
     assert!(!has_word(&code_of(r#"    let s = "unsafe";"#), "unsafe"));
     assert!(!has_word(&code_of("    let unsafely = 1;"), "unsafe"));
-    let lines = ["pub fn f(", "    addr: u64,", ") -> u64 {"];
-    assert!(signature(&lines, 0).contains("addr: u64"));
+    // A note must stand directly above its own block: one note does not cover the next.
+    let ok = "fn f() {\n    // SAFETY: fine.\n    unsafe { a() };\n    let x =\n        // SAFETY: also fine.\n        unsafe { b() };\n}\n";
+    assert!(unnoted("x.rs", ok).is_empty(), "{:?}", unnoted("x.rs", ok));
+    let continued =
+        "fn f() {\n    // SAFETY: covers the statement.\n    let x =\n        unsafe { b() };\n}\n";
+    assert!(unnoted("x.rs", continued).is_empty());
+    let second =
+        "fn f() {\n    // SAFETY: for a only.\n    unsafe { a() };\n    unsafe { b() };\n}\n";
+    assert_eq!(unnoted("x.rs", second).len(), 1);
+    let far = "fn f() {\n    // SAFETY: too far up.\n    let y = 1;\n    unsafe { a() };\n}\n";
+    assert_eq!(unnoted("x.rs", far).len(), 1);
+    let func = "/// Does it.\n///\n/// # Safety\n/// Rules.\n#[inline]\npub unsafe fn g() {}\n";
+    assert!(unnoted("x.rs", func).is_empty());
     assert_eq!(
-        parameters("pub fn g(x: (u8, u8)) -> impl Iterator<Item = (*mut T, u8)> {"),
-        "x: (u8, u8)"
+        unnoted("x.rs", "/// Undocumented.\npub unsafe fn g() {}\n").len(),
+        1
     );
 }

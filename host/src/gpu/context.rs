@@ -224,7 +224,7 @@ impl Gpu {
     fn kernel_elements(&self, kernel: &str, memory: &(impl GpuMemory + ?Sized)) -> Result<u64> {
         if !std::ptr::eq(Rc::as_ptr(memory.gpu()), self) {
             bail!(
-                "{kernel}: the memory belongs to GPU {}'s context, not GPU {}'s",
+                "{kernel}: the memory belongs to another GPU value (GPU {}), not this GPU {}'s: use the Gpu that allocated it",
                 memory.gpu().ordinal(),
                 self.ordinal
             );

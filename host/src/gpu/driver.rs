@@ -1,11 +1,11 @@
 //! The "result" layer over the CUDA driver API (cudarc's word for it): each function
-//! makes one driver call through [`ffi`](super::ffi), checks its raw result and turns a
+//! makes one driver call through `ffi`, checks its raw result and turns a
 //! failure into a [`DriverError`] that names the call.
 //!
 //! Two rules hold here, and the layer above relies on them:
 //!
 //! - **A context is bound around every call that acts on "the current context".** Such a
-//!   function takes a [`Bound`], which only [`Bound::push`] makes: it pushes a context
+//!   function takes a `Bound`, which only `Bound::push` makes: it pushes a context
 //!   onto the calling thread's stack and pops it when dropped. So no allocation, free,
 //!   copy, launch, stream or event lands in whatever context some other code left current
 //!   (cust's safe API can make any context current, and so can a second GPU opened on the
@@ -16,7 +16,7 @@
 //!   them only with addresses of memory it owns. Calls on an address the driver validates
 //!   itself (it fails for memory it did not allocate) are safe functions.
 //!
-//! The handle owners ([`PrimaryContext`], [`Stream`], [`Event`], [`Module`]) destroy their
+//! The handle owners (`PrimaryContext`, `Stream`, `Event`, `Module`) destroy their
 //! object in `Drop`, binding their context for it; whoever holds one keeps its context
 //! retained for longer (an `Rc<Gpu>`, or field order inside `Gpu`).
 
@@ -607,4 +607,28 @@ pub(crate) fn flush_gpudirect_rdma_writes(_bound: &Bound<'_>) -> DriverResult<()
     check("cuFlushGPUDirectRDMAWrites", unsafe {
         ffi::cuFlushGPUDirectRDMAWrites(0, ffi::GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_code_no_enum_lists_stays_a_number() {
+        // 226 is CUDA_ERROR_CONTAINED (CUDA 12.x), unknown to cust_raw's CUresult enum;
+        // 987654 is nobody's. Both must come back as numbers with a name, not as an
+        // invalid enum value.
+        let contained = check("cuTest", 226).unwrap_err();
+        assert_eq!(contained.code, 226);
+        assert!(
+            ["CUDA_ERROR_CONTAINED", "unknown CUDA error 226"].contains(&contained.name.as_str()),
+            "{contained}"
+        );
+        let nobodys = check("cuTest", 987_654).unwrap_err();
+        assert_eq!(
+            nobodys.to_string(),
+            "cuTest failed: unknown CUDA error 987654 (987654)"
+        );
+        assert!(check("cuTest", ffi::CUDA_SUCCESS).is_ok());
+    }
 }

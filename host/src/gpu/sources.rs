@@ -243,9 +243,11 @@ impl GpuDirectBuffer {
 // ---------------------------------------------------------------------------------------
 
 /// Slots in the staging ring: enough that copies run ahead of the sends in flight.
-pub const STAGING_SLOTS: usize = 8;
-/// Chunks the wire may hold at once; the other slots are being filled by copies.
-const STAGING_IN_FLIGHT: usize = 6;
+pub const STAGING_SLOTS: usize = 18;
+/// Chunks the wire may hold at once; the other slots are being filled by copies. As many
+/// as the default `--depth`: a window of 6 leaves some of eight TCP streams with nothing
+/// to write.
+const STAGING_IN_FLIGHT: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
@@ -444,6 +446,8 @@ unsafe impl SendSource for StagedSource {
         Ok(start..start + len)
     }
 
+    /// # Safety
+    /// As [`SendSource::release_chunk`] says: the wire no longer reads the chunk.
     unsafe fn release_chunk(&self, offset: usize) {
         let index = offset / self.slot_bytes;
         let mut state = self.state.borrow_mut();

@@ -166,15 +166,18 @@ unsafe impl ChunkWire for MemcpyWire<'_> {
 mod tests {
     use super::*;
     use crate::memory::host_buffer::verify_bytes;
-    use crate::memory::HostBuffer;
+    use crate::memory::{HostBuffer, SendSource};
     use crate::transfer::plan::ChunkPlan;
     use crate::transfer::schedule::Schedule;
     use std::time::Duration;
 
+    /// 1 MiB, or 64 KiB under Miri (which runs these to check the wire's threads).
+    const LEN: usize = if cfg!(miri) { 1 << 16 } else { 1 << 20 };
+
     #[test]
     fn the_schedule_copies_every_chunk_into_place() {
-        let src = HostBuffer::with_pattern(1 << 20).unwrap();
-        for (chunk, depth) in [(4096u64, 16u32), (100_000, 3), (1 << 20, 1)] {
+        let src = HostBuffer::with_pattern(LEN).unwrap();
+        for (chunk, depth) in [(4096u64, 16u32), (10_000, 3), (LEN as u64, 1)] {
             let plan = ChunkPlan::new(src.len() as u64, chunk).unwrap();
             let schedule = Schedule::new(plan, depth, &src, Duration::from_secs(5));
             let (run, copy) = MemcpyWire::scope(&src, vec![0; src.len()], |wire| {
@@ -184,8 +187,61 @@ mod tests {
             run.unwrap();
             let v = verify_bytes(&copy);
             assert!(v.ok(), "chunk {chunk}: {v:?}");
-            assert_eq!(v.elements, 1 << 18);
+            assert_eq!(v.elements, LEN as u64 / 4);
         }
+    }
+
+    /// A source that fails to prepare chunk `fail_at`, after handing out the ones before.
+    struct FailsAt {
+        buffer: HostBuffer,
+        fail_at: usize,
+    }
+
+    // SAFETY: delegates to HostBuffer, whose chunks are ranges of memory it never
+    // rewrites; failing is always allowed.
+    unsafe impl crate::memory::SendSource for FailsAt {
+        fn len(&self) -> usize {
+            self.buffer.len()
+        }
+        fn memory(&self) -> &dyn Registrable {
+            &self.buffer
+        }
+        fn prepare_chunk(
+            &self,
+            offset: usize,
+            len: usize,
+            deadline: std::time::Instant,
+        ) -> anyhow::Result<std::ops::Range<usize>> {
+            anyhow::ensure!(offset / 4096 != self.fail_at, "planted failure");
+            self.buffer.prepare_chunk(offset, len, deadline)
+        }
+        fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
+            crate::memory::SendSource::first_values(&self.buffer, count)
+        }
+        fn path(&self) -> crate::memory::DataPath {
+            crate::memory::DataPath::HostMemory
+        }
+    }
+
+    /// The audit's case: the schedule fails early with chunks still queued for the
+    /// copying thread, and the source is freed right after. A wire that could be
+    /// forgotten kept reading freed memory then (SIGSEGV, and Miri's use-after-free);
+    /// the scoped wire's thread has ended before `scope` returns. Run under Miri in CI.
+    #[test]
+    fn a_wire_stops_reading_before_its_source_is_freed_even_after_an_early_error() {
+        let source = FailsAt {
+            buffer: HostBuffer::with_pattern(16 * 4096).unwrap(),
+            fail_at: 9,
+        };
+        let plan = ChunkPlan::new(source.len() as u64, 4096).unwrap();
+        let schedule = Schedule::new(plan, 8, &source, Duration::from_secs(5));
+        let (run, _) = MemcpyWire::scope(&source.buffer, vec![0; 16 * 4096], |wire| {
+            schedule.run(&source, wire, "memcpy")
+        })
+        .unwrap();
+        let e = run.unwrap_err().to_string();
+        assert!(e.contains("planted failure"), "{e}");
+        drop(source); // freed: nothing may read it any more
     }
 
     #[test]

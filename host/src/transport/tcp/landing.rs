@@ -60,28 +60,45 @@ fn read_chunk(
     dest: &mut [u8],
     limits: ReadLimits,
 ) -> Result<(), Stop> {
-    let failed = |stop: ReadStop| match stop {
+    if dest.len() as u64 != chunk.len {
+        return Err(Stop::Broken(format!(
+            "chunk {} ({} bytes) does not fit its {}-byte place",
+            chunk.index,
+            chunk.len,
+            dest.len()
+        )));
+    }
+    read_frame_of(stream, chunk, limits)?;
+    socket::read_exact_within(stream, dest, limits.timeout, limits.deadline)
+        .map_err(|e| stop_of(e, limits, chunk))
+}
+
+/// Read chunk `chunk`'s frame header from `stream` and check that it is that chunk (for
+/// readers that take the bytes in pieces, as into GPU memory, too).
+fn read_frame_of(stream: &TcpStream, chunk: &Chunk, limits: ReadLimits) -> Result<(), Stop> {
+    let mut head = [0u8; FRAME_LEN];
+    socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
+        .map_err(|e| stop_of(e, limits, chunk))?;
+    let frame = Frame::decode(&head);
+    if frame.offset != chunk.offset || frame.len as u64 != chunk.len {
+        return Err(Stop::Broken(format!(
+            "protocol error: a frame of {} bytes at offset {} where chunk {} ({} bytes at {}) was due",
+            frame.len, frame.offset, chunk.index, chunk.len, chunk.offset
+        )));
+    }
+    Ok(())
+}
+
+/// Why a read of `chunk` stopped, as a [`Stop`].
+fn stop_of(stop: ReadStop, limits: ReadLimits, chunk: &Chunk) -> Stop {
+    match stop {
         ReadStop::Deadline => Stop::TooSlow,
         ReadStop::Io(e) => Stop::Broken(socket::why(
             &e,
             limits.timeout,
             &format!("reading chunk {}", chunk.index),
         )),
-    };
-    let mut head = [0u8; FRAME_LEN];
-    socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
-        .map_err(failed)?;
-    let frame = Frame::decode(&head);
-    if frame.offset != chunk.offset
-        || frame.len as u64 != chunk.len
-        || dest.len() as u64 != chunk.len
-    {
-        return Err(Stop::Broken(format!(
-            "protocol error: a frame of {} bytes at offset {} where chunk {} ({} bytes at {}) was due",
-            frame.len, frame.offset, chunk.index, chunk.len, chunk.offset
-        )));
     }
-    socket::read_exact_within(stream, dest, limits.timeout, limits.deadline).map_err(failed)
 }
 
 /// Host memory, poisoned; each stream's reader thread writes its own chunks' slices.
@@ -188,11 +205,11 @@ fn receive_batch(
     }
 }
 
-/// GPU memory: each chunk is read from its socket into a slot of a pinned host ring and
-/// copied into device memory asynchronously ([`DeviceUpload`](crate::gpu::upload::DeviceUpload)),
-/// so the copy of one chunk overlaps the arrival of the next; the verify kernel then checks
-/// the whole buffer on the GPU. One thread reads the streams in chunk order: the GPU's
-/// objects are tied to the thread that owns them.
+/// GPU memory: each stream's reader thread reads its chunks' bytes into slots of a pinned
+/// host ring (slots of its own) and the calling thread, which owns the GPU, copies each
+/// slot into device memory asynchronously ([`DeviceUpload`](crate::gpu::upload::DeviceUpload)),
+/// so the streams are read in parallel, as for host memory, and the copies overlap the
+/// arrivals; the verify kernel then checks the whole buffer on the GPU.
 #[cfg(feature = "cuda")]
 pub struct DeviceLanding {
     gpu: std::rc::Rc<crate::gpu::Gpu>,
@@ -201,14 +218,16 @@ pub struct DeviceLanding {
 
 #[cfg(feature = "cuda")]
 impl DeviceLanding {
+    /// `len` bytes of GPU memory, filled from up to `streams` sockets in chunks of `chunk`.
     pub fn new(
         gpu: &std::rc::Rc<crate::gpu::Gpu>,
         len: usize,
         chunk: usize,
+        streams: usize,
     ) -> anyhow::Result<Self> {
         Ok(DeviceLanding {
             gpu: gpu.clone(),
-            upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk)?,
+            upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk, streams)?,
         })
     }
 }
@@ -226,35 +245,52 @@ impl Landing for DeviceLanding {
         limits: ReadLimits,
         got: &AtomicU64,
     ) -> Result<(), Stop> {
-        let n = streams.len().max(1) as u16;
+        let n = streams.len().max(1);
         let shut = || {
             for s in streams {
                 let _ = s.shutdown(Shutdown::Read);
             }
         };
-        for i in 0..plan.count() {
-            let chunk = plan
-                .get(i)
-                .ok_or_else(|| Stop::Broken("chunk outside the plan".into()))?;
-            let len = chunk.len as usize;
-            let stream = &streams[super::frames::stream_of(i, n)];
-            let deadline = Instant::now() + limits.timeout;
-            let dest = self
-                .upload
-                .slot(i, len, deadline)
-                .map_err(|e| Stop::Broken(format!("chunk {i}: {e:#}")))?;
-            if let Err(stop) = read_chunk(stream, &chunk, dest, limits) {
-                shut();
-                return Err(stop);
+        // A reader's error, as words for `fill`; whether it was the whole deadline.
+        let too_slow = std::sync::atomic::AtomicBool::new(false);
+        let words = |stop: Stop| match stop {
+            Stop::TooSlow => {
+                too_slow.store(true, Ordering::Relaxed);
+                "the transfer's --min-rate deadline passed".to_string()
             }
-            self.upload
-                .commit(i, chunk.offset as usize, len)
-                .map_err(|e| Stop::Broken(format!("copying chunk {i} into GPU memory: {e:#}")))?;
-            got.fetch_add(chunk.len, Ordering::Relaxed);
-        }
-        self.upload
-            .finish()
-            .map_err(|e| Stop::Broken(format!("copying into GPU memory: {e:#}")))
+            Stop::Broken(why) => why,
+        };
+        // Reader k takes chunks k, k + n, ... from stream k, each in slot-sized pieces.
+        let read = |k: usize, writer: &mut crate::gpu::upload::SlotWriter| {
+            let stream = &streams[k];
+            let mut mine = (k as u64..plan.count()).step_by(n);
+            let result = mine.try_for_each(|i| {
+                let chunk = plan.get(i).ok_or("chunk outside the plan")?;
+                read_frame_of(stream, &chunk, limits).map_err(words)?;
+                let mut done = 0u64;
+                while done < chunk.len {
+                    let len = (chunk.len - done).min(writer.slot_bytes() as u64) as usize;
+                    writer.write_at((chunk.offset + done) as usize, len, |bytes| {
+                        socket::read_exact_within(stream, bytes, limits.timeout, limits.deadline)
+                            .map_err(|e| words(stop_of(e, limits, &chunk)))
+                    })?;
+                    got.fetch_add(len as u64, Ordering::Relaxed);
+                    done += len as u64;
+                }
+                Ok::<(), String>(())
+            });
+            if result.is_err() {
+                // Break the other readers off now instead of after their own timeouts.
+                shut();
+            }
+            result
+        };
+        self.upload.fill(n, limits.timeout, read).map_err(|e| {
+            match too_slow.load(Ordering::Relaxed) {
+                true => Stop::TooSlow,
+                false => Stop::Broken(format!("receiving into GPU memory: {e}")),
+            }
+        })
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {

@@ -85,15 +85,21 @@ pub enum RecvMemory {
 }
 
 impl RecvMemory {
-    /// The bytes a transfer of `total` bytes in chunks of `chunk` holds here.
+    /// The bytes a transfer of `total` bytes in chunks of `chunk` on `streams` streams
+    /// holds here.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn bytes_for(&self, total: u64, chunk: u64) -> u64 {
+    fn bytes_for(&self, total: u64, chunk: u64, streams: u16) -> u64 {
         match self {
             RecvMemory::Host => total,
-            // The device buffer and the upload ring's page-locked slots
-            // (`gpu::upload::UPLOAD_SLOTS` of one chunk each).
+            // The device buffer and the upload ring's page-locked slots.
             #[cfg(feature = "cuda")]
-            RecvMemory::Device(_) => total.saturating_add(chunk.min(total).saturating_mul(4)),
+            RecvMemory::Device(_) => {
+                let ring = usize::try_from(chunk.min(total))
+                    .ok()
+                    .and_then(|c| crate::gpu::upload::ring_bytes(streams as usize, c))
+                    .map_or(u64::MAX, |r| r as u64);
+                total.saturating_add(ring)
+            }
         }
     }
 }
@@ -213,8 +219,11 @@ pub fn serve_with(
         match event {
             Event::Offer(offer) => {
                 let want = Want {
-                    bytes: memory
-                        .bytes_for(offer.header.total_bytes, offer.header.chunk_bytes as u64),
+                    bytes: memory.bytes_for(
+                        offer.header.total_bytes,
+                        offer.header.chunk_bytes as u64,
+                        offer.hello.count,
+                    ),
                     // The control socket, its clone, and the other streams.
                     descriptors: offer.hello.count as u64 + 1,
                 };
@@ -247,10 +256,11 @@ pub fn serve_with(
                     }
                     #[cfg(feature = "cuda")]
                     RecvMemory::Device(gpu) => {
+                        let streams = offer.hello.count as usize;
                         let (outcome, accepted) =
                             serve_offer(&shared, offer, lease, &mut |len, chunk| {
                                 Ok(Box::new(super::landing::DeviceLanding::new(
-                                    gpu, len, chunk,
+                                    gpu, len, chunk, streams,
                                 )?))
                             });
                         report(&outcome);
