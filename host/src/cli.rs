@@ -223,7 +223,7 @@ pub struct SendArgs {
 
     /// A shared secret (a file of at least 16 bytes): prove to a receiver started with
     /// the same --key-file that this sender may send (HMAC-SHA256 over the offer and the
-    /// receiver's fresh nonce; the key never crosses the network). TCP only.
+    /// receiver's fresh nonce; the key never crosses the network), over either transport.
     #[arg(long, value_name = "PATH")]
     pub key_file: Option<std::path::PathBuf>,
 }
@@ -318,8 +318,8 @@ pub struct RecvArgs {
 
     /// A shared secret (a file of at least 16 bytes): serve only senders started with the
     /// same --key-file, which prove it with HMAC-SHA256 over their offer and a fresh
-    /// nonce from this receiver (a recorded offer replayed later does not get in). TCP
-    /// only.
+    /// nonce from this receiver (a recorded offer replayed later does not get in), on both
+    /// transports.
     #[arg(long, value_name = "PATH")]
     pub key_file: Option<std::path::PathBuf>,
 

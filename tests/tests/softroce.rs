@@ -1657,3 +1657,38 @@ fn admission_auto_listens_on_tcp_too() {
     );
     c.still_serving("receiver");
 }
+
+#[test]
+fn admission_a_key_on_verbs_lets_in_only_its_holders() {
+    let Some(run) = admission("admission_a_key_on_verbs_lets_in_only_its_holders") else {
+        return;
+    };
+    let c = run.case('a', "key");
+    c.sent_and_verified("good", &seed(&format!("{A}:7471")));
+    c.rc("nokey", 1);
+    c.one_error(
+        "nokey",
+        "error: receiver rejected the transfer: it serves only senders with its key: give this sender the same --key-file",
+    );
+    c.rc("wrong", 1);
+    c.one_error(
+        "wrong",
+        "error: receiver rejected the transfer: it needs a sender with the same --key-file, and this one's proof did not match",
+    );
+    c.find(
+        "receiver",
+        0,
+        "receiver: rejected ",
+        &["proof did not match"],
+    );
+    let (before, after) = (c.val("peak_before_kib"), c.val("peak_after_kib"));
+    // The two 64 MiB offers were refused before their buffers existed.
+    c.check(
+        after - before < 16.0 * 1024.0,
+        &format!("peak memory grew from {before} to {after} KiB"),
+    );
+    c.still_serving("receiver");
+    note(&format!(
+        "admission: verbs --key-file: peak memory {before} -> {after} KiB with two refused 64 MiB offers"
+    ));
+}

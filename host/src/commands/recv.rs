@@ -217,14 +217,8 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     let json_out = args.json;
     let auto = args.transport == host::transport::TransportKind::Auto;
     let verified = match chosen.kind {
-        TransportKind::Rdma if args.key_file.is_some() && auto => {
-            eprintln!(
-                "note: --key-file: the verbs receiver has no key check yet, so only TCP is served"
-            );
-            super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?
-        }
-        TransportKind::Rdma if args.key_file.is_some() => {
-            bail!("--key-file is checked over TCP only so far; use --transport tcp (or auto), or drop --key-file")
+        TransportKind::Rdma if args.key_file.is_some() && args.raw => {
+            bail!("--key-file needs the framed protocol (the proof follows the header); drop --raw")
         }
         // A sender whose auto choice fell back to TCP (no RDMA route to here) finds this
         // receiver too: both listen, under one admission.
@@ -239,8 +233,8 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     })
 }
 
-fn verbs_config(args: &RecvArgs) -> RecvConfig {
-    RecvConfig {
+fn verbs_config(args: &RecvArgs) -> Result<RecvConfig> {
+    Ok(RecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,
         raw: args.raw,
@@ -252,12 +246,17 @@ fn verbs_config(args: &RecvArgs) -> RecvConfig {
         min_rate: args.min_rate,
         max_per_peer: args.max_per_peer(),
         allow: args.allow.clone().unwrap_or_default(),
-    }
+        key: args
+            .key_file
+            .as_deref()
+            .map(host::server::Key::from_file)
+            .transpose()?,
+    })
 }
 
 /// The verbs receiver, under its own admission or a shared one.
 fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bool> {
-    let cfg = verbs_config(args);
+    let cfg = verbs_config(args)?;
     let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
     let mut report = |o: &RecvOutcome| print_outcome(o, json_out);

@@ -76,6 +76,11 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         busy_poll: args.busy_poll,
         progress: !args.json && std::io::stderr().is_terminal(),
         protocol_version: args.protocol_version,
+        key: args
+            .key_file
+            .as_deref()
+            .map(host::server::Key::from_file)
+            .transpose()?,
     };
 
     let mut reports: Vec<SendReport> = Vec::new();

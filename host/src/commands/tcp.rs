@@ -43,7 +43,7 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
         timeout: cfg.timeout,
         progress: cfg.progress,
         protocol_version: cfg.protocol_version,
-        key: key(args.key_file.as_deref())?,
+        key: cfg.key.clone(),
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, args.iters)?);

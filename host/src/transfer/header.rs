@@ -501,6 +501,10 @@ pub enum RejectReason {
     /// the sender had none).
     #[error("it needs a sender with the same --key-file, and this one's proof did not match")]
     BadProof,
+    /// Verbs: the receiver has a `--key-file`; the sender is to connect again with a
+    /// [`VerbsProof`] over this nonce after its header.
+    #[error("it serves only senders with its key: give this sender the same --key-file")]
+    KeyChallenge { nonce: [u8; NONCE_LEN] },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -525,6 +529,11 @@ impl RejectReason {
             RejectReason::BusyDescriptors { wanted, max } => (12, 0, wanted, max),
             RejectReason::NotAllowed => (13, 0, 0, 0),
             RejectReason::BadProof => (14, 0, 0, 0),
+            RejectReason::KeyChallenge { nonce } => {
+                let (a, b) = nonce.split_at(8);
+                let half = |h: &[u8]| u64::from_le_bytes(h.try_into().unwrap_or([0; 8]));
+                (15, 0, half(a), half(b))
+            }
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         let mut out = [0u8; REJECT_LEN];
@@ -568,6 +577,12 @@ impl RejectReason {
             12 => RejectReason::BusyDescriptors { wanted: a, max: b },
             13 => RejectReason::NotAllowed,
             14 => RejectReason::BadProof,
+            15 => {
+                let mut nonce = [0u8; NONCE_LEN];
+                nonce[..8].copy_from_slice(&a.to_le_bytes());
+                nonce[8..].copy_from_slice(&b.to_le_bytes());
+                RejectReason::KeyChallenge { nonce }
+            }
             _ => RejectReason::Unknown { code },
         })
     }
@@ -777,6 +792,59 @@ impl Proof {
         let mut r = open(buf, PROOF_MAGIC, PROOF_LEN)?;
         let _reserved = r.u16();
         Ok(Proof { tag: r.take() })
+    }
+}
+
+/// Verbs: the sender's proof of the key, in the connect request's private data right
+/// after the 32-byte header (RC private data holds 56 bytes: exactly these 24 more).
+/// Receivers that predate it ignore trailing bytes, as the CM pads with zeros anyway.
+///
+/// Layout (offsets in the private data): `32` nonce id u64 (the nonce's first 8 bytes),
+/// `40` the first 16 bytes of HMAC-SHA256 over the header and the nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerbsProof {
+    pub nonce_id: u64,
+    pub tag: [u8; VERBS_TAG_LEN],
+}
+
+/// Where a [`VerbsProof`] starts in the connect request's private data.
+pub const VERBS_PROOF_AT: usize = HEADER_LEN;
+pub const VERBS_PROOF_LEN: usize = 8 + VERBS_TAG_LEN;
+/// Bytes of the HMAC tag a verbs proof carries (128 bits).
+pub const VERBS_TAG_LEN: usize = 16;
+
+impl VerbsProof {
+    /// The id under which a receiver keeps `nonce`.
+    pub fn nonce_id(nonce: &[u8; NONCE_LEN]) -> u64 {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&nonce[..8]);
+        u64::from_le_bytes(id)
+    }
+
+    /// The private data of a connect request: the header's bytes, then this proof.
+    pub fn private_data(&self, header: &[u8; HEADER_LEN]) -> [u8; HEADER_LEN + VERBS_PROOF_LEN] {
+        let mut out = [0u8; HEADER_LEN + VERBS_PROOF_LEN];
+        out[..HEADER_LEN].copy_from_slice(header);
+        out[VERBS_PROOF_AT..VERBS_PROOF_AT + 8].copy_from_slice(&self.nonce_id.to_le_bytes());
+        out[VERBS_PROOF_AT + 8..].copy_from_slice(&self.tag);
+        out
+    }
+
+    /// The proof in a connect request's private data, if it carries one (absent: too
+    /// short, or all zeros, the CM's padding).
+    pub fn decode(private_data: &[u8]) -> Option<VerbsProof> {
+        let bytes = private_data.get(VERBS_PROOF_AT..VERBS_PROOF_AT + VERBS_PROOF_LEN)?;
+        if bytes.iter().all(|&b| b == 0) {
+            return None;
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&bytes[..8]);
+        let mut tag = [0u8; VERBS_TAG_LEN];
+        tag.copy_from_slice(&bytes[8..]);
+        Some(VerbsProof {
+            nonce_id: u64::from_le_bytes(id),
+            tag,
+        })
     }
 }
 
@@ -1083,6 +1151,9 @@ mod tests {
             },
             RejectReason::NotAllowed,
             RejectReason::BadProof,
+            RejectReason::KeyChallenge {
+                nonce: *b"0123456789abcdef",
+            },
         ];
         for r in all {
             let bytes = r.encode();
@@ -1125,6 +1196,29 @@ mod tests {
             Proof::decode(&bytes),
             Err(WireError::BadMagic { .. })
         ));
+    }
+
+    #[test]
+    fn a_verbs_proof_follows_the_header_in_56_bytes_of_private_data() {
+        let header = seed_header().encode();
+        let nonce = *b"0123456789abcdef";
+        let p = VerbsProof {
+            nonce_id: VerbsProof::nonce_id(&nonce),
+            tag: [5; VERBS_TAG_LEN],
+        };
+        let data = p.private_data(&header);
+        assert_eq!(data.len(), 56, "RC connect private data holds 56 bytes");
+        assert_eq!(
+            Header::decode(&data),
+            Ok(seed_header()),
+            "old receivers still read it"
+        );
+        assert_eq!(VerbsProof::decode(&data), Some(p));
+        assert_eq!(p.nonce_id, u64::from_le_bytes(*b"01234567"));
+        let mut padded = [0u8; 56];
+        padded[..32].copy_from_slice(&header);
+        assert_eq!(VerbsProof::decode(&padded), None, "CM padding is no proof");
+        assert_eq!(VerbsProof::decode(&header), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 # admission.sh - the verbs receiver under the admission it shares with TCP (issue 16):
 # --allow, the --min-rate counted over a reused connection, --transport auto listening on
-# TCP too. Run by tests/tests/softroce.rs (topology one); output format: lib.sh.
+# TCP too, --key-file. Run by tests/tests/softroce.rs (topology one); output format: lib.sh.
 . /opt/bin/lib.sh || exit 2
 A=$RXE_ADDR
 
@@ -60,7 +60,35 @@ case_auto_tcp() {
   stop receiver
 }
 
-ALL="allow reuse_rate auto_tcp"
+# 16d. --key-file on verbs: the receiver rejects a first connect request with a fresh
+#      nonce; a sender with the same key connects again with its proof and is served; one
+#      without a key, or with another, is refused with the reason, and nothing is
+#      allocated for their 64 MiB offers (the receiver's peak memory before and after).
+case_key() {
+  local pid
+  echo "correct horse battery staple" > /tmp/key
+  echo "incorrect horse battery staple" > /tmp/wrong-key
+  start receiver host recv --gpu none --transport rdma --timeout 10 --key-file /tmp/key
+  wait_for receiver "receiver: listening" 30
+  pid=$(pid_of receiver)
+  val peak_before_kib "$(peak_kib "$pid")"
+  run good 30 host "$A" 7471 --gpu none --transport rdma --key-file /tmp/key --timeout 10
+  run nokey 30 host "$A" 7471 --gpu none --transport rdma --size 64MiB --timeout 10
+  run wrong 30 host "$A" 7471 --gpu none --transport rdma --size 64MiB --key-file /tmp/wrong-key --timeout 10
+  wait_outcomes receiver 5 30
+  val peak_after_kib "$(peak_kib "$pid")"
+  stop receiver
+}
+
+# peak_kib PID: the process's peak resident memory (VmHWM) in KiB.
+peak_kib() {
+  local key value _unit
+  while read -r key value _unit; do
+    [ "$key" = "VmHWM:" ] && { echo "$value"; return; }
+  done < /proc/"$1"/status
+}
+
+ALL="allow reuse_rate auto_tcp key"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

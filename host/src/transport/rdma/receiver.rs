@@ -32,9 +32,11 @@ use crate::rdma::{
     MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
 use crate::server::admission::{Admission, Lease, Limits, Want};
-use crate::server::AllowList;
+use crate::server::key::Nonces;
+use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY,
+    AcceptInfo, Ack, Header, Op, RejectReason, VerbsProof, ACK_LEN, HEADER_LEN, MAX_DEPTH,
+    RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::units::format_bytes;
@@ -75,6 +77,9 @@ pub struct RecvConfig {
     pub max_per_peer: usize,
     /// Addresses served (empty: all).
     pub allow: AllowList,
+    /// With a key, only senders that prove they hold it are served (a first connect
+    /// request is rejected with a nonce, the second carries the proof over it).
+    pub key: Option<Key>,
 }
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
@@ -125,6 +130,8 @@ pub fn serve_with(
     // `--once` serves one transfer: one connection at a time, and only a transfer that
     // was accepted (not a refused or withdrawn request) uses it up.
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
+    // Nonces handed out with `--key-file`, each good once, for --timeout.
+    let mut nonces = Nonces::new(cfg.timeout, MAX_NONCES);
     loop {
         for finished in done_rx.try_iter() {
             report(&finished.outcome);
@@ -155,7 +162,7 @@ pub fn serve_with(
             }
         };
         let peer = peer_label(request.peer);
-        let lease = match admit(cfg, admission, &request) {
+        let lease = match admit(cfg, admission, &mut nonces, &request) {
             Ok(lease) => lease,
             Err(reason) => {
                 report(&conclude(
@@ -209,6 +216,7 @@ const LISTENER_TICK: Duration = Duration::from_millis(50);
 fn admit(
     cfg: &RecvConfig,
     admission: &Arc<Admission>,
+    nonces: &mut Nonces,
     request: &ConnectRequest,
 ) -> Result<Lease, RejectReason> {
     let ip = request
@@ -216,6 +224,9 @@ fn admit(
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
     if !cfg.allow.is_empty() && (request.peer.is_none() || !cfg.allow.permits(ip)) {
         return Err(RejectReason::NotAllowed);
+    }
+    if let Some(key) = &cfg.key {
+        check_proof(key, nonces, ip, &request.private_data)?;
     }
     let wanted = if cfg.raw {
         cfg.max_bytes
@@ -232,6 +243,35 @@ fn admit(
             descriptors: 0,
         },
     )
+}
+
+/// Nonces a verbs receiver with a key keeps at once (each 16 bytes and an address).
+const MAX_NONCES: usize = 4096;
+
+/// With `--key-file`: a connect request without a proof is answered with a fresh nonce
+/// (rejected with [`RejectReason::KeyChallenge`]); one with a proof must carry the first
+/// bytes of HMAC-SHA256 over its header and a nonce this receiver gave its address, unused
+/// and within --timeout. Nothing is allocated before this passes.
+fn check_proof(
+    key: &Key,
+    nonces: &mut Nonces,
+    ip: IpAddr,
+    private_data: &[u8],
+) -> Result<(), RejectReason> {
+    let Some(proof) = VerbsProof::decode(private_data) else {
+        return match nonces.issue(ip) {
+            Some(nonce) => Err(RejectReason::KeyChallenge { nonce }),
+            None => Err(RejectReason::BusyHandshakes {
+                active: nonces.len() as u64,
+                max: MAX_NONCES as u64,
+            }),
+        };
+    };
+    let header = private_data.get(..HEADER_LEN).unwrap_or_default();
+    match nonces.take(proof.nonce_id, ip) {
+        Some(nonce) if key.verify_truncated(header, &nonce, &proof.tag) => Ok(()),
+        _ => Err(RejectReason::BadProof),
+    }
 }
 
 /// Serve one connection on its own thread, with buffers made there, and tell the peer
