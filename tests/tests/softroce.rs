@@ -1652,7 +1652,7 @@ fn admission_auto_listens_on_tcp_too() {
     c.find(
         "receiver",
         0,
-        "note: --transport auto: listening on TCP port 7471 too",
+        "receiver: also listening on 0.0.0.0:7471 (TCP",
         &[],
     );
     c.still_serving("receiver");

@@ -267,8 +267,9 @@ fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bo
 }
 
 /// `--transport auto` with an RDMA device: verbs and TCP on the same port number, each on
-/// a thread of its own, under one admission (connections, bytes, per address); the first
-/// to end (`--once`, or a listener's error) ends the receiver.
+/// a thread of its own, under one admission (connections, bytes, per address). The first
+/// to end with `--once`, or verbs with an error, ends the receiver; TCP failing to listen
+/// (its port taken by another program) leaves verbs serving, with a note.
 fn serve_both(args: &RecvArgs) -> Result<bool> {
     let limits = Limits::receiver(
         args.once,
@@ -277,37 +278,45 @@ fn serve_both(args: &RecvArgs) -> Result<bool> {
         args.max_per_peer(),
     );
     let admission = Admission::new(limits);
-    eprintln!(
-        "note: --transport auto: listening on TCP port {} too (for senders without an RDMA route here)",
-        args.port
-    );
-    let (done, first) = std::sync::mpsc::channel::<Result<bool>>();
-    let spawn = |name: &str, serve: Box<dyn FnOnce() -> Result<bool> + Send>| {
+    let (done, ended) = std::sync::mpsc::channel::<(TransportKind, Result<bool>)>();
+    let spawn = |kind: TransportKind, serve: Box<dyn FnOnce() -> Result<bool> + Send>| {
         let done = done.clone();
         std::thread::Builder::new()
-            .name(name.into())
+            .name(format!("{kind:?} receiver"))
             .spawn(move || {
-                let _ = done.send(serve());
+                let _ = done.send((kind, serve()));
             })
             .map(drop)
     };
     let (tcp_args, tcp_admission) = (args.clone(), admission.clone());
     spawn(
-        "tcp-receiver",
+        TransportKind::Tcp,
         Box::new(move || {
             let json_out = tcp_args.json;
             super::tcp::serve_with(&tcp_args, &tcp_admission, &mut |o| {
-                print_outcome(o, json_out)
+                match o {
+                // Said once it is true, and told apart from the verbs listener's line.
+                RecvOutcome::Listening { addr } => eprintln!(
+                    "receiver: also listening on {addr} (TCP, for senders without an RDMA route here)"
+                ),
+                other => print_outcome(other, json_out),
+            }
             })
         }),
     )?;
     let verbs_args = args.clone();
     spawn(
-        "rdma-receiver",
+        TransportKind::Rdma,
         Box::new(move || serve_verbs(&verbs_args, Some(&admission))),
     )?;
     drop(done);
-    first
-        .recv()
-        .map_err(|_| anyhow::anyhow!("both receivers ended without a word"))?
+    loop {
+        match ended.recv() {
+            Ok((TransportKind::Tcp, Err(e))) => {
+                eprintln!("note: --transport auto: TCP not served too: {e:#}");
+            }
+            Ok((_, result)) => return result,
+            Err(_) => anyhow::bail!("both receivers ended without a word"),
+        }
+    }
 }

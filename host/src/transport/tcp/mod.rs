@@ -9,11 +9,15 @@
 //! - [`sender`]: offer, streams, the schedule, the acks;
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
-//! - [`receiver`]: accept, handshakes, a thread per transfer, verification, acks.
+//! - [`receiver`]: accept and admission, a thread per transfer, verification, acks;
+//!   `handshake` (a socket's first message, within one deadline) and `routes` (extra
+//!   streams joining their transfer) beside it.
 
 pub mod frames;
+mod handshake;
 pub mod landing;
 pub mod receiver;
+mod routes;
 pub mod sender;
 pub mod socket;
 pub mod wire;

@@ -28,23 +28,20 @@
 //! opened the context, so transfers into GPU memory are served one after another on the
 //! calling thread, which owns the GPU (counted by the same admission).
 
-use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
+use super::frames::Hello;
 use super::landing::{HostLanding, Landing, ReadLimits, Stop};
-use super::socket::{self, ReadStop};
+use super::routes::Routes;
+use super::socket;
 use crate::memory::select::AttemptLog;
-use crate::server::admission::{self, Admission, HandshakeSlot, Lease, Limits, Want};
+use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
-use crate::transfer::header::{
-    AcceptInfo, Ack, Challenge, Header, Proof, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC,
-    PROOF_LEN,
-};
+use crate::transfer::header::{AcceptInfo, Ack, Header, RejectReason, WireError};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
-use std::collections::HashMap;
 use std::io::Write;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// How often the accept loop looks whether the receiver is done.
@@ -105,14 +102,14 @@ impl RecvMemory {
 }
 
 /// A transfer offer that passed its checks, for the serving loop.
-struct Offer {
-    control: TcpStream,
-    peer: SocketAddr,
-    header: Header,
-    hello: Hello,
+pub(super) struct Offer {
+    pub control: TcpStream,
+    pub peer: SocketAddr,
+    pub header: Header,
+    pub hello: Hello,
 }
 
-enum Event {
+pub(super) enum Event {
     Offer(Offer),
     /// A refusal or failure before any transfer was accepted: it is reported and
     /// changes nothing else (`--once` goes on serving).
@@ -124,41 +121,11 @@ enum Event {
     },
 }
 
-/// Extra streams on their way to the transfer whose token they carry.
-struct Route {
-    /// The offering peer's address: streams from any other are refused.
-    peer: IpAddr,
-    count: u16,
-    /// Stream indices handed over so far (bit i: stream i; stream 0 is the offer's).
-    seen: u64,
-    /// Tells this route from a later one with the same token.
-    serial: u64,
-    to: mpsc::Sender<(u16, TcpStream)>,
-}
-
-impl Route {
-    fn all_seen(&self) -> bool {
-        self.seen.count_ones() == self.count as u32
-    }
-}
-
-#[derive(Default)]
-struct Routes {
-    map: Mutex<HashMap<u64, Route>>,
-    serial: AtomicU64,
-}
-
-impl Routes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Route>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// What the accept loop, the handshakes and the transfer threads share.
-struct Shared {
-    cfg: TcpRecvConfig,
-    admission: Arc<Admission>,
-    routes: Routes,
+pub(super) struct Shared {
+    pub cfg: TcpRecvConfig,
+    pub admission: Arc<Admission>,
+    pub routes: Routes,
 }
 
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
@@ -361,7 +328,7 @@ fn accept_loop(
             .name("tcp-handshake".into())
             .stack_size(HANDSHAKE_STACK)
             .spawn(move || {
-                let event = handshake(&shared, stream, peer, deadline, slot);
+                let event = super::handshake::handshake(&shared, stream, peer, deadline, slot);
                 if let Some(event) = event {
                     let _ = events.send(event);
                 }
@@ -376,7 +343,7 @@ fn accept_loop(
 }
 
 /// Tell the peer why not (the sender prints it) without waiting on it, and close.
-fn refuse(
+pub(super) fn refuse(
     stream: TcpStream,
     peer: SocketAddr,
     reason: RejectReason,
@@ -396,214 +363,9 @@ fn refuse(
     }
 }
 
-fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {
+pub(super) fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {
     let reason = RejectReason::BadHeader(WireError::Inconsistent { what });
     refuse(stream, peer, reason, None)
-}
-
-/// Read `N` bytes of the handshake within its deadline.
-fn read_handshake<const N: usize>(
-    stream: &TcpStream,
-    timeout: Duration,
-    deadline: Instant,
-    what: &str,
-) -> Result<[u8; N], String> {
-    let mut buf = [0u8; N];
-    socket::read_exact_within(stream, &mut buf, timeout, Some(deadline)).map_err(
-        |stop| match stop {
-            ReadStop::Deadline => format!(
-                "the handshake took longer than {} while {what} (--timeout)",
-                crate::rdma::format_duration(timeout)
-            ),
-            ReadStop::Io(e) => socket::why(&e, timeout, what),
-        },
-    )?;
-    Ok(buf)
-}
-
-/// Read a socket's first message within `deadline`: a transfer offer (header + hello,
-/// and with a key its proof) becomes an [`Event::Offer`]; a stream hello goes to its
-/// transfer; anything else is refused. The slot is held until this returns.
-fn handshake(
-    shared: &Shared,
-    stream: TcpStream,
-    peer: SocketAddr,
-    deadline: Instant,
-    _slot: HandshakeSlot,
-) -> Option<Event> {
-    let cfg = &shared.cfg;
-    let report = |outcome| Some(Event::Outcome(outcome));
-    let failed = |why: String| RecvOutcome::Failed {
-        peer: peer.to_string(),
-        error: format!("{peer}: {why}"),
-    };
-    let magic: [u8; 4] =
-        match read_handshake(&stream, cfg.timeout, deadline, "reading the transfer offer") {
-            Ok(m) => m,
-            Err(why) => return report(failed(why)),
-        };
-    match magic {
-        HEADER_MAGIC => {
-            let rest: [u8; HEADER_LEN + HELLO_LEN - 4] = match read_handshake(
-                &stream,
-                cfg.timeout,
-                deadline,
-                "reading the transfer offer",
-            ) {
-                Ok(r) => r,
-                Err(why) => return report(failed(why)),
-            };
-            let mut offer = [0u8; HEADER_LEN + HELLO_LEN];
-            offer[..4].copy_from_slice(&magic);
-            offer[4..].copy_from_slice(&rest);
-            let header = match Header::decode(&offer[..HEADER_LEN]) {
-                Ok(h) => h,
-                Err(e) => return report(refuse(stream, peer, RejectReason::BadHeader(e), None)),
-            };
-            let hello = match Hello::decode(&offer[HEADER_LEN..]) {
-                Ok(h) if h.index == 0 => h,
-                Ok(_) => {
-                    return report(refuse_hello(
-                        stream,
-                        peer,
-                        "the offer's stream hello is not stream 0",
-                    ))
-                }
-                Err(e) => {
-                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
-                        what: "bad stream hello after the header",
-                    });
-                    return report(refuse(stream, peer, reason, Some(e.to_string())));
-                }
-            };
-            if let Some(key) = &cfg.key {
-                if let Err(why) = prove(key, &stream, &offer, cfg.timeout, deadline) {
-                    return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
-                }
-            }
-            if header.total_bytes > cfg.max_bytes {
-                let reason = RejectReason::TooLarge {
-                    requested: header.total_bytes,
-                    max: cfg.max_bytes,
-                };
-                return report(refuse(stream, peer, reason, None));
-            }
-            Some(Event::Offer(Offer {
-                control: stream,
-                peer,
-                header,
-                hello,
-            }))
-        }
-        HELLO_MAGIC => {
-            let rest: [u8; HELLO_LEN - 4] =
-                match read_handshake(&stream, cfg.timeout, deadline, "reading a stream hello") {
-                    Ok(r) => r,
-                    Err(why) => return report(failed(why)),
-                };
-            let mut bytes = [0u8; HELLO_LEN];
-            bytes[..4].copy_from_slice(&magic);
-            bytes[4..].copy_from_slice(&rest);
-            match Hello::decode(&bytes) {
-                Ok(hello) => hand_over(&shared.routes, stream, peer, hello).and_then(report),
-                Err(e) => {
-                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
-                        what: "bad stream hello",
-                    });
-                    report(refuse(stream, peer, reason, Some(e.to_string())))
-                }
-            }
-        }
-        got => report(refuse(
-            stream,
-            peer,
-            RejectReason::BadHeader(WireError::BadMagic { got }),
-            None,
-        )),
-    }
-}
-
-/// With `--key-file`: send a fresh nonce and check the sender's proof over the offer and
-/// it, within the handshake's deadline.
-fn prove(
-    key: &Key,
-    stream: &TcpStream,
-    offer: &[u8],
-    timeout: Duration,
-    deadline: Instant,
-) -> Result<(), String> {
-    let nonce =
-        crate::server::key::fresh_nonce().map_err(|e| format!("no nonce could be drawn: {e}"))?;
-    (&*stream)
-        .write_all(&Challenge { nonce }.encode())
-        .map_err(|e| socket::why(&e, timeout, "sending the key challenge"))?;
-    let bytes: [u8; PROOF_LEN] = read_handshake(
-        stream,
-        timeout,
-        deadline,
-        "waiting for the proof of the key (has the sender the same --key-file?)",
-    )?;
-    let proof = Proof::decode(&bytes).map_err(|e| format!("no proof of the key: {e}"))?;
-    if key.verify(offer, &nonce, &proof.tag) {
-        Ok(())
-    } else {
-        Err("the proof does not match this receiver's key".into())
-    }
-}
-
-/// Give an extra stream to the transfer whose token it carries, if that transfer came
-/// from the same address, still waits for this stream index, and has not all of them;
-/// else refuse it. `Some` outcome to report when refused.
-fn hand_over(
-    routes: &Routes,
-    stream: TcpStream,
-    peer: SocketAddr,
-    hello: Hello,
-) -> Option<RecvOutcome> {
-    let mut map = routes.lock();
-    let why = match map.get_mut(&hello.token) {
-        None => {
-            "a stream of a connection this receiver does not serve (or that has all its streams)"
-        }
-        Some(route) if route.peer != admission::peer_key(peer.ip()) => {
-            "a stream from another address than its connection's offer"
-        }
-        Some(route) if route.count != hello.count => {
-            "a stream whose count differs from its offer's"
-        }
-        Some(route) if route.seen & (1 << hello.index) != 0 => "a stream index that repeats",
-        Some(route) => {
-            route.seen |= 1 << hello.index;
-            let delivered = route.to.send((hello.index, stream)).is_ok();
-            if route.all_seen() || !delivered {
-                // Gathered (or the transfer is gone): nothing more may join it.
-                map.remove(&hello.token);
-            }
-            return None;
-        }
-    };
-    drop(map);
-    Some(refuse_hello(stream, peer, why))
-}
-
-/// Removes a transfer's route when it ends, however it ends (unless a later transfer
-/// with the same token has one by then).
-struct RouteGuard<'a> {
-    routes: &'a Routes,
-    token: u64,
-    serial: u64,
-}
-
-impl Drop for RouteGuard<'_> {
-    fn drop(&mut self) {
-        let mut map = self.routes.lock();
-        if map
-            .get(&self.token)
-            .is_some_and(|r| r.serial == self.serial)
-        {
-            map.remove(&self.token);
-        }
-    }
 }
 
 type MakeLanding<'a> = dyn FnMut(usize, usize) -> anyhow::Result<Box<dyn Landing>> + 'a;
@@ -650,32 +412,11 @@ fn serve_offer(
             return (refuse(control, peer, reason, Some(format!("{e:#}"))), false);
         }
     };
-    let (to_us, streams_in) = mpsc::channel();
-    let serial = shared.routes.serial.fetch_add(1, Ordering::Relaxed);
-    if hello.count > 1 {
-        let mut map = shared.routes.lock();
-        if map.contains_key(&hello.token) {
-            drop(map);
-            let reason = RejectReason::BadHeader(WireError::Inconsistent {
-                what: "a connection token already in use",
-            });
-            return (refuse(control, peer, reason, None), false);
-        }
-        map.insert(
-            hello.token,
-            Route {
-                peer: admission::peer_key(peer.ip()),
-                count: hello.count,
-                seen: 1,
-                serial,
-                to: to_us,
-            },
-        );
-    }
-    let _route = RouteGuard {
-        routes: &shared.routes,
-        token: hello.token,
-        serial,
+    let Some((route, streams_in)) = shared.routes.open(hello.token, peer.ip(), hello.count) else {
+        let reason = RejectReason::BadHeader(WireError::Inconsistent {
+            what: "a connection token already in use",
+        });
+        return (refuse(control, peer, reason, None), false);
     };
     let accept = AcceptInfo {
         addr: 0,
@@ -693,7 +434,7 @@ fn serve_offer(
     let accepted_at = Instant::now();
     let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
         Ok(streams) => {
-            drop(_route); // every stream is in: nothing more may join
+            drop(route); // every stream is in: nothing more may join
             receive_all(
                 cfg,
                 &mut control,
