@@ -543,6 +543,40 @@ mod tests {
     }
 
     #[test]
+    fn who_may_send_options() {
+        let Some(Command::Recv(r)) = parse(&["recv"]).unwrap().command else {
+            panic!("expected recv")
+        };
+        assert_eq!((r.allow.clone(), r.key_file.clone()), (None, None));
+        assert_eq!(r.max_per_peer(), 16, "by default all of --max-connections");
+        let Some(Command::Recv(r)) = parse(&[
+            "recv",
+            "--allow",
+            "10.0.0.0/8,192.0.2.7",
+            "--max-per-peer",
+            "2",
+            "--key-file",
+            "/etc/k",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("expected recv")
+        };
+        let allow = r.allow.clone().unwrap();
+        assert!(allow.permits("10.1.2.3".parse().unwrap()));
+        assert!(!allow.permits("192.0.2.8".parse().unwrap()));
+        assert_eq!(r.max_per_peer(), 2);
+        assert_eq!(r.key_file.as_deref(), Some(std::path::Path::new("/etc/k")));
+        assert!(parse(&["recv", "--allow", "10.0.0.0/40"]).is_err());
+        assert!(parse(&["recv", "--max-per-peer", "0"]).is_err());
+        let s = parse(&["127.0.0.1", "7471", "--key-file", "k"])
+            .unwrap()
+            .send;
+        assert_eq!(s.key_file.as_deref(), Some(std::path::Path::new("k")));
+    }
+
+    #[test]
     fn transport_options() {
         let s = parse(&["127.0.0.1", "7471", "--transport", "tcp", "--streams", "4"])
             .unwrap()

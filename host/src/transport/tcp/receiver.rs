@@ -631,6 +631,20 @@ fn merge(
 mod tests {
     use super::*;
 
+    #[test]
+    fn out_of_descriptors_is_told_from_a_peers_error() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            assert!(out_of_descriptors(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        for errno in [libc::ECONNABORTED, libc::EPERM] {
+            assert!(!out_of_descriptors(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+    }
+
     /// Lands nothing, verifies everything: only the report logic around it is tested.
     struct Verifies;
 
