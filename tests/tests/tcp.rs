@@ -972,3 +972,51 @@ fn a_wrong_key_no_key_a_replayed_offer_and_a_disallowed_address_get_nothing() {
     allowed.write_all(&offer(4096, 4096, 1, 1, 1)).unwrap();
     assert_eq!(&answer(&mut allowed)[0..4], b"GRDA");
 }
+
+#[test]
+fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
+    let r = Receiver::start(&["--max-per-peer", "1", "--timeout", "3"]);
+    // 127.0.0.1 holds its one transfer: 2 streams offered, the second not yet opened.
+    let mut holder = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    holder.write_all(&offer(4096, 4096, 1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut holder)[0..4], b"GRDA");
+    // A second from the same address is busy; one from 127.0.0.2 is served.
+    let mut second = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    second.write_all(&offer(4096, 4096, 1, 1, 32)).unwrap();
+    let a = answer(&mut second);
+    assert_eq!(
+        RejectReason::decode(&a),
+        Some(RejectReason::BusyPeer { active: 1, max: 1 })
+    );
+    let mut other = connect_from([127, 0, 0, 2], r.port).unwrap();
+    other.write_all(&offer(4096, 4096, 1, 1, 33)).unwrap();
+    assert_eq!(&answer(&mut other)[0..4], b"GRDA");
+    // The holder's token, tried from another address, does not join its transfer.
+    let mut intruder = connect_from([127, 0, 0, 2], r.port).unwrap();
+    intruder.write_all(&stream_hello(1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut intruder)[0..4], b"GRDR");
+    r.wait_for_log(
+        "a stream from another address than its connection's offer",
+        Duration::from_secs(5),
+    );
+    // Its own stream joins, the data flows, and it verifies.
+    let mut own = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    own.write_all(&stream_hello(1, 2, 31)).unwrap();
+    holder
+        .write_all(
+            &Frame {
+                offset: 0,
+                len: 4096,
+            }
+            .encode(),
+        )
+        .unwrap();
+    holder.write_all(&pattern_bytes(0, 1024)).unwrap();
+    let mut ack = [0u8; 48];
+    holder.read_exact(&mut ack).unwrap();
+    assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
+    // And a repeated index after that finds no route.
+    let mut again = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    again.write_all(&stream_hello(1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut again)[0..4], b"GRDR");
+}
