@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU pipeline end to end over TCP loopback, on a machine with a GPU and no
 # RDMA NIC (the H200): the sender's kernel writes GPU memory (--mem staged, mapped,
-# device), TCP carries it, the receiver copies it into GPU memory and its verify kernel
+# auto), TCP carries it, the receiver copies it into GPU memory and its verify kernel
 # checks every element. 16 KiB to 1 GiB, --iters 3, 1 and 4 streams; then a --once
-# receiver's exit codes. Exit 0 only if every run passed.
+# receiver's exit codes, and --mem device (GPUDirect RDMA only) refused over TCP. Exit 0 only if every run passed.
 #
 #   cargo build --release -p host && tests/gpu-tcp-e2e.sh          # HOST_BIN=... to use another binary
 set -u
@@ -25,7 +25,7 @@ RPID=$!
 trap 'kill "$RPID" 2>/dev/null' EXIT
 wait_listening "$LOG/recv.log" || exit 1
 
-for mem in staged mapped device; do
+for mem in staged mapped auto; do
     for size in 16KiB 1000004 1MiB 64MiB 256MiB 1GiB; do
         for streams in 1 4; do
             runs=$((runs + 3))
@@ -50,15 +50,23 @@ echo "receiver: $verified of $runs transfers verified by the verify kernel ($sta
 "$BIN" recv --transport tcp --mem device --bind 127.0.0.1 --port "$PORT" --once >"$LOG/once.log" 2>&1 &
 RPID=$!
 wait_listening "$LOG/once.log" || exit 1
-timeout 120 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem device --size 64MiB >"$LOG/once-send.log" 2>&1 || { echo "FAIL once sender"; cat "$LOG/once-send.log"; fail=1; }
+timeout 120 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem staged --size 64MiB >"$LOG/once-send.log" 2>&1 || { echo "FAIL once sender"; cat "$LOG/once-send.log"; fail=1; }
 wait "$RPID"; rc=$?
 [ "$rc" = 0 ] && echo "ok   --once after a verified transfer: exit 0" || { echo "FAIL --once exit $rc"; cat "$LOG/once.log"; fail=1; }
 "$BIN" recv --transport tcp --mem device --bind 127.0.0.1 --port "$PORT" --once --max-bytes 1MiB >"$LOG/once2.log" 2>&1 &
 RPID=$!
 wait_listening "$LOG/once2.log" || exit 1
-timeout 120 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem device --size 64MiB >"$LOG/once2-send.log" 2>&1 && { echo "FAIL: oversized accepted"; fail=1; }
+timeout 120 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem staged --size 64MiB >"$LOG/once2-send.log" 2>&1 && { echo "FAIL: oversized accepted"; fail=1; }
 wait "$RPID"; rc=$?
 [ "$rc" = 1 ] && echo "ok   --once after a rejected offer: exit 1 ($(grep -o 'error: .*' "$LOG/once2-send.log"))" || { echo "FAIL --once exit $rc"; fail=1; }
+# --mem device is strict: GPUDirect RDMA or an error with the reason, never a silent change.
+if "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem device >"$LOG/device-send.log" 2>&1; then
+    echo "FAIL: --mem device over TCP accepted"; fail=1
+elif grep -q "error: --mem device asks for GPUDirect RDMA" "$LOG/device-send.log"; then
+    echo "ok   --mem device over TCP refused: $(grep -o 'error: .*' "$LOG/device-send.log" | cut -c1-100)..."
+else
+    echo "FAIL: --mem device over TCP:"; cat "$LOG/device-send.log"; fail=1
+fi
 trap - EXIT
 [ "$fail" = 0 ] && echo "ALL PASSED" || echo "SOME FAILED (logs in $LOG)"
 exit "$fail"

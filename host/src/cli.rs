@@ -20,16 +20,14 @@ pub const MAX_CHUNK: u64 = 2 << 30;
 #[derive(Debug, Parser)]
 #[command(
     name = "host",
-    version,
+    version = env!("HOST_VERSION"),
     about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.",
-    long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA; receive and verify it on the other side.\n\n\
-        Sending (the default command):  host <ip> <port> [options]\n\
-        Receiving:                      host recv [options]\n\
-        Devices:                        host info\n\
-        Will GPUDirect RDMA work here:  host doctor\n\n\
-        The data is the pattern element i = 2*i (i32). Without options the sender behaves like the seed: \
-        4096 values (16 KiB), one SEND, printing `Data sent successfully via ...` and the first 5 values, \
-        plus the receiver's verification.",
+    long_about = "Fill a buffer with a Rust GPU kernel and send it over RDMA (or TCP); receive and verify it on the other side.\n\n\
+        Send with `host <ip> <port> [options]`, receive with `host recv [options]`; `host info` lists the devices, \
+        `host doctor` says which transports work here.\n\n\
+        The data is the pattern element i = 2*i (i32). Without options the sender sends 4096 values (16 KiB) \
+        in one SEND, prints `Data sent successfully via ...` and the first 5 values, and reports the \
+        receiver's verification of every element.",
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true
 )]
@@ -45,12 +43,14 @@ pub struct Cli {
 pub enum Command {
     /// Receive transfers, verify them against the pattern and report to each sender.
     Recv(RecvArgs),
-    /// List RDMA devices and ports (state, link layer, MTU, GIDs), and GPUs with what
-    /// memory registration each supports (dma-buf, GPUDirect RDMA, nvidia-peermem).
-    Info,
-    /// Say whether GPUDirect RDMA will work for a GPU and a NIC, and if not the one thing
-    /// to change; and which memory path `--mem auto` will take. Exit code 0 when some path
-    /// can carry a transfer (staged or host memory count), 1 when none can.
+    /// List RDMA devices and ports (state, link speed and width, link layer, MTU, GIDs),
+    /// and GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
+    /// nvidia-peermem).
+    Info(InfoArgs),
+    /// Judge each transport for a GPU and a NIC: GPUDirect RDMA (and if not, why and the
+    /// one thing to change), RDMA from host memory, TCP; which one `--transport auto`
+    /// takes and which memory path `--mem auto` takes. Exit code 0 when any of them can
+    /// carry a transfer, 1 when none can.
     Doctor(DoctorArgs),
     /// The GPU half alone: generate the data with the kernel, print the first values and
     /// check every element against the CPU's pattern. Needs a GPU, no RDMA device.
@@ -58,6 +58,19 @@ pub enum Command {
     /// Benchmarks that print JSON with a reference measured in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print a shell completion script for SHELL, generated from this binary's own
+    /// options (e.g. `host completions bash > /etc/bash_completion.d/host`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page host(1) in roff (`host man | man -l -`), generated from this
+    /// binary's own options; with --dir, write host.1 and one page per command there.
+    Man {
+        /// Write host.1, host-recv.1, ... into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// `host gpu-check`.
@@ -66,7 +79,7 @@ pub struct GpuCheckArgs {
     /// Bytes to generate (a multiple of 4; suffixes as for --size).
     #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_transfer_size)]
     pub size: u64,
-    /// Where the kernel writes: `mapped` host memory (the seed's method) or `device` memory
+    /// Where the kernel writes: `mapped` host memory (page-locked, mapped into the GPU) or `device` memory
     /// (then also checked by the verify kernel on the GPU).
     #[arg(long, value_enum, default_value = "mapped")]
     pub mem: crate::memory::CheckMemory,
@@ -78,18 +91,41 @@ pub struct GpuCheckArgs {
     pub json: bool,
 }
 
+/// `host info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print one JSON object instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `host doctor`.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// The GPU to check.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub gpu: u32,
-    /// The RDMA device to check (`host info` lists them); without it, the one nearest to
-    /// the GPU on the PCIe tree.
+    /// The GPU to check (0, 1, ...), or `none`: judge the transports for a sender whose
+    /// CPU writes the pattern.
+    #[arg(long, value_name = "N|none", default_value = "0")]
+    pub gpu: GpuSelection,
+    /// The RDMA device to check (`host info` lists them); without it, the device the
+    /// route to --peer leaves through (as the RDMA CM resolves it), else the one nearest
+    /// to the GPU on the PCIe tree.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
+    /// A receiver's address: then `--transport auto` is judged as a sender to it would
+    /// decide (does the RDMA CM find a route to it through an RDMA device?), and the
+    /// route's device is the one checked.
+    #[arg(long, value_name = "IP")]
+    pub peer: Option<IpAddr>,
+    /// Bytes one transfer registers, judged against the locked-memory limit
+    /// (RLIMIT_MEMLOCK) and the GPU's BAR1; a receiver registers its whole buffer (its
+    /// --max-bytes).
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub size: u64,
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
     pub gpudirect_level: PciDistance,
+    /// Print one JSON object instead of lines for people (the exit code is the same).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--gpudirect-level`, the same for every command.
@@ -103,7 +139,7 @@ const GPUDIRECT_LEVEL_HELP: &str = "The farthest GPU-NIC distance at which GPUDi
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// The kernel's fill bandwidth against cuMemsetD32 (16 KiB, 4 MiB, 256 MiB, 1 GiB), the
-    /// seed's 4096-element launch, mapped-memory writes against a pinned copy, and the
+    /// 4096-element launch of a default transfer, mapped-memory writes against a pinned copy, and the
     /// staged pipeline's overlap. Prints JSON.
     Gpu {
         /// The GPU to measure.
@@ -148,7 +184,9 @@ pub struct SendArgs {
     #[arg(long, value_enum, default_value_t = Op::Send)]
     pub op: Op,
 
-    /// Where the data lives when the NIC reads it.
+    /// Where the data lives when it is sent. `device` is strict: GPUDirect RDMA only (the
+    /// NIC reads GPU memory), an error when it cannot be had, also over TCP; `auto` adapts
+    /// (dma-buf, peermem, staged, mapped over RDMA; staged, mapped over TCP).
     #[arg(long, value_enum, default_value_t = MemKind::Auto)]
     pub mem: MemKind,
 
@@ -157,20 +195,23 @@ pub struct SendArgs {
     pub gpu: GpuSelection,
 
     /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide the memory
-    /// path (`host info` lists them, e.g. mlx5_0); without it, the device the connection
-    /// to the receiver resolves to.
+    /// path (`host info` lists them, e.g. mlx5_0); without it, with a GPU, the device the
+    /// route to the receiver leaves through (as the RDMA CM resolves it), else the one
+    /// nearest to the GPU. The connection itself always goes where the route goes.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
 
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
     pub gpudirect_level: PciDistance,
 
-    /// Work requests kept in flight (1..=4096).
+    /// Chunks kept in flight (1..=4096): RDMA work requests posted and not yet
+    /// completed; over TCP, chunks handed to the socket writers.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     pub depth: u32,
 
-    /// Bytes per work request (more than --size means one chunk). At most the device's
-    /// largest message (`host info` shows it; Soft-RoCE: 8 MiB).
+    /// Bytes per chunk (more than --size means one chunk). Over RDMA a chunk is one work
+    /// request, at most the device's largest message (`host info` shows it; Soft-RoCE:
+    /// 8 MiB); over TCP one frame.
     #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
     pub chunk: u64,
 
@@ -179,9 +220,26 @@ pub struct SendArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
 
+    /// Transfers made (and verified) before the measured --iters, not counted in the
+    /// results; on the same connection with --reuse-connection.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub warmup: u32,
+
+    /// Measure every power of two from MIN to MAX (e.g. 4KiB..1GiB; MIN a power of two,
+    /// MAX at least MIN): --iters transfers of each after --warmup, one connection per
+    /// size with --reuse-connection (a connection offers one size). Prints a table (and
+    /// with --json one object with every size) instead of the per-transfer lines.
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_sweep, conflicts_with_all = ["raw", "size"])]
+    pub sweep: Option<(u64, u64)>,
+
+    /// Report rates in Gb/s (10^9 bits per second, as link speeds are given) instead
+    /// of GB/s (10^9 bytes per second). --json carries both.
+    #[arg(long)]
+    pub report_gbits: bool,
+
     /// With --iters N: make the N transfers on one connection instead of one each. The
     /// receiver verifies and acks every transfer, and the next starts after the ack, so
-    /// each iteration's round trip (first work request to the receiver's verdict) is
+    /// each iteration's round trip (first chunk out to the receiver's verdict) is
     /// measured without connection setup. Needs a receiver that knows the mode.
     #[arg(long, conflicts_with = "raw")]
     pub reuse_connection: bool,
@@ -196,7 +254,7 @@ pub struct SendArgs {
     #[arg(long)]
     pub busy_poll: bool,
 
-    /// The seed's wire behaviour: no header, one SEND_WITH_IMM (immediate 0x1234) of the
+    /// Raw mode, RDMA only: no header, one SEND_WITH_IMM (immediate 0x1234) of the
     /// whole buffer, then up to 1 s for an optional reply. For rdma-core's rdma_server
     /// (which takes 16 bytes: use --size 16) or `host recv --raw`.
     #[arg(long)]
@@ -243,7 +301,7 @@ pub struct RecvArgs {
     #[arg(long)]
     pub once: bool,
 
-    /// The seed's wire behaviour: accept any connection, take one message into one
+    /// Raw mode, RDMA only: accept any connection, take one message into one
     /// receive of --max-bytes (at most the device's largest message), report its length
     /// and immediate data, verify it, and send a 16-byte reply (rdma-core's rdma_client
     /// waits for one).
@@ -254,8 +312,10 @@ pub struct RecvArgs {
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_transfer_size)]
     pub max_bytes: u64,
 
-    /// Where received data goes: `host`, `device` (GPU memory, GPUDirect RDMA; verified by
-    /// a GPU kernel) or `auto` (device where possible, else host).
+    /// Where received data goes: `host`, `device` (GPU memory, verified by a GPU kernel;
+    /// over RDMA strictly GPUDirect RDMA, the NIC writes GPU memory; over TCP each chunk
+    /// is copied from a host buffer into GPU memory) or `auto` (over RDMA GPUDirect where
+    /// possible, else host; over TCP host).
     #[arg(long, value_enum, default_value_t = MemKind::Auto)]
     pub mem: MemKind,
 
@@ -264,8 +324,9 @@ pub struct RecvArgs {
     pub gpu: GpuSelection,
 
     /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide where
-    /// received data goes (`host info` lists them); without it, the device each
-    /// connection arrives on.
+    /// received data goes (`host info` lists them); without it, the one nearest to the
+    /// GPU. Each connection's own device then has the last word when it registers the
+    /// memory.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
 
@@ -353,6 +414,21 @@ fn parse_transfer_size(text: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// `--sweep MIN..MAX`: two transfer sizes, MIN a power of two and MIN <= MAX.
+fn parse_sweep(text: &str) -> Result<(u64, u64), String> {
+    let (min, max) = text
+        .split_once("..")
+        .ok_or_else(|| format!("`{text}` is not MIN..MAX (e.g. 4KiB..1GiB)"))?;
+    let (min, max) = (parse_transfer_size(min)?, parse_transfer_size(max)?);
+    if !min.is_power_of_two() {
+        return Err(format!("{min} bytes (MIN) is not a power of two"));
+    }
+    if max < min {
+        return Err(format!("MAX {max} bytes is less than MIN {min} bytes"));
+    }
+    Ok((min, max))
+}
+
 fn parse_gpudirect_level(text: &str) -> Result<PciDistance, String> {
     text.parse()
 }
@@ -397,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_command_sends_16_kib_by_send() {
+    fn the_default_command_sends_16_kib_by_send() {
         let cli = parse(&["192.0.2.1", "7471"]).unwrap();
         assert!(cli.command.is_none());
         let s = cli.send;
@@ -600,10 +676,14 @@ mod tests {
     }
 
     #[test]
-    fn info_takes_no_arguments() {
+    fn info_takes_json_only() {
         assert!(matches!(
             parse(&["info"]).unwrap().command,
-            Some(Command::Info)
+            Some(Command::Info(InfoArgs { json: false }))
+        ));
+        assert!(matches!(
+            parse(&["info", "--json"]).unwrap().command,
+            Some(Command::Info(InfoArgs { json: true }))
         ));
         assert!(parse(&["info", "extra"]).is_err());
     }
@@ -615,10 +695,23 @@ mod tests {
         };
         assert_eq!(
             (d.gpu, d.nic, d.gpudirect_level),
-            (0, None, PciDistance::Pxb)
+            (GpuSelection::Index(0), None, PciDistance::Pxb)
         );
+        assert_eq!((d.peer, d.size, d.json), (None, 1 << 30, false));
+        let Some(Command::Doctor(d)) = parse(&["doctor", "--gpu", "none", "--json"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected doctor")
+        };
+        assert_eq!((d.gpu, d.json), (GpuSelection::None, true));
+        assert!(parse(&["doctor", "--peer", "somewhere"]).is_err());
         let Some(Command::Doctor(d)) = parse(&[
             "doctor",
+            "--peer",
+            "192.0.2.1",
+            "--size",
+            "64MiB",
             "--gpu",
             "3",
             "--nic",
@@ -633,7 +726,11 @@ mod tests {
         };
         assert_eq!(
             (d.gpu, d.nic.as_deref(), d.gpudirect_level),
-            (3, Some("mlx5_2"), PciDistance::Node)
+            (GpuSelection::Index(3), Some("mlx5_2"), PciDistance::Node)
+        );
+        assert_eq!(
+            (d.peer.map(|p| p.to_string()), d.size),
+            (Some("192.0.2.1".to_string()), 64 << 20)
         );
     }
 
@@ -653,6 +750,63 @@ mod tests {
         assert!(help.contains("--gpudirect-level <LEVEL>"), "{help}");
         assert!(help.contains("NCCL_NET_GDR_LEVEL"), "{help}");
         assert!(help.contains("--nic <NAME>"), "{help}");
+    }
+
+    #[test]
+    fn the_version_names_the_commit_and_the_features() {
+        let v = Cli::command().render_version();
+        assert!(v.starts_with("host 0.1.0 (commit "), "{v}");
+        #[cfg(feature = "cuda")]
+        assert!(v.trim_end().ends_with(", features: cuda)"), "{v}");
+        #[cfg(not(feature = "cuda"))]
+        assert!(v.contains(", features: none (built without `cuda`"), "{v}");
+    }
+
+    #[test]
+    fn completions_and_man_take_their_arguments() {
+        let Some(Command::Completions { shell }) = parse(&["completions", "zsh"]).unwrap().command
+        else {
+            panic!("expected completions")
+        };
+        assert_eq!(shell, clap_complete::Shell::Zsh);
+        assert!(parse(&["completions", "tcsh"]).is_err());
+        assert!(parse(&["completions"]).is_err());
+        assert!(matches!(
+            parse(&["man"]).unwrap().command,
+            Some(Command::Man { dir: None })
+        ));
+    }
+
+    #[test]
+    fn benchmark_options() {
+        let s = parse(&["192.0.2.1", "7471"]).unwrap().send;
+        assert_eq!((s.warmup, s.sweep, s.report_gbits), (0, None, false));
+        let s = parse(&[
+            "192.0.2.1",
+            "7471",
+            "--sweep",
+            "4KiB..1GiB",
+            "--warmup",
+            "10",
+            "--report-gbits",
+        ])
+        .unwrap()
+        .send;
+        assert_eq!(s.sweep, Some((4096, 1 << 30)));
+        assert_eq!((s.warmup, s.report_gbits), (10, true));
+        assert_eq!(parse_sweep("4..4"), Ok((4, 4)));
+        for bad in [
+            "4KiB",
+            "12KiB..1MiB",
+            "1MiB..4KiB",
+            "0..4KiB",
+            "4KiB..lots",
+            "..",
+        ] {
+            assert!(parse_sweep(bad).is_err(), "{bad}");
+        }
+        assert!(parse(&["192.0.2.1", "7471", "--sweep", "4..8", "--raw"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--sweep", "4..8", "--size", "8"]).is_err());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 
 mod commands;
 
-use clap::Parser;
+use anyhow::Context;
+use clap::{CommandFactory, Parser};
 use host::cli::{BenchCommand, Cli, Command};
 use serde_json::json;
 use std::process::ExitCode;
@@ -15,12 +16,16 @@ fn main() -> ExitCode {
         None => cli.send.json,
         Some(Command::Recv(args)) => args.json,
         Some(Command::GpuCheck(args)) => args.json,
-        Some(Command::Info) | Some(Command::Doctor(_)) | Some(Command::Bench(_)) => false,
+        Some(Command::Info(args)) => args.json,
+        Some(Command::Doctor(args)) => args.json,
+        Some(Command::Bench(_)) | Some(Command::Completions { .. }) | Some(Command::Man { .. }) => {
+            false
+        }
     };
     let result = match &cli.command {
         None => commands::send::run(&cli.send),
         Some(Command::Recv(args)) => commands::recv::run(args),
-        Some(Command::Info) => commands::info::run(),
+        Some(Command::Info(args)) => commands::info::run(args),
         Some(Command::Doctor(args)) => commands::doctor::run(args),
         Some(Command::GpuCheck(args)) => commands::gpu::check(args),
         Some(Command::Bench(BenchCommand::Gpu { gpu })) => commands::gpu::bench(*gpu),
@@ -30,6 +35,8 @@ fn main() -> ExitCode {
             streams,
             rounds,
         })) => commands::tcp_bench::run(*size, *chunk, *streams, *rounds),
+        Some(Command::Completions { shell }) => completions(*shell),
+        Some(Command::Man { dir }) => man(dir.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -42,4 +49,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `host completions SHELL`: the script clap_complete writes for this command line.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    clap_complete::generate(shell, &mut Cli::command(), "host", &mut std::io::stdout());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host man [--dir DIR]`: host(1) on stdout, or every page into DIR.
+fn man(dir: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    match dir {
+        None => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("writing the manual page")?,
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), dir)
+                .with_context(|| format!("writing the manual pages into {}", dir.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

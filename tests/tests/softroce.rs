@@ -11,7 +11,8 @@
 //!   scenario, RDMA WRITE, 256 MiB in chunks, `--raw` with rdma-core's rdma_server and
 //!   rdma_client and with itself, and the faults: no receiver, a killed sender, a killed
 //!   receiver, rejected offers, a port in use; three concurrent senders; the NIC probes
-//!   of `host info` and `host doctor` on rxe (dma-buf registration: not supported);
+//!   of `host info` and `host doctor` on rxe (dma-buf registration: not supported; each
+//!   transport judged);
 //! * topology two (guest b receives, guest a sends): seed, WRITE, 64 MiB, no receiver,
 //!   concurrent senders;
 //! * topology two again, with guest b's QEMU killed in the middle of a transfer.
@@ -1318,7 +1319,15 @@ fn one_guest_rxe_is_probed_for_dma_buf_and_found_without_it() {
         "info",
         "GPU-NIC distance: not checked (no GPU support in this build)",
     );
-    // doctor: no GPUDirect here, and why; host memory is still a path, so exit 0.
+    // The port's state, physical state and layer (rxe's rate is whatever its netdev says).
+    c.find(
+        "info",
+        0,
+        "    port 1: active (physical LinkUp), ",
+        &["link layer Ethernet"],
+    );
+    // doctor: each transport judged: no GPUDirect here, and why; RDMA from host memory
+    // and TCP carry, so exit 0.
     c.rc("doctor", 0);
     c.no_error("doctor");
     c.line(
@@ -1332,10 +1341,28 @@ fn one_guest_rxe_is_probed_for_dma_buf_and_found_without_it() {
         "to change: GPUDirect RDMA needs a GPU: this build has no GPU support",
         &[],
     );
+    c.find("doctor", 0, "  port 1: active (physical LinkUp), ", &[]);
+    c.line(
+        "doctor",
+        "RDMA from host memory: works: rxe0 reads host memory (the GPU's data staged or mapped there, or written by the CPU)",
+    );
+    c.find("doctor", 0, "TCP: works: ", &[]);
     c.find(
         "doctor",
         0,
-        "--mem auto: the sender takes host (host memory), the receiver host (host memory)",
+        "--transport auto: a sender takes rdma, a receiver rdma (an RDMA device is present",
+        &[],
+    );
+    c.find(
+        "doctor",
+        0,
+        "--mem auto over RDMA: the sender takes host (host memory), the receiver host (host memory)",
+        &[],
+    );
+    c.find(
+        "doctor",
+        0,
+        "verdict: RDMA from host memory, TCP can carry transfers; --transport auto takes rdma",
         &[],
     );
     // Host memory on the same device still carries a transfer: the seed case.

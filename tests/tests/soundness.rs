@@ -1,7 +1,7 @@
 //! The soundness model's rules that a reader of the source can check, checked here so
-//! they stay true (README, section "Soundness: where `unsafe` lives and why"):
+//! they stay true (docs/internals.md, section "Soundness: where `unsafe` lives and why"):
 //!
-//! * the README's list of files that contain `unsafe` is exactly the set of such files;
+//! * that section's list of files that contain `unsafe` is exactly the set of such files;
 //! * every `unsafe` block, `unsafe impl` and `unsafe fn` carries its `SAFETY` note (or,
 //!   for an `unsafe fn` or trait, a `# Safety` section);
 //! * no safe public function of `host` takes a raw pointer or a raw device or
@@ -70,7 +70,7 @@ fn has_word(code: &str, word: &str) -> bool {
     })
 }
 
-/// The source files of the crates whose `unsafe` the README accounts for.
+/// The source files of the crates whose `unsafe` docs/internals.md accounts for.
 fn sources() -> Vec<(String, String)> {
     let root = workspace_root();
     ["host/src", "gpu-kernels/src"]
@@ -88,14 +88,17 @@ fn sources() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The document that lists the files with `unsafe` (between the markers).
+const LIST_DOC: &str = "docs/internals.md";
+
 #[test]
-fn the_readme_lists_exactly_the_files_that_contain_unsafe() {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme
+fn the_docs_list_exactly_the_files_that_contain_unsafe() {
+    let doc = std::fs::read_to_string(workspace_root().join(LIST_DOC)).unwrap();
+    let section = doc
         .split_once(BEGIN)
         .and_then(|(_, rest)| rest.split_once(END))
         .map(|(list, _)| list)
-        .expect("README.md has the unsafe-files markers");
+        .unwrap_or_else(|| panic!("{LIST_DOC} has the unsafe-files markers"));
     let listed: BTreeSet<String> = section
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix("- `"))
@@ -111,7 +114,7 @@ fn the_readme_lists_exactly_the_files_that_contain_unsafe() {
     let stale: Vec<_> = listed.difference(&found).collect();
     assert!(
         unlisted.is_empty() && stale.is_empty(),
-        "README.md's list of files with `unsafe` is out of date: add {unlisted:?}, remove {stale:?}"
+        "{LIST_DOC}'s list of files with `unsafe` is out of date: add {unlisted:?}, remove {stale:?}"
     );
 }
 

@@ -429,7 +429,7 @@ fn tcp_only_options_are_refused_with_a_reason() {
     let out = send(1, &["--raw"], Duration::from_secs(10));
     assert!(text(&out)
         .1
-        .contains("--raw is the seed's RDMA wire behaviour"));
+        .contains("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form"));
     let out = send(1, &["--op", "write"], Duration::from_secs(10));
     assert!(text(&out).1.contains("--op write is an RDMA operation"));
 }
@@ -1019,4 +1019,467 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
     let mut again = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
     again.write_all(&stream_hello(1, 2, 31)).unwrap();
     assert_eq!(&answer(&mut again)[0..4], b"GRDR");
+}
+
+#[test]
+fn json_speaks_of_tcp_and_gigabytes_per_second() {
+    let r = Receiver::start(&["--json"]);
+    let out = send(r.port, &["--json", "--iters", "2"], T);
+    assert_verified_json(&out);
+    let (stdout, _) = text(&out);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["transport"], "tcp", "{v}");
+    assert_eq!(
+        v["path_description"], "TCP from host memory (pattern written by the CPU)",
+        "{v}"
+    );
+    assert!(!stdout.contains("RDMA from"), "{stdout}");
+    assert!(v["aggregate"]["gb_per_s"].is_f64(), "{v}");
+    assert!(v["iterations"][0]["gb_per_s"].is_f64(), "{v}");
+    assert!(!stdout.contains("gbps"), "{stdout}");
+    // The receiver's events too.
+    r.wait_for_log("\"event\":\"completed\"", Duration::from_secs(10));
+    let log = r.log();
+    assert!(log.contains("\"gb_per_s\":"), "{log}");
+    assert!(!log.contains("\"gbps\""), "{log}");
+}
+
+fn assert_verified_json(out: &Output) {
+    let (stdout, stderr) = text(out);
+    assert!(
+        out.status.success() && stdout.contains("\"ok\":true"),
+        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn round_trips_over_tcp_use_no_rdma_words() {
+    let r = Receiver::start(&[]);
+    let out = send(r.port, &["--iters", "3", "--reuse-connection"], T);
+    assert_verified(&out, "reuse");
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("round trip (first chunk out to the receiver's verdict), 3 transfers"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" by TCP over 1 stream in 1 chunk of 16 KiB, 1 in flight: "),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("SEND"), "{stdout}");
+    for rdma_word in ["work request", "RDMA"] {
+        assert!(!stdout.contains(rdma_word), "`{rdma_word}` in:\n{stdout}");
+        assert!(!stderr.contains(rdma_word), "`{rdma_word}` in:\n{stderr}");
+    }
+}
+
+#[test]
+fn mem_device_over_tcp_is_an_error_with_the_reason() {
+    // Strict: GPUDirect RDMA or nothing, refused before any GPU or socket work.
+    for transport in ["tcp", "auto"] {
+        let out = Command::new(host_bin())
+            .args([
+                "127.0.0.1",
+                "1",
+                "--mem",
+                "device",
+                "--transport",
+                transport,
+            ])
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        if transport == "auto" && stderr.contains("using rdma") {
+            integration_tests::skip(
+                "mem_device_over_tcp_is_an_error_with_the_reason (auto)",
+                "this machine has an RDMA device",
+            );
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(
+            errors[0].starts_with("error: --mem device asks for GPUDirect RDMA (the NIC reads GPU memory directly), which TCP cannot do"),
+            "{stderr}"
+        );
+        assert!(errors[0].contains("use --mem staged"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// `host doctor` and `host info` on this machine (no RDMA device in CI): TCP carries, so
+/// doctor exits 0, says so and why GPUDirect RDMA will not; the JSON forms say the same.
+#[test]
+fn doctor_judges_each_transport_and_exits_0_when_tcp_carries() {
+    let out = Command::new(host_bin()).arg("doctor").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    if !stdout.contains("RDMA device: none found") {
+        integration_tests::skip(
+            "doctor_judges_each_transport_and_exits_0_when_tcp_carries",
+            "this machine has an RDMA device",
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
+    // How to look comes first, Soft-RoCE last.
+    let look = lines
+        .iter()
+        .position(|l| l.starts_with("  look for one: `ibv_devices` or `rdma link`"))
+        .expect(&stdout);
+    let soft = lines
+        .iter()
+        .position(|l| l.starts_with("  without RDMA hardware: Soft-RoCE"))
+        .expect(&stdout);
+    assert!(look < soft, "{stdout}");
+    assert!(
+        has("GPUDirect RDMA: will not work: there is no RDMA device"),
+        "{stdout}"
+    );
+    assert!(
+        has("RDMA from host memory: will not work: there is no RDMA device"),
+        "{stdout}"
+    );
+    assert!(has("TCP: works: "), "{stdout}");
+    assert!(
+        has("--transport auto: a sender takes tcp, a receiver tcp (no RDMA device found)"),
+        "{stdout}"
+    );
+    assert!(
+        has("locked-memory limit (RLIMIT_MEMLOCK, ulimit -l): "),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("verdict: TCP can carry transfers; --transport auto takes tcp (no RDMA device found); not GPUDirect RDMA: there is no RDMA device"),
+        "{stdout}"
+    );
+
+    // --gpu none is taken, and --json is one object with the same verdicts.
+    let out = Command::new(host_bin())
+        .args(["doctor", "--gpu", "none", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["transports"]["tcp"]["works"], true, "{v}");
+    assert_eq!(v["transports"]["gpudirect_rdma"]["works"], false, "{v}");
+    assert_eq!(v["transports"]["auto_sender"], "tcp", "{v}");
+    assert_eq!(
+        v["gpu"]["none"],
+        "--gpu none was given: the CPU writes the pattern"
+    );
+    assert!(v["no_rdma_device"]["advice"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("look for one"));
+
+    // Bad input: one error line, exit 2 (clap's), no panic.
+    let out = Command::new(host_bin())
+        .args(["doctor", "--gpu", "first"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("error: invalid value 'first' for '--gpu <N|none>'"));
+}
+
+#[test]
+fn info_lists_or_says_how_to_look_and_has_json() {
+    let out = Command::new(host_bin()).arg("info").output().unwrap();
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    if stdout.starts_with("RDMA devices: none found") {
+        assert!(
+            stdout.contains("\n  look for one: `ibv_devices`"),
+            "{stdout}"
+        );
+    } else {
+        // With a device, every port says its state and physical state.
+        assert!(stdout.contains("(physical "), "{stdout}");
+    }
+    let out = Command::new(host_bin())
+        .args(["info", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(
+        v.get("rdma_devices").is_some() && v.get("gpus").is_some(),
+        "{v}"
+    );
+    assert!(v["memlock"]["limit_bytes"].is_u64() || v["memlock"]["limit_bytes"].is_null());
+}
+
+/// Packaging: `--version` names the commit and the features; completions and the man
+/// page come from the same clap definitions as `--help`.
+#[test]
+fn version_completions_and_man_page() {
+    let out = Command::new(host_bin()).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{version}");
+    assert!(version.starts_with("host 0.1.0 (commit "), "{version}");
+    assert!(version.contains(", features: "), "{version}");
+    for (shell, marker) in [
+        ("bash", "complete -F _host"),
+        ("zsh", "#compdef host"),
+        ("fish", "complete -c host"),
+    ] {
+        let out = Command::new(host_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && script.contains(marker),
+            "{shell}: {script}"
+        );
+        // Every subcommand and a few options are in it.
+        for word in ["recv", "doctor", "transport", "streams"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = Command::new(host_bin()).arg("man").output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && page.contains(".TH host 1"),
+        "{page}"
+    );
+    assert!(page.contains("\\-\\-transport"), "{page}");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("man");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(host_bin())
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for page in ["host.1", "host-recv.1", "host-doctor.1", "host-info.1"] {
+        assert!(dir.join(page).is_file(), "no {page} in {}", dir.display());
+    }
+    // A shell clap does not know: one error line, exit 2.
+    let out = Command::new(host_bin())
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Benchmark conventions: a size sweep (a table, and JSON with every size), warm-up
+/// transfers not counted, latency percentiles on one connection, Gb/s on request.
+#[test]
+fn sweep_warmup_percentiles_and_gbits() {
+    let r = Receiver::start(&[]);
+    let out = send(
+        r.port,
+        &[
+            "--sweep",
+            "4KiB..64KiB",
+            "--iters",
+            "10",
+            "--warmup",
+            "3",
+            "--reuse-connection",
+            "--report-gbits",
+        ],
+        T,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 6, "a header and 5 sizes:\n{stdout}");
+    assert!(
+        lines[0]
+            .split_whitespace()
+            .eq(["bytes", "iters", "Gb/s", "p50", "us", "p99", "us", "max", "us"]),
+        "{stdout}"
+    );
+    for (line, bytes) in lines[1..].iter().zip([4096, 8192, 16384, 32768, 65536]) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[0], bytes.to_string(), "{stdout}");
+        assert_eq!(
+            cells[1], "10",
+            "warm-up transfers are not counted:\n{stdout}"
+        );
+        assert!(cells[2].parse::<f64>().unwrap() > 0.0, "{stdout}");
+    }
+    // 5 sizes x (3 + 10) transfers, each verified by the receiver.
+    r.wait_for_log("13 transfers of 64 KiB", Duration::from_secs(10));
+    let verified = r.log().matches("verification: all").count();
+    assert_eq!(verified, 5, "one report per connection:\n{}", r.log());
+    assert_eq!(r.log().matches("13 transfers of").count(), 5, "{}", r.log());
+
+    let out = send(
+        r.port,
+        &[
+            "--sweep",
+            "4KiB..8KiB",
+            "--iters",
+            "4",
+            "--reuse-connection",
+            "--json",
+        ],
+        T,
+    );
+    let (stdout, _) = text(&out);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["ok"], true, "{v}");
+    let rows = v["sweep"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    assert_eq!(rows[1]["bytes"], 8192);
+    assert_eq!(rows[1]["transfers"], 4);
+    let gb = rows[1]["gb_per_s"].as_f64().unwrap();
+    let gbit = rows[1]["gbit_per_s"].as_f64().unwrap();
+    assert!((gbit - 8.0 * gb).abs() < 1e-9, "{v}");
+    let rt = &rows[1]["round_trip"];
+    for p in ["p50_us", "p90_us", "p99_us", "p99_9_us"] {
+        assert!(rt[p].as_f64().unwrap() > 0.0, "{p}: {v}");
+    }
+    assert!(rt["p50_us"].as_f64() <= rt["p99_us"].as_f64(), "{v}");
+
+    // Percentiles on one size, and the warm-up said.
+    let out = send(
+        r.port,
+        &[
+            "--iters",
+            "20",
+            "--warmup",
+            "2",
+            "--reuse-connection",
+            "--report-gbits",
+        ],
+        T,
+    );
+    assert_verified(&out, "warm-up");
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains("warm-up: 2 transfers made and verified first, not counted below"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("aggregate: 20 transfers"), "{stdout}");
+    assert!(stdout.contains(" Gb/s"), "{stdout}");
+    assert!(!stdout.contains(" GB/s"), "{stdout}");
+    assert!(
+        stdout.contains("20 transfers on one connection: p50 "),
+        "{stdout}"
+    );
+    assert!(stdout.contains(", p99.9 "), "{stdout}");
+
+    // Bad input: one error line, exit 2.
+    let out = send(r.port, &["--sweep", "12KiB..1MiB"], T);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("is not a power of two"));
+    let out = send(r.port, &["--iters", "4294967295", "--warmup", "1"], T);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out)
+        .1
+        .starts_with("error: --warmup 1 and --iters 4294967295 make more than"));
+}
+
+/// The lines of the first ```text block after `marker` in a document of the repository.
+fn text_block_after(doc: &str, marker: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(integration_tests::workspace_root().join(doc)).unwrap();
+    let from = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("{doc} no longer has `{marker}`"));
+    let rest = &text[from..];
+    let start = rest.find("```text\n").expect("a text block") + "```text\n".len();
+    let body = &rest[start..];
+    let end = body.find("```").expect("the end of the block");
+    body[..end]
+        .lines()
+        .map(|l| l.trim_start().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// A line with its numbers replaced by `#` (times, rates and ports vary run to run).
+fn masked(line: &str) -> String {
+    let mut out = String::new();
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('#') {
+                out.push('#');
+            }
+        } else if c == '.' && out.ends_with('#') {
+            // "0.003912": one number
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The outputs the README and docs show for this kind of machine are what the program
+/// prints: `host doctor`'s lines word for word, the tutorial's transfer with only its
+/// numbers different.
+#[test]
+fn the_docs_show_what_the_program_prints() {
+    let out = Command::new(host_bin()).arg("doctor").output().unwrap();
+    let (doctor, _) = text(&out);
+    if !doctor.contains("RDMA device: none found") {
+        integration_tests::skip(
+            "the_docs_show_what_the_program_prints",
+            "this machine has an RDMA device",
+        );
+        return;
+    }
+    for (doc, marker) in [
+        ("README.md", "## Is this machine ready?"),
+        (
+            "docs/hardware.md",
+            "The same check on a machine without an RDMA device",
+        ),
+    ] {
+        for line in text_block_after(doc, marker) {
+            assert!(
+                doctor.lines().any(|l| l == line),
+                "{doc} shows `{line}`, which `host doctor` does not print:\n{doctor}"
+            );
+        }
+    }
+
+    // The tutorial's two commands, as written but on a free port.
+    let port = free_port();
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tutorial-recv.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut receiver = Command::new(host_bin())
+        .args(["recv", "--once", "--port", &port.to_string()])
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("listening on")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(host_bin())
+        .args(["127.0.0.1", &port.to_string(), "--gpu", "none"])
+        .output()
+        .unwrap();
+    let _ = receiver.wait();
+    let printed: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stdout).lines())
+        .map(masked)
+        .collect();
+    let shown = text_block_after("docs/tutorial.md", "Its output on the build machine");
+    assert_eq!(shown.len(), printed.len(), "{shown:#?}\n{printed:#?}");
+    for line in shown {
+        assert!(
+            printed.contains(&masked(&line)),
+            "docs/tutorial.md shows `{line}`; the program printed:\n{printed:#?}"
+        );
+    }
 }

@@ -3,14 +3,54 @@
 //! capabilities, BAR1, and their distance to each RDMA device.
 
 use anyhow::Result;
-use host::rdma::{self, NicProbe};
+use host::cli::InfoArgs;
+use host::rdma::{self, NicProbe, PortSummary};
 use host::transfer::units::format_bytes;
+use serde_json::json;
 use std::process::ExitCode;
 
-pub fn run() -> Result<ExitCode> {
+/// "port 1: active, 4X EDR, 100 Gb/s, link layer InfiniBand, MTU 4096 (max 4096),
+/// largest message 1 GiB": the port's state, its link rate (where it has one), layer and
+/// sizes.
+pub(super) fn port_words(p: &PortSummary) -> String {
+    let rate = match (&p.link, &p.sysfs_rate) {
+        (_, Some(sysfs)) => format!("{sysfs}, "),
+        (Some(link), None) => format!("{}, ", link.describe()),
+        (None, None) => String::new(),
+    };
+    format!(
+        "port {}: {} (physical {}), {rate}link layer {}, MTU {} (max {}), largest message {}",
+        p.port,
+        p.state,
+        p.phys_state,
+        p.link_layer,
+        p.active_mtu,
+        p.max_mtu,
+        format_bytes(p.max_msg_sz as u64)
+    )
+}
+
+pub fn run(args: &InfoArgs) -> Result<ExitCode> {
     // A listing, like ibv_devinfo and nvidia-smi together: "none" is an answer, not a
     // failure, so the exit code is 0 whenever the listing could be printed.
     let probes = rdma::probe_nics();
+    if args.json {
+        let devices = rdma::devices();
+        let presence = rdma::presence::RdmaPresence::here();
+        println!(
+            "{}",
+            json!({
+                "rdma_devices": devices.as_ref().ok(),
+                "rdma_devices_error": devices.as_ref().err().map(|e| e.to_string()),
+                "no_rdma_device_advice": devices.is_err().then(|| presence.advice()),
+                "nic_probes": probes.as_ref().ok(),
+                "peermem": rdma::loaded_peermem_module(),
+                "memlock": rdma::memlock::MemlockFacts::here(),
+                "gpus": gpus_json(probes.as_deref().unwrap_or_default()),
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let peermem = rdma::describe_peermem(rdma::loaded_peermem_module());
     match rdma::devices() {
         Ok(devices) => {
@@ -34,15 +74,10 @@ pub fn run() -> Result<ExitCode> {
                     Err(e) => println!("    dma-buf registration: unknown (could not probe: {e})"),
                 }
                 for p in d.ports {
-                    println!(
-                        "    port {}: {}, link layer {}, MTU {} (max {}), largest message {}",
-                        p.port,
-                        p.state,
-                        p.link_layer,
-                        p.active_mtu,
-                        p.max_mtu,
-                        format_bytes(p.max_msg_sz as u64)
-                    );
+                    println!("    {}", port_words(&p));
+                    if let Some(advice) = rdma::port_advice(&p.state, p.phys_state, p.link_layer) {
+                        println!("      {advice}");
+                    }
                     for g in p.gids {
                         let mut extra: Vec<String> = Vec::new();
                         extra.extend(g.gid_type);
@@ -57,10 +92,55 @@ pub fn run() -> Result<ExitCode> {
                 }
             }
         }
+        Err(rdma::RdmaError::NoDevice) => {
+            println!("RDMA devices: none found");
+            for line in rdma::presence::RdmaPresence::here().advice() {
+                println!("  {line}");
+            }
+        }
         Err(e) => println!("RDMA devices: none ({e})"),
     }
     print_gpus(probes.as_deref().unwrap_or_default());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The GPUs for `--json`: each one's report and its distance to every NIC.
+#[cfg(feature = "cuda")]
+fn gpus_json(nics: &[NicProbe]) -> serde_json::Value {
+    use super::facts;
+    match host::gpu::capabilities::report_all() {
+        Ok(gpus) => json!(gpus
+            .into_iter()
+            .map(|g| {
+                let function = facts::gpu_function(&g.pci_bus_id);
+                let distances: serde_json::Map<String, serde_json::Value> = nics
+                    .iter()
+                    .map(|n| {
+                        let d = facts::distance(&function, n);
+                        (
+                            n.name.clone(),
+                            match d {
+                                Ok(d) => json!(d.to_string()),
+                                Err(e) => json!({ "unknown": e }),
+                            },
+                        )
+                    })
+                    .collect();
+                json!({
+                    "report": g,
+                    "pci_path": function.as_ref().ok().map(|f| f.path.display().to_string()),
+                    "bar1_bytes": function.as_ref().ok().and_then(|f| host::topology::bar1_bytes(f).ok()),
+                    "distance_to_nics": distances,
+                })
+            })
+            .collect::<Vec<_>>()),
+        Err(e) => json!({ "none": format!("{e:#}") }),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpus_json(_nics: &[NicProbe]) -> serde_json::Value {
+    json!({ "none": super::facts::NO_CUDA })
 }
 
 /// Where the GPU at `bus_id` is, its BAR1, and its distance to every NIC.

@@ -4,7 +4,7 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{iteration_error, values_line, verification_words, Human};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
-use host::memory::select::{plan, Direction, MemKind};
+use host::memory::select::{plan, AttemptLog, Direction, MemKind};
 use host::memory::{GpuChoice, GpuSelection, SendMemory};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, SendReport};
@@ -32,34 +32,61 @@ fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
         .with_context(|| format!("host name `{host}` has no address"))
 }
 
-pub fn run(args: &SendArgs) -> Result<ExitCode> {
-    let (Some(ip), Some(port)) = (args.ip.as_deref(), args.port) else {
-        bail!("missing <ip> <port> of the receiver (see --help)");
-    };
-    let peer = resolve_peer(ip, port)?;
-    let human = Human {
-        to_stderr: args.json,
-    };
-    let size = usize::try_from(args.size).context("--size does not fit this machine")?;
+/// The RDMA device the route to `peer` leaves through: known already when
+/// `--transport auto` resolved it; else asked of the RDMA CM, but only where its facts
+/// matter (a GPU is in use). `None` when it cannot be told: the transfer's own
+/// resolution then reports why.
+fn route_device(
+    chosen: &transport::Chosen,
+    gpu: &GpuChoice,
+    peer: SocketAddr,
+    timeout: std::time::Duration,
+) -> Option<String> {
+    if chosen.route_device.is_some() {
+        return chosen.route_device.clone();
+    }
+    if gpu.caps.is_err() {
+        return None;
+    }
+    // A resolution that works takes milliseconds; one that does not is the transfer's
+    // to report, so this one is not allowed to double the wait.
+    rdma::sender::reachable(peer, timeout.min(std::time::Duration::from_secs(2)))
+        .ok()
+        .flatten()
+}
+
+/// `--warmup` + `--iters` transfers of `bytes` each (on one connection with
+/// `--reuse-connection`, else a connection each): the reports of the measured ones
+/// (the warm-up transfers are made and verified, then dropped) and the memory they were
+/// sent from.
+fn measure(
+    args: &SendArgs,
+    bytes: u64,
+    chosen: &transport::Chosen,
+    peer: SocketAddr,
+) -> Result<(Vec<SendReport>, SendMemory)> {
+    let tcp = chosen.kind == TransportKind::Tcp;
+    let size = usize::try_from(bytes).context("--size does not fit this machine")?;
     // --raw sends the whole buffer as one message: a staging ring then has one slot of it.
     let chunk = if args.raw {
-        args.size
+        bytes
     } else {
-        args.chunk.min(args.size)
+        args.chunk.min(bytes)
     };
     let chunk = usize::try_from(chunk).context("--chunk does not fit")?;
-    let chosen = transport::choose_here(args.transport, Some(peer), args.timeout);
-    if let Some(note) = &chosen.note {
-        eprintln!("note: {note}");
-    }
-    let tcp = chosen.kind == TransportKind::Tcp;
-    let mem = if tcp {
-        super::tcp::send_mem(args)?
-    } else {
-        args.mem
-    };
+    let mem = args.mem;
     let gpu = GpuChoice::open(args.gpu, mem)?;
-    let facts = path_facts(&gpu, args.nic.as_deref(), args.gpudirect_level, args.size)?;
+    // The NIC whose facts decide the memory path: --nic, else the device the route to
+    // the receiver leaves through (as the RDMA CM resolves it), else the nearest to the
+    // GPU. Over TCP no NIC reads the memory.
+    let nic = if tcp {
+        None
+    } else {
+        args.nic
+            .clone()
+            .or_else(|| route_device(chosen, &gpu, peer, args.timeout))
+    };
+    let facts = path_facts(&gpu, nic.as_deref(), args.gpudirect_level, bytes)?;
     let mut plan = plan(Direction::Send, mem, &facts)?;
     if tcp {
         plan = transport::tcp::tcp_plan(&plan);
@@ -68,13 +95,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let cfg = SendConfig {
         peer,
         op: args.op,
-        bytes: args.size,
+        bytes,
         nic: args.nic.clone(),
         chunk: args.chunk,
         depth: args.depth,
         timeout: args.timeout,
         busy_poll: args.busy_poll,
-        progress: !args.json && std::io::stderr().is_terminal(),
+        progress: !args.json && args.sweep.is_none() && std::io::stderr().is_terminal(),
         protocol_version: args.protocol_version,
         key: args
             .key_file
@@ -83,22 +110,77 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             .transpose()?,
     };
 
+    let transfers = args.warmup.checked_add(args.iters).with_context(|| {
+        format!(
+            "--warmup {} and --iters {} make more than {} transfers",
+            args.warmup,
+            args.iters,
+            u32::MAX
+        )
+    })?;
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
-        reports = super::tcp::send(args, &cfg, &mut memory)?;
+        reports = super::tcp::send(args, &cfg, &mut memory, transfers)?;
     } else if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
-        reports = rdma::send_repeated(&cfg, &mut memory, args.iters)?;
+        reports = rdma::send_repeated(&cfg, &mut memory, transfers)?;
     } else {
-        for i in 0..args.iters {
+        for i in 0..transfers {
             let result = if args.raw {
                 rdma::send_raw(&cfg, &mut memory)
             } else {
                 rdma::send(&cfg, &mut memory)
             };
-            let report = result.map_err(|e| iteration_error(e, i, args.iters))?;
+            let report = result.map_err(|e| iteration_error(e, i, transfers))?;
             reports.push(report);
         }
+    }
+    // The warm-up transfers were made and verified like the others; they are not counted.
+    let mut measured = reports.split_off((args.warmup as usize).min(reports.len()));
+    // The memory path's log is carried by a connection's first report only.
+    if let (Some(warm), Some(first)) = (reports.first(), measured.first_mut()) {
+        if first.memory == AttemptLog::default() {
+            first.memory = warm.memory.clone();
+        }
+    }
+    Ok((measured, memory))
+}
+
+/// A rate for people: GB/s (10^9 bytes/s), or Gb/s (10^9 bits/s) with --report-gbits.
+fn rate_words(gb_per_s: f64, gbits: bool) -> String {
+    if gbits {
+        format!("{:.3} Gb/s", gb_per_s * 8.0)
+    } else {
+        format!("{gb_per_s:.3} GB/s")
+    }
+}
+
+pub fn run(args: &SendArgs) -> Result<ExitCode> {
+    let (Some(ip), Some(port)) = (args.ip.as_deref(), args.port) else {
+        bail!("missing <ip> <port> of the receiver (see --help)");
+    };
+    let peer = resolve_peer(ip, port)?;
+    let human = Human {
+        to_stderr: args.json,
+    };
+    let chosen = transport::choose_here(args.transport, Some(peer), args.timeout);
+    if let Some(note) = &chosen.note {
+        eprintln!("note: {note}");
+    }
+    let tcp = chosen.kind == TransportKind::Tcp;
+    if tcp {
+        super::tcp::check_send_options(args, chosen.note.as_deref())?;
+    }
+    if let Some(sweep) = args.sweep {
+        return run_sweep(args, sweep, &chosen, peer, &human);
+    }
+    let (reports, memory) = measure(args, args.size, &chosen, peer)?;
+    if args.warmup > 0 {
+        human.line(format!(
+            "warm-up: {} transfer{} made and verified first, not counted below",
+            args.warmup,
+            if args.warmup == 1 { "" } else { "s" }
+        ));
     }
 
     let verified = reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
@@ -139,16 +221,15 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         let how = match r.op {
             "raw" => "one SEND_WITH_IMM (imm 0x1234)".to_string(),
             op => format!(
-                "{}{} in {} chunk{} of {}, {} in flight",
-                op.to_uppercase(),
+                "{} in {} chunk{} of {}, {} in flight",
                 if tcp {
                     format!(
-                        " over {} stream{}",
+                        "TCP over {} stream{}",
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )
                 } else {
-                    String::new()
+                    op.to_uppercase()
                 },
                 r.chunks,
                 if r.chunks == 1 { "" } else { "s" },
@@ -157,11 +238,11 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             ),
         };
         human.line(format!(
-            "{prefix}{} to {} by {how}: {:.6} s, {:.3} GB/s (connection setup {:.3} s)",
+            "{prefix}{} to {} by {how}: {:.6} s, {} (connection setup {:.3} s)",
             format_bytes(r.bytes),
             r.peer,
             r.seconds,
-            r.gbps,
+            rate_words(r.gbps, args.report_gbits),
             r.connect_seconds
         ));
         if let Some(v) = &r.receiver {
@@ -176,8 +257,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     }
     if n > 1 {
         human.line(format!(
-            "aggregate: {n} transfers, {} in {seconds:.6} s of data time: {gbps:.3} GB/s",
-            format_bytes(bytes)
+            "aggregate: {n} transfers, {} in {seconds:.6} s of data time: {}",
+            format_bytes(bytes),
+            rate_words(gbps, args.report_gbits)
         ));
     }
     let round_trip = RoundTrips::of(&reports);
@@ -188,13 +270,10 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 .map(|v| format!("; receiver's verification median {v:.1} us"))
                 .unwrap_or_default();
             human.line(format!(
-                "round trip (first work request to the receiver's verdict), {} transfer{} on one connection: median {:.1} us, min {:.1} us, mean {:.1} us, max {:.1} us{verify}",
+                "round trip (first chunk out to the receiver's verdict), {} transfer{} on one connection: {}{verify}",
                 rt.transfers,
                 if rt.transfers == 1 { "" } else { "s" },
-                rt.median_us,
-                rt.min_us,
-                rt.mean_us,
-                rt.max_us
+                rt.words()
             ));
         }
     }
@@ -208,7 +287,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                 "transport": chosen.kind,
                 "streams": tcp.then_some(args.streams),
                 "path": path,
-                "path_description": path.describe(),
+                "path_description": via,
                 "memory": memory_log,
                 "bytes": args.size,
                 "first_values": first_values,
@@ -217,8 +296,10 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                     "transfers": n,
                     "bytes": bytes,
                     "seconds": seconds,
-                    "gbps": gbps,
+                    "gb_per_s": gbps,
+                    "gbit_per_s": gbps * 8.0,
                 },
+                "warmup": args.warmup,
                 "reuse_connection": args.reuse_connection,
                 "round_trip": round_trip,
             })
@@ -231,7 +312,8 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Round-trip statistics over the iterations (microseconds).
+/// Round-trip statistics over the iterations (microseconds). The percentiles are
+/// nearest-rank: p99 of 1000 round trips is the 990th smallest.
 #[derive(Debug, serde::Serialize)]
 struct RoundTrips {
     transfers: usize,
@@ -239,6 +321,10 @@ struct RoundTrips {
     min_us: f64,
     mean_us: f64,
     max_us: f64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    p99_9_us: f64,
     /// The receiver's verification time, as it reported it (receivers report it only
     /// with --reuse-connection).
     verify_median_us: Option<f64>,
@@ -257,15 +343,115 @@ impl RoundTrips {
             .iter()
             .filter_map(|r| r.receiver_verify_seconds.map(|s| s * 1e6))
             .collect();
+        let median_us = median(&mut rts);
         Some(RoundTrips {
             transfers: rts.len(),
-            median_us: median(&mut rts),
+            median_us,
+            p50_us: percentile(&rts, 50.0),
+            p90_us: percentile(&rts, 90.0),
+            p99_us: percentile(&rts, 99.0),
+            p99_9_us: percentile(&rts, 99.9),
             min_us: rts.iter().copied().fold(f64::INFINITY, f64::min),
             mean_us: rts.iter().sum::<f64>() / rts.len() as f64,
             max_us: rts.iter().copied().fold(0.0, f64::max),
             verify_median_us: (!verify.is_empty()).then(|| median(&mut verify)),
         })
     }
+}
+
+impl RoundTrips {
+    /// "p50 310.2 us, p90 ..., min ..., mean ..., max ..."
+    fn words(&self) -> String {
+        format!(
+            "p50 {:.1} us, p90 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, min {:.1} us, mean {:.1} us, max {:.1} us",
+            self.p50_us, self.p90_us, self.p99_us, self.p99_9_us, self.min_us, self.mean_us, self.max_us
+        )
+    }
+}
+
+/// The nearest-rank percentile `p` (0 < p <= 100) of `sorted` (ascending): the
+/// smallest value with at least p% of the values at or below it.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    // (The small margin keeps 99.9% of 1000 at rank 999, not 1000 through rounding.)
+    let rank = (p * sorted.len() as f64 / 100.0 - 1e-9).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// `--sweep MIN..MAX`: every power of two from MIN to MAX, `--iters` transfers of each
+/// (after `--warmup`), one connection per size with `--reuse-connection` (a connection
+/// offers one size); a table for people, one JSON object with every size.
+fn run_sweep(
+    args: &SendArgs,
+    (min, max): (u64, u64),
+    chosen: &transport::Chosen,
+    peer: SocketAddr,
+    human: &Human,
+) -> Result<ExitCode> {
+    let sizes = sweep_sizes(min, max);
+    let unit = if args.report_gbits { "Gb/s" } else { "GB/s" };
+    human.line(format!(
+        "{:>10} {:>6} {:>12} {:>12} {:>12} {:>12}",
+        "bytes", "iters", unit, "p50 us", "p99 us", "max us"
+    ));
+    let mut rows = Vec::new();
+    let mut verified = true;
+    for bytes in sizes {
+        let (reports, _memory) = measure(args, bytes, chosen, peer)
+            .with_context(|| format!("--sweep at {}", format_bytes(bytes)))?;
+        verified &= reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
+        let total: u64 = reports.iter().map(|r| r.bytes).sum();
+        let seconds: f64 = reports.iter().map(|r| r.seconds).sum();
+        let gbps = transfer::gigabytes_per_second(total, seconds);
+        let rt = RoundTrips::of(&reports);
+        let cell = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
+        human.line(format!(
+            "{:>10} {:>6} {:>12.3} {:>12} {:>12} {:>12}",
+            bytes,
+            reports.len(),
+            if args.report_gbits { gbps * 8.0 } else { gbps },
+            cell(rt.as_ref().map(|r| r.p50_us)),
+            cell(rt.as_ref().map(|r| r.p99_us)),
+            cell(rt.as_ref().map(|r| r.max_us)),
+        ));
+        rows.push(json!({
+            "bytes": bytes,
+            "transfers": reports.len(),
+            "seconds": seconds,
+            "gb_per_s": gbps,
+            "gbit_per_s": gbps * 8.0,
+            "round_trip": rt,
+            "verified": reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok())),
+        }));
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "ok": verified,
+                "peer": peer.to_string(),
+                "transport": chosen.kind,
+                "op": args.op.name(),
+                "warmup": args.warmup,
+                "reuse_connection": args.reuse_connection,
+                "sweep": rows,
+            })
+        );
+    }
+    if !verified {
+        eprintln!("error: the receiver's verification failed");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// MIN, 2*MIN, 4*MIN, ... up to MAX.
+fn sweep_sizes(min: u64, max: u64) -> Vec<u64> {
+    std::iter::successors(Some(min), |s| s.checked_mul(2))
+        .take_while(|s| *s <= max)
+        .collect()
 }
 
 /// The median (the lower middle for an even count); sorts `values`.
@@ -288,5 +474,38 @@ fn verdict_words(v: &transfer::ReceiverVerdict) -> String {
             format_bytes(v.received_bytes),
             verification_words(ver)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 500.0);
+        assert_eq!(percentile(&v, 90.0), 900.0);
+        assert_eq!(percentile(&v, 99.0), 990.0);
+        assert_eq!(percentile(&v, 99.9), 999.0);
+        assert_eq!(percentile(&v, 100.0), 1000.0);
+        assert_eq!(percentile(&[7.0], 99.9), 7.0);
+        assert_eq!(percentile(&[1.0, 2.0], 50.0), 1.0);
+        assert_eq!(percentile(&[1.0, 2.0], 50.1), 2.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn a_sweep_doubles_from_min_to_max() {
+        assert_eq!(sweep_sizes(4096, 65536), [4096, 8192, 16384, 32768, 65536]);
+        assert_eq!(sweep_sizes(4, 4), [4]);
+        assert_eq!(sweep_sizes(8, 20), [8, 16]);
+        assert_eq!(sweep_sizes(1 << 62, u64::MAX).len(), 2);
+    }
+
+    #[test]
+    fn rates_in_bytes_or_bits() {
+        assert_eq!(rate_words(1.5, false), "1.500 GB/s");
+        assert_eq!(rate_words(1.5, true), "12.000 Gb/s");
     }
 }

@@ -13,26 +13,31 @@ use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// The sender's memory over TCP: GPU memory (`--mem device`) goes through the staged ring,
-/// because no NIC can read GPU memory for a socket.
-pub fn send_mem(args: &SendArgs) -> Result<MemKind> {
+/// The sender's options over TCP: the RDMA-only ones refused with a reason, and
+/// `--mem device` too, since it asks for GPUDirect RDMA (the NIC reads GPU memory
+/// directly) and no NIC reads memory for a socket. `auto_note`: why `--transport auto`
+/// took tcp, when it did. `--mem auto` adapts instead (staged, then mapped).
+pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()> {
+    let why_tcp = auto_note.map(|n| format!(" ({n})")).unwrap_or_default();
     if args.raw {
-        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma, or drop --raw");
+        bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form{why_tcp}; use --transport rdma, or drop --raw");
     }
     if args.op == Op::Write {
-        bail!("--op write is an RDMA operation (WRITE into the receiver's memory); over TCP the chunks are written to the socket: drop --op write");
+        bail!("--op write is an RDMA operation (WRITE into the receiver's memory){why_tcp}; over TCP the chunks are written to the socket: drop --op write");
     }
-    Ok(match args.mem {
-        MemKind::Device => {
-            eprintln!("note: --mem device over TCP: the kernel writes GPU memory and the chunks go out through the staged ring (device to pinned host memory, overlapped with the socket writes)");
-            MemKind::Staged
-        }
-        other => other,
-    })
+    if args.mem == MemKind::Device {
+        bail!("--mem device asks for GPUDirect RDMA (the NIC reads GPU memory directly), which TCP cannot do{why_tcp}: use --mem staged (the kernel writes GPU memory, copied chunk by chunk through host memory) or --mem auto, or --transport rdma with an RDMA NIC");
+    }
+    Ok(())
 }
 
-/// `--iters` transfers, each on a new connection, or all on one (`--reuse-connection`).
-pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Result<Vec<SendReport>> {
+/// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`).
+pub fn send(
+    args: &SendArgs,
+    cfg: &SendConfig,
+    memory: &mut SendMemory,
+    transfers: u32,
+) -> Result<Vec<SendReport>> {
     let (source, log) = tcp::choose_source(memory)?;
     let tcfg = TcpSendConfig {
         peer: cfg.peer,
@@ -46,12 +51,12 @@ pub fn send(args: &SendArgs, cfg: &SendConfig, memory: &mut SendMemory) -> Resul
         key: cfg.key.clone(),
     };
     if args.reuse_connection {
-        return Ok(tcp::send_repeated(&tcfg, source, &log, args.iters)?);
+        return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);
     }
     let mut reports = Vec::new();
-    for i in 0..args.iters {
+    for i in 0..transfers {
         let r = tcp::send_repeated(&tcfg, source, &log, 1)
-            .map_err(|e| iteration_error(e, i, args.iters))?;
+            .map_err(|e| iteration_error(e, i, transfers))?;
         reports.extend(r);
     }
     Ok(reports)
@@ -75,7 +80,7 @@ pub fn serve_with(
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool> {
     if args.raw {
-        bail!("--raw is the seed's RDMA wire behaviour and has no TCP form; use --transport rdma");
+        bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form; use --transport rdma");
     }
     let cfg = TcpRecvConfig {
         bind: SocketAddr::new(args.bind, args.port),

@@ -52,10 +52,10 @@ pub fn run(size: u64, chunk: u64, streams: u16, rounds: u32) -> Result<ExitCode>
 
 fn stats(v: &[f64]) -> serde_json::Value {
     json!({
-        "median_gbps": median(v),
-        "min_gbps": v.iter().copied().fold(f64::INFINITY, f64::min),
-        "max_gbps": v.iter().copied().fold(0.0, f64::max),
-        "rounds_gbps": v,
+        "median_gb_per_s": median(v),
+        "min_gb_per_s": v.iter().copied().fold(f64::INFINITY, f64::min),
+        "max_gb_per_s": v.iter().copied().fold(0.0, f64::max),
+        "rounds_gb_per_s": v,
     })
 }
 

@@ -1,6 +1,6 @@
 //! `host bench gpu`: how fast the Rust kernel fills memory, against the driver's own
 //! `cuMemsetD32` on the same buffer in the same run, plus the mapped and staged paths.
-//! Prints JSON; the README's numbers are pasted from it.
+//! Prints JSON; docs/measurements.md's numbers are pasted from it.
 
 use super::allocations::{DeviceBuffer, MappedHostBuffer, PinnedHostBuffer};
 use super::context::{Gpu, GpuMemory};

@@ -27,7 +27,7 @@ pub enum MemKind {
     /// Plain host memory; the CPU writes the pattern (no GPU involved).
     Host,
     /// Page-locked host memory mapped into the GPU; the kernel writes it over PCIe and
-    /// the NIC reads host memory (the seed's method; not GPUDirect RDMA).
+    /// the NIC reads host memory (not GPUDirect RDMA).
     Mapped,
     /// GPU memory registered with the NIC (GPUDirect RDMA: dma-buf, else nvidia-peermem).
     Device,
@@ -40,7 +40,7 @@ pub enum MemKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CheckMemory {
-    /// Page-locked host memory mapped into the GPU (the seed's method).
+    /// Page-locked host memory mapped into the GPU.
     Mapped,
     /// Device memory (`cuMemAlloc`), copied back for the CPU check.
     Device,

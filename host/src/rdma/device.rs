@@ -28,7 +28,96 @@ pub struct PortSummary {
     pub active_mtu: u32,
     pub max_mtu: u32,
     pub max_msg_sz: u32,
+    /// The physical link state ("LinkUp", "Polling", "Disabled", ...).
+    pub phys_state: &'static str,
+    /// The link's width and speed and what they carry, from `ibv_query_port`.
+    pub link: Option<LinkRate>,
+    /// The kernel's own words for the rate (sysfs `ports/N/rate`, "100 Gb/sec (4X EDR)").
+    pub sysfs_rate: Option<String>,
+    /// InfiniBand: the port's LID and the subnet manager's (0 until a subnet manager
+    /// has configured the port).
+    pub lid: u16,
+    pub sm_lid: u16,
     pub gids: Vec<GidInfo>,
+}
+
+/// A port's link: lanes times the data rate of each.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LinkRate {
+    /// "4X"
+    pub width: &'static str,
+    /// "EDR"
+    pub speed: &'static str,
+    /// Data rate of the whole link in Gb/s (10^9 bits/s), after line encoding, the way
+    /// `ibstat` and sysfs state it.
+    pub gbit_per_s: f64,
+}
+
+impl LinkRate {
+    /// Decode `ibv_port_attr`'s `active_width` and `active_speed` (the enums of
+    /// `ibv_query_port(3)`); `None` for values it does not define.
+    pub fn decode(active_width: u8, active_speed: u8) -> Option<LinkRate> {
+        let (width, lanes) = match active_width {
+            1 => ("1X", 1.0),
+            2 => ("4X", 4.0),
+            4 => ("8X", 8.0),
+            8 => ("12X", 12.0),
+            16 => ("2X", 2.0),
+            _ => return None,
+        };
+        let (speed, per_lane) = match active_speed {
+            1 => ("SDR", 2.5),
+            2 => ("DDR", 5.0),
+            4 => ("QDR", 10.0),
+            8 => ("FDR10", 10.0),
+            16 => ("FDR", 14.0),
+            32 => ("EDR", 25.0),
+            64 => ("HDR", 50.0),
+            128 => ("NDR", 100.0),
+            _ => return None,
+        };
+        Some(LinkRate {
+            width,
+            speed,
+            gbit_per_s: lanes * per_lane,
+        })
+    }
+
+    /// "4X EDR, 100 Gb/s"
+    pub fn describe(&self) -> String {
+        format!("{} {}, {} Gb/s", self.width, self.speed, self.gbit_per_s)
+    }
+}
+
+/// `phys_state` of `ibv_port_attr` in the words of `ibstat`.
+pub fn phys_state_name(phys_state: u8) -> &'static str {
+    match phys_state {
+        1 => "Sleep",
+        2 => "Polling",
+        3 => "Disabled",
+        4 => "PortConfigurationTraining",
+        5 => "LinkUp",
+        6 => "LinkErrorRecovery",
+        7 => "PhyTest",
+        _ => "unknown",
+    }
+}
+
+/// What a port that cannot carry traffic needs, from its state (`ibv_port_state_str`'s
+/// words: "active", "init", "down", ...), physical state and link layer; `None` when it
+/// is active.
+pub fn port_advice(state: &str, phys_state: &str, link_layer: &str) -> Option<String> {
+    if state == "active" {
+        return None;
+    }
+    Some(match (phys_state, link_layer) {
+        ("Disabled", _) => "the port is disabled: enable it (ibportstate, or the NIC's tools)".into(),
+        ("Polling", "Ethernet") => "no link: check the cable and the switch port (ip link shows the interface)".into(),
+        ("Polling", _) => "no link: check the cable and that the switch (or the other end) is up".into(),
+        ("LinkUp", "InfiniBand") => "the link is up but no subnet manager has configured the port: run one (opensm on a node, or the switch's own)".into(),
+        ("LinkUp", _) => "the link is up but the port is not active: is its network interface up (ip link set IFACE up)?".into(),
+        _ => format!("the port is not active ({state}, physical state {phys_state})"),
+    })
 }
 
 /// One non-zero entry of a port's GID table.
@@ -121,6 +210,11 @@ fn describe(ctx: Context, name: String) -> Result<DeviceInfo, RdmaError> {
             active_mtu: mtu_bytes(pattr.active_mtu),
             max_mtu: mtu_bytes(pattr.max_mtu),
             max_msg_sz: pattr.max_msg_sz,
+            phys_state: phys_state_name(pattr.phys_state),
+            link: LinkRate::decode(pattr.active_width, pattr.active_speed),
+            sysfs_rate: read_trimmed(&format!("/sys/class/infiniband/{name}/ports/{port}/rate")),
+            lid: pattr.lid,
+            sm_lid: pattr.sm_lid,
             gids,
         });
     }
@@ -146,4 +240,54 @@ fn read_trimmed(path: &str) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_rates_are_lanes_times_the_lane_rate() {
+        assert_eq!(
+            LinkRate::decode(2, 32).unwrap().describe(),
+            "4X EDR, 100 Gb/s"
+        );
+        assert_eq!(
+            LinkRate::decode(2, 64).unwrap().describe(),
+            "4X HDR, 200 Gb/s"
+        );
+        assert_eq!(
+            LinkRate::decode(2, 128).unwrap().describe(),
+            "4X NDR, 400 Gb/s"
+        );
+        assert_eq!(
+            LinkRate::decode(1, 4).unwrap().describe(),
+            "1X QDR, 10 Gb/s"
+        );
+        assert_eq!(LinkRate::decode(16, 64).unwrap().gbit_per_s, 100.0);
+        assert_eq!(
+            LinkRate::decode(8, 1).unwrap().describe(),
+            "12X SDR, 30 Gb/s"
+        );
+        assert_eq!(LinkRate::decode(0, 32), None);
+        assert_eq!(LinkRate::decode(2, 0), None);
+        assert_eq!(LinkRate::decode(3, 32), None);
+    }
+
+    #[test]
+    fn a_port_that_is_not_active_says_what_it_needs() {
+        assert_eq!(port_advice("active", "LinkUp", "InfiniBand"), None);
+        assert!(port_advice("init", "LinkUp", "InfiniBand")
+            .unwrap()
+            .contains("no subnet manager"));
+        assert!(port_advice("down", "Polling", "Ethernet")
+            .unwrap()
+            .starts_with("no link: check the cable"));
+        assert!(port_advice("down", "Disabled", "InfiniBand")
+            .unwrap()
+            .starts_with("the port is disabled"));
+        assert_eq!(phys_state_name(5), "LinkUp");
+        assert_eq!(phys_state_name(2), "Polling");
+        assert_eq!(phys_state_name(0), "unknown");
+    }
 }

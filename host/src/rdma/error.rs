@@ -6,7 +6,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum RdmaError {
     /// No RDMA device at all (no hardware, no Soft-RoCE, or no kernel support).
-    #[error("no RDMA device found: see README section 'Soft-RoCE'")]
+    #[error("{NO_DEVICE}")]
     NoDevice,
 
     /// A verb or CM call failed. `context` says what it was called on ("192.0.2.9:7471").
@@ -65,6 +65,10 @@ pub enum RdmaError {
     DeviceFault(String),
 }
 
+/// What [`RdmaError::NoDevice`] says: where to look first (`host doctor` tells, from
+/// this machine's facts, which step is missing), Soft-RoCE last.
+pub const NO_DEVICE: &str = "no RDMA device found: look with `ibv_devices` or `rdma link`; the NIC's driver (e.g. mlx5_ib) and ib_uverbs, rdma_ucm must be loaded and /dev/infiniband present (`host doctor` checks each); without RDMA hardware use --transport tcp or Soft-RoCE (docs/hardware.md)";
+
 impl RdmaError {
     pub fn verb(verb: &'static str, context: impl Into<String>, errno: i32) -> Self {
         RdmaError::Verb {
@@ -111,6 +115,14 @@ fn verb_message(verb: &str, context: &str, errno: i32) -> String {
     if errno == 0 {
         // Some verbs fail without setting errno.
         format!("{call}: failed (no errno set)")
+    } else if errno == libc::ENOMEM && verb.starts_with("ibv_reg") {
+        // Pinning memory beyond RLIMIT_MEMLOCK fails with a bare ENOMEM: say so.
+        let hint = super::memlock::MemlockFacts::here()
+            .map(|m| m.enomem_hint())
+            .unwrap_or_else(|| {
+                "registered memory counts against the locked-memory limit (RLIMIT_MEMLOCK, ulimit -l)".into()
+            });
+        format!("{call}: {} (errno {errno}); {hint}", errno_message(errno))
     } else {
         format!("{call}: {} (errno {errno})", errno_message(errno))
     }
@@ -167,6 +179,28 @@ mod tests {
     }
 
     #[test]
+    fn a_registration_enomem_names_the_locked_memory_limit() {
+        let e = RdmaError::verb(
+            "ibv_reg_mr",
+            "1073741824 bytes of host memory",
+            libc::ENOMEM,
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "ibv_reg_mr(1073741824 bytes of host memory): Cannot allocate memory (errno 12); "
+            ),
+            "{text}"
+        );
+        assert!(text.contains("RLIMIT_MEMLOCK"), "{text}");
+        let e = RdmaError::verb("ibv_reg_dmabuf_mr", "GPU memory", libc::ENOMEM);
+        assert!(e.to_string().contains("RLIMIT_MEMLOCK"));
+        // Other calls' ENOMEM is not about pinned memory.
+        let e = RdmaError::verb("ibv_create_cq", "", libc::ENOMEM);
+        assert!(!e.to_string().contains("RLIMIT_MEMLOCK"));
+    }
+
+    #[test]
     fn errno_zero_is_not_shown_as_success() {
         let e = RdmaError::verb("ibv_reg_mr", "16 KiB of host memory", 0);
         assert_eq!(
@@ -212,10 +246,13 @@ mod tests {
             c.to_string(),
             "SEND of chunk 3 failed: Work Request Flushed Error (work completion status 5, opcode SEND, vendor error 0x244)"
         );
-        assert_eq!(
-            RdmaError::NoDevice.to_string(),
-            "no RDMA device found: see README section 'Soft-RoCE'"
+        let no_device = RdmaError::NoDevice.to_string();
+        assert!(
+            no_device.starts_with("no RDMA device found: look with `ibv_devices` or `rdma link`"),
+            "{no_device}"
         );
+        // How to look comes first; Soft-RoCE, for machines without hardware, last.
+        assert!(no_device.find("mlx5_ib") < no_device.find("Soft-RoCE"));
         for e in [t, u, c, RdmaError::NoDevice] {
             assert!(!e.to_string().contains('\n'));
         }

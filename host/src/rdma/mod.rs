@@ -62,15 +62,20 @@ mod cq;
 mod device;
 mod error;
 mod event_channel;
+pub mod memlock;
 mod mr;
 mod pd;
+pub mod presence;
 mod probe;
 mod qp;
 
 pub use async_events::DeviceEvents;
 pub use cm_id::{canonical, CmId, ConnParams, PortInfo};
 pub use cq::{Completion, CompletionChannel, CompletionQueue, Wake};
-pub use device::{devices, ensure_device, DeviceInfo, GidInfo, PortSummary};
+pub use device::{
+    devices, ensure_device, phys_state_name, port_advice, DeviceInfo, GidInfo, LinkRate,
+    PortSummary,
+};
 pub use error::{errno_message, format_duration, RdmaError};
 pub use event_channel::{CmEvent, CmEventKind, ConnectRequest, EventChannel, SendableRequest};
 pub use mr::{MemoryRegion, MessageBuffer, Sge};

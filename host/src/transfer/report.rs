@@ -35,13 +35,16 @@ pub struct SendReport {
     pub bytes: u64,
     pub chunks: u64,
     pub chunk_bytes: u64,
-    /// Work requests actually kept in flight (depth, limited by the source).
+    /// Chunks actually kept in flight (RDMA: work requests posted; TCP: chunks handed to
+    /// the socket writers), the depth limited by the source.
     pub in_flight: u32,
     /// Address and route resolution, setup, registration and connection.
     pub connect_seconds: f64,
     /// From the first work request posted to the last data completion.
     pub seconds: f64,
-    /// `bytes / seconds`, in 10^9 bytes per second.
+    /// `bytes / seconds`, in 10^9 bytes per second (GB/s; JSON `gb_per_s`, so that
+    /// nobody reads it as gigabits).
+    #[serde(rename = "gb_per_s")]
     pub gbps: f64,
     /// The receiver's verdict (framed transfers).
     pub receiver: Option<ReceiverVerdict>,
@@ -118,6 +121,8 @@ pub struct RecvReport {
     pub chunks: u64,
     /// From the connection's establishment to the last data.
     pub seconds: f64,
+    /// `bytes / seconds` in 10^9 bytes per second (JSON `gb_per_s`).
+    #[serde(rename = "gb_per_s")]
     pub gbps: f64,
     pub path: DataPath,
     pub verification: Option<Verification>,

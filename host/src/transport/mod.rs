@@ -45,22 +45,36 @@ pub enum TransportKind {
 pub struct Chosen {
     pub kind: TransportKind,
     pub note: Option<String>,
+    /// The RDMA device the route to the peer leaves through, where the RDMA CM resolved
+    /// it (a sender under `rdma` or `auto`).
+    pub route_device: Option<String>,
 }
 
 /// Resolve `auto` from whether RDMA can be used (`rdma` is the answer: an RDMA device
 /// exists and, for a sender, the CM resolves the peer's address to it; or why not),
 /// passed in so that the decision can be tested.
-pub fn choose(asked: TransportKind, rdma: Result<(), String>) -> Chosen {
+pub fn choose(asked: TransportKind, rdma: Result<Option<String>, String>) -> Chosen {
     match (asked, rdma) {
-        (TransportKind::Auto, Ok(())) => Chosen {
+        (TransportKind::Auto, Ok(route_device)) => Chosen {
             kind: TransportKind::Rdma,
-            note: Some("--transport auto: an RDMA device is present, using rdma".into()),
+            note: Some(match &route_device {
+                Some(dev) => {
+                    format!("--transport auto: the RDMA CM found a route through {dev}, using rdma")
+                }
+                None => "--transport auto: an RDMA device is present, using rdma".into(),
+            }),
+            route_device,
         },
         (TransportKind::Auto, Err(why)) => Chosen {
             kind: TransportKind::Tcp,
             note: Some(format!("--transport auto: {why}, using tcp")),
+            route_device: None,
         },
-        (kind, _) => Chosen { kind, note: None },
+        (kind, rdma) => Chosen {
+            kind,
+            note: None,
+            route_device: rdma.ok().flatten().filter(|_| kind == TransportKind::Rdma),
+        },
     }
 }
 
@@ -75,14 +89,19 @@ pub fn choose_here(
         return Chosen {
             kind: asked,
             note: None,
+            route_device: None,
         };
     }
     let rdma = crate::rdma::ensure_device()
-        .map_err(|e| format!("no RDMA device ({e})"))
+        .map_err(|e| match e {
+            // The advice on how to look is `host doctor`'s; a note says what happened.
+            crate::rdma::RdmaError::NoDevice => "no RDMA device found".to_string(),
+            e => format!("no RDMA device ({e})"),
+        })
         .and_then(|()| match peer {
             Some(peer) => rdma::sender::reachable(peer, timeout)
                 .map_err(|e| format!("{peer} is not reachable over RDMA ({e})")),
-            None => Ok(()),
+            None => Ok(None),
         });
     choose(asked, rdma)
 }
@@ -93,9 +112,20 @@ mod tests {
 
     #[test]
     fn auto_takes_rdma_only_with_a_device_and_says_so() {
-        let c = choose(TransportKind::Auto, Ok(()));
+        let c = choose(TransportKind::Auto, Ok(None));
         assert_eq!(c.kind, TransportKind::Rdma);
         assert!(c.note.unwrap().contains("using rdma"));
+        let c = choose(TransportKind::Auto, Ok(Some("mlx5_1".into())));
+        assert_eq!(
+            c.note.as_deref(),
+            Some("--transport auto: the RDMA CM found a route through mlx5_1, using rdma")
+        );
+        assert_eq!(c.route_device.as_deref(), Some("mlx5_1"));
+        // The route's device is kept under an explicit rdma, never under tcp.
+        let c = choose(TransportKind::Rdma, Ok(Some("mlx5_1".into())));
+        assert_eq!(c.route_device.as_deref(), Some("mlx5_1"));
+        let c = choose(TransportKind::Tcp, Ok(Some("mlx5_1".into())));
+        assert_eq!(c.route_device, None);
         let c = choose(
             TransportKind::Auto,
             Err("no RDMA device (no RDMA device found)".into()),
@@ -112,7 +142,14 @@ mod tests {
         assert_eq!(c.kind, TransportKind::Tcp);
         assert!(c.note.unwrap().contains("not reachable over RDMA"));
         for kind in [TransportKind::Rdma, TransportKind::Tcp] {
-            assert_eq!(choose(kind, Err("x".into())), Chosen { kind, note: None });
+            assert_eq!(
+                choose(kind, Err("x".into())),
+                Chosen {
+                    kind,
+                    note: None,
+                    route_device: None
+                }
+            );
         }
     }
 }

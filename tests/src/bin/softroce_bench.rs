@@ -272,7 +272,7 @@ fn collect(text: &str) -> Collected {
                                 }
                                 runs.ours_verified &= ok;
                                 runs.messages = messages;
-                                match v["aggregate"]["gbps"].as_f64() {
+                                match v["aggregate"]["gb_per_s"].as_f64() {
                                     Some(gbps) => runs.ours_mb_s.push(gbps * 1000.0),
                                     None => c.errors.push(format!("{what}: no throughput")),
                                 }
@@ -458,11 +458,11 @@ mod tests {
     const SAMPLE: &str = "\
 [a] @@BENCH env kernel | 6.1.0-57-amd64
 [a] @@BENCH perftest send_bw size=1048576 n=200 round=1 rc=0 |  1048576    200              139.56             62.61  \t\t   0.000063
-[a] @@BENCH ours send_bw size=1048576 n=200 round=1 rc=0 | {\"ok\":true,\"aggregate\":{\"bytes\":209715200,\"gbps\":0.082,\"seconds\":2.5,\"transfers\":1},\"round_trip\":null}
+[a] @@BENCH ours send_bw size=1048576 n=200 round=1 rc=0 | {\"ok\":true,\"aggregate\":{\"bytes\":209715200,\"gb_per_s\":0.082,\"seconds\":2.5,\"transfers\":1},\"round_trip\":null}
 [a] @@BENCH perftest send_bw size=1048576 n=200 round=2 rc=0 |  1048576    200              100.00             50.00  \t\t   0.000050
-[a] @@BENCH ours send_bw size=1048576 n=200 round=2 rc=0 | {\"ok\":true,\"aggregate\":{\"bytes\":209715200,\"gbps\":0.104,\"seconds\":2.0,\"transfers\":1},\"round_trip\":null}
+[a] @@BENCH ours send_bw size=1048576 n=200 round=2 rc=0 | {\"ok\":true,\"aggregate\":{\"bytes\":209715200,\"gb_per_s\":0.104,\"seconds\":2.0,\"transfers\":1},\"round_trip\":null}
 [a] @@BENCH perftest send_lat size=16384 n=1000 round=1 rc=0 |  16384   1000          128.77         6652.60      172.55   \t       194.64      \t149.74 \t\t1001.50 \t\t6652.60
-[a] @@BENCH ours send_lat size=16384 n=1000 round=1 rc=0 | {\"ok\":true,\"aggregate\":{\"gbps\":0.06},\"round_trip\":{\"transfers\":1000,\"median_us\":318.9,\"min_us\":272.4,\"mean_us\":351.8,\"max_us\":7378.4,\"verify_median_us\":71.0}}
+[a] @@BENCH ours send_lat size=16384 n=1000 round=1 rc=0 | {\"ok\":true,\"aggregate\":{\"gb_per_s\":0.06},\"round_trip\":{\"transfers\":1000,\"median_us\":318.9,\"min_us\":272.4,\"mean_us\":351.8,\"max_us\":7378.4,\"verify_median_us\":71.0}}
 [a] @@BENCH ours write_bw size=4096 n=16384 round=1 rc=1 | {\"ok\":false,\"aggregate\":null,\"round_trip\":null}
 [a] @@BENCH done | a
 ";

@@ -104,10 +104,14 @@ fn resolve(id: &CmId, peer: SocketAddr, timeout: Duration) -> Result<(), Transfe
 
 /// Whether the RDMA CM resolves `peer`'s address and route to an RDMA device, within
 /// `timeout` (for `--transport auto`): the first steps of a connection, then dropped.
-pub fn reachable(peer: SocketAddr, timeout: Duration) -> Result<(), TransferError> {
+/// Returns the name of the device the route leaves through (whose facts decide the
+/// memory path).
+pub fn reachable(peer: SocketAddr, timeout: Duration) -> Result<Option<String>, TransferError> {
     let channel = EventChannel::new()?;
     let id = CmId::new(&channel)?;
-    resolve(&id, peer, timeout)
+    resolve(&id, peer, timeout)?;
+    // Resolution bound the id to the device the route leaves through.
+    Ok(id.device_name())
 }
 
 /// IB CM reject reason "invalid service ID": nobody listens on that port.
