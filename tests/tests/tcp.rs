@@ -628,6 +628,57 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
     r.wait_for_log("too slow", Duration::from_secs(5));
 }
 
+/// Send `signal` (STOP, CONT) to a process this test started.
+fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status();
+}
+
+#[test]
+fn a_reused_connection_stalled_again_and_again_is_ended_as_too_slow_on_both_ends() {
+    // The rate counts over the connection: each 1.5 s stall is within --timeout 2, and
+    // each 256 MiB transfer within its own 2 s + 0.5 s, but the connection falls behind
+    // 512 MiB/s after a few stalls.
+    let r = Receiver::start(&["--timeout", "2", "--min-rate", "512MiB"]);
+    let sender = spawn_sender(
+        r.port,
+        &[
+            "--size",
+            "256MiB",
+            "--iters",
+            "1000",
+            "--reuse-connection",
+            "--timeout",
+            "30",
+        ],
+    );
+    let pid = sender.id();
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let mut cycles = 0;
+    while cycles < 12 && !r.log().contains("too slow") {
+        signal(pid, "STOP");
+        std::thread::sleep(Duration::from_millis(1500));
+        signal(pid, "CONT");
+        std::thread::sleep(Duration::from_millis(100));
+        cycles += 1;
+    }
+    let out = finish(sender, Duration::from_secs(30));
+    let took = t0.elapsed();
+    let (_, stderr) = text(&out);
+    eprintln!(
+        "MEASURED a reused connection stalled 1.5 s of every 1.6 s under --min-rate 512MiB: ended on both ends {took:?} after the first stall ({cycles} stalls)"
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("the receiver ended the transfer: sender too slow"),
+        "{stderr}"
+    );
+    r.wait_for_log("--min-rate 512 MiB/s", Duration::from_secs(5));
+    assert!(took < Duration::from_secs(25), "{took:?}");
+}
+
 #[test]
 fn idle_sockets_and_trickling_handshakes_leave_a_good_sender_served_within_1s() {
     let r = Receiver::start(&[]);

@@ -8,8 +8,8 @@ use super::wire::TcpWire;
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Challenge, Header, Op, Proof, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN,
-    CHALLENGE_MAGIC, REJECT_MAGIC,
+    AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, ACCEPT_LEN,
+    ACCEPT_MAGIC, ACK_LEN, CHALLENGE_MAGIC, REJECT_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Framed;
@@ -152,7 +152,11 @@ pub fn send_repeated(
         for k in 0..transfers {
             wire.next_transfer();
             let start = Instant::now();
-            let seconds = schedule.run(source, wire, &label)?.as_secs_f64();
+            let seconds = match schedule.run(source, wire, &label) {
+                Ok(took) => took.as_secs_f64(),
+                // The receiver may have ended it on purpose, and said why.
+                Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
+            };
             let ack = read_ack(&mut control, cfg.timeout, &label)?;
             ack.check_counts(total)
                 .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
@@ -230,6 +234,25 @@ fn answer_offer(
             }
         }
     }
+}
+
+/// After a failed write: the receiver's reason, if it ended the transfer with a "too
+/// slow" ack (`--min-rate`) that is waiting on the control socket (looked for briefly).
+fn ended_early(control: &mut TcpStream, label: &str, total: u64) -> Option<TransferError> {
+    control
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
+    let bytes: [u8; ACK_LEN] = read_array(control).ok()?;
+    let ack = Ack::decode(&bytes).ok()?;
+    (ack.status == AckStatus::TooSlow).then(|| TransferError::Broken {
+        peer: label.to_string(),
+        done: ack.received_bytes,
+        total,
+        why: format!(
+            "the receiver ended the transfer: sender too slow ({} had arrived by its --min-rate deadline)",
+            crate::transfer::units::format_bytes(ack.received_bytes)
+        ),
+    })
 }
 
 fn read_ack(control: &mut TcpStream, timeout: Duration, label: &str) -> Result<Ack, TransferError> {
