@@ -3,7 +3,9 @@
 //! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
-use host::transfer::header::{AcceptInfo, Ack, Challenge, Header, Proof, RejectReason};
+use host::transfer::header::{
+    AcceptInfo, Ack, Challenge, Header, Proof, RejectReason, VerbsProof, HEADER_LEN,
+};
 use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
 
@@ -25,6 +27,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(proof) = Proof::decode(data) {
         assert_eq!(Proof::decode(&proof.encode()), Ok(proof));
+    }
+    if let Some(proof) = VerbsProof::decode(data) {
+        let data = proof.private_data(&[0u8; HEADER_LEN]);
+        assert_eq!(VerbsProof::decode(&data), Some(proof));
     }
     if let Ok(hello) = Hello::decode(data) {
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
