@@ -7,9 +7,10 @@
 # 1. installs what the build needs (tests/setup-env.sh) and the Soft-RoCE test bed
 #    (tests/softroce/setup.sh: QEMU, a Debian kernel for the guests, rdma-core);
 # 2. checks formatting and lints (both builds: with CUDA, and the receiver without);
-# 3. builds the no-CUDA binary the Soft-RoCE guests run;
+# 3. builds the no-CUDA binaries the Soft-RoCE guests run (host, the rdma-loopback example);
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
-#    with a reason where there is no GPU) and the RDMA tests inside the guests;
+#    with a reason where there is no GPU), the tutorial's examples (examples/) and the
+#    RDMA tests inside the guests;
 # 5. runs the host-memory modules under Miri;
 # 6. fuzzes the wire-format decoders for 30 s.
 set -euo pipefail
@@ -26,12 +27,15 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (default features: with CUDA)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-step "cargo clippy (host without CUDA)"
-cargo clippy -p host --no-default-features --all-targets --locked -- -D warnings
+step "cargo clippy (host and its examples without CUDA)"
+cargo clippy -p host -p host-examples --no-default-features --all-targets --locked -- -D warnings
 
 step "building the guests' binary (host, release, without CUDA)"
 cargo build --release -p host --no-default-features --locked --target-dir target/guest
 export SOFTROCE_HOST_BIN="$PWD/target/guest/release/host"
+step "building the tutorial's verbs example for the guests (examples/host/rdma_loopback.rs)"
+cargo build --release -p host-examples --no-default-features --bin rdma-loopback --locked --target-dir target/guest
+export SOFTROCE_LOOPBACK_BIN="$PWD/target/guest/release/rdma-loopback"
 step "building the CUDA build too, to check in a guest that it runs without a GPU"
 cargo build --release -p host --locked
 mkdir -p target/guest-cuda

@@ -12,7 +12,7 @@
 //!   rdma_client and with itself, and the faults: no receiver, a killed sender, a killed
 //!   receiver, rejected offers, a port in use; three concurrent senders; the NIC probes
 //!   of `host info` and `host doctor` on rxe (dma-buf registration: not supported; each
-//!   transport judged);
+//!   transport judged); the tutorial's `rdma-loopback` example (`SOFTROCE_LOOPBACK_BIN`);
 //! * topology two (guest b receives, guest a sends): seed, WRITE, 64 MiB, no receiver,
 //!   concurrent senders;
 //! * topology two again, with guest b's QEMU killed in the middle of a transfer.
@@ -35,6 +35,9 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+/// The variable naming the no-CUDA build of the tutorial's `rdma-loopback` example.
+const LOOPBACK_BIN: &str = "SOFTROCE_LOOPBACK_BIN";
 
 /// Guest a's address; guest b's in topology two.
 const A: &str = "192.0.2.1";
@@ -245,6 +248,11 @@ fn run(spec: &'static Spec) -> Outcome {
             "--bin".into(),
             PathBuf::from(cuda_bin).display().to_string(),
         ]);
+    }
+    // The tutorial's verbs example (examples/host/rdma_loopback.rs), where run-all.sh
+    // built it; one-guest.sh runs it where it is there.
+    if let Some(example) = std::env::var_os(LOOPBACK_BIN) {
+        args.extend(["--bin".into(), PathBuf::from(example).display().to_string()]);
     }
     args.extend([
         "--bin".into(),
@@ -909,6 +917,50 @@ fn one_guest_raw_host_to_host() {
     );
     c.rc("receiver", 0);
     c.ended_by_itself("receiver");
+}
+
+/// The tutorial's example 3 (examples/host/rdma_loopback.rs) on rxe0: it connects to
+/// itself, SENDs 16 KiB and verifies them; an address of no RDMA device is one error line.
+#[test]
+fn one_guest_the_tutorial_loopback_example_sends_and_verifies() {
+    let test = "one_guest_the_tutorial_loopback_example_sends_and_verifies";
+    if std::env::var_os(LOOPBACK_BIN).is_none() {
+        let why = "SOFTROCE_LOOPBACK_BIN is not set (tests/run-all.sh builds the example with \
+             `cargo build --release -p host-examples --no-default-features --bin rdma-loopback \
+             --target-dir target/guest` and exports its path)";
+        skip_unless_ci(test, why);
+        return;
+    }
+    let Some(run) = one_guest(test) else {
+        return;
+    };
+    let c = run.case('a', "loopback_example");
+    c.rc("example", 0);
+    c.ended_by_itself("example");
+    c.no_error("example");
+    c.line(
+        "example",
+        &format!("client: {A}:7473 resolved on device rxe0"),
+    );
+    c.line(
+        "example",
+        "server: received 16384 bytes, first values [0, 2, 4, 6, 8]",
+    );
+    c.line(
+        "example",
+        "server: verified: all 4096 elements match the pattern",
+    );
+    let secs = c.out("example").secs;
+    c.check(secs < 30.0, &format!("the loopback took {secs} s"));
+
+    c.check(c.out("wrong_address").rc == 1, "a wrong address must fail");
+    c.ended_by_itself("wrong_address");
+    let lines = &c.out("wrong_address").lines;
+    c.check(
+        lines.len() == 1,
+        &format!("one line for a wrong address, got {lines:?}"),
+    );
+    c.one_error("wrong_address", "error: ");
 }
 
 #[test]

@@ -164,7 +164,19 @@ case_gpudirect_probe() {
   run doctor 30 host doctor
 }
 
-ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe"
+# 9. The tutorial's verbs example (examples/host/rdma_loopback.rs), where the test copied
+#    it in: a listener and a client in one process on rxe0, one SEND of a registered
+#    16 KiB buffer, the receive verified; then an address no RDMA device has (one error).
+case_loopback_example() {
+  if ! command -v rdma-loopback >/dev/null; then
+    echo "@@VAL skipped=1@@"
+    return
+  fi
+  run example 60 rdma-loopback "$A" 7473
+  run wrong_address 30 rdma-loopback 198.51.100.7 7473
+}
+
+ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe loopback_example"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"
