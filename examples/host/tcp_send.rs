@@ -58,6 +58,13 @@ fn run() -> Result<()> {
         max_bytes: bytes,
         timeout: TIMEOUT,
         max_connections: 1,
+        // The admission's other limits (docs/internals.md, "The receiver against a
+        // careless or hostile network"): generous here, one sender on loopback.
+        max_memory: bytes,
+        min_rate: 0,
+        max_per_peer: 1,
+        allow: Default::default(),
+        key: None,
     };
     let served = std::thread::spawn(move || {
         let mut report = |o: &RecvOutcome| drop(outcomes.send(describe(o)));
@@ -82,6 +89,7 @@ fn run() -> Result<()> {
         timeout: TIMEOUT,
         progress: false,
         protocol_version: VERSION,
+        key: None, // --key-file: none
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.
     let reports = tcp::send_repeated(&cfg, &buffer, &AttemptLog::default(), 1)?;
@@ -114,6 +122,7 @@ fn describe(outcome: &RecvOutcome) -> String {
         RecvOutcome::Listening { addr } => format!("listening on {addr}"),
         RecvOutcome::Rejected { peer, reason } => format!("rejected {peer}: {reason}"),
         RecvOutcome::Failed { peer, error } => format!("transfer from {peer} failed: {error}"),
+        RecvOutcome::Notice { text } => text.clone(),
         RecvOutcome::Completed(r) => match &r.verification {
             Some(v) if v.ok() => format!(
                 "verified {} bytes: all {} elements match, first values {:?}",

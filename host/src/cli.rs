@@ -291,10 +291,16 @@ pub struct SendArgs {
     /// Protocol version to put into the header (tests of the receiver's version check).
     #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]
     pub protocol_version: u16,
+
+    /// A shared secret (a file of at least 16 bytes): prove to a receiver started with
+    /// the same --key-file that this sender may send (HMAC-SHA256 over the offer and the
+    /// receiver's fresh nonce; the key never crosses the network), over either transport.
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 /// `host recv`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RecvArgs {
     /// Local address to listen on (0.0.0.0: every RDMA-capable interface).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
@@ -372,10 +378,36 @@ pub struct RecvArgs {
     #[arg(long, value_name = "BYTES/S", default_value = "1MiB", value_parser = parse_size)]
     pub min_rate: u64,
 
+    /// Transfers served at once for one sender address (its share of --max-connections;
+    /// default: all of it); more from that address are rejected at once with "receiver
+    /// busy". Handshakes are capped per address anyway (80 sockets at once).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_per_peer: Option<u32>,
+
+    /// Serve only senders whose address is in one of these networks (`10.0.0.0/8`,
+    /// `192.0.2.7`, `fd00::/16`, comma-separated); others are refused before anything
+    /// is read or allocated. Without it every address that reaches --bind is served.
+    #[arg(long, value_name = "CIDR[,CIDR...]", value_parser = crate::server::AllowList::parse)]
+    pub allow: Option<crate::server::AllowList>,
+
+    /// A shared secret (a file of at least 16 bytes): serve only senders started with the
+    /// same --key-file, which prove it with HMAC-SHA256 over their offer and a fresh
+    /// nonce from this receiver (a recorded offer replayed later does not get in), on both
+    /// transports.
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
+
     /// One JSON object per line on stdout for each event (listening, completed,
     /// rejected, failed); human lines go to stderr.
     #[arg(long)]
     pub json: bool,
+}
+
+impl RecvArgs {
+    /// `--max-per-peer`, by default `--max-connections`.
+    pub fn max_per_peer(&self) -> usize {
+        self.max_per_peer.unwrap_or(self.max_connections) as usize
+    }
 }
 
 /// A transfer size: at least one element and whole elements.
@@ -597,6 +629,40 @@ mod tests {
         assert_eq!(r.mem, MemKind::Host);
         assert!(parse(&["recv", "--max-bytes", "5"]).is_err());
         assert!(parse(&["recv", "--bind", "not-an-ip"]).is_err());
+    }
+
+    #[test]
+    fn who_may_send_options() {
+        let Some(Command::Recv(r)) = parse(&["recv"]).unwrap().command else {
+            panic!("expected recv")
+        };
+        assert_eq!((r.allow.clone(), r.key_file.clone()), (None, None));
+        assert_eq!(r.max_per_peer(), 16, "by default all of --max-connections");
+        let Some(Command::Recv(r)) = parse(&[
+            "recv",
+            "--allow",
+            "10.0.0.0/8,192.0.2.7",
+            "--max-per-peer",
+            "2",
+            "--key-file",
+            "/etc/k",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("expected recv")
+        };
+        let allow = r.allow.clone().unwrap();
+        assert!(allow.permits("10.1.2.3".parse().unwrap()));
+        assert!(!allow.permits("192.0.2.8".parse().unwrap()));
+        assert_eq!(r.max_per_peer(), 2);
+        assert_eq!(r.key_file.as_deref(), Some(std::path::Path::new("/etc/k")));
+        assert!(parse(&["recv", "--allow", "10.0.0.0/40"]).is_err());
+        assert!(parse(&["recv", "--max-per-peer", "0"]).is_err());
+        let s = parse(&["127.0.0.1", "7471", "--key-file", "k"])
+            .unwrap()
+            .send;
+        assert_eq!(s.key_file.as_deref(), Some(std::path::Path::new("k")));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod gpu;
 pub mod integrity;
 pub mod memory;
 pub mod rdma;
+pub mod server;
 pub mod soundness;
 pub mod topology;
 pub mod transfer;

@@ -84,6 +84,13 @@ const SERVER: Spec = Spec {
     timeout_s: 1500,
     extra: &[],
 };
+const ADMISSION: Spec = Spec {
+    what: "topology one, the verbs receiver's admission",
+    topology: "one",
+    script: "admission.sh",
+    timeout_s: 600,
+    extra: &[],
+};
 const VANISHING: Spec = Spec {
     what: "topology two, receiver host killed",
     topology: "two",
@@ -162,6 +169,11 @@ fn two_guests(test: &str) -> Option<&'static Run> {
 fn server(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&SERVER)))
+}
+
+fn admission(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&ADMISSION)))
 }
 
 fn vanishing(test: &str) -> Option<&'static Run> {
@@ -1642,5 +1654,120 @@ fn server_soak_1000_in_a_row_and_100_at_once() {
         peak_before / 1024.0,
         peak_row / 1024.0,
         peak_after / 1024.0
+    ));
+}
+
+// The verbs receiver under the admission it shares with TCP (admission.sh, issue 16)
+
+#[test]
+fn admission_a_sender_outside_allow_is_refused_and_one_inside_served() {
+    let Some(run) = admission("admission_a_sender_outside_allow_is_refused_and_one_inside_served")
+    else {
+        return;
+    };
+    let c = run.case('a', "allow");
+    c.rc("outside", 1);
+    c.one_error(
+        "outside",
+        "error: receiver rejected the transfer: this address is not in its --allow list",
+    );
+    c.check(c.out("outside").secs < 5.0, "refused at once");
+    c.find(
+        "outside_receiver",
+        0,
+        "receiver: rejected ",
+        &["not in its --allow list"],
+    );
+    c.still_serving("outside_receiver");
+    c.sent_and_verified("inside", &seed(&format!("{A}:7471")));
+    c.still_serving("inside_receiver");
+}
+
+#[test]
+fn admission_min_rate_counts_over_a_reused_connection() {
+    let Some(run) = admission("admission_min_rate_counts_over_a_reused_connection") else {
+        return;
+    };
+    let c = run.case('a', "reuse_rate");
+    c.rc("slow", 1);
+    c.ended_by_itself("slow");
+    c.one_error("slow", "error: ");
+    let at = c.find(
+        "receiver",
+        0,
+        "error: sender ",
+        &["too slow", "--min-rate 8 MiB/s"],
+    );
+    // Ended over the connection, after many transfers, not in its first.
+    let line = c.line_text("receiver", at);
+    c.check(
+        !line.contains("too slow: 0 bytes") && !line.contains(" of 1 MiB in"),
+        &format!("not a verdict over the connection: {line}"),
+    );
+    let took = c.val("slow_done") - c.val("stalls_started");
+    // Per transfer, no deadline is ever near (2.5 s stalls, --timeout 3); over the
+    // connection, the average falls below the rate within a few 2.6 s cycles.
+    c.check(
+        took < 35.0,
+        &format!("the too-slow connection lasted {took:.1} s after the stalls began"),
+    );
+    c.served_until_stopped("receiver");
+    note(&format!(
+        "admission: a reused connection stalled 2.5 s of every 2.6 s ended as too slow after {took:.1} s ({} stall cycles)",
+        c.val("stall_cycles")
+    ));
+}
+
+#[test]
+fn admission_auto_listens_on_tcp_too() {
+    let Some(run) = admission("admission_auto_listens_on_tcp_too") else {
+        return;
+    };
+    let c = run.case('a', "auto_tcp");
+    c.rc("tcp", 0);
+    c.find("tcp", 0, "Receiver: verified 1 MiB", &[]);
+    c.rc("rdma", 0);
+    c.find("rdma", 0, "Receiver: verified 1 MiB", &[]);
+    c.find(
+        "receiver",
+        0,
+        "receiver: also listening on 0.0.0.0:7471 (TCP",
+        &[],
+    );
+    c.still_serving("receiver");
+}
+
+#[test]
+fn admission_a_key_on_verbs_lets_in_only_its_holders() {
+    let Some(run) = admission("admission_a_key_on_verbs_lets_in_only_its_holders") else {
+        return;
+    };
+    let c = run.case('a', "key");
+    c.sent_and_verified("good", &seed(&format!("{A}:7471")));
+    c.rc("nokey", 1);
+    c.one_error(
+        "nokey",
+        "error: receiver rejected the transfer: it serves only senders with its key: give this sender the same --key-file",
+    );
+    c.rc("wrong", 1);
+    c.one_error(
+        "wrong",
+        "error: receiver rejected the transfer: it needs a sender with the same --key-file, and this one's proof did not match",
+    );
+    c.find(
+        "receiver",
+        0,
+        "receiver: rejected ",
+        &["proof did not match"],
+    );
+    let (before, after) = (c.val("peak_before_kib"), c.val("peak_after_kib"));
+    // The two 64 MiB offers were refused before their buffers existed.
+    c.check(
+        after - before < 16.0 * 1024.0,
+        &format!("peak memory grew from {before} to {after} KiB"),
+    );
+    c.still_serving("receiver");
+    note(&format!(
+        "admission: verbs --key-file: peak memory {before} -> {after} KiB with two refused 64 MiB offers"
     ));
 }

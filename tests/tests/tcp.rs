@@ -65,10 +65,25 @@ struct Receiver {
 
 impl Receiver {
     fn start(extra: &[&str]) -> Receiver {
+        Receiver::start_limited(None, extra)
+    }
+
+    /// With `files`: under an open-files limit of that many (`ulimit -n`, then `exec`,
+    /// so the PID is the receiver's).
+    fn start_limited(files: Option<u32>, extra: &[&str]) -> Receiver {
         let port = free_port();
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-recv-{port}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(host_bin())
+        let mut command = match files {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
+                    .arg(host_bin());
+                c
+            }
+            None => Command::new(host_bin()),
+        };
+        let child = command
             .args([
                 "recv",
                 "--transport",
@@ -92,6 +107,33 @@ impl Receiver {
         };
         r.wait_for_log("listening on", Duration::from_secs(10));
         r
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the receiver runs").id()
+    }
+
+    /// A line of `/proc/PID/status` in KiB ("VmHWM", "VmRSS").
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(&format!("{field}:")))
+            .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Descriptors the receiver has open now.
+    fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     fn log(&self) -> String {
@@ -259,8 +301,12 @@ fn an_oversized_offer_is_rejected_with_the_reason() {
         ),
         "{stderr}"
     );
-    assert_eq!(r.exit_code(Duration::from_secs(10)), 1, "{}", r.log());
     assert!(r.log().contains("rejected 127.0.0.1:"), "{}", r.log());
+    // A rejected offer does not use --once up: the receiver serves on.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(r.is_running(), "{}", r.log());
+    assert_verified(&send(r.port, &["--size", "64KiB"], T), "after the reject");
+    assert_eq!(r.exit_code(Duration::from_secs(10)), 0, "{}", r.log());
 }
 
 #[test]
@@ -327,7 +373,7 @@ fn a_client_that_stalls_is_timed_out_while_others_are_served() {
     let out = send(r.port, &["--size", "1MiB"], T);
     assert_verified(&out, "beside stalled clients");
     r.wait_for_log(
-        "nothing moved for 1 s while reading the transfer offer",
+        "the handshake took longer than 1 s while reading the transfer offer",
         Duration::from_secs(10),
     );
     r.wait_for_log(
@@ -409,6 +455,621 @@ fn auto_says_which_transport_it_took() {
     );
     assert!(stderr.contains("using tcp"), "{stderr}");
     assert_verified(&out, "auto");
+}
+
+// --- a hostile network (issue 16) -------------------------------------------------------
+// Adversary clients written with std::net (and socket2 where one needs a source address of
+// its own), each bounded in time. Figures go to stderr as `MEASURED ...` lines (run with
+// --nocapture to see them); the README's reliability table quotes them.
+
+use host::transfer::header::{Ack, AckStatus, Header, RejectReason};
+use host::transfer::Op;
+use host::transport::tcp::frames::{Frame, Hello};
+
+/// A transfer offer as a sender puts it on stream 0: header, then the hello of stream 0.
+fn offer(total: u64, chunk: u64, transfers: u32, streams: u16, token: u64) -> Vec<u8> {
+    let header = Header::new(Op::Send, total, chunk, 16)
+        .and_then(|h| h.with_transfers(transfers))
+        .unwrap();
+    let hello = Hello {
+        index: 0,
+        count: streams,
+        token,
+    };
+    [&header.encode()[..], &hello.encode()[..]].concat()
+}
+
+fn stream_hello(index: u16, count: u16, token: u64) -> [u8; 20] {
+    Hello {
+        index,
+        count,
+        token,
+    }
+    .encode()
+}
+
+/// A socket to the receiver from source address `from` (127.0.0.2, ...): another peer.
+fn connect_from(from: [u8; 4], port: u16) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::from((from, 0)).into())?;
+    socket.connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)).into(),
+        Duration::from_secs(5),
+    )?;
+    Ok(socket.into())
+}
+
+/// The receiver's 28-byte answer to an offer (accept, reject or challenge).
+fn answer(s: &mut TcpStream) -> [u8; 28] {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut a = [0u8; 28];
+    s.read_exact(&mut a).expect("an answer to the offer");
+    a
+}
+
+/// The pattern's bytes for elements `first..first + n`.
+fn pattern_bytes(first: u64, n: u64) -> Vec<u8> {
+    (first..first + n)
+        .flat_map(|i| gpu_kernels::pattern::value(i).to_le_bytes())
+        .collect()
+}
+
+/// Read until the peer closes (EOF or reset) or `within` passes; whether it closed.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let t0 = Instant::now();
+    let mut buf = [0u8; 256];
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    while t0.elapsed() < within {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn a_trickled_handshake_is_dropped_within_its_deadline() {
+    let r = Receiver::start(&["--timeout", "1"]);
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    let bytes = offer(1 << 20, 1 << 20, 1, 1, 5);
+    let t0 = Instant::now();
+    let mut dropped = None;
+    // One byte every 150 ms: each wait is well within --timeout, the whole 52 bytes
+    // would take 7.8 s.
+    for b in &bytes {
+        if s.write_all(&[*b]).is_err() {
+            dropped = Some(t0.elapsed());
+            break;
+        }
+        if closed_within(&mut s, Duration::from_millis(150)) {
+            dropped = Some(t0.elapsed());
+            break;
+        }
+    }
+    let dropped = dropped.expect("the receiver kept a trickled handshake open past its deadline");
+    eprintln!(
+        "MEASURED trickled handshake (1 byte / 150 ms, --timeout 1): dropped after {dropped:?}"
+    );
+    assert!(dropped < Duration::from_millis(2500), "{dropped:?}");
+    r.wait_for_log(
+        "the handshake took longer than 1 s while reading the transfer offer",
+        Duration::from_secs(5),
+    );
+}
+
+#[test]
+fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
+    // --timeout 1, 256 KiB at a --min-rate of 128 KiB/s: done within 1 + 2 = 3 s.
+    let r = Receiver::start(&["--timeout", "1", "--min-rate", "128KiB"]);
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&offer(256 << 10, 256 << 10, 1, 1, 9)).unwrap();
+    assert_eq!(&answer(&mut s)[0..4], b"GRDA");
+    let t0 = Instant::now();
+    s.write_all(
+        &Frame {
+            offset: 0,
+            len: 256 << 10,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let data = pattern_bytes(0, 64 << 10);
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut ack = Vec::new();
+    // 1 KiB every 100 ms (10 KiB/s): no single wait near --timeout.
+    for piece in data.chunks(1024) {
+        if t0.elapsed() > Duration::from_secs(8) {
+            break;
+        }
+        let _ = s.write_all(piece);
+        let mut buf = [0u8; 48];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                ack.extend_from_slice(&buf[..n]);
+                if ack.len() >= 48 {
+                    break;
+                }
+            }
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    let ended = t0.elapsed();
+    if ack.len() < 48 {
+        let mut rest = vec![0u8; 48 - ack.len()];
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        if s.read_exact(&mut rest).is_ok() {
+            ack.extend(rest);
+        }
+    }
+    assert!(
+        ack.len() >= 48,
+        "no too-slow ack within {ended:?}; log:\n{}",
+        r.log()
+    );
+    let ack = Ack::decode(&ack).unwrap();
+    assert_eq!(ack.status, AckStatus::TooSlow);
+    eprintln!(
+        "MEASURED data trickle (10 KiB/s, --timeout 1, --min-rate 128KiB, 256 KiB): too-slow ack after {ended:?} (allowed 3 s), {} bytes in",
+        ack.received_bytes
+    );
+    assert!(ended < Duration::from_millis(3800), "{ended:?}");
+    assert!(
+        ended > Duration::from_millis(2500),
+        "{ended:?}: ended before its deadline"
+    );
+    r.wait_for_log("too slow", Duration::from_secs(5));
+}
+
+/// Send `signal` (STOP, CONT) to a process this test started.
+fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status();
+}
+
+#[test]
+fn a_reused_connection_stalled_again_and_again_is_ended_as_too_slow_on_both_ends() {
+    // The rate counts over the connection: each 1.5 s stall is within --timeout 2, and
+    // each 256 MiB transfer within its own 2 s + 0.5 s, but the connection falls behind
+    // 512 MiB/s after a few stalls.
+    let r = Receiver::start(&["--timeout", "2", "--min-rate", "512MiB"]);
+    let sender = spawn_sender(
+        r.port,
+        &[
+            "--size",
+            "256MiB",
+            "--iters",
+            "1000",
+            "--reuse-connection",
+            "--timeout",
+            "30",
+        ],
+    );
+    let pid = sender.id();
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let mut cycles = 0;
+    while cycles < 12 && !r.log().contains("too slow") {
+        signal(pid, "STOP");
+        std::thread::sleep(Duration::from_millis(1500));
+        signal(pid, "CONT");
+        std::thread::sleep(Duration::from_millis(100));
+        cycles += 1;
+    }
+    let out = finish(sender, Duration::from_secs(30));
+    let took = t0.elapsed();
+    let (_, stderr) = text(&out);
+    eprintln!(
+        "MEASURED a reused connection stalled 1.5 s of every 1.6 s under --min-rate 512MiB: ended on both ends {took:?} after the first stall ({cycles} stalls)"
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("the receiver ended the transfer: sender too slow"),
+        "{stderr}"
+    );
+    r.wait_for_log("--min-rate 512 MiB/s", Duration::from_secs(5));
+    assert!(took < Duration::from_secs(25), "{took:?}");
+}
+
+#[test]
+fn idle_sockets_and_trickling_handshakes_leave_a_good_sender_served_within_1s() {
+    let r = Receiver::start(&[]);
+    // 500 sockets from 127.0.0.2 that never say anything.
+    let mut idle = Vec::new();
+    for _ in 0..500 {
+        if let Ok(s) = connect_from([127, 0, 0, 2], r.port) {
+            idle.push(s);
+        }
+    }
+    // 64 handshakes from 127.0.0.3 trickling a byte every 100 ms.
+    let trickling: Vec<TcpStream> = (0..64)
+        .filter_map(|_| connect_from([127, 0, 0, 3], r.port).ok())
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickler = {
+        let stop = stop.clone();
+        let bytes = offer(1 << 20, 1 << 20, 1, 1, 11);
+        let mut socks = trickling;
+        std::thread::spawn(move || {
+            for b in bytes.iter().cycle().take(40) {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                for s in &mut socks {
+                    let _ = s.write_all(&[*b]);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            socks.len()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let out = send(r.port, &["--size", "1MiB"], Duration::from_secs(30));
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let trickled = trickler.join().unwrap();
+    assert_verified(&out, "beside 500 idle sockets and 64 trickling handshakes");
+    eprintln!(
+        "MEASURED {} idle sockets + {trickled} trickling handshakes: a good 1 MiB sender verified in {took:?}",
+        idle.len()
+    );
+    assert!(
+        idle.len() >= 400,
+        "only {} idle sockets connected",
+        idle.len()
+    );
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(r.log().contains("this address holds"), "{}", r.log());
+}
+
+#[test]
+fn max_memory_holds_with_offers_that_never_open_their_streams() {
+    let r = Receiver::start(&["--max-memory", "32MiB", "--timeout", "3"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let base = r.status_kib("VmHWM");
+    // Four offers of 16 MiB on 2 streams; stream 1 never comes.
+    let mut held = Vec::new();
+    let (mut accepted, mut busy) = (0, 0);
+    for token in 0..4u64 {
+        let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+        s.write_all(&offer(16 << 20, 1 << 20, 1, 2, 100 + token))
+            .unwrap();
+        let a = answer(&mut s);
+        match &a[0..4] {
+            b"GRDA" => accepted += 1,
+            b"GRDR" => {
+                assert!(
+                    matches!(
+                        RejectReason::decode(&a),
+                        Some(RejectReason::BusyMemory { .. })
+                    ),
+                    "{:?}",
+                    RejectReason::decode(&a)
+                );
+                busy += 1;
+            }
+            other => panic!("answer {other:?}"),
+        }
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = r.status_kib("VmHWM").saturating_sub(base);
+    eprintln!(
+        "MEASURED --max-memory 32MiB, 4 offers of 16 MiB that never open their streams: {accepted} accepted, {busy} busy, peak memory +{} MiB",
+        grown / 1024
+    );
+    assert_eq!((accepted, busy), (2, 2));
+    assert!(grown < (32 + 8) * 1024, "peak grew by {grown} KiB");
+    drop(held);
+    // Their leases are given back; a good sender gets in.
+    r.wait_for_log("opened 1 of its 2 streams", Duration::from_secs(10));
+    assert_verified(
+        &send(r.port, &["--size", "16MiB"], T),
+        "after the held offers",
+    );
+}
+
+#[test]
+fn four_byte_chunks_of_1gib_cost_the_buffer_and_a_constant() {
+    let r = Receiver::start(&["--timeout", "5"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let base = r.status_kib("VmHWM");
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&offer(1 << 30, 4, 1, 1, 77)).unwrap();
+    assert_eq!(&answer(&mut s)[0..4], b"GRDA", "{}", r.log());
+    // A thousand chunks of 4 bytes arrive; the rest never does.
+    let mut frames = Vec::new();
+    for i in 0..1000u64 {
+        frames.extend_from_slice(
+            &Frame {
+                offset: i * 4,
+                len: 4,
+            }
+            .encode(),
+        );
+        frames.extend_from_slice(&gpu_kernels::pattern::value(i).to_le_bytes());
+    }
+    s.write_all(&frames).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = r.status_kib("VmHWM").saturating_sub(base);
+    let over = grown as i64 - (1 << 20);
+    eprintln!(
+        "MEASURED 1 GiB offer in 4-byte chunks (2^28 chunks): peak memory +{} MiB, {} MiB beyond the 1 GiB buffer",
+        grown / 1024,
+        over / 1024
+    );
+    assert!(
+        grown >= 1 << 20,
+        "the 1 GiB buffer was not even allocated: {grown} KiB"
+    );
+    assert!(over < 32 * 1024, "{over} KiB beyond the buffer");
+}
+
+#[test]
+fn once_survives_junk_a_probe_and_a_reject_then_exits_0_after_the_good_transfer() {
+    let mut r = Receiver::start(&["--once", "--max-bytes", "64MiB"]);
+    let mut junk = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    junk.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!(&answer(&mut junk)[0..4], b"GRDR");
+    drop(TcpStream::connect(("127.0.0.1", r.port)).unwrap()); // a port scanner's probe
+    let out = send(r.port, &["--size", "128MiB"], T);
+    assert!(
+        text(&out).1.contains("exceeds its --max-bytes"),
+        "{}",
+        text(&out).1
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        r.is_running(),
+        "--once was used up by junk; log:\n{}",
+        r.log()
+    );
+    let out = send(r.port, &["--size", "64MiB", "--streams", "2"], T);
+    assert_verified(&out, "the good transfer");
+    assert_eq!(r.exit_code(Duration::from_secs(10)), 0, "{}", r.log());
+}
+
+#[test]
+fn a_reuse_connection_broken_after_1_of_2_pow_20_is_reported_as_1_and_not_ok() {
+    let mut r = Receiver::start(&["--once", "--json", "--timeout", "2"]);
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&offer(64 << 10, 64 << 10, 1 << 20, 1, 3))
+        .unwrap();
+    assert_eq!(&answer(&mut s)[0..4], b"GRDA");
+    s.write_all(
+        &Frame {
+            offset: 0,
+            len: 64 << 10,
+        }
+        .encode(),
+    )
+    .unwrap();
+    s.write_all(&pattern_bytes(0, 16 << 10)).unwrap();
+    let mut ack = [0u8; 48];
+    s.read_exact(&mut ack).unwrap();
+    assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
+    // Then a reset.
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+    assert_eq!(r.exit_code(Duration::from_secs(10)), 1, "{}", r.log());
+    let log = r.log();
+    assert!(
+        log.contains("1 done before it") || log.contains("only 1 of the 1048576 transfers"),
+        "{log}"
+    );
+    assert!(!log.contains("\"ok\":true"), "{log}");
+    assert!(!log.contains("1048576 transfers of"), "{log}");
+}
+
+#[test]
+fn descriptors_stay_bounded_with_16_x_64_half_opened_streams_under_1024() {
+    let r = Receiver::start_limited(Some(1024), &["--timeout", "3", "--max-per-peer", "16"]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, pid) = (stop.clone(), r.pid());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+                peak = peak.max(n);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    // 16 offers of 64 streams each; each opens stream 0 and 63 hellos, none sends data.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for t in 0..16u64 {
+        let token = 1000 + t;
+        let Ok(mut s) = connect_from([127, 0, 0, 2], r.port) else {
+            continue;
+        };
+        s.write_all(&offer(64 << 10, 1 << 10, 1, 64, token))
+            .unwrap();
+        if &answer(&mut s)[0..4] != b"GRDA" {
+            refused += 1;
+        }
+        for index in 1..64 {
+            if let Ok(mut x) = connect_from([127, 0, 0, 2], r.port) {
+                let _ = x.write_all(&stream_hello(index, 64, token));
+                held.push(x);
+            }
+        }
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = watcher.join().unwrap();
+    eprintln!(
+        "MEASURED 16 offers x 64 streams under ulimit -n 1024: peak {peak} open descriptors in the receiver, {refused} offers refused"
+    );
+    assert!(peak < 1024, "{peak}");
+    assert!(!r.log().contains("cannot accept"), "{}", r.log());
+    drop(held);
+    // Everything held is given back (offers still gathering their streams at their
+    // --timeout of 3 s); a good sender from 127.0.0.1 gets in.
+    assert_verified(
+        &send(r.port, &["--size", "1MiB", "--streams", "8"], T),
+        "afterwards",
+    );
+    let t0 = Instant::now();
+    while r.open_files() >= 16 && t0.elapsed() < Duration::from_secs(6) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(r.open_files() < 16, "{} still open", r.open_files());
+}
+
+fn key_file(name: &str, key: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, key).unwrap();
+    path
+}
+
+#[test]
+fn a_wrong_key_no_key_a_replayed_offer_and_a_disallowed_address_get_nothing() {
+    let key = key_file("tcp-key-good", "correct horse battery staple\n");
+    let wrong = key_file("tcp-key-wrong", "incorrect horse battery staple\n");
+    let r = Receiver::start(&["--key-file", key.to_str().unwrap(), "--timeout", "2"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let base = r.status_kib("VmHWM");
+    let key_arg = |p: &PathBuf| ["--key-file".to_string(), p.to_str().unwrap().to_string()];
+
+    let good = key_arg(&key);
+    let good: Vec<&str> = ["--size", "1MiB"]
+        .into_iter()
+        .chain(good.iter().map(String::as_str))
+        .collect();
+    assert_verified(&send(r.port, &good, T), "with the key");
+
+    let out = send(r.port, &["--size", "512MiB"], T);
+    assert!(!out.status.success());
+    assert!(
+        text(&out)
+            .1
+            .contains("serves only senders with its key: give this sender the same --key-file"),
+        "{}",
+        text(&out).1
+    );
+    let bad = key_arg(&wrong);
+    let bad: Vec<&str> = ["--size", "512MiB"]
+        .into_iter()
+        .chain(bad.iter().map(String::as_str))
+        .collect();
+    let out = send(r.port, &bad, T);
+    assert!(
+        text(&out)
+            .1
+            .contains("receiver rejected the transfer: it needs a sender with the same --key-file"),
+        "{}",
+        text(&out).1
+    );
+
+    // A recorded exchange (offer + proof under the first nonce), replayed.
+    let k = host::server::Key::from_file(&key).unwrap();
+    let bytes = offer(512 << 20, 1 << 20, 1, 1, 4242);
+    let mut first = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    first.write_all(&bytes).unwrap();
+    let challenge = host::transfer::header::Challenge::decode(&answer(&mut first)).unwrap();
+    let proof = host::transfer::header::Proof {
+        tag: k.prove(&bytes, &challenge.nonce),
+    }
+    .encode();
+    drop(first); // the recording stops before the accept: nothing was sent for it
+    let mut replay = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    replay.write_all(&bytes).unwrap();
+    let again = host::transfer::header::Challenge::decode(&answer(&mut replay)).unwrap();
+    assert_ne!(
+        again.nonce, challenge.nonce,
+        "a fresh nonce for every offer"
+    );
+    replay.write_all(&proof).unwrap();
+    let a = answer(&mut replay);
+    assert_eq!(RejectReason::decode(&a), Some(RejectReason::BadProof));
+
+    std::thread::sleep(Duration::from_millis(200));
+    let grown = r.status_kib("VmHWM").saturating_sub(base);
+    eprintln!(
+        "MEASURED no key, a wrong key and a replayed proof, each offering 512 MiB: peak memory +{} MiB (the one good 1 MiB transfer included)",
+        grown / 1024
+    );
+    assert!(
+        grown < 64 * 1024,
+        "{grown} KiB: something was allocated for them"
+    );
+
+    // --allow: 127.0.0.2 only; 127.0.0.1 is refused before anything is read.
+    let r = Receiver::start(&["--allow", "127.0.0.2/32,10.0.0.0/8"]);
+    let out = send(r.port, &["--size", "512MiB"], T);
+    assert!(
+        text(&out)
+            .1
+            .contains("receiver rejected the transfer: this address is not in its --allow list"),
+        "{}",
+        text(&out).1
+    );
+    let mut allowed = connect_from([127, 0, 0, 2], r.port).unwrap();
+    allowed.write_all(&offer(4096, 4096, 1, 1, 1)).unwrap();
+    assert_eq!(&answer(&mut allowed)[0..4], b"GRDA");
+}
+
+#[test]
+fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
+    let r = Receiver::start(&["--max-per-peer", "1", "--timeout", "3"]);
+    // 127.0.0.1 holds its one transfer: 2 streams offered, the second not yet opened.
+    let mut holder = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    holder.write_all(&offer(4096, 4096, 1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut holder)[0..4], b"GRDA");
+    // A second from the same address is busy; one from 127.0.0.2 is served.
+    let mut second = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    second.write_all(&offer(4096, 4096, 1, 1, 32)).unwrap();
+    let a = answer(&mut second);
+    assert_eq!(
+        RejectReason::decode(&a),
+        Some(RejectReason::BusyPeer { active: 1, max: 1 })
+    );
+    let mut other = connect_from([127, 0, 0, 2], r.port).unwrap();
+    other.write_all(&offer(4096, 4096, 1, 1, 33)).unwrap();
+    assert_eq!(&answer(&mut other)[0..4], b"GRDA");
+    // The holder's token, tried from another address, does not join its transfer.
+    let mut intruder = connect_from([127, 0, 0, 2], r.port).unwrap();
+    intruder.write_all(&stream_hello(1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut intruder)[0..4], b"GRDR");
+    r.wait_for_log(
+        "a stream from another address than its connection's offer",
+        Duration::from_secs(5),
+    );
+    // Its own stream joins, the data flows, and it verifies.
+    let mut own = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    own.write_all(&stream_hello(1, 2, 31)).unwrap();
+    holder
+        .write_all(
+            &Frame {
+                offset: 0,
+                len: 4096,
+            }
+            .encode(),
+        )
+        .unwrap();
+    holder.write_all(&pattern_bytes(0, 1024)).unwrap();
+    let mut ack = [0u8; 48];
+    holder.read_exact(&mut ack).unwrap();
+    assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
+    // And a repeated index after that finds no route.
+    let mut again = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    again.write_all(&stream_hello(1, 2, 31)).unwrap();
+    assert_eq!(&answer(&mut again)[0..4], b"GRDR");
 }
 
 #[test]

@@ -1,9 +1,11 @@
-//! Everything the peer can send us goes through `transfer::header`'s decoders (and, over
-//! TCP, `transport::tcp::frames`'): arbitrary bytes must never panic there, and whatever
+//! Everything the peer can send us goes through `transfer::header`'s decoders (the key
+//! challenge and proof among them; over TCP, `transport::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
 //! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
-use host::transfer::header::{AcceptInfo, Ack, Header, RejectReason};
+use host::transfer::header::{
+    AcceptInfo, Ack, Challenge, Header, Proof, RejectReason, VerbsProof, HEADER_LEN,
+};
 use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
 
@@ -19,6 +21,16 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(ack) = Ack::decode(data) {
         assert_eq!(Ack::decode(&ack.encode()), Ok(ack));
+    }
+    if let Ok(challenge) = Challenge::decode(data) {
+        assert_eq!(Challenge::decode(&challenge.encode()), Ok(challenge));
+    }
+    if let Ok(proof) = Proof::decode(data) {
+        assert_eq!(Proof::decode(&proof.encode()), Ok(proof));
+    }
+    if let Some(proof) = VerbsProof::decode(data) {
+        let data = proof.private_data(&[0u8; HEADER_LEN]);
+        assert_eq!(VerbsProof::decode(&data), Some(proof));
     }
     if let Ok(hello) = Hello::decode(data) {
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));

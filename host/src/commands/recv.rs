@@ -2,13 +2,15 @@
 
 use super::facts::{memory_notes, path_facts};
 use super::output::{values_line, verification_words, Human};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use host::cli::RecvArgs;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
+use host::server::admission::{Admission, Limits};
 use host::transfer::units::format_bytes;
 use host::transfer::{RecvOutcome, RecvReport};
 use host::transport::rdma::{self, RecvConfig, SinkFactoryMaker};
+use host::transport::TransportKind;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -51,6 +53,12 @@ pub(super) fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
                     "{}",
                     json!({ "event": "failed", "peer": peer, "error": error })
                 );
+            }
+        }
+        RecvOutcome::Notice { text } => {
+            eprintln!("receiver: {text}");
+            if json_out {
+                println!("{}", json!({ "event": "notice", "text": text }));
             }
         }
         RecvOutcome::Completed(r) => {
@@ -101,6 +109,12 @@ fn print_report(r: &RecvReport, human: &Human) {
         r.seconds,
         r.gbps
     ));
+    if r.transfers < r.offered {
+        human.line(format!(
+            "only {} of the {} transfers offered on this connection were done: not ok",
+            r.transfers, r.offered
+        ));
+    }
     if r.transfers > 1 {
         human.line(format!(
             "{} transfers of {} on one connection, each verified before its ack ({:.6} s verifying in all)",
@@ -200,16 +214,27 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     if let Some(note) = &chosen.note {
         eprintln!("note: {note}");
     }
-    if chosen.kind == host::transport::TransportKind::Tcp {
-        let json_out = args.json;
-        let verified = super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?;
-        return Ok(if verified {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
-    }
-    let cfg = RecvConfig {
+    let json_out = args.json;
+    let auto = args.transport == host::transport::TransportKind::Auto;
+    let verified = match chosen.kind {
+        TransportKind::Rdma if args.key_file.is_some() && args.raw => {
+            bail!("--key-file needs the framed protocol (the proof follows the header); drop --raw")
+        }
+        // A sender whose auto choice fell back to TCP (no RDMA route to here) finds this
+        // receiver too: both listen, under one admission.
+        TransportKind::Rdma if auto && !args.raw => serve_both(args)?,
+        TransportKind::Rdma => serve_verbs(args, None)?,
+        _ => super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?,
+    };
+    Ok(if verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn verbs_config(args: &RecvArgs) -> Result<RecvConfig> {
+    Ok(RecvConfig {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,
         raw: args.raw,
@@ -219,13 +244,79 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         max_connections: args.max_connections as usize,
         max_memory: args.max_memory,
         min_rate: args.min_rate,
-    };
+        max_per_peer: args.max_per_peer(),
+        allow: args.allow.clone().unwrap_or_default(),
+        key: args
+            .key_file
+            .as_deref()
+            .map(host::server::Key::from_file)
+            .transpose()?,
+    })
+}
+
+/// The verbs receiver, under its own admission or a shared one.
+fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bool> {
+    let cfg = verbs_config(args)?;
     let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
-    let verified = rdma::serve(&cfg, make_sinks, &mut |o| print_outcome(o, json_out))?;
-    Ok(if verified {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    let mut report = |o: &RecvOutcome| print_outcome(o, json_out);
+    Ok(match admission {
+        Some(a) => rdma::serve_with(&cfg, make_sinks, a, &mut report)?,
+        None => rdma::serve(&cfg, make_sinks, &mut report)?,
     })
+}
+
+/// `--transport auto` with an RDMA device: verbs and TCP on the same port number, each on
+/// a thread of its own, under one admission (connections, bytes, per address). The first
+/// to end with `--once`, or verbs with an error, ends the receiver; TCP failing to listen
+/// (its port taken by another program) leaves verbs serving, with a note.
+fn serve_both(args: &RecvArgs) -> Result<bool> {
+    let limits = Limits::receiver(
+        args.once,
+        args.max_connections as usize,
+        args.max_memory,
+        args.max_per_peer(),
+    );
+    let admission = Admission::new(limits);
+    let (done, ended) = std::sync::mpsc::channel::<(TransportKind, Result<bool>)>();
+    let spawn = |kind: TransportKind, serve: Box<dyn FnOnce() -> Result<bool> + Send>| {
+        let done = done.clone();
+        std::thread::Builder::new()
+            .name(format!("{kind:?} receiver"))
+            .spawn(move || {
+                let _ = done.send((kind, serve()));
+            })
+            .map(drop)
+    };
+    let (tcp_args, tcp_admission) = (args.clone(), admission.clone());
+    spawn(
+        TransportKind::Tcp,
+        Box::new(move || {
+            let json_out = tcp_args.json;
+            super::tcp::serve_with(&tcp_args, &tcp_admission, &mut |o| {
+                match o {
+                // Said once it is true, and told apart from the verbs listener's line.
+                RecvOutcome::Listening { addr } => eprintln!(
+                    "receiver: also listening on {addr} (TCP, for senders without an RDMA route here)"
+                ),
+                other => print_outcome(other, json_out),
+            }
+            })
+        }),
+    )?;
+    let verbs_args = args.clone();
+    spawn(
+        TransportKind::Rdma,
+        Box::new(move || serve_verbs(&verbs_args, Some(&admission))),
+    )?;
+    drop(done);
+    loop {
+        match ended.recv() {
+            Ok((TransportKind::Tcp, Err(e))) => {
+                eprintln!("note: --transport auto: TCP not served too: {e:#}");
+            }
+            Ok((_, result)) => return result,
+            Err(_) => anyhow::bail!("both receivers ended without a word"),
+        }
+    }
 }

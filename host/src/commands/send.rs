@@ -103,6 +103,11 @@ fn measure(
         busy_poll: args.busy_poll,
         progress: !args.json && args.sweep.is_none() && std::io::stderr().is_terminal(),
         protocol_version: args.protocol_version,
+        key: args
+            .key_file
+            .as_deref()
+            .map(host::server::Key::from_file)
+            .transpose()?,
     };
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {

@@ -6,10 +6,12 @@ use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
+use host::server::admission::{Admission, Limits};
 use host::transfer::{Op, RecvOutcome, SendReport};
 use host::transport::rdma::SendConfig;
 use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// The sender's options over TCP: the RDMA-only ones refused with a reason, and
 /// `--mem device` too, since it asks for GPUDirect RDMA (the NIC reads GPU memory
@@ -46,6 +48,7 @@ pub fn send(
         timeout: cfg.timeout,
         progress: cfg.progress,
         protocol_version: cfg.protocol_version,
+        key: cfg.key.clone(),
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);
@@ -61,6 +64,21 @@ pub fn send(
 
 /// `host recv --transport tcp`.
 pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bool> {
+    let limits = Limits::receiver(
+        args.once,
+        args.max_connections as usize,
+        args.max_memory,
+        args.max_per_peer(),
+    );
+    serve_with(args, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with the verbs receiver (`--transport auto`).
+pub fn serve_with(
+    args: &RecvArgs,
+    admission: &Arc<Admission>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool> {
     if args.raw {
         bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form; use --transport rdma");
     }
@@ -70,6 +88,11 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
         max_bytes: args.max_bytes,
         timeout: args.timeout,
         max_connections: args.max_connections as usize,
+        max_memory: args.max_memory,
+        min_rate: args.min_rate,
+        max_per_peer: args.max_per_peer(),
+        allow: args.allow.clone().unwrap_or_default(),
+        key: key(args.key_file.as_deref())?,
     };
     let memory = match args.mem {
         MemKind::Host | MemKind::Auto => RecvMemory::Host,
@@ -78,14 +101,19 @@ pub fn serve(args: &RecvArgs, report: &mut dyn FnMut(&RecvOutcome)) -> Result<bo
             bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
         }
     };
-    Ok(tcp::serve(&cfg, &memory, report)?)
+    Ok(tcp::serve_with(&cfg, &memory, admission, report)?)
+}
+
+/// `--key-file`, read once.
+fn key(path: Option<&std::path::Path>) -> Result<Option<host::server::Key>> {
+    path.map(host::server::Key::from_file).transpose()
 }
 
 #[cfg(feature = "cuda")]
 fn device_memory(args: &RecvArgs) -> Result<RecvMemory> {
     let gpu = host::memory::GpuChoice::open(args.gpu, MemKind::Device)?;
     let gpu = gpu.gpu()?.clone();
-    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread)");
+    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread), each counted against --max-memory with its page-locked ring");
     Ok(RecvMemory::Device(gpu))
 }
 

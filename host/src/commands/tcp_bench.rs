@@ -76,6 +76,11 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             max_bytes: size,
             timeout: TIMEOUT,
             max_connections: 1,
+            max_memory: u64::MAX,
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: Default::default(),
+            key: None,
         };
         tcp::serve(&cfg, &RecvMemory::Host, &mut |o| match o {
             RecvOutcome::Listening { addr } => {
@@ -99,6 +104,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         timeout: TIMEOUT,
         progress: false,
         protocol_version: host::transfer::header::VERSION,
+        key: None,
     };
     let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;

@@ -1,7 +1,7 @@
 //! The wire formats: every byte that crosses between sender and receiver outside the data
 //! itself is encoded and decoded here, and nowhere else.
 //!
-//! All integers are little-endian. Four messages, each starting with a 4-byte magic and a
+//! All integers are little-endian. The messages, each starting with a 4-byte magic and a
 //! `u16` protocol version ([`VERSION`]):
 //!
 //! | message | carried in | magic | bytes |
@@ -10,6 +10,8 @@
 //! | [`AcceptInfo`]: where to write | the accept's private data | `GRDA` | 28 |
 //! | [`RejectReason`]: why not | the reject's private data | `GRDR` | 28 |
 //! | [`Ack`]: the verification result | a SEND from receiver to sender after the data | `GRDK` | 48 |
+//! | [`Challenge`]: a nonce to prove the key over (`--key-file`, TCP) | the answer to an offer | `GRDN` | 28 |
+//! | [`Proof`]: HMAC-SHA256 over the offer and the nonce (TCP) | the sender's reply to a challenge | `GRDP` | 40 |
 //!
 //! Header layout (RC connect private data holds at most 56 bytes; this uses 32):
 //!
@@ -48,6 +50,7 @@
 //! so senders that predate it never see it).
 
 use crate::memory::Verification;
+use crate::server::key::NONCE_LEN;
 use crate::transfer::units::format_bytes;
 
 pub const VERSION: u16 = 1;
@@ -482,6 +485,26 @@ pub enum RejectReason {
         "it is `host recv --raw` and takes only raw transfers; add --raw here or drop it there"
     )]
     RawOnly,
+    /// Too many sockets are in their handshake at once, all peers together.
+    #[error("receiver busy: {active} connections are in their handshake, its limit {max}; try again later")]
+    BusyHandshakes { active: u64, max: u64 },
+    /// This peer's address holds its share already (handshakes or transfers).
+    #[error("receiver busy: this address holds {active} of its {max} at once (--max-per-peer); try again later")]
+    BusyPeer { active: u64, max: u64 },
+    /// Taking this transfer would put the receiver's open descriptors over its limit.
+    #[error("receiver busy: {wanted} more sockets would put it over its {max} descriptors; try again later (or use fewer --streams)")]
+    BusyDescriptors { wanted: u64, max: u64 },
+    /// The peer's address is not in the receiver's `--allow` list.
+    #[error("this address is not in its --allow list")]
+    NotAllowed,
+    /// The receiver has a `--key-file` and the sender's proof did not match it (or
+    /// the sender had none).
+    #[error("it needs a sender with the same --key-file, and this one's proof did not match")]
+    BadProof,
+    /// Verbs: the receiver has a `--key-file`; the sender is to connect again with a
+    /// [`VerbsProof`] over this nonce after its header.
+    #[error("it serves only senders with its key: give this sender the same --key-file")]
+    KeyChallenge { nonce: [u8; NONCE_LEN] },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -501,6 +524,16 @@ impl RejectReason {
             RejectReason::NotRegistrable { bytes } => (7, 0, bytes, 0),
             RejectReason::BusyConnections { active, max } => (8, 0, active, max),
             RejectReason::BusyMemory { wanted, max } => (9, 0, wanted, max),
+            RejectReason::BusyHandshakes { active, max } => (10, 0, active, max),
+            RejectReason::BusyPeer { active, max } => (11, 0, active, max),
+            RejectReason::BusyDescriptors { wanted, max } => (12, 0, wanted, max),
+            RejectReason::NotAllowed => (13, 0, 0, 0),
+            RejectReason::BadProof => (14, 0, 0, 0),
+            RejectReason::KeyChallenge { nonce } => {
+                let (a, b) = nonce.split_at(8);
+                let half = |h: &[u8]| u64::from_le_bytes(h.try_into().unwrap_or([0; 8]));
+                (15, 0, half(a), half(b))
+            }
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         let mut out = [0u8; REJECT_LEN];
@@ -539,6 +572,17 @@ impl RejectReason {
             7 => RejectReason::NotRegistrable { bytes: a },
             8 => RejectReason::BusyConnections { active: a, max: b },
             9 => RejectReason::BusyMemory { wanted: a, max: b },
+            10 => RejectReason::BusyHandshakes { active: a, max: b },
+            11 => RejectReason::BusyPeer { active: a, max: b },
+            12 => RejectReason::BusyDescriptors { wanted: a, max: b },
+            13 => RejectReason::NotAllowed,
+            14 => RejectReason::BadProof,
+            15 => {
+                let mut nonce = [0u8; NONCE_LEN];
+                nonce[..8].copy_from_slice(&a.to_le_bytes());
+                nonce[8..].copy_from_slice(&b.to_le_bytes());
+                RejectReason::KeyChallenge { nonce }
+            }
             _ => RejectReason::Unknown { code },
         })
     }
@@ -693,6 +737,140 @@ impl Ack {
             verification,
             verify_micros: (flags & ACK_HAS_VERIFY_TIME != 0).then_some(verify_micros),
         })
+    }
+}
+
+/// The receiver's answer to an offer when it has a `--key-file`: prove you hold the
+/// key over this nonce (see [`crate::server::key`]). The same length as an accept, so a
+/// sender reads one answer of [`ACCEPT_LEN`] bytes and tells the three apart by magic.
+///
+/// Layout: `0` magic "GRDN", `4` version u16, `6` reserved u16, `8` nonce (16 bytes),
+/// `24` reserved u32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    pub nonce: [u8; NONCE_LEN],
+}
+
+pub const CHALLENGE_MAGIC: [u8; 4] = *b"GRDN";
+pub const CHALLENGE_LEN: usize = 28;
+pub const PROOF_MAGIC: [u8; 4] = *b"GRDP";
+/// Layout: `0` magic "GRDP", `4` version u16, `6` reserved u16, `8` HMAC-SHA256 tag.
+pub const PROOF_LEN: usize = 8 + crate::server::key::PROOF_LEN;
+impl Challenge {
+    pub fn encode(&self) -> [u8; CHALLENGE_LEN] {
+        let mut out = [0u8; CHALLENGE_LEN];
+        out[0..4].copy_from_slice(&CHALLENGE_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[8..8 + NONCE_LEN].copy_from_slice(&self.nonce);
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Challenge, WireError> {
+        let mut r = open(buf, CHALLENGE_MAGIC, CHALLENGE_LEN)?;
+        let _reserved = r.u16();
+        Ok(Challenge { nonce: r.take() })
+    }
+}
+
+/// The sender's proof that it holds the receiver's key: HMAC-SHA256 over the offer's
+/// bytes and the [`Challenge`]'s nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof {
+    pub tag: [u8; crate::server::key::PROOF_LEN],
+}
+
+impl Proof {
+    pub fn encode(&self) -> [u8; PROOF_LEN] {
+        let mut out = [0u8; PROOF_LEN];
+        out[0..4].copy_from_slice(&PROOF_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[8..].copy_from_slice(&self.tag);
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Proof, WireError> {
+        let mut r = open(buf, PROOF_MAGIC, PROOF_LEN)?;
+        let _reserved = r.u16();
+        Ok(Proof { tag: r.take() })
+    }
+}
+
+/// Verbs: the sender's proof of the key, in the connect request's private data right
+/// after the 32-byte header (RC private data holds 56 bytes: exactly these 24 more).
+/// Receivers that predate it ignore trailing bytes, as the CM pads with zeros anyway.
+///
+/// Layout (offsets in the private data): `32` nonce id u64 (the nonce's first 8 bytes),
+/// `40` the first 16 bytes of HMAC-SHA256 over the header and the nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerbsProof {
+    pub nonce_id: u64,
+    pub tag: [u8; VERBS_TAG_LEN],
+}
+
+/// Where a [`VerbsProof`] starts in the connect request's private data.
+pub const VERBS_PROOF_AT: usize = HEADER_LEN;
+pub const VERBS_PROOF_LEN: usize = 8 + VERBS_TAG_LEN;
+/// Bytes of the HMAC tag a verbs proof carries (128 bits).
+pub const VERBS_TAG_LEN: usize = 16;
+
+impl VerbsProof {
+    /// The id under which a receiver keeps `nonce`.
+    pub fn nonce_id(nonce: &[u8; NONCE_LEN]) -> u64 {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&nonce[..8]);
+        u64::from_le_bytes(id)
+    }
+
+    /// The private data of a connect request: the header's bytes, then this proof.
+    pub fn private_data(&self, header: &[u8; HEADER_LEN]) -> [u8; HEADER_LEN + VERBS_PROOF_LEN] {
+        let mut out = [0u8; HEADER_LEN + VERBS_PROOF_LEN];
+        out[..HEADER_LEN].copy_from_slice(header);
+        out[VERBS_PROOF_AT..VERBS_PROOF_AT + 8].copy_from_slice(&self.nonce_id.to_le_bytes());
+        out[VERBS_PROOF_AT + 8..].copy_from_slice(&self.tag);
+        out
+    }
+
+    /// The proof in a connect request's private data, if it carries one (absent: too
+    /// short, or all zeros, the CM's padding).
+    pub fn decode(private_data: &[u8]) -> Option<VerbsProof> {
+        let bytes = private_data.get(VERBS_PROOF_AT..VERBS_PROOF_AT + VERBS_PROOF_LEN)?;
+        if bytes.iter().all(|&b| b == 0) {
+            return None;
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&bytes[..8]);
+        let mut tag = [0u8; VERBS_TAG_LEN];
+        tag.copy_from_slice(&bytes[8..]);
+        Some(VerbsProof {
+            nonce_id: u64::from_le_bytes(id),
+            tag,
+        })
+    }
+}
+
+impl Ack {
+    /// Whether this ack speaks of the transfer that was sent (`total` bytes, whole `i32`
+    /// elements): a receiver that claims another byte or element count is not believed.
+    pub fn check_counts(&self, total: u64) -> Result<(), String> {
+        if self.status == AckStatus::TooSlow {
+            return Ok(()); // it says how far it got, by definition less than all
+        }
+        if self.received_bytes != total {
+            return Err(format!(
+                "the receiver's ack speaks of {} bytes, but {total} were sent",
+                self.received_bytes
+            ));
+        }
+        if let Some(v) = self.verification {
+            if v.elements != total / 4 {
+                return Err(format!(
+                    "the receiver's ack counts {} elements, but {} were sent",
+                    v.elements,
+                    total / 4
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -962,6 +1140,20 @@ mod tests {
             },
             RejectReason::Internal,
             RejectReason::RawOnly,
+            RejectReason::BusyHandshakes {
+                active: 64,
+                max: 64,
+            },
+            RejectReason::BusyPeer { active: 8, max: 8 },
+            RejectReason::BusyDescriptors {
+                wanted: 65,
+                max: 990,
+            },
+            RejectReason::NotAllowed,
+            RejectReason::BadProof,
+            RejectReason::KeyChallenge {
+                nonce: *b"0123456789abcdef",
+            },
         ];
         for r in all {
             let bytes = r.encode();
@@ -981,6 +1173,73 @@ mod tests {
             RejectReason::decode(&future),
             Some(RejectReason::Unknown { code: 77 })
         );
+    }
+
+    #[test]
+    fn challenge_and_proof_round_trip_and_are_told_from_an_accept() {
+        let c = Challenge { nonce: [7; 16] };
+        let bytes = c.encode();
+        assert_eq!(bytes.len(), ACCEPT_LEN, "read as one answer to an offer");
+        assert_eq!(Challenge::decode(&bytes), Ok(c));
+        assert!(matches!(
+            AcceptInfo::decode(&bytes),
+            Err(WireError::BadMagic { .. })
+        ));
+        assert_eq!(RejectReason::decode(&bytes), None);
+        let p = Proof { tag: [9; 32] };
+        assert_eq!(Proof::decode(&p.encode()), Ok(p));
+        assert_eq!(
+            Proof::decode(&p.encode()[..20]),
+            Err(WireError::Short { got: 20, need: 40 })
+        );
+        assert!(matches!(
+            Proof::decode(&bytes),
+            Err(WireError::BadMagic { .. })
+        ));
+    }
+
+    #[test]
+    fn a_verbs_proof_follows_the_header_in_56_bytes_of_private_data() {
+        let header = seed_header().encode();
+        let nonce = *b"0123456789abcdef";
+        let p = VerbsProof {
+            nonce_id: VerbsProof::nonce_id(&nonce),
+            tag: [5; VERBS_TAG_LEN],
+        };
+        let data = p.private_data(&header);
+        assert_eq!(data.len(), 56, "RC connect private data holds 56 bytes");
+        assert_eq!(
+            Header::decode(&data),
+            Ok(seed_header()),
+            "old receivers still read it"
+        );
+        assert_eq!(VerbsProof::decode(&data), Some(p));
+        assert_eq!(p.nonce_id, u64::from_le_bytes(*b"01234567"));
+        let mut padded = [0u8; 56];
+        padded[..32].copy_from_slice(&header);
+        assert_eq!(VerbsProof::decode(&padded), None, "CM padding is no proof");
+        assert_eq!(VerbsProof::decode(&header), None);
+    }
+
+    #[test]
+    fn an_ack_must_speak_of_what_was_sent() {
+        let v = |elements| Verification {
+            elements,
+            mismatches: 0,
+            first_mismatch: None,
+            crc32: None,
+        };
+        assert_eq!(Ack::new(4096, Some(v(1024))).check_counts(4096), Ok(()));
+        assert!(Ack::new(8192, Some(v(2048)))
+            .check_counts(4096)
+            .unwrap_err()
+            .contains("8192 bytes, but 4096 were sent"));
+        assert!(Ack::new(4096, Some(v(1)))
+            .check_counts(4096)
+            .unwrap_err()
+            .contains("counts 1 elements, but 1024"));
+        assert_eq!(Ack::new(4096, None).check_counts(4096), Ok(()));
+        assert_eq!(Ack::too_slow(12).check_counts(4096), Ok(()));
     }
 
     #[test]

@@ -133,9 +133,13 @@ pub struct RecvReport {
     pub imm: Option<u32>,
     /// Whether the sender got our verdict (the ack, or the raw reply).
     pub reply_delivered: bool,
-    /// Transfers on this connection (more than 1 with the sender's `--reuse-connection`;
-    /// `bytes`, `chunks`, `seconds` and `verification` then cover them all).
+    /// Transfers done on this connection (more than 1 with the sender's
+    /// `--reuse-connection`; `bytes`, `chunks`, `seconds` and `verification` then cover
+    /// them all): received and verified, whether or not the ack reached the sender.
     pub transfers: u32,
+    /// Transfers the sender offered on this connection: a connection broken after `k`
+    /// of `n` reports `transfers` k of `offered` n, and is not ok.
+    pub offered: u32,
     /// Time spent verifying (all transfers), after the data and before each ack.
     pub verify_seconds: f64,
     /// How this connection's buffer was chosen: methods left out, refused, taken.
@@ -143,9 +147,9 @@ pub struct RecvReport {
 }
 
 impl RecvReport {
-    /// The data arrived whole and matches the pattern.
+    /// Every offered transfer arrived whole and matches the pattern.
     pub fn ok(&self) -> bool {
-        self.verification.is_some_and(|v| v.ok())
+        self.transfers == self.offered && self.verification.is_some_and(|v| v.ok())
     }
 }
 
@@ -165,5 +169,9 @@ pub enum RecvOutcome {
     Failed {
         peer: String,
         error: String,
+    },
+    /// Something about the receiver itself (out of descriptors, say), said once.
+    Notice {
+        text: String,
     },
 }

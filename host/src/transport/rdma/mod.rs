@@ -48,5 +48,5 @@ mod conn;
 pub mod receiver;
 pub mod sender;
 
-pub use receiver::{serve, RecvConfig, SinkFactoryMaker};
+pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
 pub use sender::{send, send_raw, send_repeated, SendConfig};

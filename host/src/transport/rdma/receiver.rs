@@ -13,8 +13,13 @@
 //!
 //! **Deadlines a slow peer cannot stretch.** Besides `--timeout` for every wait (which
 //! restarts on progress), a transfer of `n` bytes must be done within `--timeout` plus
-//! `n / --min-rate`; past that the receiver sends a "too slow" ack and disconnects, and
-//! both sides say so.
+//! `n / --min-rate`, and over a `--reuse-connection` the rate counts over the connection
+//! (transfer `k` done `--timeout + (k + 1) × n / rate` after it was established); past
+//! that the receiver sends a "too slow" ack and disconnects, and both sides say so.
+//!
+//! **Admission** is the TCP receiver's too ([`crate::server`]): `--allow`, then
+//! connections, this address's share (`--max-per-peer`) and bytes, answered at once by
+//! the listener; `--once` is used up only by a connection that was accepted.
 
 use super::conn::{
     is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
@@ -26,13 +31,18 @@ use crate::rdma::{
     self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
 };
+use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::key::Nonces;
+use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Op, RejectReason, ACK_LEN, MAX_DEPTH, RAW_REPLY,
+    AcceptInfo, Ack, Header, Op, RejectReason, VerbsProof, ACK_LEN, HEADER_LEN, MAX_DEPTH,
+    RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
-use std::net::SocketAddr;
+use std::cell::Cell;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -60,18 +70,27 @@ pub struct RecvConfig {
     pub max_connections: usize,
     /// Bytes of receive buffers held at once; an offer that would go over is rejected.
     pub max_memory: u64,
-    /// Bytes per second a transfer must average (beyond its first `timeout`); 0: no limit.
+    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
+    /// limit.
     pub min_rate: u64,
+    /// Connections served at once for one address.
+    pub max_per_peer: usize,
+    /// Addresses served (empty: all).
+    pub allow: AllowList,
+    /// With a key, only senders that prove they hold it are served (a first connect
+    /// request is rejected with a nonce, the second carries the proof over it).
+    pub key: Option<Key>,
 }
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
 /// on the thread that made them).
 pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
 
-/// A connection's thread, done: what happened, and the buffer bytes it had reserved.
+/// A connection's thread, done: what happened, and whether the connection was accepted
+/// (only an accepted one uses `--once` up).
 struct Finished {
     outcome: RecvOutcome,
-    reserved: u64,
+    accepted: bool,
 }
 
 /// Listen on `cfg.bind` and serve senders, many at once, telling `report` about each.
@@ -80,6 +99,23 @@ struct Finished {
 pub fn serve(
     cfg: &RecvConfig,
     make_sinks: Arc<SinkFactoryMaker>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_with(cfg, make_sinks, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with another receiver (`--transport auto` serves
+/// verbs and TCP under one).
+pub fn serve_with(
+    cfg: &RecvConfig,
+    make_sinks: Arc<SinkFactoryMaker>,
+    admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     rdma::ensure_device()?;
@@ -91,22 +127,15 @@ pub fn serve(
         .local_addr()
         .map_or_else(|| cfg.bind.to_string(), |a| a.to_string());
     report(&RecvOutcome::Listening { addr });
-    // `--once` serves one transfer: one connection at a time, and only a transfer (not a
-    // rejected offer) uses it up.
-    let max_connections = if cfg.once {
-        1
-    } else {
-        cfg.max_connections.max(1)
-    };
+    // `--once` serves one transfer: one connection at a time, and only a transfer that
+    // was accepted (not a refused or withdrawn request) uses it up.
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
-    let mut active = 0usize;
-    let mut reserved = 0u64;
+    // Nonces handed out with `--key-file`, each good once, for --timeout.
+    let mut nonces = Nonces::new(cfg.timeout, MAX_NONCES);
     loop {
         for finished in done_rx.try_iter() {
-            active -= 1;
-            reserved -= finished.reserved;
             report(&finished.outcome);
-            if cfg.once && !matches!(finished.outcome, RecvOutcome::Rejected { .. }) {
+            if cfg.once && finished.accepted {
                 return Ok(matches!(&finished.outcome, RecvOutcome::Completed(r) if r.ok()));
             }
         }
@@ -133,8 +162,8 @@ pub fn serve(
             }
         };
         let peer = peer_label(request.peer);
-        let wanted = match admit(cfg, &request, active, max_connections, reserved) {
-            Ok(wanted) => wanted,
+        let lease = match admit(cfg, admission, &mut nonces, &request) {
+            Ok(lease) => lease,
             Err(reason) => {
                 report(&conclude(
                     &request.id,
@@ -157,22 +186,21 @@ pub fn serve(
             .name(format!("recv {peer}"))
             .spawn(move || {
                 let request = request.into_inner();
-                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref());
+                let accepted = Cell::new(false);
+                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref(), &accepted);
+                // Its share is free before the listener hears of the end.
+                drop(lease);
                 // The listener may be gone (--once ended): nothing left to tell.
                 let _ = done.send(Finished {
                     outcome,
-                    reserved: wanted,
+                    accepted: accepted.get(),
                 });
             });
-        match spawned {
-            Ok(_) => {
-                active += 1;
-                reserved += wanted;
-            }
-            Err(e) => report(&RecvOutcome::Failed {
+        if let Err(e) = spawned {
+            report(&RecvOutcome::Failed {
                 peer,
                 error: format!("starting a thread for the connection: {e}"),
-            }),
+            });
         }
     }
 }
@@ -182,20 +210,23 @@ const LISTEN_BACKLOG: i32 = 64;
 /// How often the listener looks for finished connections when no request comes.
 const LISTENER_TICK: Duration = Duration::from_millis(50);
 
-/// May this request be served now? The buffer bytes it will hold, or why not. Offers the
-/// connection's thread will reject anyway (a bad header, too large) reserve nothing.
+/// May this request be served now? Its lease on the receiver's connections and bytes,
+/// or why not: an address outside `--allow` first, before anything else. Offers the
+/// connection's thread will reject anyway (a bad header, too large) reserve no bytes.
 fn admit(
     cfg: &RecvConfig,
+    admission: &Arc<Admission>,
+    nonces: &mut Nonces,
     request: &ConnectRequest,
-    active: usize,
-    max_connections: usize,
-    reserved: u64,
-) -> Result<u64, RejectReason> {
-    if active >= max_connections {
-        return Err(RejectReason::BusyConnections {
-            active: active as u64,
-            max: max_connections as u64,
-        });
+) -> Result<Lease, RejectReason> {
+    let ip = request
+        .peer
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+    if !cfg.allow.is_empty() && (request.peer.is_none() || !cfg.allow.permits(ip)) {
+        return Err(RejectReason::NotAllowed);
+    }
+    if let Some(key) = &cfg.key {
+        check_proof(key, nonces, ip, &request.private_data)?;
     }
     let wanted = if cfg.raw {
         cfg.max_bytes
@@ -205,13 +236,42 @@ fn admit(
             _ => 0,
         }
     };
-    if reserved.saturating_add(wanted) > cfg.max_memory {
-        return Err(RejectReason::BusyMemory {
-            wanted,
-            max: cfg.max_memory,
-        });
+    admission.admit(
+        ip,
+        Want {
+            bytes: wanted,
+            descriptors: 0,
+        },
+    )
+}
+
+/// Nonces a verbs receiver with a key keeps at once (each 16 bytes and an address).
+const MAX_NONCES: usize = 4096;
+
+/// With `--key-file`: a connect request without a proof is answered with a fresh nonce
+/// (rejected with [`RejectReason::KeyChallenge`]); one with a proof must carry the first
+/// bytes of HMAC-SHA256 over its header and a nonce this receiver gave its address, unused
+/// and within --timeout. Nothing is allocated before this passes.
+fn check_proof(
+    key: &Key,
+    nonces: &mut Nonces,
+    ip: IpAddr,
+    private_data: &[u8],
+) -> Result<(), RejectReason> {
+    let Some(proof) = VerbsProof::decode(private_data) else {
+        return match nonces.issue(ip) {
+            Some(nonce) => Err(RejectReason::KeyChallenge { nonce }),
+            None => Err(RejectReason::BusyHandshakes {
+                active: nonces.len() as u64,
+                max: MAX_NONCES as u64,
+            }),
+        };
+    };
+    let header = private_data.get(..HEADER_LEN).unwrap_or_default();
+    match nonces.take(proof.nonce_id, ip) {
+        Some(nonce) if key.verify_truncated(header, &nonce, &proof.tag) => Ok(()),
+        _ => Err(RejectReason::BadProof),
     }
-    Ok(wanted)
 }
 
 /// Serve one connection on its own thread, with buffers made there, and tell the peer
@@ -220,11 +280,12 @@ fn serve_connection(
     cfg: &RecvConfig,
     request: ConnectRequest,
     make_sinks: &SinkFactoryMaker,
+    accepted: &Cell<bool>,
 ) -> RecvOutcome {
     let peer = peer_label(request.peer);
     let result = match make_sinks() {
-        Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks),
-        Ok(sinks) => framed(cfg, &request, &peer, &sinks),
+        Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks, accepted),
+        Ok(sinks) => framed(cfg, &request, &peer, &sinks, accepted),
         Err(e) => Err(internal(format!("{e:#}"))),
     };
     conclude(&request.id, peer, result)
@@ -298,6 +359,7 @@ fn framed(
     request: &ConnectRequest,
     peer: &str,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     let header = Header::decode(&request.private_data)
         .map_err(|e| Failure::Refuse(RejectReason::BadHeader(e), None))?;
@@ -321,7 +383,7 @@ fn framed(
             None,
         ));
     }
-    receive_framed(cfg, &request.id, peer, header, sinks)
+    receive_framed(cfg, &request.id, peer, header, sinks, accepted)
 }
 
 /// Walk the receiver's memory plan on this connection's protection domain: make a
@@ -469,6 +531,7 @@ fn receive_framed(
     peer: &str,
     header: Header,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     let total = header.total_bytes;
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
@@ -534,6 +597,7 @@ fn receive_framed(
         },
     };
     id.accept(&ConnParams::with_private_data(&accept.encode()))?;
+    accepted.set(true);
     // Should the receives run out after all, the sender retries after 0.64 ms, not the
     // 655 ms the CM leaves configured. Only an optimisation: failure is not fatal.
     let _ = conn.qp.set_min_rnr_timer(MIN_RNR_TIMER);
@@ -569,13 +633,16 @@ fn receive_framed(
             &mut recvs,
             &mut comps,
             context,
+            start,
             &mut on_ack,
         );
         if let Err(Failure::TooSlow(TransferError::TooSlow { got, .. })) = &received {
             // Tell the sender why, as its ack, before the disconnect ends it: best effort,
             // and only where the ack buffer is free (inline acks, or none in flight).
             let buffer_free = inline_ack || acks_pending == 0;
-            if buffer_free && ack_buf.write(&Ack::too_slow(*got).encode()).is_ok() {
+            // The ack speaks of this transfer; the error of the connection.
+            let this = got.saturating_sub(k * total);
+            if buffer_free && ack_buf.write(&Ack::too_slow(this).encode()).is_ok() {
                 let _ = send_and_wait(
                     &conn,
                     &ack_buf,
@@ -666,6 +733,7 @@ fn receive_framed(
         imm: None,
         reply_delivered,
         transfers: header.transfers,
+        offered: header.transfers,
         verify_seconds,
         memory: memory_log,
     })
@@ -746,8 +814,10 @@ fn receive_transfer(
     recvs: &mut Receives,
     comps: &mut Vec<Completion>,
     context: Context,
+    established: Instant,
     on_ack: &mut dyn FnMut(&Completion),
 ) -> Result<(), Failure> {
+    let (k, context_transfers) = (context.k, context.transfers);
     let context = || context.words();
     let total = header.total_bytes;
     let n = plan.count();
@@ -761,12 +831,10 @@ fn receive_transfer(
         })
     };
     let mut deadline = Deadline::after(cfg.timeout);
-    // The whole transfer's end: progress cannot push it back (see the module docs).
-    let started = Instant::now();
-    let whole = (cfg.min_rate > 0).then(|| {
-        let allowed = total as f64 / cfg.min_rate as f64;
-        Deadline::after(cfg.timeout + Duration::from_secs_f64(allowed.min(1e9)))
-    });
+    // The whole transfer's end: progress cannot push it back, and over a reused
+    // connection the rate counts since its start (see the module docs).
+    let whole = crate::server::whole_deadline(established, cfg.timeout, cfg.min_rate, total, k)
+        .map(|at| Deadline::after(at.saturating_duration_since(Instant::now())));
     let mut gone = false;
     while got < n {
         if gone {
@@ -781,13 +849,14 @@ fn receive_transfer(
                 conn.cq.poll(comps)?;
             }
             Err(RdmaError::Timeout { .. }) if whole.is_some_and(|w| w.expired()) => {
+                // Counted over the connection, as the rate is.
                 return Err(Failure::TooSlow(TransferError::TooSlow {
                     peer: peer.to_string(),
-                    got: plan.bytes_through(got),
-                    total,
-                    seconds: started.elapsed().as_secs_f64(),
+                    got: k * total + plan.bytes_through(got),
+                    total: total * context_transfers,
+                    seconds: established.elapsed().as_secs_f64(),
                     min_rate: cfg.min_rate,
-                }))
+                }));
             }
             Err(RdmaError::Timeout { after, .. }) => {
                 return Err(incomplete(
@@ -955,6 +1024,7 @@ fn raw(
     request: &ConnectRequest,
     peer: &str,
     sinks: &SinkFactory,
+    accepted: &Cell<bool>,
 ) -> Result<RecvReport, Failure> {
     if Header::decode(&request.private_data).is_ok() {
         // A framed sender would wait for an accept with a buffer offer we do not make.
@@ -982,6 +1052,7 @@ fn raw(
     // SAFETY: the sink is read (verified) only after the receive completed.
     unsafe { conn.qp.post_recv(TAG_DATA, Some(sge)).map_err(internal)? };
     id.accept(&ConnParams::with_private_data(&[]))?;
+    accepted.set(true);
     wait_established(id, peer, cfg.timeout)?;
     let start = Instant::now();
 
@@ -1057,6 +1128,7 @@ fn raw(
         imm: message.imm,
         reply_delivered,
         transfers: 1,
+        offered: 1,
         verify_seconds,
         memory: memory_log,
     })

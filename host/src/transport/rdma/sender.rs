@@ -12,8 +12,8 @@ use crate::rdma::{
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError, ACK_LEN, HEADER_FLAG_REPEAT,
-    RAW_IMM,
+    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, VerbsProof, WireError, ACK_LEN,
+    HEADER_FLAG_REPEAT, RAW_IMM,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Framed;
@@ -45,6 +45,8 @@ pub struct SendConfig {
     /// The protocol version written into the header: `header::VERSION` except in tests
     /// of the receiver's version check.
     pub protocol_version: u16,
+    /// `--key-file`: proves to a receiver with the same key that this sender may send.
+    pub key: Option<crate::server::Key>,
 }
 
 /// Extra time given to the CM to report its own timeout.
@@ -194,14 +196,47 @@ pub fn send_repeated(
     memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
+    match connect_and_send(cfg, memory, transfers, None) {
+        // A receiver with a key answered the first request with a nonce: connect again,
+        // proving the key over it (once; a second challenge is an error like any other).
+        Err(TransferError::Rejected(RejectReason::KeyChallenge { nonce })) => {
+            let Some(key) = &cfg.key else {
+                return Err(TransferError::Rejected(RejectReason::KeyChallenge {
+                    nonce,
+                }));
+            };
+            let header = offer(cfg, transfers)?.encode_with_version(cfg.protocol_version);
+            let proof = VerbsProof {
+                nonce_id: VerbsProof::nonce_id(&nonce),
+                tag: key.prove_truncated(&header, &nonce),
+            };
+            connect_and_send(cfg, memory, transfers, Some(proof))
+        }
+        other => other,
+    }
+}
+
+/// The header this sender offers for `transfers` transfers.
+fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
+    let plan = ChunkPlan::new(cfg.bytes, cfg.chunk).map_err(TransferError::Protocol)?;
+    Header::new(cfg.op, cfg.bytes, plan.chunk_bytes(), cfg.depth)
+        .map(Header::with_solicited_events)
+        .and_then(|h| h.with_transfers(transfers))
+        .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))
+}
+
+/// [`send_repeated`]'s one connection, with `proof` of the key after the header.
+fn connect_and_send(
+    cfg: &SendConfig,
+    memory: &mut SendMemory,
+    transfers: u32,
+    proof: Option<VerbsProof>,
+) -> Result<Vec<SendReport>, TransferError> {
     let t0 = Instant::now();
     let total = cfg.bytes;
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
     let n = plan.count();
-    let header = Header::new(cfg.op, total, plan.chunk_bytes(), cfg.depth)
-        .map(Header::with_solicited_events)
-        .and_then(|h| h.with_transfers(transfers))
-        .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))?;
+    let header = offer(cfg, transfers)?;
     let label = cfg.peer.to_string();
 
     rdma::ensure_device()?;
@@ -239,8 +274,13 @@ pub fn send_repeated(
     };
 
     let header_bytes = header.encode_with_version(cfg.protocol_version);
+    let with_proof = proof.map(|p| p.private_data(&header_bytes));
+    let private_data: &[u8] = match &with_proof {
+        Some(data) => data,
+        None => &header_bytes,
+    };
     let accept_data =
-        connect(&id, cfg.peer, &header_bytes, cfg.timeout, false).map_err(|e| match e {
+        connect(&id, cfg.peer, private_data, cfg.timeout, false).map_err(|e| match e {
             TransferError::Rejected(RejectReason::BadHeader(WireError::UnknownFlags { flags }))
                 if header.repeats() && flags & HEADER_FLAG_REPEAT != 0 =>
             {
@@ -293,6 +333,8 @@ pub fn send_repeated(
         let start = Instant::now();
         let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
         let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
+        ack.check_counts(total)
+            .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
         let round_trip_seconds = start.elapsed().as_secs_f64();
         let framed = Framed {
             peer: &label,

@@ -9,16 +9,20 @@
 //! - [`sender`]: offer, streams, the schedule, the acks;
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
-//! - [`receiver`]: accept, handshakes, a thread per transfer, verification, acks.
+//! - [`receiver`]: accept and admission, a thread per transfer, verification, acks;
+//!   `handshake` (a socket's first message, within one deadline) and `routes` (extra
+//!   streams joining their transfer) beside it.
 
 pub mod frames;
+mod handshake;
 pub mod landing;
 pub mod receiver;
+mod routes;
 pub mod sender;
 pub mod socket;
 pub mod wire;
 
-pub use receiver::{serve, RecvMemory, TcpRecvConfig};
+pub use receiver::{serve, serve_with, RecvMemory, TcpRecvConfig};
 pub use sender::{choose_source, send_repeated, tcp_plan, TcpSendConfig};
 
 /// What the sender's output says the data went by ("Data sent successfully via ...").

@@ -1,38 +1,55 @@
 //! The TCP receiver: accept sockets, tell transfer offers from extra streams by their
-//! first bytes, serve each transfer on a thread of its own (at most `--max-connections`
-//! at once; beyond that a `Busy` reject), verify, ack.
+//! first bytes, serve each transfer on a thread of its own, verify, ack.
 //!
-//! Threads: an accept loop; a short-lived handshake thread per accepted socket (it reads
-//! the offer or the stream hello under `--timeout`, so a client that connects and sends
-//! nothing, or junk, never holds up anyone else); a thread per transfer with host memory.
-//! Outcomes come back to the calling thread over a channel and are reported there.
+//! **Admission** is the verbs receiver's, shared ([`crate::server`]): a peer outside
+//! `--allow` is refused before anything is read; each socket then needs a handshake slot
+//! (all peers together, and per address); an offer, once read (and, with `--key-file`,
+//! proven over a fresh nonce), needs a [`Lease`] for its connection, its bytes (host
+//! buffer, or GPU memory and its page-locked ring) and its descriptors, all before
+//! anything is allocated for it. A refusal is one non-blocking write and a close.
+//!
+//! **Threads.** The accept loop only accepts, checks and hands off: it never reads from
+//! or waits on a peer. Each accepted socket gets a short-lived handshake thread that reads
+//! its first message within one deadline for the whole handshake (`--timeout` from the
+//! accept, however the bytes trickle). Offers go to the serving loop (the calling
+//! thread), which admits or refuses at once and starts a thread per transfer into host
+//! memory. Outcomes come back over a channel and are reported there.
+//!
+//! **Deadlines.** Besides `--timeout` for every wait, with `--min-rate` transfer `k` (from
+//! 0) of a connection must be done `--timeout + (k + 1) × size / rate` after the accept:
+//! the rate counts over the connection, so a `--reuse-connection` peer cannot hold a
+//! slot by sending one small transfer now and then. Past it the sender gets a "too slow"
+//! ack and the connection is shut.
+//!
+//! **`--once`** is used up only by a transfer that was accepted (the accept sent):
+//! junk, probes, rejects and busy refusals leave the receiver serving.
 //!
 //! GPU memory (`--mem device`): the GPU's objects are `Rc` and tied to the thread that
 //! opened the context, so transfers into GPU memory are served one after another on the
-//! calling thread, which owns the GPU. (Opening the GPU per connection thread would cost a
-//! context, ~100 ms and hundreds of MiB of GPU memory, per transfer; queued offers wait at
-//! most the sender's --timeout, as on verbs.)
+//! calling thread, which owns the GPU (counted by the same admission).
 
-use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
-use super::landing::{HostLanding, Landing};
-use super::socket::{self, read_array};
+use super::frames::Hello;
+use super::landing::{HostLanding, Landing, ReadLimits, Stop};
+use super::routes::Routes;
+use super::socket;
 use crate::memory::select::AttemptLog;
-use crate::transfer::header::{
-    AcceptInfo, Ack, Header, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC,
-};
+use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::{AllowList, Key};
+use crate::transfer::header::{AcceptInfo, Ack, Header, RejectReason, WireError};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
-use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-/// Sockets in their handshake at once at most; more are closed with a `Busy` reject.
-const MAX_HANDSHAKES: usize = 64;
 /// How often the accept loop looks whether the receiver is done.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
+/// How long the accept loop stops when the process is out of descriptors.
+const OUT_OF_DESCRIPTORS_PAUSE: Duration = Duration::from_millis(100);
+/// A handshake thread's stack: it decodes a few dozen bytes and computes one HMAC.
+const HANDSHAKE_STACK: usize = 256 << 10;
 
 /// Everything the TCP receiver needs, built by the CLI.
 #[derive(Debug, Clone)]
@@ -43,6 +60,17 @@ pub struct TcpRecvConfig {
     pub timeout: Duration,
     /// Transfers served at once at most.
     pub max_connections: usize,
+    /// Bytes of buffers held at once (host buffers, GPU memory and its pinned ring).
+    pub max_memory: u64,
+    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
+    /// limit.
+    pub min_rate: u64,
+    /// Transfers served at once for one address.
+    pub max_per_peer: usize,
+    /// Addresses served (empty: all).
+    pub allow: AllowList,
+    /// With a key, only senders that prove they hold it are served.
+    pub key: Option<Key>,
 }
 
 /// Where received data goes.
@@ -53,33 +81,75 @@ pub enum RecvMemory {
     Device(std::rc::Rc<crate::gpu::Gpu>),
 }
 
-/// A transfer offer that passed its checks, for the serving loop.
-struct Offer {
-    control: TcpStream,
-    peer: String,
-    header: Header,
-    hello: Hello,
+impl RecvMemory {
+    /// The bytes a transfer of `total` bytes in chunks of `chunk` on `streams` streams
+    /// holds here.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn bytes_for(&self, total: u64, chunk: u64, streams: u16) -> u64 {
+        match self {
+            RecvMemory::Host => total,
+            // The device buffer and the upload ring's page-locked slots.
+            #[cfg(feature = "cuda")]
+            RecvMemory::Device(_) => {
+                let ring = usize::try_from(chunk.min(total))
+                    .ok()
+                    .and_then(|c| crate::gpu::upload::ring_bytes(streams as usize, c))
+                    .map_or(u64::MAX, |r| r as u64);
+                total.saturating_add(ring)
+            }
+        }
+    }
 }
 
-enum Event {
+/// A transfer offer that passed its checks, for the serving loop.
+pub(super) struct Offer {
+    pub control: TcpStream,
+    pub peer: SocketAddr,
+    pub header: Header,
+    pub hello: Hello,
+}
+
+pub(super) enum Event {
     Offer(Offer),
-    /// `transfer`: the outcome of a transfer (or of a socket that was to be one), which
-    /// ends a `--once` receiver; `served`: a transfer thread finished.
-    Outcome {
+    /// A refusal or failure before any transfer was accepted: it is reported and
+    /// changes nothing else (`--once` goes on serving).
+    Outcome(RecvOutcome),
+    /// A transfer thread ended; `accepted`: its accept was sent (this uses `--once` up).
+    Served {
         outcome: RecvOutcome,
-        transfer: bool,
-        served: bool,
+        accepted: bool,
     },
 }
 
-/// Extra streams on their way to the transfer whose token they carry.
-type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<(u16, TcpStream)>>>>;
+/// What the accept loop, the handshakes and the transfer threads share.
+pub(super) struct Shared {
+    pub cfg: TcpRecvConfig,
+    pub admission: Arc<Admission>,
+    pub routes: Routes,
+}
 
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
 /// with `--once` (`Ok(true)` if that transfer verified) or on an error of the listener.
 pub fn serve(
     cfg: &TcpRecvConfig,
     memory: &RecvMemory,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_with(cfg, memory, &Admission::new(limits), report)
+}
+
+/// [`serve`] under an admission shared with another receiver (`--transport auto` serves
+/// verbs and TCP under one).
+pub fn serve_with(
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let listener = TcpListener::bind(cfg.bind).map_err(|e| {
@@ -93,62 +163,60 @@ pub fn serve(
         .map_err(|e| TransferError::Protocol(format!("listener: {e}")))?;
     report(&RecvOutcome::Listening { addr });
 
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        admission: admission.clone(),
+        routes: Routes::default(),
+    });
     let (events, rx) = mpsc::channel::<Event>();
-    let routes: Routes = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let accepter = {
-        let (events, routes, stop, cfg) =
-            (events.clone(), routes.clone(), stop.clone(), cfg.clone());
+        let (events, shared, stop) = (events.clone(), shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("tcp-accept".into())
-            .spawn(move || accept_loop(listener, &cfg, events, routes, &stop))
+            .spawn(move || accept_loop(listener, &shared, events, &stop))
             .map_err(|e| TransferError::Protocol(format!("cannot start the accept thread: {e}")))?
     };
     let _stop_on_return = StopOnDrop(stop, Some(accepter));
 
-    let mut active = 0usize;
-    let mut taken = false; // --once: the one transfer has been taken
     loop {
         let Ok(event) = rx.recv_timeout(Duration::from_secs(1)) else {
             continue;
         };
         match event {
             Event::Offer(offer) => {
-                if (cfg.once && taken) || active >= cfg.max_connections {
-                    let max = if cfg.once {
-                        1
-                    } else {
-                        cfg.max_connections as u64
-                    };
-                    let busy = RejectReason::BusyConnections {
-                        active: active as u64,
-                        max,
-                    };
-                    let outcome = refuse(offer.control, offer.peer, busy, None);
-                    report(&outcome);
-                    continue;
-                }
-                taken = true;
+                let want = Want {
+                    bytes: memory.bytes_for(
+                        offer.header.total_bytes,
+                        offer.header.chunk_bytes as u64,
+                        offer.hello.count,
+                    ),
+                    // The control socket, its clone, and the other streams.
+                    descriptors: offer.hello.count as u64 + 1,
+                };
+                let lease = match shared.admission.admit(offer.peer.ip(), want) {
+                    Ok(lease) => lease,
+                    Err(reason) => {
+                        report(&refuse(offer.control, offer.peer, reason, None));
+                        continue;
+                    }
+                };
                 match memory {
                     RecvMemory::Host => {
-                        active += 1;
-                        let (events, routes, cfg) = (events.clone(), routes.clone(), cfg.clone());
+                        let (events, shared) = (events.clone(), shared.clone());
+                        let peer = offer.peer;
                         let spawned = std::thread::Builder::new()
                             .name("tcp-transfer".into())
                             .spawn(move || {
-                                let outcome = serve_offer(&cfg, offer, &routes, &mut |len, _| {
-                                    Ok(Box::new(HostLanding::new(len)?))
-                                });
-                                let _ = events.send(Event::Outcome {
-                                    outcome,
-                                    transfer: true,
-                                    served: true,
-                                });
+                                let (outcome, accepted) =
+                                    serve_offer(&shared, offer, lease, &mut |len, _| {
+                                        Ok(Box::new(HostLanding::new(len)?))
+                                    });
+                                let _ = events.send(Event::Served { outcome, accepted });
                             });
                         if let Err(e) = spawned {
-                            active -= 1;
                             report(&RecvOutcome::Failed {
-                                peer: "?".into(),
+                                peer: peer.to_string(),
                                 error: format!("cannot start a transfer thread: {e}"),
                             });
                         }
@@ -156,28 +224,23 @@ pub fn serve(
                     #[cfg(feature = "cuda")]
                     RecvMemory::Device(gpu) => {
                         let streams = offer.hello.count as usize;
-                        let outcome = serve_offer(cfg, offer, &routes, &mut |len, chunk| {
-                            Ok(Box::new(super::landing::DeviceLanding::new(
-                                gpu, len, chunk, streams,
-                            )?))
-                        });
+                        let (outcome, accepted) =
+                            serve_offer(&shared, offer, lease, &mut |len, chunk| {
+                                Ok(Box::new(super::landing::DeviceLanding::new(
+                                    gpu, len, chunk, streams,
+                                )?))
+                            });
                         report(&outcome);
-                        if cfg.once {
+                        if cfg.once && accepted {
                             return Ok(completed_ok(&outcome));
                         }
                     }
                 }
             }
-            Event::Outcome {
-                outcome,
-                transfer,
-                served,
-            } => {
+            Event::Outcome(outcome) => report(&outcome),
+            Event::Served { outcome, accepted } => {
                 report(&outcome);
-                if served {
-                    active = active.saturating_sub(1);
-                }
-                if cfg.once && transfer {
+                if cfg.once && accepted {
                     return Ok(completed_ok(&outcome));
                 }
             }
@@ -201,14 +264,24 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// Whether an `accept` error means this process (or the system) is out of descriptors.
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 fn accept_loop(
     listener: TcpListener,
-    cfg: &TcpRecvConfig,
+    shared: &Arc<Shared>,
     events: mpsc::Sender<Event>,
-    routes: Routes,
     stop: &AtomicBool,
 ) {
-    let handshakes = Arc::new(AtomicUsize::new(0));
+    let tell = |outcome| {
+        let _ = events.send(Event::Outcome(outcome));
+    };
+    let mut starved = false; // said "out of descriptors" already, until an accept works
     while !stop.load(Ordering::Relaxed) {
         let (stream, peer) = match listener.accept() {
             Ok(s) => s,
@@ -216,75 +289,67 @@ fn accept_loop(
                 std::thread::sleep(ACCEPT_POLL);
                 continue;
             }
-            Err(_) => {
-                // Out of descriptors or a connection reset before accept: keep serving.
-                std::thread::sleep(Duration::from_millis(50));
+            Err(e) if out_of_descriptors(&e) => {
+                if !starved {
+                    starved = true;
+                    tell(RecvOutcome::Notice {
+                        text: format!(
+                            "cannot accept connections ({e}): pausing {} ms at a time until descriptors are free",
+                            OUT_OF_DESCRIPTORS_PAUSE.as_millis()
+                        ),
+                    });
+                }
+                std::thread::sleep(OUT_OF_DESCRIPTORS_PAUSE);
+                continue;
+            }
+            // A connection reset before its accept, and the like: it concerns that peer only.
+            Err(_) => continue,
+        };
+        starved = false;
+        if !shared.cfg.allow.permits(peer.ip()) {
+            tell(refuse(stream, peer, RejectReason::NotAllowed, None));
+            continue;
+        }
+        let slot = match shared.admission.handshake(peer.ip()) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                tell(refuse(stream, peer, reason, None));
                 continue;
             }
         };
-        let peer = peer.to_string();
-        if stream.set_nonblocking(false).is_err() || socket::prepare(&stream, cfg.timeout).is_err()
+        let deadline = Instant::now() + shared.cfg.timeout;
+        if stream.set_nonblocking(false).is_err()
+            || socket::prepare(&stream, shared.cfg.timeout).is_err()
         {
             continue;
         }
-        if handshakes.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
-            let outcome = refuse(
-                stream,
-                peer,
-                RejectReason::BusyConnections {
-                    active: handshakes.load(Ordering::Relaxed) as u64,
-                    max: cfg.max_connections as u64,
-                },
-                Some("too many connections in their handshake".into()),
-            );
-            let _ = events.send(Event::Outcome {
-                outcome,
-                transfer: false,
-                served: false,
-            });
-            continue;
-        }
-        handshakes.fetch_add(1, Ordering::Relaxed);
-        let (events, routes, count, cfg) = (
-            events.clone(),
-            routes.clone(),
-            handshakes.clone(),
-            cfg.clone(),
-        );
+        let (events, shared) = (events.clone(), shared.clone());
         let spawned = std::thread::Builder::new()
             .name("tcp-handshake".into())
+            .stack_size(HANDSHAKE_STACK)
             .spawn(move || {
-                if let Some(event) = handshake(&cfg, stream, peer, &routes) {
+                let event = super::handshake::handshake(&shared, stream, peer, deadline, slot);
+                if let Some(event) = event {
                     let _ = events.send(event);
                 }
-                count.fetch_sub(1, Ordering::Relaxed);
             });
-        if spawned.is_err() {
-            // Not started: its count is ours to give back.
-            handshakes.fetch_sub(1, Ordering::Relaxed);
+        if let Err(e) = spawned {
+            tell(RecvOutcome::Failed {
+                peer: peer.to_string(),
+                error: format!("cannot start a handshake thread: {e}"),
+            });
         }
     }
 }
 
-/// Tell the peer why not (the sender prints it), and close.
-fn refuse(
-    mut stream: TcpStream,
-    peer: String,
+/// Tell the peer why not (the sender prints it) without waiting on it, and close.
+pub(super) fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
     reason: RejectReason,
     detail: Option<String>,
 ) -> RecvOutcome {
-    let sent = stream.write_all(&reason.encode());
-    let _ = stream.shutdown(Shutdown::Write);
-    // Read what the peer still sends, briefly, so that closing with unread bytes does not
-    // reset the connection before the reject is read.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 4096];
-    for _ in 0..64 {
-        match stream.read(&mut sink) {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-    }
+    let sent = socket::write_and_close(stream, &reason.encode());
     let mut text = reason.to_string();
     if let Some(detail) = detail {
         text = format!("{text}: {detail}");
@@ -292,305 +357,210 @@ fn refuse(
     if let Err(e) = sent {
         text = format!("{text} (and the reject could not be sent: {e})");
     }
-    RecvOutcome::Rejected { peer, reason: text }
-}
-
-/// Read a socket's first message: a transfer offer (header + hello) becomes an
-/// [`Event::Offer`]; a stream hello goes to its transfer; anything else is refused.
-fn handshake(
-    cfg: &TcpRecvConfig,
-    mut stream: TcpStream,
-    peer: String,
-    routes: &Routes,
-) -> Option<Event> {
-    let outcome = |outcome, transfer| {
-        Some(Event::Outcome {
-            outcome,
-            transfer,
-            served: false,
-        })
-    };
-    let failed = |peer: String, why: String| RecvOutcome::Failed {
-        peer: peer.clone(),
-        error: format!("{peer}: {why}"),
-    };
-    let magic: [u8; 4] = match read_array(&mut stream) {
-        Ok(m) => m,
-        Err(e) => {
-            return outcome(
-                failed(
-                    peer,
-                    socket::why(&e, cfg.timeout, "reading the transfer offer"),
-                ),
-                true,
-            )
-        }
-    };
-    match magic {
-        HEADER_MAGIC => {
-            let rest: [u8; HEADER_LEN + HELLO_LEN - 4] = match read_array(&mut stream) {
-                Ok(r) => r,
-                Err(e) => {
-                    return outcome(
-                        failed(
-                            peer,
-                            socket::why(&e, cfg.timeout, "reading the transfer offer"),
-                        ),
-                        true,
-                    )
-                }
-            };
-            let mut offer = [0u8; HEADER_LEN + HELLO_LEN];
-            offer[..4].copy_from_slice(&magic);
-            offer[4..].copy_from_slice(&rest);
-            let header = match Header::decode(&offer[..HEADER_LEN]) {
-                Ok(h) => h,
-                Err(e) => {
-                    return outcome(refuse(stream, peer, RejectReason::BadHeader(e), None), true)
-                }
-            };
-            let hello = match Hello::decode(&offer[HEADER_LEN..]) {
-                Ok(h) if h.index == 0 => h,
-                Ok(_) => {
-                    return outcome(
-                        refuse_hello(
-                            stream,
-                            peer,
-                            "the offer's stream hello is not stream 0",
-                            None,
-                        ),
-                        true,
-                    )
-                }
-                Err(e) => {
-                    return outcome(
-                        refuse_hello(
-                            stream,
-                            peer,
-                            "bad stream hello after the header",
-                            Some(e.to_string()),
-                        ),
-                        true,
-                    )
-                }
-            };
-            if header.total_bytes > cfg.max_bytes {
-                let reason = RejectReason::TooLarge {
-                    requested: header.total_bytes,
-                    max: cfg.max_bytes,
-                };
-                return outcome(refuse(stream, peer, reason, None), true);
-            }
-            Some(Event::Offer(Offer {
-                control: stream,
-                peer,
-                header,
-                hello,
-            }))
-        }
-        HELLO_MAGIC => {
-            let rest: [u8; HELLO_LEN - 4] = match read_array(&mut stream) {
-                Ok(r) => r,
-                Err(e) => {
-                    return outcome(
-                        failed(peer, socket::why(&e, cfg.timeout, "reading a stream hello")),
-                        false,
-                    )
-                }
-            };
-            let mut bytes = [0u8; HELLO_LEN];
-            bytes[..4].copy_from_slice(&magic);
-            bytes[4..].copy_from_slice(&rest);
-            let hello = match Hello::decode(&bytes) {
-                Ok(h) => h,
-                Err(e) => {
-                    return outcome(
-                        refuse_hello(stream, peer, "bad stream hello", Some(e.to_string())),
-                        false,
-                    )
-                }
-            };
-            let route = routes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&hello.token)
-                .cloned();
-            match route {
-                Some(to) if to.send((hello.index, stream)).is_ok() => None,
-                _ => outcome(
-                    RecvOutcome::Rejected {
-                        peer,
-                        reason: format!(
-                            "stream {} of a connection this receiver does not serve (token {:#x})",
-                            hello.index, hello.token
-                        ),
-                    },
-                    false,
-                ),
-            }
-        }
-        got => outcome(
-            refuse(
-                stream,
-                peer,
-                RejectReason::BadHeader(WireError::BadMagic { got }),
-                None,
-            ),
-            true,
-        ),
+    RecvOutcome::Rejected {
+        peer: peer.to_string(),
+        reason: text,
     }
 }
 
-/// Removes a transfer's route when it ends, however it ends.
-struct RouteGuard<'a>(&'a Routes, u64);
-
-impl Drop for RouteGuard<'_> {
-    fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.1);
-    }
+pub(super) fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {
+    let reason = RejectReason::BadHeader(WireError::Inconsistent { what });
+    refuse(stream, peer, reason, None)
 }
 
 type MakeLanding<'a> = dyn FnMut(usize, usize) -> anyhow::Result<Box<dyn Landing>> + 'a;
 
-/// Serve one accepted offer: buffer, accept, gather the streams, receive, verify, ack
-/// (once per transfer of a `--reuse-connection`).
+/// Serve one admitted offer: buffer, accept, gather the streams, receive, verify, ack
+/// (once per transfer of a `--reuse-connection`). Also whether the accept was sent.
 fn serve_offer(
-    cfg: &TcpRecvConfig,
+    shared: &Shared,
     offer: Offer,
-    routes: &Routes,
+    lease: Lease,
     make: &mut MakeLanding<'_>,
-) -> RecvOutcome {
+) -> (RecvOutcome, bool) {
+    let _lease = lease; // held to the end of the transfer
+    let cfg = &shared.cfg;
     let Offer {
         mut control,
         peer,
         header,
         hello,
     } = offer;
+    let label = peer.to_string();
     let total = header.total_bytes;
-    let failed = |peer: &str, e: TransferError| RecvOutcome::Failed {
-        peer: peer.to_string(),
+    let failed = |e: TransferError| RecvOutcome::Failed {
+        peer: label.clone(),
         error: e.to_string(),
     };
     let (Ok(len), Ok(chunk)) = (usize::try_from(total), usize::try_from(header.chunk_bytes)) else {
-        return refuse(control, peer, RejectReason::NoMemory { bytes: total }, None);
+        return (
+            refuse(control, peer, RejectReason::NoMemory { bytes: total }, None),
+            false,
+        );
     };
     let plan = match ChunkPlan::new(total, header.chunk_bytes as u64) {
         Ok(p) => p,
         Err(e) => {
-            return refuse(
-                control,
-                peer,
-                RejectReason::BadHeader(WireError::Inconsistent { what: "chunk plan" }),
-                Some(e),
-            )
+            let reason = RejectReason::BadHeader(WireError::Inconsistent { what: "chunk plan" });
+            return (refuse(control, peer, reason, Some(e)), false);
         }
     };
     let mut landing = match make(len, chunk) {
         Ok(l) => l,
         Err(e) => {
-            return refuse(
-                control,
-                peer,
-                RejectReason::NoMemory { bytes: total },
-                Some(format!("{e:#}")),
-            )
+            let reason = RejectReason::NoMemory { bytes: total };
+            return (refuse(control, peer, reason, Some(format!("{e:#}"))), false);
         }
     };
-    let (to_us, streams_in) = mpsc::channel();
-    {
-        let mut map = routes.lock().unwrap_or_else(|p| p.into_inner());
-        if map.contains_key(&hello.token) {
-            drop(map);
-            return refuse(
-                control,
-                peer,
-                RejectReason::BadHeader(WireError::Inconsistent {
-                    what: "a connection token already in use",
-                }),
-                None,
-            );
-        }
-        map.insert(hello.token, to_us);
-    }
-    let _route = RouteGuard(routes, hello.token);
+    let Some((route, streams_in)) = shared.routes.open(hello.token, peer.ip(), hello.count) else {
+        let reason = RejectReason::BadHeader(WireError::Inconsistent {
+            what: "a connection token already in use",
+        });
+        return (refuse(control, peer, reason, None), false);
+    };
     let accept = AcceptInfo {
         addr: 0,
         rkey: 0,
         len: total,
     };
     if let Err(e) = control.write_all(&accept.encode()) {
-        return failed(
-            &peer,
-            TransferError::Protocol(format!(
-                "{peer}: {}",
-                socket::why(&e, cfg.timeout, "accepting the offer")
-            )),
+        let why = socket::why(&e, cfg.timeout, "accepting the offer");
+        return (
+            failed(TransferError::Protocol(format!("{peer}: {why}"))),
+            false,
         );
     }
-    let Ok(clone) = control.try_clone() else {
-        return failed(
-            &peer,
-            TransferError::Protocol("cannot clone the socket".into()),
-        );
+    // From here on the transfer is served: its outcome uses `--once` up.
+    let accepted_at = Instant::now();
+    let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
+        Ok(streams) => {
+            drop(route); // every stream is in: nothing more may join
+            receive_all(
+                cfg,
+                &mut control,
+                &streams,
+                &label,
+                header,
+                &plan,
+                len,
+                landing.as_mut(),
+                accepted_at,
+            )
+        }
+        Err(e) => failed(e),
     };
-    let mut slots: Vec<Option<TcpStream>> = (0..hello.count).map(|_| None).collect();
+    (outcome, true)
+}
+
+/// Collect the transfer's streams (stream 0 is the control socket) within `--timeout`.
+fn gather(
+    cfg: &TcpRecvConfig,
+    control: &TcpStream,
+    count: u16,
+    streams_in: &mpsc::Receiver<(u16, TcpStream)>,
+    peer: &str,
+) -> Result<Vec<TcpStream>, TransferError> {
+    let clone = control
+        .try_clone()
+        .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
+    let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
     slots[0] = Some(clone);
     let deadline = Instant::now() + cfg.timeout;
     while slots.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         match streams_in.recv_timeout(left) {
-            Ok((index, stream)) => match slots.get_mut(index as usize) {
-                Some(slot @ None) => *slot = Some(stream),
-                _ => {
-                    return failed(
-                        &peer,
-                        TransferError::Protocol(format!(
-                            "{peer} opened stream {index} twice or beyond its count"
-                        )),
-                    )
-                }
-            },
+            // The route lets each index in once and below the count.
+            Ok((index, stream)) => slots[index as usize] = Some(stream),
             Err(_) => {
                 let have = slots.iter().filter(|s| s.is_some()).count();
-                return failed(
-                    &peer,
-                    TransferError::Protocol(format!(
-                        "{peer} opened {have} of its {} streams within {}",
-                        hello.count,
-                        crate::rdma::format_duration(cfg.timeout)
-                    )),
-                );
+                return Err(TransferError::Protocol(format!(
+                    "{peer} opened {have} of its {count} streams within {}",
+                    crate::rdma::format_duration(cfg.timeout)
+                )));
             }
         }
     }
-    let streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// Every transfer of the connection: receive within its deadline, verify, ack. A
+/// connection broken after `k` of `n` transfers reports `k`.
+#[allow(clippy::too_many_arguments)]
+fn receive_all(
+    cfg: &TcpRecvConfig,
+    control: &mut TcpStream,
+    streams: &[TcpStream],
+    peer: &str,
+    header: Header,
+    plan: &ChunkPlan,
+    len: usize,
+    landing: &mut dyn Landing,
+    accepted_at: Instant,
+) -> RecvOutcome {
+    let total = header.total_bytes;
     let transfers = header.transfers.max(1);
+    let failed = |e: TransferError, done: u32| RecvOutcome::Failed {
+        peer: peer.to_string(),
+        error: if transfers > 1 {
+            format!(
+                "{e} (in transfer {} of {transfers}; {done} done before it)",
+                done + 1
+            )
+        } else {
+            e.to_string()
+        },
+    };
     let mut seconds = 0.0;
     let mut verify_seconds = 0.0;
     let mut verification = None;
     let mut verify_error = None;
     let mut reply_delivered = true;
+    let mut done = 0u32;
     for k in 0..transfers {
         if k > 0 {
             if let Err(e) = landing.poison() {
-                return failed(&peer, TransferError::Memory(e));
+                return failed(TransferError::Memory(e), done);
             }
         }
+        let limits = ReadLimits {
+            timeout: cfg.timeout,
+            deadline: crate::server::whole_deadline(
+                accepted_at,
+                cfg.timeout,
+                cfg.min_rate,
+                total,
+                k as u64,
+            ),
+        };
         let got = AtomicU64::new(0);
         let start = Instant::now();
-        if let Err(why) = landing.receive(&streams, &plan, cfg.timeout, &got) {
-            return failed(
-                &peer,
-                TransferError::Incomplete {
-                    peer: peer.clone(),
-                    got: got.load(Ordering::Relaxed),
+        if let Err(stop) = landing.receive(streams, plan, limits, &got) {
+            let got = got.load(Ordering::Relaxed);
+            let e = match stop {
+                Stop::TooSlow => {
+                    // Tell the sender why, as its ack, then shut the connection.
+                    let _ = control.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = control.write_all(&Ack::too_slow(got).encode());
+                    for s in streams {
+                        let _ = s.shutdown(Shutdown::Both);
+                    }
+                    // Counted over the connection, as the rate is.
+                    TransferError::TooSlow {
+                        peer: peer.to_string(),
+                        got: total * done as u64 + got,
+                        total: total * transfers as u64,
+                        seconds: accepted_at.elapsed().as_secs_f64(),
+                        min_rate: cfg.min_rate,
+                    }
+                }
+                Stop::Broken(why) => TransferError::Incomplete {
+                    peer: peer.to_string(),
+                    got,
                     total,
                     why,
                 },
-            );
+            };
+            return failed(e, done);
         }
         seconds += start.elapsed().as_secs_f64();
         let t_verify = Instant::now();
@@ -606,17 +576,18 @@ fn serve_offer(
         if let Err(e) = &result {
             verify_error = Some(format!("{e:#}"));
         }
+        done += 1;
         if control.write_all(&ack.encode()).is_err() {
             reply_delivered = false;
             break;
         }
     }
-    let bytes = total * transfers as u64;
+    let bytes = total * done as u64;
     RecvOutcome::Completed(RecvReport {
-        peer,
+        peer: peer.to_string(),
         op: "tcp",
         bytes,
-        chunks: plan.count() * transfers as u64,
+        chunks: plan.count() * done as u64,
         seconds,
         gbps: gigabytes_per_second(bytes, seconds),
         path: landing.path(),
@@ -629,7 +600,8 @@ fn serve_offer(
         first_values: landing.first_values(5).unwrap_or_default(),
         imm: None,
         reply_delivered,
-        transfers,
+        transfers: done,
+        offered: transfers,
         verify_seconds,
         memory: AttemptLog::default(),
     })
@@ -655,17 +627,95 @@ fn merge(
     }
 }
 
-/// Refuse a connection whose stream hello is wrong (`what`), telling the peer why.
-fn refuse_hello(
-    stream: TcpStream,
-    peer: String,
-    what: &'static str,
-    detail: Option<String>,
-) -> RecvOutcome {
-    refuse(
-        stream,
-        peer,
-        RejectReason::BadHeader(WireError::Inconsistent { what }),
-        detail,
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_descriptors_is_told_from_a_peers_error() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            assert!(out_of_descriptors(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        for errno in [libc::ECONNABORTED, libc::EPERM] {
+            assert!(!out_of_descriptors(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+    }
+
+    /// Lands nothing, verifies everything: only the report logic around it is tested.
+    struct Verifies;
+
+    impl Landing for Verifies {
+        fn poison(&mut self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn receive(
+            &mut self,
+            _: &[TcpStream],
+            _: &ChunkPlan,
+            _: ReadLimits,
+            got: &AtomicU64,
+        ) -> Result<(), Stop> {
+            got.store(4096, Ordering::Relaxed);
+            Ok(())
+        }
+        fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
+            Ok(crate::memory::Verification {
+                elements: len as u64 / 4,
+                mismatches: 0,
+                first_mismatch: None,
+                crc32: None,
+            })
+        }
+        fn first_values(&self, _: usize) -> anyhow::Result<Vec<i32>> {
+            Ok(Vec::new())
+        }
+        fn path(&self) -> crate::memory::DataPath {
+            crate::memory::DataPath::HostMemory
+        }
+    }
+
+    #[test]
+    fn a_connection_whose_ack_cannot_be_sent_after_1_of_n_reports_1_and_not_ok() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut control, _) = listener.accept().unwrap();
+        control.shutdown(Shutdown::Write).unwrap(); // every ack write fails
+        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1)
+            .and_then(|h| h.with_transfers(1 << 20))
+            .unwrap();
+        let plan = ChunkPlan::new(4096, 4096).unwrap();
+        let cfg = TcpRecvConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            once: true,
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(1),
+            max_connections: 1,
+            max_memory: 1 << 30,
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+        };
+        let outcome = receive_all(
+            &cfg,
+            &mut control,
+            &[],
+            "peer",
+            header,
+            &plan,
+            4096,
+            &mut Verifies,
+            Instant::now(),
+        );
+        let RecvOutcome::Completed(r) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!((r.transfers, r.offered, r.bytes), (1, 1 << 20, 4096));
+        assert!(!r.reply_delivered);
+        assert!(!r.ok(), "1 of 2^20 transfers is not ok");
+    }
 }

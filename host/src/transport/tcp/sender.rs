@@ -8,7 +8,8 @@ use super::wire::TcpWire;
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Op, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN, REJECT_MAGIC,
+    AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, ACCEPT_LEN,
+    ACCEPT_MAGIC, ACK_LEN, CHALLENGE_MAGIC, REJECT_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Framed;
@@ -32,6 +33,8 @@ pub struct TcpSendConfig {
     pub timeout: Duration,
     pub progress: bool,
     pub protocol_version: u16,
+    /// `--key-file`: proves to a receiver with the same key that this sender may send.
+    pub key: Option<crate::server::Key>,
 }
 
 /// The sender's memory plan over TCP: no NIC reads the memory, so GPUDirect methods
@@ -131,29 +134,7 @@ pub fn send_repeated(
     control
         .write_all(&offer)
         .map_err(|e| broken(0, socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    let answer: [u8; ACCEPT_LEN] = read_array(&mut control).map_err(|e| {
-        let what = "waiting for the receiver to accept the offer";
-        TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
-    })?;
-    match [answer[0], answer[1], answer[2], answer[3]] {
-        ACCEPT_MAGIC => {
-            AcceptInfo::decode(&answer).map_err(|e| {
-                TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
-            })?;
-        }
-        REJECT_MAGIC => {
-            return Err(match RejectReason::decode(&answer) {
-                Some(reason) => TransferError::Rejected(reason),
-                None => TransferError::Protocol(format!("{label} sent an invalid reject")),
-            })
-        }
-        _ => {
-            return Err(TransferError::NotFramed {
-                peer: label,
-                why: "its answer to the offer is neither accept nor reject".into(),
-            })
-        }
-    }
+    answer_offer(&mut control, cfg, &offer, &label)?;
     let mut streams = vec![control.try_clone().map_err(|e| broken(0, e.to_string()))?];
     for index in 1..cfg.streams {
         let mut s = socket::connect(cfg.peer, cfg.timeout)
@@ -171,8 +152,14 @@ pub fn send_repeated(
         for k in 0..transfers {
             wire.next_transfer();
             let start = Instant::now();
-            let seconds = schedule.run(source, wire, &label)?.as_secs_f64();
+            let seconds = match schedule.run(source, wire, &label) {
+                Ok(took) => took.as_secs_f64(),
+                // The receiver may have ended it on purpose, and said why.
+                Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
+            };
             let ack = read_ack(&mut control, cfg.timeout, &label)?;
+            ack.check_counts(total)
+                .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
             let round_trip_seconds = start.elapsed().as_secs_f64();
             let framed = Framed {
                 peer: &label,
@@ -189,6 +176,83 @@ pub fn send_repeated(
         Ok(reports)
     })
     .map_err(TransferError::Memory)?
+}
+
+/// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or
+/// with a receiver that has a key, a challenge: prove the key over its nonce, then read
+/// the accept or reject that follows.
+fn answer_offer(
+    control: &mut TcpStream,
+    cfg: &TcpSendConfig,
+    offer: &[u8],
+    label: &str,
+) -> Result<(), TransferError> {
+    let mut challenged = false;
+    loop {
+        let answer: [u8; ACCEPT_LEN] = read_array(control).map_err(|e| {
+            let what = "waiting for the receiver to accept the offer";
+            TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
+        })?;
+        match [answer[0], answer[1], answer[2], answer[3]] {
+            ACCEPT_MAGIC => {
+                AcceptInfo::decode(&answer).map_err(|e| {
+                    TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
+                })?;
+                return Ok(());
+            }
+            REJECT_MAGIC => {
+                return Err(match RejectReason::decode(&answer) {
+                    Some(reason) => TransferError::Rejected(reason),
+                    None => TransferError::Protocol(format!("{label} sent an invalid reject")),
+                })
+            }
+            CHALLENGE_MAGIC if !challenged => {
+                challenged = true;
+                let challenge = Challenge::decode(&answer).map_err(|e| {
+                    TransferError::Protocol(format!("{label} sent an invalid key challenge: {e}"))
+                })?;
+                let Some(key) = &cfg.key else {
+                    return Err(TransferError::Protocol(format!(
+                        "{label} serves only senders with its key: give this sender the same --key-file"
+                    )));
+                };
+                let proof = Proof {
+                    tag: key.prove(offer, &challenge.nonce),
+                };
+                control.write_all(&proof.encode()).map_err(|e| {
+                    TransferError::Protocol(format!(
+                        "{label}: {}",
+                        socket::why(&e, cfg.timeout, "sending the proof of the key")
+                    ))
+                })?;
+            }
+            _ => {
+                return Err(TransferError::NotFramed {
+                    peer: label.to_string(),
+                    why: "its answer to the offer is neither accept nor reject".into(),
+                })
+            }
+        }
+    }
+}
+
+/// After a failed write: the receiver's reason, if it ended the transfer with a "too
+/// slow" ack (`--min-rate`) that is waiting on the control socket (looked for briefly).
+fn ended_early(control: &mut TcpStream, label: &str, total: u64) -> Option<TransferError> {
+    control
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
+    let bytes: [u8; ACK_LEN] = read_array(control).ok()?;
+    let ack = Ack::decode(&bytes).ok()?;
+    (ack.status == AckStatus::TooSlow).then(|| TransferError::Broken {
+        peer: label.to_string(),
+        done: ack.received_bytes,
+        total,
+        why: format!(
+            "the receiver ended the transfer: sender too slow ({} had arrived by its --min-rate deadline)",
+            crate::transfer::units::format_bytes(ack.received_bytes)
+        ),
+    })
 }
 
 fn read_ack(control: &mut TcpStream, timeout: Duration, label: &str) -> Result<Ack, TransferError> {

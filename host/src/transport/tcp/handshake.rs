@@ -1,0 +1,172 @@
+//! A socket's first message, read within one deadline for the whole handshake
+//! (`--timeout` from its accept, however the bytes trickle): a transfer offer (header and
+//! stream hello, and with `--key-file` the proof of the key over a fresh nonce) goes to
+//! the serving loop; a stream hello joins its transfer ([`super::routes`]); anything else
+//! is refused with its reason. Runs on a short-lived thread per socket, holding a
+//! handshake slot of the shared admission until it returns.
+
+use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
+use super::receiver::{refuse, refuse_hello, Event, Offer, Shared};
+use super::socket::{self, ReadStop};
+use crate::server::admission::HandshakeSlot;
+use crate::server::Key;
+use crate::transfer::header::{
+    Challenge, Header, Proof, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC, PROOF_LEN,
+};
+use crate::transfer::RecvOutcome;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Read `N` bytes of the handshake within its deadline.
+fn read_handshake<const N: usize>(
+    stream: &TcpStream,
+    timeout: Duration,
+    deadline: Instant,
+    what: &str,
+) -> Result<[u8; N], String> {
+    let mut buf = [0u8; N];
+    socket::read_exact_within(stream, &mut buf, timeout, Some(deadline)).map_err(
+        |stop| match stop {
+            ReadStop::Deadline => format!(
+                "the handshake took longer than {} while {what} (--timeout)",
+                crate::rdma::format_duration(timeout)
+            ),
+            ReadStop::Io(e) => socket::why(&e, timeout, what),
+        },
+    )?;
+    Ok(buf)
+}
+
+/// Read a socket's first message within `deadline`: a transfer offer (header + hello,
+/// and with a key its proof) becomes an [`Event::Offer`]; a stream hello goes to its
+/// transfer; anything else is refused. The slot is held until this returns.
+pub(super) fn handshake(
+    shared: &Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+    _slot: HandshakeSlot,
+) -> Option<Event> {
+    let cfg = &shared.cfg;
+    let report = |outcome| Some(Event::Outcome(outcome));
+    let failed = |why: String| RecvOutcome::Failed {
+        peer: peer.to_string(),
+        error: format!("{peer}: {why}"),
+    };
+    let magic: [u8; 4] =
+        match read_handshake(&stream, cfg.timeout, deadline, "reading the transfer offer") {
+            Ok(m) => m,
+            Err(why) => return report(failed(why)),
+        };
+    match magic {
+        HEADER_MAGIC => {
+            let rest: [u8; HEADER_LEN + HELLO_LEN - 4] = match read_handshake(
+                &stream,
+                cfg.timeout,
+                deadline,
+                "reading the transfer offer",
+            ) {
+                Ok(r) => r,
+                Err(why) => return report(failed(why)),
+            };
+            let mut offer = [0u8; HEADER_LEN + HELLO_LEN];
+            offer[..4].copy_from_slice(&magic);
+            offer[4..].copy_from_slice(&rest);
+            let header = match Header::decode(&offer[..HEADER_LEN]) {
+                Ok(h) => h,
+                Err(e) => return report(refuse(stream, peer, RejectReason::BadHeader(e), None)),
+            };
+            let hello = match Hello::decode(&offer[HEADER_LEN..]) {
+                Ok(h) if h.index == 0 => h,
+                Ok(_) => {
+                    return report(refuse_hello(
+                        stream,
+                        peer,
+                        "the offer's stream hello is not stream 0",
+                    ))
+                }
+                Err(e) => {
+                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                        what: "bad stream hello after the header",
+                    });
+                    return report(refuse(stream, peer, reason, Some(e.to_string())));
+                }
+            };
+            if let Some(key) = &cfg.key {
+                if let Err(why) = prove(key, &stream, &offer, cfg.timeout, deadline) {
+                    return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
+                }
+            }
+            if header.total_bytes > cfg.max_bytes {
+                let reason = RejectReason::TooLarge {
+                    requested: header.total_bytes,
+                    max: cfg.max_bytes,
+                };
+                return report(refuse(stream, peer, reason, None));
+            }
+            Some(Event::Offer(Offer {
+                control: stream,
+                peer,
+                header,
+                hello,
+            }))
+        }
+        HELLO_MAGIC => {
+            let rest: [u8; HELLO_LEN - 4] =
+                match read_handshake(&stream, cfg.timeout, deadline, "reading a stream hello") {
+                    Ok(r) => r,
+                    Err(why) => return report(failed(why)),
+                };
+            let mut bytes = [0u8; HELLO_LEN];
+            bytes[..4].copy_from_slice(&magic);
+            bytes[4..].copy_from_slice(&rest);
+            match Hello::decode(&bytes) {
+                Ok(hello) => match shared.routes.hand_over(stream, peer, hello) {
+                    Ok(()) => None,
+                    Err((stream, why)) => report(refuse_hello(stream, peer, why)),
+                },
+                Err(e) => {
+                    let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                        what: "bad stream hello",
+                    });
+                    report(refuse(stream, peer, reason, Some(e.to_string())))
+                }
+            }
+        }
+        got => report(refuse(
+            stream,
+            peer,
+            RejectReason::BadHeader(WireError::BadMagic { got }),
+            None,
+        )),
+    }
+}
+
+/// With `--key-file`: send a fresh nonce and check the sender's proof over the offer and
+/// it, within the handshake's deadline.
+fn prove(
+    key: &Key,
+    stream: &TcpStream,
+    offer: &[u8],
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<(), String> {
+    let nonce =
+        crate::server::key::fresh_nonce().map_err(|e| format!("no nonce could be drawn: {e}"))?;
+    (&*stream)
+        .write_all(&Challenge { nonce }.encode())
+        .map_err(|e| socket::why(&e, timeout, "sending the key challenge"))?;
+    let bytes: [u8; PROOF_LEN] = read_handshake(
+        stream,
+        timeout,
+        deadline,
+        "waiting for the proof of the key (has the sender the same --key-file?)",
+    )?;
+    let proof = Proof::decode(&bytes).map_err(|e| format!("no proof of the key: {e}"))?;
+    if key.verify(offer, &nonce, &proof.tag) {
+        Ok(())
+    } else {
+        Err("the proof does not match this receiver's key".into())
+    }
+}
