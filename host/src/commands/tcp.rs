@@ -113,7 +113,7 @@ fn key(path: Option<&std::path::Path>) -> Result<Option<host::server::Key>> {
 fn device_memory(args: &RecvArgs) -> Result<RecvMemory> {
     let gpu = host::memory::GpuChoice::open(args.gpu, MemKind::Device)?;
     let gpu = gpu.gpu()?.clone();
-    eprintln!("note: receiving into GPU memory: each chunk is read into a host buffer and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served one after another (the GPU context belongs to one thread), each counted against --max-memory with its page-locked ring");
+    eprintln!("note: receiving into GPU memory: each stream's chunks are read into page-locked host slots and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served at once, each on its own thread with its own copy stream, each counted against --max-memory with its page-locked ring");
     Ok(RecvMemory::Device(gpu))
 }
 

@@ -12,8 +12,8 @@
 //! or waits on a peer. Each accepted socket gets a short-lived handshake thread that reads
 //! its first message within one deadline for the whole handshake (`--timeout` from the
 //! accept, however the bytes trickle). Offers go to the serving loop (the calling
-//! thread), which admits or refuses at once and starts a thread per transfer into host
-//! memory. Outcomes come back over a channel and are reported there.
+//! thread), which admits or refuses at once and starts a thread per transfer. Outcomes
+//! come back over a channel and are reported there.
 //!
 //! **Deadlines.** Besides `--timeout` for every wait, with `--min-rate` transfer `k` (from
 //! 0) of a connection must be done `--timeout + (k + 1) × size / rate` after the accept:
@@ -24,9 +24,11 @@
 //! **`--once`** is used up only by a transfer that was accepted (the accept sent):
 //! junk, probes, rejects and busy refusals leave the receiver serving.
 //!
-//! GPU memory (`--mem device`): the GPU's objects are `Rc` and tied to the thread that
-//! opened the context, so transfers into GPU memory are served one after another on the
-//! calling thread, which owns the GPU (counted by the same admission).
+//! GPU memory (`--mem device`): a GPU's objects are `Rc` and stay on the thread that made
+//! them, so each transfer thread opens the GPU for itself (`Gpu::open`: the device's
+//! primary context, which the calling thread keeps retained, and the embedded kernels),
+//! with its own copy stream and upload ring; transfers into GPU memory run at once, each
+//! counted by the same admission.
 
 use super::frames::Hello;
 use super::landing::{HostLanding, Landing, ReadLimits, Stop};
@@ -96,6 +98,47 @@ impl RecvMemory {
                     .and_then(|c| crate::gpu::upload::ring_bytes(streams as usize, c))
                     .map_or(u64::MAX, |r| r as u64);
                 total.saturating_add(ring)
+            }
+        }
+    }
+}
+
+/// What a transfer thread makes its landing from: `Send`, unlike the GPU itself.
+enum LandingKind {
+    Host,
+    #[cfg(feature = "cuda")]
+    Device {
+        ordinal: u32,
+        streams: usize,
+    },
+}
+
+impl RecvMemory {
+    fn landing_for(&self, offer: &Offer) -> LandingKind {
+        #[cfg(feature = "cuda")]
+        if let RecvMemory::Device(gpu) = self {
+            return LandingKind::Device {
+                ordinal: gpu.ordinal(),
+                streams: offer.hello.count as usize,
+            };
+        }
+        let _ = offer;
+        LandingKind::Host
+    }
+}
+
+impl LandingKind {
+    /// The landing for a transfer of `len` bytes in chunks of `chunk`, on this thread.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn make(&self, len: usize, chunk: usize) -> anyhow::Result<Box<dyn Landing>> {
+        match *self {
+            LandingKind::Host => Ok(Box::new(HostLanding::new(len)?)),
+            #[cfg(feature = "cuda")]
+            LandingKind::Device { ordinal, streams } => {
+                let gpu = crate::gpu::Gpu::open(ordinal)?;
+                Ok(Box::new(super::landing::DeviceLanding::new(
+                    &gpu, len, chunk, streams,
+                )?))
             }
         }
     }
@@ -201,40 +244,25 @@ pub fn serve_with(
                         continue;
                     }
                 };
-                match memory {
-                    RecvMemory::Host => {
-                        let (events, shared) = (events.clone(), shared.clone());
-                        let peer = offer.peer;
-                        let spawned = std::thread::Builder::new()
-                            .name("tcp-transfer".into())
-                            .spawn(move || {
-                                let (outcome, accepted) =
-                                    serve_offer(&shared, offer, lease, &mut |len, _| {
-                                        Ok(Box::new(HostLanding::new(len)?))
-                                    });
-                                let _ = events.send(Event::Served { outcome, accepted });
-                            });
-                        if let Err(e) = spawned {
-                            report(&RecvOutcome::Failed {
-                                peer: peer.to_string(),
-                                error: format!("cannot start a transfer thread: {e}"),
-                            });
-                        }
-                    }
-                    #[cfg(feature = "cuda")]
-                    RecvMemory::Device(gpu) => {
-                        let streams = offer.hello.count as usize;
+                // Every transfer is served on a thread of its own, into host or GPU
+                // memory alike, so none waits for another's trickle.
+                let landing = memory.landing_for(&offer);
+                let (events, shared) = (events.clone(), shared.clone());
+                let peer = offer.peer;
+                let spawned = std::thread::Builder::new()
+                    .name("tcp-transfer".into())
+                    .spawn(move || {
                         let (outcome, accepted) =
                             serve_offer(&shared, offer, lease, &mut |len, chunk| {
-                                Ok(Box::new(super::landing::DeviceLanding::new(
-                                    gpu, len, chunk, streams,
-                                )?))
+                                landing.make(len, chunk)
                             });
-                        report(&outcome);
-                        if cfg.once && accepted {
-                            return Ok(completed_ok(&outcome));
-                        }
-                    }
+                        let _ = events.send(Event::Served { outcome, accepted });
+                    });
+                if let Err(e) = spawned {
+                    report(&RecvOutcome::Failed {
+                        peer: peer.to_string(),
+                        error: format!("cannot start a transfer thread: {e}"),
+                    });
                 }
             }
             Event::Outcome(outcome) => report(&outcome),
