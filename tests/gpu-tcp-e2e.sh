@@ -67,8 +67,9 @@ timeout 30 tail --pid="$RPID" -f /dev/null; wait "$RPID"; rc=$?
 "$BIN" recv --transport tcp --mem device --bind 127.0.0.1 --port "$PORT" --max-bytes 1GiB --max-memory 16GiB --timeout 60 >"$LOG/many.log" 2>&1 &
 RPID=$!
 wait_listening "$LOG/many.log" || exit 1
-# First a sender that stalls mid-transfer (stopped): it must hold up no one.
-timeout 300 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem staged --size 1GiB --streams 2 --timeout 60 >"$LOG/many-stalled.log" 2>&1 &
+# First a sender that stalls holding its connection (50 transfers on one, stopped after
+# 2 s): it must hold up no one.
+timeout 300 "$BIN" 127.0.0.1 "$PORT" --transport tcp --mem staged --size 1GiB --streams 2 --reuse-connection --iters 50 --timeout 60 >"$LOG/many-stalled.log" 2>&1 &
 stalled=$!
 sleep 2; kill -STOP "$stalled"
 pids=()
