@@ -406,7 +406,6 @@ fn serve_offer(
     lease: Lease,
     make: &mut MakeLanding<'_>,
 ) -> (RecvOutcome, bool) {
-    let _lease = lease; // held to the end of the transfer
     let cfg = &shared.cfg;
     let Offer {
         mut control,
@@ -433,7 +432,7 @@ fn serve_offer(
             return (refuse(control, peer, reason, Some(e)), false);
         }
     };
-    let mut landing = match make(len, chunk) {
+    let landing = match make(len, chunk) {
         Ok(l) => l,
         Err(e) => {
             let reason = RejectReason::NoMemory { bytes: total };
@@ -471,13 +470,19 @@ fn serve_offer(
                 header,
                 &plan,
                 len,
-                landing.as_mut(),
+                Held { landing, lease },
                 accepted_at,
             )
         }
         Err(e) => failed(e),
     };
     (outcome, true)
+}
+
+/// What a served transfer holds until its last ack: its buffers and its admission lease.
+struct Held {
+    landing: Box<dyn Landing>,
+    lease: Lease,
 }
 
 /// Collect the transfer's streams (stream 0 is the control socket) within `--timeout`.
@@ -522,9 +527,13 @@ fn receive_all(
     header: Header,
     plan: &ChunkPlan,
     len: usize,
-    landing: &mut dyn Landing,
+    held: Held,
     accepted_at: Instant,
 ) -> RecvOutcome {
+    let Held { landing, lease } = held;
+    let path = landing.path();
+    let (mut held_landing, mut held_lease) = (Some(landing), Some(lease));
+    let mut first_values = Vec::new();
     let total = header.total_bytes;
     let transfers = header.transfers.max(1);
     let failed = |e: TransferError, done: u32| RecvOutcome::Failed {
@@ -545,6 +554,9 @@ fn receive_all(
     let mut reply_delivered = true;
     let mut done = 0u32;
     for k in 0..transfers {
+        let Some(landing) = held_landing.as_mut() else {
+            break;
+        };
         if k > 0 {
             if let Err(e) = landing.poison() {
                 return failed(TransferError::Memory(e), done);
@@ -605,6 +617,14 @@ fn receive_all(
             verify_error = Some(format!("{e:#}"));
         }
         done += 1;
+        if k + 1 == transfers {
+            // The last ack goes out only after this transfer's buffers and its admission
+            // lease are given back: a sender that offers its next transfer the moment it
+            // hears this one's result must find the memory free, not "busy".
+            first_values = landing.first_values(5).unwrap_or_default();
+            held_landing = None;
+            drop(held_lease.take());
+        }
         if control.write_all(&ack.encode()).is_err() {
             reply_delivered = false;
             break;
@@ -618,14 +638,17 @@ fn receive_all(
         chunks: plan.count() * done as u64,
         seconds,
         gbps: gigabytes_per_second(bytes, seconds),
-        path: landing.path(),
+        path,
         verification: if verify_error.is_some() {
             None
         } else {
             verification
         },
         verify_error,
-        first_values: landing.first_values(5).unwrap_or_default(),
+        first_values: match &held_landing {
+            Some(landing) => landing.first_values(5).unwrap_or_default(),
+            None => first_values,
+        },
         imm: None,
         reply_delivered,
         transfers: done,
@@ -706,6 +729,127 @@ mod tests {
         }
     }
 
+    /// A landing that verifies, and the lease of an admission with room for exactly it.
+    fn held_for(bytes: u64) -> Held {
+        held_in(&admission_for(bytes), bytes)
+    }
+
+    fn admission_for(bytes: u64) -> Arc<Admission> {
+        Admission::new(Limits::receiver(false, 1, bytes, 1))
+    }
+
+    fn held_in(admission: &Arc<Admission>, bytes: u64) -> Held {
+        held_with(admission, bytes, Box::new(Verifies))
+    }
+
+    fn held_with(admission: &Arc<Admission>, bytes: u64, landing: Box<dyn Landing>) -> Held {
+        let want = Want {
+            bytes,
+            descriptors: 1,
+        };
+        Held {
+            landing,
+            lease: admission.admit("127.0.0.1".parse().unwrap(), want).unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_last_ack_comes_after_the_buffers_and_the_lease_are_given_back() {
+        // A sender that offers its next transfer the moment it hears the last one's result
+        // must find the receiver's memory free (it was told "busy" when the ack came
+        // first and the buffers went after).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut control, _) = listener.accept().unwrap();
+        let admission = admission_for(4096);
+        // A landing that takes a while to give its memory back (a 1 GiB cuMemFree does).
+        struct SlowToFree(Arc<AtomicBool>);
+        impl Drop for SlowToFree {
+            fn drop(&mut self) {
+                std::thread::sleep(Duration::from_millis(200));
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        // The second field is only dropped: that is its job.
+        struct Freed(Verifies, #[allow(dead_code)] SlowToFree);
+        impl Landing for Freed {
+            fn poison(&mut self) -> anyhow::Result<()> {
+                self.0.poison()
+            }
+            fn receive(
+                &mut self,
+                s: &[TcpStream],
+                p: &ChunkPlan,
+                l: ReadLimits,
+                got: &AtomicU64,
+            ) -> Result<(), Stop> {
+                self.0.receive(s, p, l, got)
+            }
+            fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
+                self.0.verify(len)
+            }
+            fn first_values(&self, n: usize) -> anyhow::Result<Vec<i32>> {
+                self.0.first_values(n)
+            }
+            fn path(&self) -> crate::memory::DataPath {
+                self.0.path()
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
+        let landing = Box::new(Freed(Verifies, SlowToFree(freed.clone())));
+        let held = held_with(&admission, 4096, landing);
+        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1).unwrap();
+        let plan = ChunkPlan::new(4096, 4096).unwrap();
+        let cfg = TcpRecvConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            once: false,
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(1),
+            max_connections: 1,
+            max_memory: 4096,
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+        };
+        let next = std::thread::scope(|scope| {
+            let sender = scope.spawn(|| {
+                let mut ack = [0u8; crate::transfer::header::ACK_LEN];
+                std::io::Read::read_exact(&mut peer, &mut ack).unwrap();
+                assert!(
+                    freed.load(Ordering::SeqCst),
+                    "the ack arrived before the buffers were given back"
+                );
+                // The next offer, at once: the whole memory again.
+                let want = Want {
+                    bytes: 4096,
+                    descriptors: 1,
+                };
+                admission.admit("127.0.0.1".parse().unwrap(), want).is_ok()
+            });
+            let outcome = receive_all(
+                &cfg,
+                &mut control,
+                &[],
+                "peer",
+                header,
+                &plan,
+                4096,
+                held,
+                Instant::now(),
+            );
+            assert!(
+                matches!(outcome, RecvOutcome::Completed(ref r) if r.ok()),
+                "{outcome:?}"
+            );
+            sender.join().unwrap()
+        });
+        assert!(
+            next,
+            "the next transfer was refused: the lease outlived the ack"
+        );
+    }
+
     #[test]
     fn a_connection_whose_ack_cannot_be_sent_after_1_of_n_reports_1_and_not_ok() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -736,7 +880,7 @@ mod tests {
             header,
             &plan,
             4096,
-            &mut Verifies,
+            held_for(4096),
             Instant::now(),
         );
         let RecvOutcome::Completed(r) = outcome else {
