@@ -8,6 +8,7 @@ use super::checksum::{launch_crc32c_chunks_shaped, CRC_BLOCK_THREADS, DEFAULT_PI
 use super::context::{Gpu, GpuMemory};
 use super::driver;
 use super::sources::StagedSource;
+pub use crate::integrity::bench::Spread;
 use crate::memory::host_buffer::verify_bytes;
 use crate::memory::{DataPath, Registrable, SendSource};
 use crate::rdma::Deadline;
@@ -158,24 +159,6 @@ fn mapped(gpu: &Rc<Gpu>, bytes: usize) -> Result<PathResult> {
         reference_gb_per_s: copy,
         ratio: kernel / copy,
     })
-}
-
-/// Median and spread of one figure over the rounds.
-#[derive(Debug, Serialize)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Spread {
-    fn of(samples: &[f64]) -> Spread {
-        Spread {
-            median: median(samples.to_vec()),
-            min: samples.iter().copied().fold(f64::INFINITY, f64::min),
-            max: samples.iter().copied().fold(0.0, f64::max),
-        }
-    }
 }
 
 #[derive(Debug, Serialize)]

@@ -8,7 +8,8 @@ use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
 
-/// Median and spread of one figure over the rounds (GB/s).
+/// Median and spread of one figure over the rounds (GB/s); `host bench gpu` reports its
+/// rounds with it too.
 #[derive(Debug, Serialize)]
 pub struct Spread {
     pub median: f64,
@@ -17,7 +18,7 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(samples: &[f64]) -> Spread {
+    pub(crate) fn of(samples: &[f64]) -> Spread {
         let mut sorted = samples.to_vec();
         sorted.sort_by(f64::total_cmp);
         Spread {

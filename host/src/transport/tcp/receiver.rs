@@ -729,6 +729,22 @@ mod tests {
         }
     }
 
+    /// A one-connection receiver's options for receive_all, 1 s deadlines.
+    fn config(once: bool, max_memory: u64) -> TcpRecvConfig {
+        TcpRecvConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            once,
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(1),
+            max_connections: 1,
+            max_memory,
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+        }
+    }
+
     /// A landing that verifies, and the lease of an admission with room for exactly it.
     fn held_for(bytes: u64) -> Held {
         held_in(&admission_for(bytes), bytes)
@@ -800,18 +816,7 @@ mod tests {
         let held = held_with(&admission, 4096, landing);
         let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1).unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();
-        let cfg = TcpRecvConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            once: false,
-            max_bytes: 1 << 30,
-            timeout: Duration::from_secs(1),
-            max_connections: 1,
-            max_memory: 4096,
-            min_rate: 0,
-            max_per_peer: 1,
-            allow: AllowList::default(),
-            key: None,
-        };
+        let cfg = config(false, 4096);
         let next = std::thread::scope(|scope| {
             let sender = scope.spawn(|| {
                 let mut ack = [0u8; crate::transfer::header::ACK_LEN];
@@ -860,18 +865,7 @@ mod tests {
             .and_then(|h| h.with_transfers(1 << 20))
             .unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();
-        let cfg = TcpRecvConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            once: true,
-            max_bytes: 1 << 30,
-            timeout: Duration::from_secs(1),
-            max_connections: 1,
-            max_memory: 1 << 30,
-            min_rate: 0,
-            max_per_peer: 1,
-            allow: AllowList::default(),
-            key: None,
-        };
+        let cfg = config(true, 1 << 30);
         let outcome = receive_all(
             &cfg,
             &mut control,
