@@ -1,5 +1,6 @@
 //! `host bench tcp`: this project's TCP transfer against a plain socket copy of the same
-//! bytes with the same chunking, both over loopback in this process, rounds interleaved.
+//! bytes with the same chunking, sockets and threads (one writer and one reader per
+//! stream), both over loopback in this process, rounds interleaved.
 //! Both are timed on the receiving side, from the moment its sockets are connected to the
 //! last byte read into its (already faulted-in) buffer.
 
@@ -29,14 +30,14 @@ pub fn run(size: u64, chunk: u64, streams: u16, rounds: u32) -> Result<ExitCode>
     let mut reference = Vec::new();
     for _ in 0..rounds.max(1) {
         ours.push(project_round(&source, size, chunk as u64, streams)?);
-        reference.push(reference_round(&plain, len, chunk)?);
+        reference.push(reference_round(&plain, len, chunk, streams)?);
     }
     let ours_med = median(&ours);
     let ref_med = median(&reference);
     println!(
         "{}",
         serde_json::to_string_pretty(&json!({
-            "benchmark": "tcp loopback: host's TCP transport vs a plain socket copy",
+            "benchmark": "tcp loopback: host's TCP transport vs a plain socket copy with the same sockets and threads",
             "bytes": size,
             "chunk_bytes": chunk,
             "streams": streams,
@@ -118,48 +119,91 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
     Ok(r.gbps)
 }
 
-/// The reference: one socket, one writer thread writing a 12-byte frame header and the
-/// chunk, one reader reading them into place; a byte back at the end.
-fn reference_round(bytes: &[u8], len: usize, chunk: usize) -> Result<f64> {
+/// The reference: the same number of sockets as the project's run, chunk `i` on socket
+/// `i % streams`, one writer thread per socket writing a 12-byte frame header and the
+/// chunk, one reader thread per socket reading them into place; a byte back at the end.
+/// The same sockets and threads as the project's transfer, without its protocol.
+fn reference_round(bytes: &[u8], len: usize, chunk: usize, streams: u16) -> Result<f64> {
+    let n = usize::from(streams.max(1));
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let mut dest = vec![0xffu8; len];
-    let reader = std::thread::spawn(move || -> Result<(f64, Vec<u8>)> {
-        let (mut s, _) = listener.accept()?;
-        s.set_read_timeout(Some(TIMEOUT))?;
+    // Each reader's chunks, split off by the borrow checker: chunk i to reader i % n.
+    let mut shares: Vec<Vec<(usize, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, place) in dest.chunks_mut(chunk.max(1)).enumerate() {
+        shares[i % n].push((i * chunk, place));
+    }
+    // Connected before anything is timed (the listener's backlog holds them until
+    // accepted), as the project's streams are before its clock starts.
+    let writers: Vec<TcpStream> = (0..n)
+        .map(|_| {
+            let s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+            s.set_write_timeout(Some(TIMEOUT))?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            Ok(s)
+        })
+        .collect::<Result<_>>()?;
+    let readers: Vec<TcpStream> = (0..n)
+        .map(|_| {
+            let (s, _) = listener.accept()?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            Ok(s)
+        })
+        .collect::<Result<_>>()?;
+    let seconds = std::thread::scope(|scope| -> Result<f64> {
         let start = Instant::now();
-        let mut head = [0u8; FRAME_LEN];
-        let mut got = 0usize;
-        while got < dest.len() {
-            s.read_exact(&mut head)?;
-            let f = Frame::decode(&head);
-            let (at, n) = (f.offset as usize, f.len as usize);
-            let place = dest
-                .get_mut(at..at + n)
-                .context("frame outside the buffer")?;
-            s.read_exact(place)?;
-            got += n;
+        let reading: Vec<_> = readers
+            .iter()
+            .zip(shares)
+            .map(|(s, share)| {
+                scope.spawn(move || -> Result<()> {
+                    let mut s = s;
+                    let mut head = [0u8; FRAME_LEN];
+                    for (at, place) in share {
+                        s.read_exact(&mut head)?;
+                        let f = Frame::decode(&head);
+                        if f.offset as usize != at || f.len as usize != place.len() {
+                            bail!("frame {f:?} where {} bytes at {at} were due", place.len());
+                        }
+                        s.read_exact(place)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let writing: Vec<_> = writers
+            .iter()
+            .enumerate()
+            .map(|(k, s)| {
+                scope.spawn(move || -> Result<()> {
+                    let mut s = s;
+                    for (i, piece) in bytes.chunks(chunk.max(1)).enumerate().skip(k).step_by(n) {
+                        let f = Frame {
+                            offset: (i * chunk) as u64,
+                            len: piece.len() as u32,
+                        };
+                        s.write_all(&f.encode())?;
+                        s.write_all(piece)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for r in reading {
+            r.join()
+                .map_err(|_| anyhow::anyhow!("a reader panicked"))??;
         }
         let seconds = start.elapsed().as_secs_f64();
-        s.write_all(&[1])?;
-        Ok((seconds, dest))
-    });
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
-    s.set_write_timeout(Some(TIMEOUT))?;
-    s.set_read_timeout(Some(TIMEOUT))?;
-    for (i, piece) in bytes.chunks(chunk).enumerate() {
-        let f = Frame {
-            offset: (i * chunk) as u64,
-            len: piece.len() as u32,
-        };
-        s.write_all(&f.encode())?;
-        s.write_all(piece)?;
-    }
-    let mut done = [0u8; 1];
-    s.read_exact(&mut done)?;
-    let (seconds, dest) = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        for w in writing {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a writer panicked"))??;
+        }
+        // The byte back, as the project's receiver acks.
+        let mut done = [0u8; 1];
+        (&readers[0]).write_all(&[1])?;
+        (&writers[0]).read_exact(&mut done)?;
+        Ok(seconds)
+    })?;
     if !verify_bytes(&dest).ok() {
         bail!("the reference copy is wrong");
     }
