@@ -56,6 +56,22 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The port of the first `listening on ADDRESS:PORT` line of a receiver's output.
+fn listening_port(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("listening on "))?;
+    let address = line
+        .split("listening on ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?;
+    address
+        .rsplit(':')
+        .next()?
+        .trim_end_matches(',')
+        .parse()
+        .ok()
+}
+
 /// A `host recv --transport tcp` child, killed (by its PID) when dropped.
 struct Receiver {
     child: Option<Child>,
@@ -71,8 +87,13 @@ impl Receiver {
     /// With `files`: under an open-files limit of that many (`ulimit -n`, then `exec`,
     /// so the PID is the receiver's).
     fn start_limited(files: Option<u32>, extra: &[&str]) -> Receiver {
-        let port = free_port();
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-recv-{port}.log"));
+        // Port 0: the system picks a free port at bind time and the receiver prints it. (A
+        // port found free beforehand can be taken, by another test's outgoing connection,
+        // before the receiver binds it.)
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("tcp-recv-{}-{n}.log", std::process::id()));
         let file = std::fs::File::create(&log).unwrap();
         let mut command = match files {
             Some(n) => {
@@ -93,19 +114,20 @@ impl Receiver {
                 "--gpu",
                 "none",
             ])
-            .args(["--port", &port.to_string()])
+            .args(["--port", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
             .spawn()
             .expect("starting host recv");
-        let r = Receiver {
+        let mut r = Receiver {
             child: Some(child),
-            port,
+            port: 0,
             log,
         };
         r.wait_for_log("listening on", Duration::from_secs(10));
+        r.port = listening_port(&r.log()).expect("the receiver says its port");
         r
     }
 
@@ -1494,12 +1516,11 @@ fn the_docs_show_what_the_program_prints() {
         }
     }
 
-    // The tutorial's two commands, as written but on a free port.
-    let port = free_port();
+    // The tutorial's two commands, as written but on a port the system picks.
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tutorial-recv.log");
     let file = std::fs::File::create(&log).unwrap();
     let mut receiver = Command::new(host_bin())
-        .args(["recv", "--once", "--port", &port.to_string()])
+        .args(["recv", "--once", "--port", "0"])
         .stdout(file.try_clone().unwrap())
         .stderr(file)
         .spawn()
@@ -1515,6 +1536,7 @@ fn the_docs_show_what_the_program_prints() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let port = listening_port(&std::fs::read_to_string(&log).unwrap()).expect("a port");
     let out = Command::new(host_bin())
         .args(["127.0.0.1", &port.to_string(), "--gpu", "none"])
         .output()
