@@ -1609,15 +1609,21 @@ fn server_soak_1000_in_a_row_and_100_at_once() {
         return;
     };
     let c = run.case('a', "soak");
-    c.rc("row", 0);
-    c.no_error("row");
-    c.find("row", 0, "aggregate: 1000 transfers", &[]);
-    let verified = c
-        .out("row")
-        .lines
+    for run in ["row", "row2"] {
+        c.rc(run, 0);
+        c.no_error(run);
+        c.find(run, 0, "aggregate: 500 transfers", &[]);
+    }
+    let verified: usize = ["row", "row2"]
         .iter()
-        .filter(|l| l.contains("Receiver: verified 16 KiB: all 4096 elements match"))
-        .count();
+        .map(|run| {
+            c.out(run)
+                .lines
+                .iter()
+                .filter(|l| l.contains("Receiver: verified 16 KiB: all 4096 elements match"))
+                .count()
+        })
+        .sum();
     c.check(verified == 1000, &format!("{verified} of 1000 verified"));
     c.check(
         c.val("many_verified") == 100.0,
@@ -1635,16 +1641,22 @@ fn server_soak_1000_in_a_row_and_100_at_once() {
         before == after,
         &format!("descriptors {before} before, {after} after"),
     );
-    let (peak_before, peak_row, peak_after) = (
+    let (peak_before, peak_half, peak_row, peak_after) = (
         c.val("peak_before_kib"),
+        c.val("peak_half_row_kib"),
         c.val("peak_after_row_kib"),
         c.val("peak_after_kib"),
     );
-    // 1000 transfers one after another must not grow the receiver (a leak of even 1 KiB
-    // a transfer would show as 1 MiB).
+    // 1000 transfers one after another must not grow the receiver: a leak of even 1 KiB a
+    // transfer grows the peak by 500 KiB in each half of the row. A one-off burst (a few
+    // connection threads overlapping, seen once as +2.2 MiB) raises the peak, which never
+    // falls, in one half only, so the smaller of the two halves' growths is the leak's.
+    let growth = (peak_half - peak_before).min(peak_row - peak_half);
     c.check(
-        peak_row - peak_before < 1024.0,
-        &format!("peak memory grew from {peak_before} to {peak_row} KiB over 1000 transfers"),
+        growth < 400.0,
+        &format!(
+            "peak memory grew in both halves of 500 transfers: {peak_before} -> {peak_half} -> {peak_row} KiB"
+        ),
     );
     c.still_serving("receiver");
     note(&format!(
