@@ -391,20 +391,6 @@ impl PinnedHostBuffer {
         Ok(())
     }
 
-    /// Bytes `range`, to be written by the CPU (a chunk arriving into a slot of a ring):
-    /// only that range is borrowed, so copies out of the other slots may run meanwhile.
-    pub fn range_mut(&mut self, range: std::ops::Range<usize>) -> Option<&mut [u8]> {
-        if range.start > range.end || range.end > self.len {
-            return None;
-        }
-        // SAFETY: inside the allocation (checked); `&mut self` keeps every other Rust
-        // access away, and the only other reader, the copy engine, reads other slots
-        // (its user's contract: a slot is handed out only once its copy has completed).
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.host.as_ptr().add(range.start), range.len())
-        })
-    }
-
     /// The base address, for the staging ring's copies (`unsafe` to use).
     pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
         self.host.as_ptr()
