@@ -151,6 +151,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn errno_is_read_before_the_context_is_formatted() {
+        // A failed call leaves ENOENT; formatting the context fails another (ENOTDIR).
+        // The error must name the first: it used to read errno after the context's
+        // format!, whose allocations and calls may change it.
+        assert!(std::fs::File::open("/nonexistent-for-this-test").is_err());
+        let e = RdmaError::last("rdma_test", || {
+            assert!(std::fs::File::open("/proc/self/status/not-a-directory").is_err());
+            "the context".to_string()
+        });
+        assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
+    }
+
+    #[test]
     fn a_taken_port_says_so() {
         let e = RdmaError::AddressUnavailable {
             addr: "0.0.0.0:7471".into(),
