@@ -9,7 +9,10 @@
 //! | [`Header`]: the transfer offer | the connect request's private data | `GRDM` | 32 |
 //! | [`AcceptInfo`]: where to write | the accept's private data | `GRDA` | 28 |
 //! | [`RejectReason`]: why not | the reject's private data | `GRDR` | 28 |
-//! | [`Ack`]: the verification result | a SEND from receiver to sender after the data | `GRDK` | 48 |
+//! | [`Ack`]: the verification result | a SEND from receiver to sender after the data | `GRDK` | 56 |
+//! | [`Resend`]: chunks whose CRC32C failed, to send again | instead of the ack | `GRDE` | 16 + 4/chunk |
+//! | [`ChunkChecksums`]: CRC32C of chunks (verbs) | a SEND from sender to receiver | `GRDC` | 16 + 4/chunk |
+//! | name (`--name`, [`encode_name`]) | after the offer (TCP, header flag 0x02) | `GRDF` | 8 + name |
 //! | [`Challenge`]: a nonce to prove the key over (`--key-file`, TCP) | the answer to an offer | `GRDN` | 28 |
 //! | [`Proof`]: HMAC-SHA256 over the offer and the nonce (TCP) | the sender's reply to a challenge | `GRDP` | 40 |
 //!
@@ -18,8 +21,17 @@
 //! ```text
 //!  0  magic "GRDM"        4  version u16      6  op u8 (1 send, 2 write)   7  flags u8
 //!  8  total bytes u64    16  chunk bytes u32  20  depth u32 (work requests in flight)
-//! 24  transfers u32 (only with flag 0x01; else reserved)   28  hints u8   29  reserved
+//! 24  transfers u32 (only with flag 0x01; else reserved)   28  hints u8
+//! 29  payload u8 (0 pattern, 1 opaque)   30  verify u8 (0 off, 1 pattern, 2 checksum,
+//!     3 both)   31  max resends u8
 //! ```
+//!
+//! **Version 2** (this one) added the payload kind (the built-in pattern, whole `i32`s;
+//! or the user's bytes, any length), the checks (`--verify`), the resend bound, the name
+//! message, CRC32C per chunk, [`Resend`] and the ack's digest. Every message carries the
+//! version; a receiver answers a version-1 offer with a reject in version 1, which that
+//! sender decodes ("protocol version 1 is not supported"), and a version-2 sender names
+//! a version-1 receiver's reject as [`RejectReason::OldPeer`]. `--raw` is unchanged.
 //!
 //! Header flags: `0x01` ([`HEADER_FLAG_REPEAT`]) = several transfers on this one
 //! connection (`--reuse-connection`): the count is at byte 24 (at least 2); the sender
@@ -47,13 +59,18 @@
 //! `8` received bytes u64, `16` elements u64, `24` mismatches u64, `32` first mismatch
 //! u64, `40` crc32 u32, `44` the receiver's verification time in microseconds u32
 //! (only with flag 0x08, which a receiver sets only for senders that set a header flag,
-//! so senders that predate it never see it).
+//! so senders that predate it never see it), `48` CRC32C digest of the whole transfer
+//! u32 (flag 0x10), `52` chunks repaired u32. Statuses: 0 verified, 1 mismatch, 2 verify
+//! failed, 3 too slow, 4 checksum failed (after the resends), 5 not stored.
 
 use crate::memory::Verification;
 use crate::server::key::NONCE_LEN;
 use crate::transfer::units::format_bytes;
 
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// Versions a receiver answers with a reject its sender can decode (see
+/// [`RejectReason::encode`]): the old layout of the reject is the same.
+pub const OLDEST_VERSION: u16 = 1;
 pub const HEADER_MAGIC: [u8; 4] = *b"GRDM";
 pub const ACCEPT_MAGIC: [u8; 4] = *b"GRDA";
 pub const REJECT_MAGIC: [u8; 4] = *b"GRDR";
@@ -61,7 +78,7 @@ pub const ACK_MAGIC: [u8; 4] = *b"GRDK";
 pub const HEADER_LEN: usize = 32;
 pub const ACCEPT_LEN: usize = 28;
 pub const REJECT_LEN: usize = 28;
-pub const ACK_LEN: usize = 48;
+pub const ACK_LEN: usize = 56;
 /// Most work requests a sender may keep in flight (and a receiver keeps posted).
 pub const MAX_DEPTH: u32 = 4096;
 /// The immediate data of a `--raw` transfer (the seed's).
@@ -70,10 +87,83 @@ pub const RAW_IMM: u32 = 0x1234;
 pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
 /// Header flag: several transfers on one connection; their count is at byte 24.
 pub const HEADER_FLAG_REPEAT: u8 = 0x01;
+/// Header flag (TCP): a [`NameMessage`] follows the offer (`--name`).
+pub const HEADER_FLAG_NAMED: u8 = 0x02;
 /// Header hint: the sender marks solicited events (see the module documentation).
 pub const HINT_SOLICITED: u8 = 0x01;
 /// Most transfers one connection may carry.
 pub const MAX_TRANSFERS: u32 = 1 << 20;
+/// Most rounds of resends a sender may ask for (`--max-resends`).
+pub const MAX_RESENDS: u8 = 16;
+/// The resends a sender allows when it is not told (`--max-resends`).
+pub const DEFAULT_MAX_RESENDS: u8 = 3;
+
+/// What the bytes of a transfer are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Payload {
+    /// The built-in pattern, `data[i] = 2*i` as `i32`: whole elements only.
+    Pattern,
+    /// The user's bytes (a file, standard input, a caller's buffer): any length.
+    Opaque,
+}
+
+/// Which checks the receiver applies (`--verify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum VerifyMode {
+    /// Every element against the built-in pattern (only for the pattern).
+    Pattern,
+    /// CRC32C of every chunk, computed by the sender, checked where the chunk landed;
+    /// a failed chunk is sent again (`--max-resends`).
+    Checksum,
+    /// Both.
+    Both,
+    /// Neither: the receiver only counts bytes.
+    Off,
+}
+
+impl VerifyMode {
+    pub fn pattern(self) -> bool {
+        matches!(self, VerifyMode::Pattern | VerifyMode::Both)
+    }
+    pub fn checksum(self) -> bool {
+        matches!(self, VerifyMode::Checksum | VerifyMode::Both)
+    }
+    /// The default for a payload: the pattern is checked against itself, user data by
+    /// its checksums.
+    pub fn default_for(payload: Payload) -> VerifyMode {
+        match payload {
+            Payload::Pattern => VerifyMode::Pattern,
+            Payload::Opaque => VerifyMode::Checksum,
+        }
+    }
+    fn code(self) -> u8 {
+        match self {
+            VerifyMode::Off => 0,
+            VerifyMode::Pattern => 1,
+            VerifyMode::Checksum => 2,
+            VerifyMode::Both => 3,
+        }
+    }
+    fn from_code(code: u8) -> Option<VerifyMode> {
+        Some(match code {
+            0 => VerifyMode::Off,
+            1 => VerifyMode::Pattern,
+            2 => VerifyMode::Checksum,
+            3 => VerifyMode::Both,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            VerifyMode::Pattern => "pattern",
+            VerifyMode::Checksum => "checksum",
+            VerifyMode::Both => "both",
+            VerifyMode::Off => "off",
+        }
+    }
+}
 
 /// What the sender does with the chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -143,6 +233,16 @@ pub enum WireError {
     Inconsistent { what: &'static str },
     #[error("transfer count {count} is outside 2..={MAX_TRANSFERS} (header flag 0x01)")]
     BadTransferCount { count: u32 },
+    #[error("unknown payload kind {code}")]
+    UnknownPayload { code: u8 },
+    #[error("unknown verification mode {code}")]
+    UnknownVerify { code: u8 },
+    #[error("the pattern check applies to the built-in pattern only, not to the sender's own data")]
+    PatternOfOpaque,
+    #[error("{count} rounds of resends is more than {MAX_RESENDS}")]
+    TooManyResends { count: u8 },
+    #[error("a name of {len} bytes (at most 255 bytes of UTF-8, no '/', NUL, '.' or '..')")]
+    BadName { len: usize },
 }
 
 impl WireError {
@@ -163,6 +263,11 @@ impl WireError {
             WireError::UnknownStatus { code } => (12, code as u64, 0),
             WireError::Inconsistent { .. } => (13, 0, 0),
             WireError::BadTransferCount { count } => (14, count as u64, 0),
+            WireError::UnknownPayload { code } => (15, code as u64, 0),
+            WireError::UnknownVerify { code } => (16, code as u64, 0),
+            WireError::PatternOfOpaque => (17, 0, 0),
+            WireError::TooManyResends { count } => (18, count as u64, 0),
+            WireError::BadName { len } => (19, len as u64, 0),
         }
     }
 
@@ -189,6 +294,11 @@ impl WireError {
                 what: "reported by the peer",
             },
             14 => WireError::BadTransferCount { count: a as u32 },
+            15 => WireError::UnknownPayload { code: a as u8 },
+            16 => WireError::UnknownVerify { code: a as u8 },
+            17 => WireError::PatternOfOpaque,
+            18 => WireError::TooManyResends { count: a as u8 },
+            19 => WireError::BadName { len: a as usize },
             _ => return None,
         })
     }
@@ -223,6 +333,16 @@ impl Reader<'_> {
 
 /// Check magic, version and length; return a reader positioned after the version.
 fn open<'a>(buf: &'a [u8], magic: [u8; 4], len: usize) -> Result<Reader<'a>, WireError> {
+    open_versions(buf, magic, len, VERSION..=VERSION).map(|(r, _)| r)
+}
+
+/// [`open`] for a message whose layout is the same in `versions`; also the version.
+fn open_versions<'a>(
+    buf: &'a [u8],
+    magic: [u8; 4],
+    len: usize,
+    versions: std::ops::RangeInclusive<u16>,
+) -> Result<(Reader<'a>, u16), WireError> {
     if buf.len() < 4 {
         return Err(WireError::Short {
             got: buf.len(),
@@ -241,7 +361,7 @@ fn open<'a>(buf: &'a [u8], magic: [u8; 4], len: usize) -> Result<Reader<'a>, Wir
     }
     // The version is checked before the length: another version may be another size.
     let version = u16::from_le_bytes([buf[4], buf[5]]);
-    if version != VERSION {
+    if !versions.contains(&version) {
         return Err(WireError::UnsupportedVersion { got: version });
     }
     if buf.len() < len {
@@ -250,7 +370,7 @@ fn open<'a>(buf: &'a [u8], magic: [u8; 4], len: usize) -> Result<Reader<'a>, Wir
             need: len,
         });
     }
-    Ok(Reader { buf, pos: 6 })
+    Ok((Reader { buf, pos: 6 }, version))
 }
 
 /// The transfer offer a sender puts into its connect request.
@@ -267,6 +387,14 @@ pub struct Header {
     pub transfers: u32,
     /// The sender sets the solicited-event flag as [`HINT_SOLICITED`] describes.
     pub solicited_events: bool,
+    /// What the bytes are.
+    pub payload: Payload,
+    /// Which checks the receiver applies.
+    pub verify: VerifyMode,
+    /// Rounds of resends of failed chunks the sender allows (with checksums).
+    pub max_resends: u8,
+    /// A [`NameMessage`] follows the offer (TCP).
+    pub named: bool,
 }
 
 impl Header {
@@ -290,9 +418,39 @@ impl Header {
             depth,
             transfers: 1,
             solicited_events: false,
+            payload: Payload::Pattern,
+            verify: VerifyMode::Pattern,
+            max_resends: DEFAULT_MAX_RESENDS,
+            named: false,
         };
         header.validate()?;
         Ok(header)
+    }
+
+    /// The same offer for another payload, checked by `verify`, with up to `max_resends`
+    /// rounds of resends.
+    pub fn with_payload(
+        self,
+        payload: Payload,
+        verify: VerifyMode,
+        max_resends: u8,
+    ) -> Result<Header, WireError> {
+        let header = Header {
+            payload,
+            verify,
+            max_resends,
+            ..self
+        };
+        header.validate()?;
+        Ok(header)
+    }
+
+    /// The same offer, announcing a [`NameMessage`] after it.
+    pub fn with_name(self) -> Header {
+        Header {
+            named: true,
+            ..self
+        }
     }
 
     /// The same offer, promising solicited events ([`HINT_SOLICITED`]).
@@ -321,8 +479,16 @@ impl Header {
         if total == 0 {
             return Err(WireError::ZeroSize);
         }
-        if !total.is_multiple_of(4) {
+        if self.payload == Payload::Pattern && !total.is_multiple_of(4) {
             return Err(WireError::NotWholeElements { total });
+        }
+        if self.payload == Payload::Opaque && self.verify.pattern() {
+            return Err(WireError::PatternOfOpaque);
+        }
+        if self.max_resends > MAX_RESENDS {
+            return Err(WireError::TooManyResends {
+                count: self.max_resends,
+            });
         }
         if chunk == 0 {
             return Err(WireError::ZeroChunk);
@@ -361,7 +527,7 @@ impl Header {
             HEADER_FLAG_REPEAT
         } else {
             0
-        };
+        } | if self.named { HEADER_FLAG_NAMED } else { 0 };
         out[8..16].copy_from_slice(&self.total_bytes.to_le_bytes());
         out[16..20].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         out[20..24].copy_from_slice(&self.depth.to_le_bytes());
@@ -371,6 +537,12 @@ impl Header {
         if self.solicited_events {
             out[28] = HINT_SOLICITED;
         }
+        out[29] = match self.payload {
+            Payload::Pattern => 0,
+            Payload::Opaque => 1,
+        };
+        out[30] = self.verify.code();
+        out[31] = self.max_resends;
         out
     }
 
@@ -379,7 +551,7 @@ impl Header {
         let code = r.u8();
         let op = Op::from_code(code).ok_or(WireError::UnknownOp { code })?;
         let flags = r.u8();
-        if flags & !HEADER_FLAG_REPEAT != 0 {
+        if flags & !(HEADER_FLAG_REPEAT | HEADER_FLAG_NAMED) != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
         let total_bytes = r.u64();
@@ -388,6 +560,14 @@ impl Header {
         // Without the flag, bytes 24..28 are reserved and ignored (as before).
         let transfers = r.u32();
         let hints = r.u8();
+        let payload = match r.u8() {
+            0 => Payload::Pattern,
+            1 => Payload::Opaque,
+            code => return Err(WireError::UnknownPayload { code }),
+        };
+        let code = r.u8();
+        let verify = VerifyMode::from_code(code).ok_or(WireError::UnknownVerify { code })?;
+        let max_resends = r.u8();
         let transfers = if flags & HEADER_FLAG_REPEAT != 0 {
             if transfers < 2 {
                 return Err(WireError::BadTransferCount { count: transfers });
@@ -403,6 +583,10 @@ impl Header {
             depth,
             transfers,
             solicited_events: hints & HINT_SOLICITED != 0,
+            payload,
+            verify,
+            max_resends,
+            named: flags & HEADER_FLAG_NAMED != 0,
         };
         header.validate()?;
         Ok(header)
@@ -505,6 +689,9 @@ pub enum RejectReason {
     /// [`VerbsProof`] over this nonce after its header.
     #[error("it serves only senders with its key: give this sender the same --key-file")]
     KeyChallenge { nonce: [u8; NONCE_LEN] },
+    /// The receiver predates this protocol version (its reject says which it speaks).
+    #[error("it speaks protocol version {speaks} and this sender version {VERSION}: run the same release on both ends (or --raw)")]
+    OldPeer { speaks: u16 },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -534,11 +721,22 @@ impl RejectReason {
                 let half = |h: &[u8]| u64::from_le_bytes(h.try_into().unwrap_or([0; 8]));
                 (15, 0, half(a), half(b))
             }
+            RejectReason::OldPeer { speaks } => (1, 3, speaks as u64, 0),
             RejectReason::Unknown { code } => (code, 0, 0, 0),
+        };
+        // A peer of an older version gets its version's reject, which it can decode
+        // (the layout has not changed): "protocol version N is not supported".
+        let version = match *self {
+            RejectReason::BadHeader(WireError::UnsupportedVersion { got })
+                if (OLDEST_VERSION..VERSION).contains(&got) =>
+            {
+                got
+            }
+            _ => VERSION,
         };
         let mut out = [0u8; REJECT_LEN];
         out[0..4].copy_from_slice(&REJECT_MAGIC);
-        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[4..6].copy_from_slice(&version.to_le_bytes());
         out[6..8].copy_from_slice(&code.to_le_bytes());
         out[8..10].copy_from_slice(&sub.to_le_bytes());
         // 10..12 reserved
@@ -550,12 +748,17 @@ impl RejectReason {
     /// `None` when the reject carries no reason of ours (a peer that is not `host recv`,
     /// or no receiver at all).
     pub fn decode(buf: &[u8]) -> Option<RejectReason> {
-        let mut r = open(buf, REJECT_MAGIC, REJECT_LEN).ok()?;
+        let (mut r, version) =
+            open_versions(buf, REJECT_MAGIC, REJECT_LEN, OLDEST_VERSION..=VERSION).ok()?;
         let code = r.u16();
         let sub = r.u16();
         let _reserved = r.u16();
         let a = r.u64();
         let b = r.u64();
+        if version < VERSION && (code, sub) == (1, 3) {
+            // An older receiver refusing this version: name its own.
+            return Some(RejectReason::OldPeer { speaks: version });
+        }
         Some(match code {
             1 => match WireError::from_parts(sub, a, b) {
                 Some(e) => RejectReason::BadHeader(e),
@@ -601,6 +804,12 @@ pub enum AckStatus {
     /// The receiver ended the transfer before all data came: the sender stayed below its
     /// `--min-rate` (`received_bytes` says how far it got). Sent instead of a verdict.
     TooSlow,
+    /// Chunks still failed their checksums after the allowed resends (the final
+    /// [`Resend`] before this ack named them).
+    ChecksumFailed,
+    /// The data verified but the receiver could not store it (`--output`: a full disk,
+    /// say); its log says why.
+    NotStored,
 }
 
 /// The final message, receiver to sender.
@@ -613,12 +822,17 @@ pub struct Ack {
     /// How long the receiver's verification took, in microseconds (saturating): sent
     /// only to senders that set a header flag (see the module documentation).
     pub verify_micros: Option<u32>,
+    /// CRC32C of the whole transfer as it landed (with `--verify checksum|both`).
+    pub digest: Option<u32>,
+    /// Chunks that failed their checksum and were sent again until they passed.
+    pub repaired: u32,
 }
 
 const ACK_HAS_VERIFICATION: u8 = 1;
 const ACK_HAS_FIRST_MISMATCH: u8 = 2;
 const ACK_HAS_CRC: u8 = 4;
 const ACK_HAS_VERIFY_TIME: u8 = 8;
+const ACK_HAS_DIGEST: u8 = 16;
 
 impl Ack {
     /// The ack for a verification result (or for a failed verification).
@@ -633,7 +847,33 @@ impl Ack {
             received_bytes,
             verification,
             verify_micros: None,
+            digest: None,
+            repaired: 0,
         }
+    }
+
+    /// The ack of a transfer checked by its chunks' checksums (`digest` of the whole),
+    /// and by the pattern too when `pattern` is given (`Some(None)`: that check itself
+    /// failed).
+    pub fn checked(
+        received_bytes: u64,
+        pattern: Option<Option<Verification>>,
+        digest: Option<u32>,
+        repaired: u32,
+    ) -> Ack {
+        let mut ack = match pattern {
+            Some(verification) => Ack::new(received_bytes, verification),
+            None => Ack::new(received_bytes, None).with_status(AckStatus::Verified),
+        };
+        ack.digest = digest;
+        ack.repaired = repaired;
+        ack
+    }
+
+    /// The same ack with another status (the receiver's last word: chunks that could not
+    /// be repaired, data that could not be stored).
+    pub fn with_status(self, status: AckStatus) -> Ack {
+        Ack { status, ..self }
     }
 
     /// The receiver's word that the sender was too slow, after `received_bytes`.
@@ -643,6 +883,8 @@ impl Ack {
             received_bytes,
             verification: None,
             verify_micros: None,
+            digest: None,
+            repaired: 0,
         }
     }
 
@@ -663,6 +905,8 @@ impl Ack {
             AckStatus::Mismatch => 1,
             AckStatus::VerifyFailed => 2,
             AckStatus::TooSlow => 3,
+            AckStatus::ChecksumFailed => 4,
+            AckStatus::NotStored => 5,
         };
         let mut flags = 0u8;
         let v = self.verification;
@@ -678,6 +922,9 @@ impl Ack {
         if self.verify_micros.is_some() {
             flags |= ACK_HAS_VERIFY_TIME;
         }
+        if self.digest.is_some() {
+            flags |= ACK_HAS_DIGEST;
+        }
         out[7] = flags;
         out[8..16].copy_from_slice(&self.received_bytes.to_le_bytes());
         if let Some(v) = v {
@@ -689,6 +936,8 @@ impl Ack {
         if let Some(us) = self.verify_micros {
             out[44..48].copy_from_slice(&us.to_le_bytes());
         }
+        out[48..52].copy_from_slice(&self.digest.unwrap_or(0).to_le_bytes());
+        out[52..56].copy_from_slice(&self.repaired.to_le_bytes());
         out
     }
 
@@ -700,11 +949,16 @@ impl Ack {
             1 => AckStatus::Mismatch,
             2 => AckStatus::VerifyFailed,
             3 => AckStatus::TooSlow,
+            4 => AckStatus::ChecksumFailed,
+            5 => AckStatus::NotStored,
             _ => return Err(WireError::UnknownStatus { code }),
         };
         let flags = r.u8();
-        let known =
-            ACK_HAS_VERIFICATION | ACK_HAS_FIRST_MISMATCH | ACK_HAS_CRC | ACK_HAS_VERIFY_TIME;
+        let known = ACK_HAS_VERIFICATION
+            | ACK_HAS_FIRST_MISMATCH
+            | ACK_HAS_CRC
+            | ACK_HAS_VERIFY_TIME
+            | ACK_HAS_DIGEST;
         if flags & !known != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
@@ -714,6 +968,8 @@ impl Ack {
         let first = r.u64();
         let crc = r.u32();
         let verify_micros = r.u32();
+        let digest = r.u32();
+        let repaired = r.u32();
         let verification = (flags & ACK_HAS_VERIFICATION != 0).then_some(Verification {
             elements,
             mismatches,
@@ -722,8 +978,11 @@ impl Ack {
         });
         let consistent = match (status, &verification) {
             (AckStatus::Verified, Some(v)) => v.mismatches == 0 && v.first_mismatch.is_none(),
+            // Checked by checksums alone (or not at all, `--verify off`).
+            (AckStatus::Verified, None) => true,
             (AckStatus::Mismatch, Some(v)) => v.mismatches > 0,
             (AckStatus::VerifyFailed | AckStatus::TooSlow, None) => true,
+            (AckStatus::ChecksumFailed | AckStatus::NotStored, _) => true,
             _ => false,
         };
         if !consistent {
@@ -736,6 +995,8 @@ impl Ack {
             received_bytes,
             verification,
             verify_micros: (flags & ACK_HAS_VERIFY_TIME != 0).then_some(verify_micros),
+            digest: (flags & ACK_HAS_DIGEST != 0).then_some(digest),
+            repaired,
         })
     }
 }
@@ -874,6 +1135,193 @@ impl Ack {
     }
 }
 
+/// The name a sender gives its transfer (`--name`), after the offer when the header
+/// says [`HEADER_FLAG_NAMED`] (TCP). A receiver writing into a directory names the file
+/// after it, once [`checked_name`] accepts it.
+///
+/// Layout: `0` magic "GRDF", `4` version u16, `6` length u16 (1..=255), `8` the UTF-8
+/// bytes.
+pub const NAME_MAGIC: [u8; 4] = *b"GRDF";
+pub const NAME_PREFIX_LEN: usize = 8;
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The name message for `name`, if it is a name a receiver accepts.
+pub fn encode_name(name: &str) -> Result<Vec<u8>, WireError> {
+    let name = checked_name(name.as_bytes())?;
+    let mut out = Vec::with_capacity(NAME_PREFIX_LEN + name.len());
+    out.extend_from_slice(&NAME_MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    Ok(out)
+}
+
+/// The length of the name that follows this prefix.
+pub fn decode_name_prefix(buf: &[u8]) -> Result<usize, WireError> {
+    let mut r = open(buf, NAME_MAGIC, NAME_PREFIX_LEN)?;
+    let len = r.u16() as usize;
+    if len == 0 || len > MAX_NAME_LEN {
+        return Err(WireError::BadName { len });
+    }
+    Ok(len)
+}
+
+/// `bytes` as a file name that stays in the directory it is written to: UTF-8, 1 to
+/// 255 bytes, no path separator (`/` or `\`), no NUL or other control character, not
+/// `.` or `..`.
+pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
+    let bad = WireError::BadName { len: bytes.len() };
+    let name = std::str::from_utf8(bytes).map_err(|_| bad)?;
+    let fine = (1..=MAX_NAME_LEN).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+    if fine {
+        Ok(name)
+    } else {
+        Err(bad)
+    }
+}
+
+/// The receiver's request to send chunks again: their checksums failed where they
+/// landed. Or, with `last`, the chunks that still failed when the sender's
+/// `--max-resends` was used up (an ack with [`AckStatus::ChecksumFailed`] follows).
+///
+/// Layout: `0` magic "GRDE", `4` version u16, `6` flags u8 (0x01 last), `7` reserved,
+/// `8` round u32 (from 1), `12` count u32, `16` count chunk indices u32, increasing.
+/// Over TCP it comes on stream 0 where the ack would; a sender reads
+/// [`REPLY_PREFIX_LEN`] bytes and tells the two apart by their magic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resend {
+    pub round: u32,
+    pub last: bool,
+    pub chunks: Vec<u32>,
+}
+
+pub const RESEND_MAGIC: [u8; 4] = *b"GRDE";
+/// The first bytes of a reply after the data: a [`Resend`]'s fixed part, or the start
+/// of an [`Ack`].
+pub const REPLY_PREFIX_LEN: usize = 16;
+const RESEND_LAST: u8 = 1;
+
+impl Resend {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * self.chunks.len());
+        out.extend_from_slice(&RESEND_MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.push(if self.last { RESEND_LAST } else { 0 });
+        out.push(0);
+        out.extend_from_slice(&self.round.to_le_bytes());
+        out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
+        for c in &self.chunks {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out
+    }
+
+    /// The fixed part: `(round, last, count)`, the count checked against the transfer's
+    /// `chunks` (so a lying peer cannot make the reader allocate more).
+    pub fn decode_prefix(buf: &[u8], chunks: u64) -> Result<(u32, bool, u32), WireError> {
+        let mut r = open(buf, RESEND_MAGIC, REPLY_PREFIX_LEN)?;
+        let flags = r.u8();
+        if flags & !RESEND_LAST != 0 {
+            return Err(WireError::UnknownFlags { flags });
+        }
+        let _reserved = r.u8();
+        let round = r.u32();
+        let count = r.u32();
+        if count == 0 || count as u64 > chunks || round == 0 {
+            return Err(WireError::Inconsistent {
+                what: "a resend request of no chunks, of more chunks than the transfer has, or of round 0",
+            });
+        }
+        Ok((round, flags & RESEND_LAST != 0, count))
+    }
+
+    /// The chunk indices after the prefix: each below `chunks`, increasing.
+    pub fn decode_chunks(
+        round: u32,
+        last: bool,
+        body: &[u8],
+        chunks: u64,
+    ) -> Result<Resend, WireError> {
+        if !body.len().is_multiple_of(4) {
+            return Err(WireError::Inconsistent {
+                what: "a resend list of partial indices",
+            });
+        }
+        let list: Vec<u32> = body
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let increasing = list.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || list.last().is_some_and(|&c| c as u64 >= chunks) {
+            return Err(WireError::Inconsistent {
+                what: "a resend list out of order or beyond the transfer",
+            });
+        }
+        Ok(Resend {
+            round,
+            last,
+            chunks: list,
+        })
+    }
+}
+
+/// CRC32C of chunks `first..first + crcs.len()` of a transfer, for a transport that
+/// cannot put a chunk's checksum beside it (verbs: a SEND after the data).
+///
+/// Layout: `0` magic "GRDC", `4` version u16, `6` reserved u16, `8` first chunk u32,
+/// `12` count u32, `16` count CRC32C values u32.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkChecksums {
+    pub first: u32,
+    pub crcs: Vec<u32>,
+}
+
+pub const CHECKSUMS_MAGIC: [u8; 4] = *b"GRDC";
+pub const CHECKSUMS_PREFIX_LEN: usize = 16;
+
+impl ChunkChecksums {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(CHECKSUMS_PREFIX_LEN + 4 * self.crcs.len());
+        out.extend_from_slice(&CHECKSUMS_MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.first.to_le_bytes());
+        out.extend_from_slice(&(self.crcs.len() as u32).to_le_bytes());
+        for c in &self.crcs {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out
+    }
+
+    /// Checked against the transfer's `chunks`: the range must lie inside it, and the
+    /// message hold exactly its values.
+    pub fn decode(buf: &[u8], chunks: u64) -> Result<ChunkChecksums, WireError> {
+        let mut r = open(buf, CHECKSUMS_MAGIC, CHECKSUMS_PREFIX_LEN)?;
+        let _reserved = r.u16();
+        let first = r.u32();
+        let count = r.u32();
+        let body = &buf[CHECKSUMS_PREFIX_LEN..];
+        let fits = (first as u64)
+            .checked_add(count as u64)
+            .is_some_and(|end| end <= chunks);
+        if !fits || body.len() != 4 * count as usize {
+            return Err(WireError::Inconsistent {
+                what: "chunk checksums outside the transfer or of the wrong length",
+            });
+        }
+        Ok(ChunkChecksums {
+            first,
+            crcs: body
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -912,16 +1360,149 @@ mod tests {
 
     #[test]
     fn header_bad_version() {
-        let bytes = seed_header().encode_with_version(2);
+        for version in [1, 3] {
+            let bytes = seed_header().encode_with_version(version);
+            assert_eq!(
+                Header::decode(&bytes),
+                Err(WireError::UnsupportedVersion { got: version })
+            );
+            // The version is reported even when the rest is short.
+            assert_eq!(
+                Header::decode(&bytes[..6]),
+                Err(WireError::UnsupportedVersion { got: version })
+            );
+        }
+    }
+
+    #[test]
+    fn an_old_peer_gets_a_reject_it_can_read_and_an_old_receiver_is_named() {
+        // A version-1 sender: the reject comes in version 1, which it decodes.
+        let reason = RejectReason::BadHeader(WireError::UnsupportedVersion { got: 1 });
+        let bytes = reason.encode();
+        assert_eq!(&bytes[4..6], &1u16.to_le_bytes());
+        // A version-1 receiver refusing this sender's version 2 (its reject in version
+        // 1, code 1 sub 3): this sender says the receiver is older, not "version 2 is
+        // not supported by version 2".
+        let mut old = RejectReason::BadHeader(WireError::UnsupportedVersion { got: 2 }).encode();
+        old[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let got = RejectReason::decode(&old).unwrap();
+        assert_eq!(got, RejectReason::OldPeer { speaks: 1 });
         assert_eq!(
-            Header::decode(&bytes),
-            Err(WireError::UnsupportedVersion { got: 2 })
+            got.to_string(),
+            "it speaks protocol version 1 and this sender version 2: run the same release on both ends (or --raw)"
         );
-        // The version is reported even when the rest is short.
+        // A future version's reject is not taken for one of ours.
+        let mut future = RejectReason::Internal.encode();
+        future[4..6].copy_from_slice(&9u16.to_le_bytes());
+        assert_eq!(RejectReason::decode(&future), None);
+    }
+
+    #[test]
+    fn payload_and_checks_travel_in_the_last_three_bytes() {
+        let h = Header::new(Op::Send, 4097, 4096, 8)
+            .unwrap_err();
+        assert_eq!(h, WireError::NotWholeElements { total: 4097 });
+        let opaque = Header::new(Op::Send, 4096, 4096, 8)
+            .unwrap()
+            .with_payload(Payload::Opaque, VerifyMode::Checksum, 5)
+            .unwrap();
+        let odd = Header {
+            total_bytes: 4097,
+            ..opaque
+        };
+        let bytes = odd.encode();
+        assert_eq!(&bytes[29..32], &[1, 2, 5]);
+        assert_eq!(Header::decode(&bytes), Ok(odd), "any length for user data");
+        let named = odd.with_name();
+        assert_eq!(Header::decode(&named.encode()), Ok(named));
+        // The pattern check of user data, too many resends, unknown codes: refused.
         assert_eq!(
-            Header::decode(&bytes[..6]),
-            Err(WireError::UnsupportedVersion { got: 2 })
+            opaque.with_payload(Payload::Opaque, VerifyMode::Both, 1),
+            Err(WireError::PatternOfOpaque)
         );
+        assert_eq!(
+            opaque.with_payload(Payload::Opaque, VerifyMode::Off, MAX_RESENDS + 1),
+            Err(WireError::TooManyResends {
+                count: MAX_RESENDS + 1
+            })
+        );
+        for (at, value, error) in [
+            (29, 2, WireError::UnknownPayload { code: 2 }),
+            (30, 4, WireError::UnknownVerify { code: 4 }),
+        ] {
+            let mut bad = bytes;
+            bad[at] = value;
+            assert_eq!(Header::decode(&bad), Err(error));
+        }
+    }
+
+    #[test]
+    fn names_stay_inside_their_directory() {
+        for good in ["weights.bin", "a", "kv cache (3).pt", &"x".repeat(255)] {
+            let msg = encode_name(good).unwrap();
+            assert_eq!(decode_name_prefix(&msg[..NAME_PREFIX_LEN]), Ok(good.len()));
+            assert_eq!(checked_name(&msg[NAME_PREFIX_LEN..]), Ok(good));
+        }
+        for bad in ["", ".", "..", "../etc/passwd", "a/b", "a\\b", "nul\0", "tab\t", &"x".repeat(256)] {
+            assert!(encode_name(bad).is_err(), "{bad:?}");
+            assert!(checked_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        assert!(checked_name(&[0xff, 0xfe]).is_err(), "not UTF-8");
+        let mut long = encode_name("abc").unwrap();
+        long[6..8].copy_from_slice(&300u16.to_le_bytes());
+        assert_eq!(
+            decode_name_prefix(&long[..NAME_PREFIX_LEN]),
+            Err(WireError::BadName { len: 300 })
+        );
+    }
+
+    #[test]
+    fn resend_requests_round_trip_and_a_lying_count_is_refused() {
+        let r = Resend {
+            round: 2,
+            last: false,
+            chunks: vec![0, 7, 4095],
+        };
+        let bytes = r.encode();
+        assert_eq!(bytes.len(), REPLY_PREFIX_LEN + 12);
+        let (round, last, count) = Resend::decode_prefix(&bytes, 4096).unwrap();
+        assert_eq!((round, last, count), (2, false, 3));
+        let back = Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], 4096).unwrap();
+        assert_eq!(back, r);
+        // More chunks than the transfer has, or none, or round 0: refused before reading on.
+        assert!(Resend::decode_prefix(&bytes, 2).is_err());
+        let none = Resend { chunks: vec![], ..r.clone() }.encode();
+        assert!(Resend::decode_prefix(&none, 4096).is_err());
+        // Indices beyond the transfer, repeated or out of order.
+        for list in [vec![4096u32], vec![3, 3], vec![5, 1]] {
+            let body: Vec<u8> = list.iter().flat_map(|c| c.to_le_bytes()).collect();
+            assert!(Resend::decode_chunks(1, false, &body, 4096).is_err(), "{list:?}");
+        }
+        let last = Resend { last: true, ..r };
+        assert!(Resend::decode_prefix(&last.encode(), 4096).unwrap().1);
+    }
+
+    #[test]
+    fn chunk_checksums_round_trip_inside_the_transfer_only() {
+        let c = ChunkChecksums {
+            first: 10,
+            crcs: vec![0xe306_9283, 1, 2],
+        };
+        let bytes = c.encode();
+        assert_eq!(ChunkChecksums::decode(&bytes, 13), Ok(c));
+        assert!(ChunkChecksums::decode(&bytes, 12).is_err());
+        assert!(ChunkChecksums::decode(&bytes[..bytes.len() - 1], 13).is_err());
+    }
+
+    #[test]
+    fn an_ack_carries_the_digest_and_the_repairs() {
+        let ack = Ack::checked(4097, None, Some(0xdead_beef), 3);
+        assert_eq!(ack.status, AckStatus::Verified);
+        assert_eq!(Ack::decode(&ack.encode()), Ok(ack));
+        let failed = ack.with_status(AckStatus::ChecksumFailed);
+        assert_eq!(Ack::decode(&failed.encode()), Ok(failed));
+        let unstored = ack.with_status(AckStatus::NotStored);
+        assert_eq!(Ack::decode(&unstored.encode()), Ok(unstored));
     }
 
     #[test]
@@ -959,6 +1540,10 @@ mod tests {
             depth,
             transfers: 1,
             solicited_events: false,
+            payload: Payload::Pattern,
+            verify: VerifyMode::Pattern,
+            max_resends: DEFAULT_MAX_RESENDS,
+            named: false,
         }
         .encode()
     }
@@ -988,11 +1573,13 @@ mod tests {
 
     #[test]
     fn a_single_transfer_keeps_the_original_encoding() {
-        // Byte for byte what a sender before the repeat flag sent: flags 0, 24.. zero.
+        // Byte for byte what a sender before the repeat flag sent (flags 0, 24..28
+        // zero), but for the version and version 2's payload bytes (29..32).
         let bytes = seed_header().encode();
         let mut expected = [0u8; HEADER_LEN];
         expected[0..4].copy_from_slice(b"GRDM");
-        expected[4..6].copy_from_slice(&1u16.to_le_bytes());
+        expected[4..6].copy_from_slice(&2u16.to_le_bytes());
+        expected[29..32].copy_from_slice(&[0, 1, DEFAULT_MAX_RESENDS]);
         expected[6] = 1;
         expected[8..16].copy_from_slice(&16384u64.to_le_bytes());
         expected[16..20].copy_from_slice(&16384u32.to_le_bytes());
@@ -1002,7 +1589,6 @@ mod tests {
         // (byte 28 now carries hints, which change nothing a receiver must do).
         let mut junk = bytes;
         junk[24..28].copy_from_slice(&[7; 4]);
-        junk[29..32].copy_from_slice(&[7; 3]);
         assert_eq!(Header::decode(&junk), Ok(seed_header()));
         assert_eq!(Header::decode(&junk).unwrap().transfers, 1);
     }

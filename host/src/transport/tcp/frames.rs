@@ -13,14 +13,19 @@
 //! ```text
 //! Hello (20 bytes):  0 magic "GRDS"  4 version u16  6 stream index u16  8 stream count u16
 //!                   10 reserved u16 12 token u64
-//! Frame (12 bytes):  0 offset u64 (of the chunk in the transfer)  8 length u32
+//! Frame (16 bytes):  0 offset u64 (of the chunk in the transfer)  8 length u32
+//!                   12 CRC32C u32 of the chunk's bytes (0 with --verify pattern|off)
 //! ```
+//!
+//! After the data, stream 0 carries the receiver's reply: an `Ack`, or a `Resend` that
+//! names chunks whose CRC32C failed; the sender then sends those chunks again, each on
+//! its own stream as before and in increasing order, and reads the next reply.
 
 use crate::transfer::header::VERSION;
 
 pub const HELLO_MAGIC: [u8; 4] = *b"GRDS";
 pub const HELLO_LEN: usize = 20;
-pub const FRAME_LEN: usize = 12;
+pub const FRAME_LEN: usize = 16;
 /// Most streams per connection (`--streams`).
 pub const MAX_STREAMS: u16 = 64;
 
@@ -90,6 +95,8 @@ impl Hello {
 pub struct Frame {
     pub offset: u64,
     pub len: u32,
+    /// CRC32C of the chunk's bytes as the sender read them (0 when unchecked).
+    pub crc: u32,
 }
 
 impl Frame {
@@ -97,17 +104,18 @@ impl Frame {
         let mut out = [0u8; FRAME_LEN];
         out[0..8].copy_from_slice(&self.offset.to_le_bytes());
         out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..16].copy_from_slice(&self.crc.to_le_bytes());
         out
     }
 
     pub fn decode(buf: &[u8; FRAME_LEN]) -> Frame {
         let mut offset = [0u8; 8];
         offset.copy_from_slice(&buf[0..8]);
-        let mut len = [0u8; 4];
-        len.copy_from_slice(&buf[8..12]);
+        let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
         Frame {
             offset: u64::from_le_bytes(offset),
-            len: u32::from_le_bytes(len),
+            len: u32_at(8),
+            crc: u32_at(12),
         }
     }
 }
@@ -164,6 +172,7 @@ mod tests {
         let f = Frame {
             offset: (5 << 30) + 12,
             len: 1 << 20,
+            crc: 0xe306_9283,
         };
         assert_eq!(Frame::decode(&f.encode()), f);
         let on: Vec<usize> = (0..6).map(|i| stream_of(i, 4)).collect();

@@ -102,6 +102,7 @@ impl TcpWire<'_> {
                             let frame = Frame {
                                 offset: job.offset,
                                 len: job.len as u32,
+                                crc: 0,
                             };
                             let result = stream
                                 .write_all(&frame.encode())
