@@ -181,6 +181,7 @@ fn reference_round(bytes: &[u8], len: usize, chunk: usize, streams: u16) -> Resu
                         let f = Frame {
                             offset: (i * chunk) as u64,
                             len: piece.len() as u32,
+                            crc: 0,
                         };
                         s.write_all(&f.encode())?;
                         s.write_all(piece)?;
