@@ -23,6 +23,22 @@ pub fn chunk_crcs(data: &[u8], chunk: usize) -> Vec<u32> {
     data.chunks(chunk).map(crc32c::crc32c).collect()
 }
 
+/// The CRC32C of a whole transfer from its chunks' CRC32Cs (chunks of `chunk` bytes,
+/// the last one `total - (n - 1) * chunk`), by the CRC combine rule: the digest both
+/// ends compare without reading the data again.
+pub fn digest(chunk_crcs: &[u32], chunk: u64, total: u64) -> u32 {
+    let mut acc = 0u32;
+    for (i, &crc) in chunk_crcs.iter().enumerate() {
+        let len = chunk.min(total.saturating_sub(i as u64 * chunk));
+        acc = if i == 0 {
+            crc
+        } else {
+            crc32c::crc32c_combine(acc, crc, len as usize)
+        };
+    }
+    acc
+}
+
 /// Whether this CPU has the CRC32C instruction the crate uses (it falls back to tables
 /// without it, at a fraction of the speed).
 pub fn hardware_accelerated() -> bool {
@@ -71,6 +87,19 @@ mod tests {
             }
         }
         assert!(chunk_crcs(&[], 7).is_empty());
+    }
+
+    #[test]
+    fn the_digest_of_the_chunks_is_the_crc_of_the_whole() {
+        let data: Vec<u8> = (0..10_007u32).map(|i| (i * 7 + 3) as u8).collect();
+        for chunk in [1usize, 4, 4096, 10_007] {
+            let crcs = chunk_crcs(&data, chunk);
+            assert_eq!(
+                digest(&crcs, chunk as u64, data.len() as u64),
+                crc32c(&data),
+                "chunk {chunk}"
+            );
+        }
     }
 
     #[test]

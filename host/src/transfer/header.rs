@@ -237,7 +237,9 @@ pub enum WireError {
     UnknownPayload { code: u8 },
     #[error("unknown verification mode {code}")]
     UnknownVerify { code: u8 },
-    #[error("the pattern check applies to the built-in pattern only, not to the sender's own data")]
+    #[error(
+        "the pattern check applies to the built-in pattern only, not to the sender's own data"
+    )]
     PatternOfOpaque,
     #[error("{count} rounds of resends is more than {MAX_RESENDS}")]
     TooManyResends { count: u8 },
@@ -1175,7 +1177,9 @@ pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
     let fine = (1..=MAX_NAME_LEN).contains(&name.len())
         && name != "."
         && name != ".."
-        && !name.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c.is_control());
     if fine {
         Ok(name)
     } else {
@@ -1399,8 +1403,7 @@ mod tests {
 
     #[test]
     fn payload_and_checks_travel_in_the_last_three_bytes() {
-        let h = Header::new(Op::Send, 4097, 4096, 8)
-            .unwrap_err();
+        let h = Header::new(Op::Send, 4097, 4096, 8).unwrap_err();
         assert_eq!(h, WireError::NotWholeElements { total: 4097 });
         let opaque = Header::new(Op::Send, 4096, 4096, 8)
             .unwrap()
@@ -1443,7 +1446,17 @@ mod tests {
             assert_eq!(decode_name_prefix(&msg[..NAME_PREFIX_LEN]), Ok(good.len()));
             assert_eq!(checked_name(&msg[NAME_PREFIX_LEN..]), Ok(good));
         }
-        for bad in ["", ".", "..", "../etc/passwd", "a/b", "a\\b", "nul\0", "tab\t", &"x".repeat(256)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../etc/passwd",
+            "a/b",
+            "a\\b",
+            "nul\0",
+            "tab\t",
+            &"x".repeat(256),
+        ] {
             assert!(encode_name(bad).is_err(), "{bad:?}");
             assert!(checked_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
@@ -1471,12 +1484,19 @@ mod tests {
         assert_eq!(back, r);
         // More chunks than the transfer has, or none, or round 0: refused before reading on.
         assert!(Resend::decode_prefix(&bytes, 2).is_err());
-        let none = Resend { chunks: vec![], ..r.clone() }.encode();
+        let none = Resend {
+            chunks: vec![],
+            ..r.clone()
+        }
+        .encode();
         assert!(Resend::decode_prefix(&none, 4096).is_err());
         // Indices beyond the transfer, repeated or out of order.
         for list in [vec![4096u32], vec![3, 3], vec![5, 1]] {
             let body: Vec<u8> = list.iter().flat_map(|c| c.to_le_bytes()).collect();
-            assert!(Resend::decode_chunks(1, false, &body, 4096).is_err(), "{list:?}");
+            assert!(
+                Resend::decode_chunks(1, false, &body, 4096).is_err(),
+                "{list:?}"
+            );
         }
         let last = Resend { last: true, ..r };
         assert!(Resend::decode_prefix(&last.encode(), 4096).unwrap().1);

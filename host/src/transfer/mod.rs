@@ -8,11 +8,13 @@
 //! [`rdma`]: crate::transport::rdma
 //! [`tcp`]: crate::transport::tcp
 
+pub mod faults;
 pub mod header;
 pub mod memcpy_wire;
 pub mod plan;
 pub mod report;
 pub mod schedule;
+pub mod store;
 pub mod units;
 
 pub use header::{AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError};

@@ -1,0 +1,231 @@
+//! Where a receiver writes what it received (`host recv --output PATH|-`), so that a
+//! file appears under its final name only with every byte verified: the bytes go to a
+//! temporary name in the same directory, are flushed to the disk (`fsync`), and only
+//! then renamed; a failed check, a killed sender or a full disk leaves no file under the
+//! final name, and the temporary one is removed.
+//!
+//! `PATH` names a file (each transfer replaces it, atomically) or an existing directory:
+//! one file per transfer, named after the sender's `--name` (checked by
+//! [`checked_name`]: it cannot leave the directory) or, without one, after the peer and
+//! a counter. `-` is standard output (no atomicity there: whatever reads it sees the
+//! bytes as they are written, after they verified).
+
+use crate::transfer::header::checked_name;
+use anyhow::{bail, Context, Result};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where received data goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    File(PathBuf),
+    Dir(PathBuf),
+}
+
+impl Output {
+    /// `-`, an existing directory, or a file in an existing directory.
+    pub fn parse(arg: &str) -> Result<Output> {
+        if arg == "-" {
+            return Ok(Output::Stdout);
+        }
+        let path = PathBuf::from(arg);
+        if path.is_dir() {
+            return Ok(Output::Dir(path));
+        }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !parent.is_dir() {
+            bail!("--output {arg}: {} is not a directory", parent.display());
+        }
+        if path.file_name().is_none() {
+            bail!("--output {arg}: not a file name");
+        }
+        Ok(Output::File(path))
+    }
+
+    /// The final path of a transfer named `name` by its sender (or none) from `peer`,
+    /// the `counter`-th this receiver stores; `None` for standard output.
+    pub fn final_path(&self, name: Option<&str>, peer: &str, counter: u64) -> Option<PathBuf> {
+        match self {
+            Output::Stdout => None,
+            Output::File(p) => Some(p.clone()),
+            Output::Dir(dir) => {
+                let named = name.and_then(|n| checked_name(n.as_bytes()).ok());
+                let file = match named {
+                    Some(n) => n.to_string(),
+                    None => format!("{}-{counter}.bin", peer.replace([':', '[', ']'], "_")),
+                };
+                Some(dir.join(file))
+            }
+        }
+    }
+
+    /// Write one transfer: `fill` writes its bytes. Returns where they went (`-` for
+    /// standard output).
+    pub fn store(
+        &self,
+        name: Option<&str>,
+        peer: &str,
+        counter: u64,
+        fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+    ) -> Result<String> {
+        let Some(path) = self.final_path(name, peer, counter) else {
+            let stdout = std::io::stdout();
+            let mut lock = stdout.lock();
+            fill(&mut lock).context("writing to standard output")?;
+            lock.flush().context("writing to standard output")?;
+            return Ok("-".into());
+        };
+        let mut pending = Pending::create(&path)?;
+        fill(&mut pending.file).with_context(|| format!("writing {}", pending.tmp.display()))?;
+        pending.commit()?;
+        Ok(path.display().to_string())
+    }
+}
+
+/// A file being written under a temporary name beside its final one; removed on drop
+/// unless committed.
+struct Pending {
+    tmp: PathBuf,
+    file: File,
+    final_path: PathBuf,
+    committed: bool,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Pending {
+    fn create(final_path: &Path) -> Result<Pending> {
+        let dir = final_path.parent().unwrap_or(Path::new("."));
+        let base = final_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{base}.partial-{}-{n}", std::process::id()));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
+        Ok(Pending {
+            tmp,
+            file,
+            final_path: final_path.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    /// Flush to the disk, rename into place, and flush the directory (so the rename
+    /// itself survives a crash).
+    fn commit(mut self) -> Result<()> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("flushing {}", self.tmp.display()))?;
+        fs::rename(&self.tmp, &self.final_path).with_context(|| {
+            format!(
+                "renaming {} to {}",
+                self.tmp.display(),
+                self.final_path.display()
+            )
+        })?;
+        self.committed = true;
+        if let Some(dir) = self.final_path.parent() {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("store-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_file_appears_only_whole_and_a_failed_write_leaves_nothing() {
+        let dir = temp_dir("file");
+        let out = Output::parse(dir.join("data.bin").to_str().unwrap()).unwrap();
+        let e = out
+            .store(None, "p", 0, |w| {
+                w.write_all(b"half")?;
+                bail!("the check failed")
+            })
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("the check failed"));
+        assert!(names(&dir).is_empty(), "{:?}", names(&dir));
+        let at = out
+            .store(None, "p", 0, |w| Ok(w.write_all(b"whole")?))
+            .unwrap();
+        assert!(at.ends_with("data.bin"));
+        assert_eq!(fs::read(dir.join("data.bin")).unwrap(), b"whole");
+        assert_eq!(names(&dir), ["data.bin"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_gets_a_file_per_transfer_named_safely() {
+        let dir = temp_dir("dir");
+        let out = Output::parse(dir.to_str().unwrap()).unwrap();
+        assert!(matches!(out, Output::Dir(_)));
+        out.store(Some("weights.bin"), "10.0.0.1:5000", 0, |w| {
+            Ok(w.write_all(b"a")?)
+        })
+        .unwrap();
+        // A name that would leave the directory is not used: the peer's is.
+        out.store(Some("../escape"), "10.0.0.1:5000", 1, |w| {
+            Ok(w.write_all(b"b")?)
+        })
+        .unwrap();
+        out.store(None, "[::1]:7", 2, |w| Ok(w.write_all(b"c")?))
+            .unwrap();
+        assert_eq!(
+            names(&dir),
+            ["10.0.0.1_5000-1.bin", "___1__7-2.bin", "weights.bin"]
+        );
+        assert!(!dir.parent().unwrap().join("escape").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_in_a_missing_directory_is_refused_up_front() {
+        let e = Output::parse("/nonexistent-dir-xyz/file").unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        assert_eq!(Output::parse("-").unwrap(), Output::Stdout);
+    }
+}
