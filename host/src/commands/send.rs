@@ -108,6 +108,10 @@ fn measure(
             .as_deref()
             .map(host::server::Key::from_file)
             .transpose()?,
+        payload: host::transfer::header::Payload::Pattern,
+        verify: host::transfer::header::VerifyMode::Pattern,
+        max_resends: host::transfer::header::DEFAULT_MAX_RESENDS,
+        faults: None,
     };
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {

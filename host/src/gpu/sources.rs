@@ -178,6 +178,11 @@ unsafe impl SendSource for GpuDirectBuffer {
     fn path(&self) -> DataPath {
         DataPath::GpuDirectRdma
     }
+    fn device_chunk_crcs(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
+        // Written for GPUDirect RDMA over verbs, which no machine here has (GPU and RDMA
+        // NIC never meet): the kernel itself is tested on the H200.
+        Some(super::checksum::crc32c_chunks(&self.memory, chunk as u64))
+    }
 }
 
 // SAFETY: memory() is this buffer's device memory, of len bytes, for its life; the CPU
@@ -204,18 +209,8 @@ unsafe impl RecvSink for GpuDirectBuffer {
         gpu.synchronize()
     }
     fn verify(&self, len: usize) -> Result<Verification> {
-        // The NIC's writes must be visible to the verify kernel, in order: see
-        // capabilities::writes_visibility.
+        self.see_nic_writes()?;
         let gpu = self.memory_gpu();
-        match capabilities::writes_visibility(gpu.raw_device()) {
-            capabilities::WritesVisibility::Ordered => {}
-            capabilities::WritesVisibility::Flush => {
-                driver::flush_gpudirect_rdma_writes(&gpu.bind()?)?
-            }
-            capabilities::WritesVisibility::Unordered => bail!(
-                "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites): receiving into its memory cannot be verified; use --mem host"
-            ),
-        }
         let count = whole_elements(len)?;
         let check = gpu.verify(&self.memory.slice(0..len)?)?;
         Ok(Verification {
@@ -231,12 +226,48 @@ unsafe impl RecvSink for GpuDirectBuffer {
     fn path(&self) -> DataPath {
         DataPath::GpuDirectRdma
     }
+    // GPUDirect RDMA receive with checksums: written for real hardware, not run here
+    // (no machine of this project has a GPU and an RDMA NIC together).
+    fn crc32c_chunks(&self, range: Range<usize>, chunk: usize) -> Result<Vec<u32>> {
+        self.see_nic_writes()?;
+        super::checksum::crc32c_chunks(&self.memory.slice(range)?, chunk as u64)
+    }
+    fn write_to(&self, len: usize, out: &mut dyn std::io::Write) -> Result<()> {
+        self.see_nic_writes()?;
+        let mut block = vec![0u8; len.min(WRITE_BLOCK)];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(WRITE_BLOCK);
+            self.memory.read_range_into(at, &mut block[..n])?;
+            out.write_all(&block[..n])?;
+            at += n;
+        }
+        Ok(())
+    }
 }
+
+/// Bytes copied from GPU memory to the host at a time to write them out.
+const WRITE_BLOCK: usize = 8 << 20;
 
 impl GpuDirectBuffer {
     fn memory_gpu(&self) -> &Rc<Gpu> {
         use super::context::GpuMemory;
         self.memory.gpu()
+    }
+
+    /// The NIC's writes must be visible to the GPU's kernels and copies, in order: see
+    /// capabilities::writes_visibility.
+    fn see_nic_writes(&self) -> Result<()> {
+        let gpu = self.memory_gpu();
+        match capabilities::writes_visibility(gpu.raw_device()) {
+            capabilities::WritesVisibility::Ordered => Ok(()),
+            capabilities::WritesVisibility::Flush => {
+                Ok(driver::flush_gpudirect_rdma_writes(&gpu.bind()?)?)
+            }
+            capabilities::WritesVisibility::Unordered => bail!(
+                "this GPU may see the NIC's writes out of order and offers no flush (cuFlushGPUDirectRDMAWrites): receiving into its memory cannot be verified; use --mem host"
+            ),
+        }
     }
 }
 

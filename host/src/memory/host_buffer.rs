@@ -122,11 +122,16 @@ impl HostBuffer {
     }
 
     /// Run `f` over the first `len` bytes, in copied blocks of at most [`COPY_BLOCK`].
-    fn for_each_block(&self, len: usize, mut f: impl FnMut(&[u8])) {
-        let mut scratch = vec![0u8; len.min(COPY_BLOCK)];
-        let mut offset = 0;
-        while offset < len {
-            let n = (len - offset).min(COPY_BLOCK);
+    fn for_each_block(&self, len: usize, f: impl FnMut(&[u8])) {
+        self.for_each_block_in(0..len, f)
+    }
+
+    /// Run `f` over bytes `range`, in copied blocks of at most [`COPY_BLOCK`].
+    fn for_each_block_in(&self, range: Range<usize>, mut f: impl FnMut(&[u8])) {
+        let mut scratch = vec![0u8; range.len().min(COPY_BLOCK)];
+        let mut offset = range.start;
+        while offset < range.end {
+            let n = (range.end - offset).min(COPY_BLOCK);
             self.copy_out(offset, &mut scratch[..n]);
             f(&scratch[..n]);
             offset += n;
@@ -174,6 +179,14 @@ impl HostBuffer {
     pub fn read_prefix(&self, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len.min(self.len)];
         self.copy_out(0, &mut out);
+        out
+    }
+
+    /// A copy of bytes `[offset, offset + len)`, clamped to the buffer.
+    pub fn read_range(&self, offset: usize, len: usize) -> Vec<u8> {
+        let offset = offset.min(self.len);
+        let mut out = vec![0u8; len.min(self.len - offset)];
+        self.copy_out(offset, &mut out);
         out
     }
 
@@ -329,6 +342,38 @@ unsafe impl RecvSink for HostBuffer {
     fn path(&self) -> DataPath {
         DataPath::HostMemory
     }
+
+    fn crc32c_chunks(&self, range: Range<usize>, chunk: usize) -> Result<Vec<u32>> {
+        if range.start > range.end || range.end > self.len || chunk == 0 {
+            bail!(
+                "checksums of bytes {range:?} in chunks of {chunk} of a {}-byte buffer",
+                self.len
+            );
+        }
+        let mut crcs = Vec::with_capacity(range.len().div_ceil(chunk));
+        let mut at = range.start;
+        while at < range.end {
+            let end = (at + chunk).min(range.end);
+            let mut crc = 0u32;
+            self.for_each_block_in(at..end, |block| crc = crc32c::crc32c_append(crc, block));
+            crcs.push(crc);
+            at = end;
+        }
+        Ok(crcs)
+    }
+
+    fn write_to(&self, len: usize, out: &mut dyn std::io::Write) -> Result<()> {
+        if len > self.len {
+            bail!("asked to write {len} bytes of a {}-byte buffer", self.len);
+        }
+        let mut result = Ok(());
+        self.for_each_block(len, |block| {
+            if result.is_ok() {
+                result = out.write_all(block);
+            }
+        });
+        Ok(result?)
+    }
 }
 
 #[cfg(test)]
@@ -389,6 +434,25 @@ mod tests {
             assert!(e.contains("cannot be allocated"), "{e}");
         }
         assert!(HostBuffer::with_pattern(usize::MAX - 3).is_err());
+    }
+
+    #[test]
+    fn chunk_checksums_and_writing_out_read_what_landed() {
+        let mut b = HostBuffer::zeroed(200_003).unwrap();
+        for (i, x) in b.as_bytes_mut().iter_mut().enumerate() {
+            *x = (i * 31 + 7) as u8;
+        }
+        let bytes = b.as_bytes().to_vec();
+        for chunk in [1usize, 4096, 65_537, 200_003] {
+            let got = RecvSink::crc32c_chunks(&b, 0..bytes.len(), chunk).unwrap();
+            assert_eq!(got, crate::integrity::chunk_crcs(&bytes, chunk), "{chunk}");
+        }
+        let one = RecvSink::crc32c_chunks(&b, 70_000..140_000, 70_000).unwrap();
+        assert_eq!(one, [crate::integrity::crc32c(&bytes[70_000..140_000])]);
+        assert!(RecvSink::crc32c_chunks(&b, 0..200_004, 7).is_err());
+        let mut out = Vec::new();
+        b.write_to(200_001, &mut out).unwrap();
+        assert_eq!(out, bytes[..200_001]);
     }
 
     #[test]

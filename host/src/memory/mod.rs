@@ -163,6 +163,14 @@ pub unsafe trait SendSource {
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
 
     fn path(&self) -> DataPath;
+
+    /// CRC32C of every `chunk` bytes of the data, computed where the data lies, for a
+    /// source whose chunks the CPU cannot read (GPU memory the NIC reads directly: the
+    /// `crc32c_chunks` kernel). `None` where the chunks lie in host memory: the sender
+    /// reads them there as it posts them.
+    fn device_chunk_crcs(&self, _chunk: usize) -> Option<Result<Vec<u32>>> {
+        None
+    }
 }
 
 /// What the receiver found when it checked the data.
@@ -217,6 +225,20 @@ pub unsafe trait RecvSink {
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
 
     fn path(&self) -> DataPath;
+
+    /// CRC32C of every `chunk` bytes of bytes `range` (the last piece may be shorter),
+    /// where the data landed (`--verify checksum`): the CPU for host memory, the
+    /// `crc32c_chunks` kernel for GPU memory. Never while the NIC may write the range.
+    fn crc32c_chunks(&self, range: Range<usize>, chunk: usize) -> Result<Vec<u32>> {
+        let _ = (range, chunk);
+        anyhow::bail!("this receive buffer cannot compute checksums")
+    }
+
+    /// Write the first `len` bytes to `out` (`host recv --output`), by copies.
+    fn write_to(&self, len: usize, out: &mut dyn std::io::Write) -> Result<()> {
+        let _ = (len, out);
+        anyhow::bail!("this receive buffer cannot be written out")
+    }
 }
 
 /// The 32-bit word [`RecvSink::poison`] fills with: odd, so never `pattern::value(i)`.

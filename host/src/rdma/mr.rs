@@ -287,6 +287,25 @@ impl MessageBuffer {
             .expect("a prefix of the buffer lies inside its own region")
     }
 
+    /// Copy `data` into the buffer at `offset` (one slot of a buffer cut into slots). The
+    /// caller must not do this while a work request on those bytes is outstanding.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), RdmaError> {
+        self.buf
+            .write_at(offset, data)
+            .map_err(|e| RdmaError::InvalidArgument(format!("{e:#}")))
+    }
+
+    /// A copy of bytes `[offset, offset + len)`, clamped to the buffer (a received
+    /// message in one slot, after its completion was polled).
+    pub fn read_at(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.buf.read_range(offset, len)
+    }
+
+    /// The SGE for bytes `range` of the buffer (one slot).
+    pub fn sge_at(&self, range: std::ops::Range<usize>) -> Result<Sge<'_>, RdmaError> {
+        self.mr.sge(range)
+    }
+
     pub fn len(&self) -> usize {
         self.buf.len()
     }

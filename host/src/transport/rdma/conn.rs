@@ -15,6 +15,16 @@ pub(crate) const INDEX_MASK: u64 = (1 << TAG_SHIFT) - 1;
 pub(crate) const TAG_DATA: u64 = 1 << TAG_SHIFT;
 pub(crate) const WR_ACK: u64 = 2 << TAG_SHIFT;
 pub(crate) const WR_REPLY: u64 = 3 << TAG_SHIFT;
+/// Control messages after the data: the sender's chunk checksums, the receiver's resend
+/// requests (index: the message's number).
+pub(crate) const WR_CTRL: u64 = 4 << TAG_SHIFT;
+/// The receiver's receives for chunks sent again in send mode (index: the chunk).
+pub(crate) const TAG_RESEND: u64 = 5 << TAG_SHIFT;
+
+/// The tag of a `wr_id`.
+pub(crate) fn tag(wr_id: u64) -> u64 {
+    wr_id & !INDEX_MASK
+}
 
 pub(crate) fn is_data(wr_id: u64) -> bool {
     wr_id & !INDEX_MASK == TAG_DATA

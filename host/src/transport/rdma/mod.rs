@@ -44,8 +44,10 @@
 //! `--raw` is the seed's wire behaviour instead: no header, one `SEND_WITH_IMM` of the
 //! whole buffer with immediate `0x1234`, a 16-byte reply.
 
+mod checks;
 mod conn;
 pub mod receiver;
+mod repair;
 pub mod sender;
 
 pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};

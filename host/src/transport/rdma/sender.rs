@@ -2,25 +2,31 @@
 //! for the receiver's verdict.
 
 use super::conn::{
-    is_data, next_event, Connection, Resources, Waited, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA,
-    WR_ACK, WR_REPLY,
+    is_data, next_event, tag, Connection, Resources, Waited, DISCONNECT_GRACE, INDEX_MASK,
+    TAG_DATA, WR_ACK, WR_CTRL, WR_REPLY,
 };
+use super::repair::{self, Requests, Subset, CONTROL_SLOT, REPLY_SLOTS};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{
     self, errno_message, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
+use crate::memory::RegistrationTarget;
+use crate::transfer::faults::FaultInjector;
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, VerbsProof, WireError, ACK_LEN,
-    HEADER_FLAG_REPEAT, RAW_IMM,
+    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, Resend, VerbsProof, VerifyMode,
+    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN,
+    RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Framed;
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, SendReport, TransferError};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 /// Everything the sender needs to know, built by the CLI.
@@ -47,7 +53,18 @@ pub struct SendConfig {
     pub protocol_version: u16,
     /// `--key-file`: proves to a receiver with the same key that this sender may send.
     pub key: Option<crate::server::Key>,
+    /// What the bytes are: the pattern (whole `i32`s), or the user's (any length).
+    pub payload: Payload,
+    /// The receiver's checks (`--verify`); with checksums the sender computes CRC32C of
+    /// every chunk and sends them after the data (see `repair.rs`).
+    pub verify: VerifyMode,
+    /// Rounds of resends of chunks whose checksum failed (`--max-resends`).
+    pub max_resends: u8,
+    /// Test only (`--test-inject-faults 1/N`): flip one bit in chunks after their
+    /// checksum was computed, in a copy (the source is never modified).
+    pub faults: Option<FaultInjector>,
 }
+
 
 /// Extra time given to the CM to report its own timeout.
 const CM_GRACE: Duration = Duration::from_millis(500);
@@ -219,10 +236,31 @@ pub fn send_repeated(
 /// The header this sender offers for `transfers` transfers.
 fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
     let plan = ChunkPlan::new(cfg.bytes, cfg.chunk).map_err(TransferError::Protocol)?;
-    Header::new(cfg.op, cfg.bytes, plan.chunk_bytes(), cfg.depth)
+    let cannot = |e: WireError| TransferError::Protocol(format!("cannot offer this transfer: {e}"));
+    let chunk_bytes = u32::try_from(plan.chunk_bytes()).map_err(|_| {
+        cannot(WireError::ChunkLargerThanTotal {
+            chunk: plan.chunk_bytes(),
+            total: cfg.bytes,
+        })
+    })?;
+    // Checked by with_payload (user data may be any length, the pattern whole i32s).
+    let header = Header {
+        op: cfg.op,
+        total_bytes: cfg.bytes,
+        chunk_bytes,
+        depth: cfg.depth,
+        transfers: 1,
+        solicited_events: false,
+        payload: cfg.payload,
+        verify: cfg.verify,
+        max_resends: cfg.max_resends,
+        named: false,
+    };
+    header
+        .with_payload(cfg.payload, cfg.verify, cfg.max_resends)
         .map(Header::with_solicited_events)
         .and_then(|h| h.with_transfers(transfers))
-        .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))
+        .map_err(cannot)
 }
 
 /// [`send_repeated`]'s one connection, with `proof` of the key after the header.
@@ -249,9 +287,11 @@ fn connect_and_send(
     // Memory is registered before the queue pair exists, so that the queue pair, which
     // may only name regions that outlive it, is torn down first. The CQ is sized for the
     // deepest window the queue pair may get.
+    let checksums = header.verify.checksum();
+    let reply_slots = if checksums { REPLY_SLOTS } else { 1 };
     let most = QpCaps {
         max_send_wr: cfg.depth + 1,
-        max_recv_wr: 2,
+        max_recv_wr: reply_slots + 1,
         max_inline_data: 0,
     };
     let res = Resources::new(&id, Resources::cq_entries(most), cfg.busy_poll)?;
@@ -265,13 +305,26 @@ fn connect_and_send(
         max_send_wr: window + 1,
         ..most
     };
-    let ack_buf = MessageBuffer::new(&res.pd, 64)?;
-    let conn = Connection::new(&res, caps)?;
-    // SAFETY: nobody reads the ack buffer before this receive's completion is polled.
-    unsafe {
-        conn.qp
-            .post_recv(WR_ACK, Some(ack_buf.sge(ack_buf.len())))?
+    let host = host_memory(source);
+    let sums = Checksums::new(cfg, source, host.is_some(), &plan)?;
+    // Copies of the chunks a fault is injected into, one per chunk in flight (test only).
+    let scratch = match cfg.faults {
+        Some(_) => (0..window)
+            .map(|_| MessageBuffer::new(&res.pd, plan.chunk_bytes() as usize))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
     };
+    let replies = Replies::new(&res, reply_slots, checksums)?;
+    let ctrl_buf = MessageBuffer::new(&res.pd, CONTROL_SLOT)?;
+    let conn = Connection::new(&res, caps)?;
+    for slot in 0..reply_slots {
+        replies.post(&conn, slot)?;
+    }
+    if checksums {
+        // The receiver's resend requests may come back to back: a receive not yet
+        // reposted costs a 0.64 ms retry, not the CM's 655 ms.
+        let _ = conn.qp.set_min_rnr_timer(12);
+    }
 
     let header_bytes = header.encode_with_version(cfg.protocol_version);
     let with_proof = proof.map(|p| p.private_data(&header_bytes));
@@ -314,25 +367,52 @@ fn connect_and_send(
     let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
 
     let device = id.device_name();
+    let op = match cfg.op {
+        Op::Send => WireOp::Send,
+        Op::Write => WireOp::Write(accept),
+    };
+    let tamper = cfg.faults.map(|faults| Tamper {
+        faults,
+        scratch: &scratch,
+        attempt: 0,
+        injected: 0,
+    });
+    let mut ends = WireEnds {
+        conn: &conn,
+        data_mr: &data_mr,
+        replies: Some(&replies),
+        op,
+        chunks: n,
+        label: &label,
+        host,
+        tamper,
+    };
+    let mut pending: VecDeque<Completion> = VecDeque::new();
     let mut reports = Vec::new();
     for k in 0..transfers {
-        if k > 0 {
-            // The previous ack has been read: the receive for the next one goes in before
-            // any data of the next transfer, so the receiver never finds it missing.
-            // SAFETY: as for the first ack receive above.
-            unsafe {
-                conn.qp
-                    .post_recv(WR_ACK, Some(ack_buf.sge(ack_buf.len())))?
-            };
-        }
-        let op = match cfg.op {
-            Op::Send => WireOp::Send,
-            Op::Write => WireOp::Write(accept),
-        };
-        let mut wire = VerbsWire::new(&conn, &data_mr, Some(&ack_buf), op, n, &label);
+        let mut wire = ends.wire(sums.on_the_way(), None);
         let start = Instant::now();
-        let seconds = schedule.run(source, &mut wire, &label)?.as_secs_f64();
-        let ack = await_ack(&conn, wire.ack, &ack_buf, cfg.timeout, &label)?;
+        let ran = schedule.run(source, &mut wire, &label);
+        let (crcs, seen) = wire.finish(&mut ends);
+        pending.extend(seen);
+        let seconds = ran?.as_secs_f64();
+        let ack = if checksums {
+            let crcs = sums.of_this_transfer(crcs)?;
+            let mut talk = Talk {
+                ends: &mut ends,
+                replies: &replies,
+                ctrl_buf: &ctrl_buf,
+                pending: &mut pending,
+                timeout: cfg.timeout,
+            };
+            let ack = talk.checked_transfer(&schedule, source, &crcs, cfg.max_resends)?;
+            check_digest(&ack, &crcs, &plan, &label)?;
+            ack
+        } else {
+            let ack = await_ack(&conn, &mut pending, &replies, cfg.timeout, &label)?;
+            replies.repost(&conn, &ack.1)?;
+            ack.0
+        };
         ack.check_counts(total)
             .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
         let round_trip_seconds = start.elapsed().as_secs_f64();
@@ -352,37 +432,341 @@ fn connect_and_send(
     Ok(reports)
 }
 
-/// Wait for the receiver's ack (whose receive is posted; `seen` if it already came with
-/// the data's completions) and decode it.
+/// The source's bytes as the CPU can read them, where they lie in host memory (a host
+/// buffer, a staging ring, mapped memory): the sender computes each chunk's CRC32C
+/// there, and copies a chunk it injects a fault into.
+fn host_memory(source: &dyn SendSource) -> Option<(NonNull<u8>, usize)> {
+    match source.memory().target() {
+        RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
+        _ => None,
+    }
+}
+
+/// Where the chunks' CRC32Cs of a transfer come from.
+enum Checksums {
+    /// None are sent (`--verify pattern|off`).
+    Off,
+    /// The wire computes them from host memory as it posts each chunk.
+    OnTheWay,
+    /// Computed on the GPU before the data goes (GPU memory the NIC reads directly):
+    /// the same for every transfer of the connection.
+    Before(Vec<u32>),
+}
+
+impl Checksums {
+    fn new(
+        cfg: &SendConfig,
+        source: &dyn SendSource,
+        in_host_memory: bool,
+        plan: &ChunkPlan,
+    ) -> Result<Checksums, TransferError> {
+        if cfg.faults.is_some() && !in_host_memory {
+            return Err(TransferError::Protocol(
+                "--test-inject-faults needs the data in host memory (--mem host, staged or mapped): it corrupts a copy of the chunk made by the CPU".into(),
+            ));
+        }
+        if !cfg.verify.checksum() {
+            return Ok(Checksums::Off);
+        }
+        if in_host_memory {
+            return Ok(Checksums::OnTheWay);
+        }
+        match source.device_chunk_crcs(plan.chunk_bytes() as usize) {
+            Some(Ok(crcs)) if crcs.len() as u64 == plan.count() => Ok(Checksums::Before(crcs)),
+            Some(Ok(crcs)) => Err(TransferError::Protocol(format!(
+                "{} chunk checksums computed for {} chunks",
+                crcs.len(),
+                plan.count()
+            ))),
+            Some(Err(e)) => Err(TransferError::Memory(e.context("chunk checksums on the GPU"))),
+            None => Err(TransferError::Protocol(
+                "--verify checksum: this memory path offers no way to compute the chunks' checksums"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Whether the wire computes them as it posts.
+    fn on_the_way(&self) -> bool {
+        matches!(self, Checksums::OnTheWay)
+    }
+
+    /// This transfer's checksums: the wire's, or those computed before.
+    fn of_this_transfer(&self, from_wire: Option<Vec<u32>>) -> Result<Vec<u32>, TransferError> {
+        match (self, from_wire) {
+            (Checksums::Before(crcs), _) => Ok(crcs.clone()),
+            (Checksums::OnTheWay, Some(crcs)) => Ok(crcs),
+            _ => Err(TransferError::Protocol(
+                "no chunk checksums were computed".into(),
+            )),
+        }
+    }
+}
+
+/// The ack's digest must be the CRC32C of what was sent, by the combine rule over the
+/// chunks' CRC32Cs: a verified transfer whose digest differs was not what this sender
+/// sent.
+fn check_digest(
+    ack: &Ack,
+    crcs: &[u32],
+    plan: &ChunkPlan,
+    label: &str,
+) -> Result<(), TransferError> {
+    let ours = crate::integrity::digest(crcs, plan.chunk_bytes(), plan.total());
+    match ack.digest {
+        Some(theirs) if ack.status == AckStatus::Verified && theirs != ours => {
+            Err(TransferError::Protocol(format!(
+                "the receiver at {label} acked a transfer with CRC32C {theirs:#010x}, but this sender sent {ours:#010x}"
+            )))
+        }
+        None if ack.status == AckStatus::Verified => Err(TransferError::Protocol(format!(
+            "the receiver at {label} acked without the transfer's CRC32C digest asked for (--verify checksum)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The receives a sender keeps posted for the receiver's replies after the data (the
+/// ack; with checksums also its resend requests), each in a slot of its own, reposted
+/// as soon as it has been read.
+struct Replies {
+    buf: MessageBuffer,
+    slot_len: usize,
+}
+
+impl Replies {
+    fn new(res: &Resources, slots: u32, checksums: bool) -> Result<Replies, TransferError> {
+        let slot_len = if checksums { CONTROL_SLOT } else { 64 };
+        Ok(Replies {
+            buf: MessageBuffer::new(&res.pd, slots as usize * slot_len)?,
+            slot_len,
+        })
+    }
+
+    fn post<'r>(&'r self, conn: &Connection<'r>, slot: u32) -> Result<(), TransferError> {
+        let at = slot as usize * self.slot_len;
+        let sge = self.buf.sge_at(at..at + self.slot_len)?;
+        // SAFETY: the slot is read only after this receive's completion was polled, and
+        // posted again only after that read.
+        unsafe { conn.qp.post_recv(WR_ACK | slot as u64, Some(sge))? };
+        Ok(())
+    }
+
+    /// Post the slot of a reply that has been read again.
+    fn repost<'r>(&'r self, conn: &Connection<'r>, c: &Completion) -> Result<(), TransferError> {
+        self.post(conn, (c.wr_id & INDEX_MASK) as u32)
+    }
+
+    /// The reply in `c`'s slot.
+    fn read(&self, c: &Completion) -> Vec<u8> {
+        let slot = (c.wr_id & INDEX_MASK) as usize;
+        self.buf.read_at(
+            slot * self.slot_len,
+            (c.byte_len as usize).min(self.slot_len),
+        )
+    }
+}
+
+/// Wait for the receiver's ack (whose receive is posted; among `pending` if it already
+/// came with the data's completions) and decode it; also its completion, whose slot the
+/// caller posts again.
 fn await_ack(
     conn: &Connection,
-    seen: Option<Completion>,
-    ack_buf: &MessageBuffer,
+    pending: &mut VecDeque<Completion>,
+    replies: &Replies,
     timeout: Duration,
     label: &str,
-) -> Result<Ack, TransferError> {
+) -> Result<(Ack, Completion), TransferError> {
+    let c = next_reply(conn, pending, timeout, label)?;
+    let ack = Ack::decode(&replies.read(&c)[..(c.byte_len as usize).min(ACK_LEN)])
+        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))?;
+    Ok((ack, c))
+}
+
+/// The next reply from the receiver: the first of `pending`, or the next to complete.
+fn next_reply(
+    conn: &Connection,
+    pending: &mut VecDeque<Completion>,
+    timeout: Duration,
+    label: &str,
+) -> Result<Completion, TransferError> {
     let deadline = Deadline::after(timeout);
     let waiting_for_ack = format!("the verification result from {label}");
-    let mut ack = seen;
     let mut comps = Vec::new();
-    while ack.is_none() {
+    loop {
+        if let Some(c) = pending.pop_front() {
+            c.check(|| "the receive for the receiver's reply".into())?;
+            return Ok(c);
+        }
         comps.clear();
         let waited = conn.wait(&mut comps, &deadline, &waiting_for_ack)?;
         for c in &comps {
-            if c.wr_id == WR_ACK {
-                c.check(|| "the receive for the receiver's ack".into())?;
-                ack = Some(*c);
+            if tag(c.wr_id) == WR_ACK {
+                pending.push_back(*c);
+            } else if !c.is_ok() {
+                c.check(|| "a work request after the data".into())?;
             }
         }
-        if ack.is_none() && waited == Waited::Disconnected {
+        if pending.is_empty() && waited == Waited::Disconnected {
             return Err(TransferError::Protocol(format!(
                 "the receiver at {label} closed the connection without reporting its verification"
             )));
         }
     }
-    let ack_len = ack.map_or(0, |c| c.byte_len as usize);
-    Ack::decode(&ack_buf.read(ack_len.min(ACK_LEN)))
-        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))
+}
+
+/// The sender's side of a transfer checked by checksums, after its data: the checksums
+/// go out, then the receiver's requests are served until its ack.
+struct Talk<'a, 'c, 'r> {
+    ends: &'a mut WireEnds<'c, 'r>,
+    replies: &'r Replies,
+    ctrl_buf: &'r MessageBuffer,
+    pending: &'a mut VecDeque<Completion>,
+    timeout: Duration,
+}
+
+impl Talk<'_, '_, '_> {
+    fn checked_transfer(
+        &mut self,
+        schedule: &Schedule,
+        source: &dyn SendSource,
+        crcs: &[u32],
+        max_resends: u8,
+    ) -> Result<Ack, TransferError> {
+        for (i, message) in repair::checksum_batches(crcs).enumerate() {
+            self.send_control(i as u64, &message.encode())?;
+        }
+        let n = self.ends.chunks;
+        let mut requests = Requests::new(max_resends);
+        loop {
+            let c = next_reply(self.ends.conn, self.pending, self.timeout, self.ends.label)?;
+            let bytes = self.replies.read(&c);
+            self.replies.repost(self.ends.conn, &c)?;
+            if !bytes.starts_with(&RESEND_MAGIC) {
+                let ack = Ack::decode(&bytes[..bytes.len().min(ACK_LEN)]).map_err(|e| {
+                    TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
+                })?;
+                if ack.status == AckStatus::ChecksumFailed {
+                    let why = requests
+                        .failure()
+                        .unwrap_or_else(|| "chunks failed their checksums".into());
+                    return Err(TransferError::Protocol(format!(
+                        "the receiver at {} found {why}",
+                        self.ends.label
+                    )));
+                }
+                return Ok(ack);
+            }
+            let invalid =
+                |e: WireError| TransferError::Protocol(format!("the receiver's resend request is invalid: {e}"));
+            let (round, last, _count) = Resend::decode_prefix(&bytes, n).map_err(invalid)?;
+            let resend = Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], n)
+                .map_err(invalid)?;
+            let chunks = requests.take(&resend).map_err(|e| {
+                TransferError::Protocol(format!("{}: {e}", self.ends.label))
+            })?;
+            if !chunks.is_empty() {
+                if let Some(t) = &mut self.ends.tamper {
+                    t.attempt = round;
+                }
+                let mut wire = self.ends.wire(false, Some(Subset::new(chunks)));
+                let ran = schedule.run(source, &mut wire, self.ends.label);
+                let (_, seen) = wire.finish(self.ends);
+                self.pending.extend(seen);
+                ran?;
+            }
+        }
+    }
+
+    /// SEND one control message and wait for its completion (replies that complete
+    /// meanwhile are kept).
+    fn send_control(&mut self, number: u64, message: &[u8]) -> Result<(), TransferError> {
+        let conn = self.ends.conn;
+        self.ctrl_buf.write(message)?;
+        let wr_id = WR_CTRL | (number & INDEX_MASK);
+        // SAFETY: the buffer is registered, outlives the connection's use of it, and is
+        // not written again before this request's completion, waited for below.
+        unsafe {
+            conn.qp.post_send(&SendWr {
+                wr_id,
+                sge: self.ctrl_buf.sge(message.len()),
+                op: SendOp::Send,
+                signaled: true,
+                inline: false,
+                solicited: true,
+            })?
+        };
+        let deadline = Deadline::after(self.timeout);
+        let mut comps = Vec::new();
+        let what = format!("the chunk checksums to reach {}", self.ends.label);
+        loop {
+            comps.clear();
+            let waited = conn.wait(&mut comps, &deadline, &what)?;
+            let mut sent = false;
+            for c in &comps {
+                if tag(c.wr_id) == WR_ACK {
+                    self.pending.push_back(*c);
+                } else if c.wr_id == wr_id {
+                    c.check(|| "the SEND of chunk checksums".into())?;
+                    sent = true;
+                }
+            }
+            if sent {
+                return Ok(());
+            }
+            if waited == Waited::Disconnected {
+                return Err(TransferError::Protocol(format!(
+                    "the receiver at {} disconnected before it had the chunk checksums",
+                    self.ends.label
+                )));
+            }
+        }
+    }
+}
+
+/// Chunks a fault is injected into (test only): a copy in a scratch buffer, one bit
+/// flipped, is posted instead of the source's bytes.
+struct Tamper<'r> {
+    faults: FaultInjector,
+    /// One buffer of a chunk per chunk in flight: chunk `i` uses `i % len`, which the
+    /// schedule's window keeps free (chunk `i + window` is handed over only after chunk
+    /// `i` is done).
+    scratch: &'r [MessageBuffer],
+    /// 0 for the first sending, the round for a resend.
+    attempt: u32,
+    injected: u64,
+}
+
+/// What every wire of a connection shares.
+struct WireEnds<'c, 'r> {
+    conn: &'c Connection<'r>,
+    data_mr: &'r MemoryRegion<'r>,
+    replies: Option<&'r Replies>,
+    op: WireOp,
+    chunks: u64,
+    label: &'c str,
+    host: Option<(NonNull<u8>, usize)>,
+    tamper: Option<Tamper<'r>>,
+}
+
+impl<'c, 'r> WireEnds<'c, 'r> {
+    /// A wire for one pass: computing the chunks' checksums (`crcs`), or sending only
+    /// `subset` again.
+    fn wire(&mut self, crcs: bool, subset: Option<Subset>) -> VerbsWire<'c, 'r> {
+        let mut wire = VerbsWire::new(
+            self.conn,
+            self.data_mr,
+            self.replies,
+            self.op,
+            self.chunks,
+            self.label,
+        );
+        wire.host = self.host;
+        wire.crcs = crcs.then(|| vec![0; self.chunks as usize]);
+        wire.tamper = self.tamper.take();
+        wire.subset = subset;
+        wire
+    }
 }
 
 /// What a chunk becomes on the wire.
@@ -406,19 +790,27 @@ struct VerbsWire<'c, 'r> {
     waiting_for: String,
     comps: Vec<Completion>,
     wrs: Vec<crate::rdma::SendWr<'r>>,
-    /// Where the receiver's ack lands (framed transfers).
-    ack_buf: Option<&'c MessageBuffer>,
-    /// The receiver's ack, if it came in with the data's completions.
-    ack: Option<Completion>,
+    /// Where the receiver's replies land (framed transfers).
+    replies: Option<&'c Replies>,
+    /// Replies that came in with the data's completions, in order.
+    seen: Vec<Completion>,
     /// A raw peer's reply, likewise.
     reply: Option<Completion>,
+    /// The source's bytes in host memory, if they lie there.
+    host: Option<(NonNull<u8>, usize)>,
+    /// The CRC32C of each chunk, computed as it is posted (first pass, with checksums).
+    crcs: Option<Vec<u32>>,
+    /// Faults to inject (test only).
+    tamper: Option<Tamper<'r>>,
+    /// A resend pass: only these chunks go, each signaled and with its immediate.
+    subset: Option<Subset>,
 }
 
 impl<'c, 'r> VerbsWire<'c, 'r> {
     fn new(
         conn: &'c Connection<'r>,
         data_mr: &'r MemoryRegion<'r>,
-        ack_buf: Option<&'c MessageBuffer>,
+        replies: Option<&'c Replies>,
         op: WireOp,
         chunks: u64,
         label: &str,
@@ -426,26 +818,39 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         VerbsWire {
             conn,
             data_mr,
-            ack_buf,
+            replies,
             op,
             chunks,
             waiting_for: format!("completions of chunks sent to {label}"),
             comps: Vec::with_capacity(64),
             wrs: Vec::with_capacity(POST_BATCH),
-            ack: None,
+            seen: Vec::new(),
             reply: None,
+            host: None,
+            crcs: None,
+            tamper: None,
+            subset: None,
         }
+    }
+
+    /// The pass is over: the fault injector goes back to `ends`; the checksums computed
+    /// and the replies seen come out.
+    fn finish(self, ends: &mut WireEnds<'c, 'r>) -> (Option<Vec<u32>>, Vec<Completion>) {
+        ends.tamper = self.tamper;
+        (self.crcs, self.seen)
     }
 
     fn send_op(&self, p: &Posted) -> SendOp {
         let imm = (p.chunk.index + 1) as u32; // chunks delivered through this one (n < 2^32)
+        // A chunk sent again names itself in its immediate, in both modes.
+        let again = self.subset.is_some();
         match self.op {
             WireOp::Raw { .. } => SendOp::SendWithImm(RAW_IMM),
-            WireOp::Send if p.last => SendOp::SendWithImm(imm),
+            WireOp::Send if p.last || again => SendOp::SendWithImm(imm),
             WireOp::Send => SendOp::Send,
             WireOp::Write(accept) => {
                 let remote_addr = accept.addr + p.chunk.offset;
-                if p.signaled {
+                if p.signaled || again {
                     SendOp::WriteWithImm {
                         remote_addr,
                         rkey: accept.rkey,
@@ -461,10 +866,12 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         }
     }
 
-    /// The receiver's reason, if the ack in `c` ends the transfer before its data is in.
+    /// The receiver's reason, if the reply in `c` is an ack that ends the transfer before
+    /// its data is in.
     fn ended_early(&self, c: &Completion) -> Option<String> {
-        let buf = self.ack_buf?;
-        let ack = Ack::decode(&buf.read((c.byte_len as usize).min(ACK_LEN))).ok()?;
+        let replies = self.replies?;
+        let bytes = replies.read(c);
+        let ack = Ack::decode(&bytes[..bytes.len().min(ACK_LEN)]).ok()?;
         (ack.status == AckStatus::TooSlow).then(|| {
             format!(
                 "the receiver ended the transfer: sender too slow ({} had arrived by its --min-rate deadline)",
@@ -479,7 +886,11 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         loop {
             self.comps.clear();
             self.conn.cq.poll(&mut self.comps).ok()?;
-            if let Some(c) = self.comps.iter().find(|c| c.wr_id == WR_ACK && c.is_ok()) {
+            if let Some(c) = self
+                .comps
+                .iter()
+                .find(|c| tag(c.wr_id) == WR_ACK && c.is_ok())
+            {
                 return self.ended_early(c);
             }
             if deadline.expired() {
@@ -518,11 +929,59 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         };
         format!("{why}{hint}")
     }
+
+    /// The SGE a chunk goes from: its bytes in the source, or (a fault injected) a
+    /// corrupted copy; its CRC32C taken on the way, from the source's bytes.
+    ///
+    /// # Safety
+    /// As [`ChunkWire::post`] says for `p`'s bytes.
+    unsafe fn chunk_sge(&mut self, p: &Posted) -> Result<crate::rdma::Sge<'r>, schedule::WireError> {
+        let sge = self.data_mr.sge(p.bytes.clone())?;
+        let Some((base, len)) = self.host else {
+            return Ok(sge);
+        };
+        if self.crcs.is_none() && self.tamper.is_none() {
+            return Ok(sge);
+        }
+        if p.bytes.end > len {
+            return Err(schedule::WireError::Broken(format!(
+                "chunk {} lies outside the source's memory",
+                p.chunk.index
+            )));
+        }
+        // SAFETY: the range lies inside the source's host memory (checked above), whose
+        // bytes the caller keeps valid and unmodified until the chunk is reported done;
+        // the CPU only reads them, as the NIC does.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(base.as_ptr().add(p.bytes.start), p.bytes.len())
+        };
+        let index = p.chunk.index;
+        if let Some(crcs) = &mut self.crcs {
+            if let Some(slot) = crcs.get_mut(index as usize) {
+                *slot = crate::integrity::crc32c(bytes);
+            }
+        }
+        let Some(t) = &mut self.tamper else {
+            return Ok(sge);
+        };
+        if !t.faults.hits(index, t.attempt) {
+            return Ok(sge);
+        }
+        let scratch = &t.scratch[(index % t.scratch.len() as u64) as usize];
+        let mut copy = bytes.to_vec();
+        t.faults.corrupt(&mut copy, index, t.attempt);
+        // Its last request completed: the window keeps chunk `index` and the previous
+        // user of this slot apart (see `Tamper::scratch`).
+        scratch.write(&copy)?;
+        t.injected += 1;
+        Ok(scratch.sge(copy.len()))
+    }
 }
 
 // SAFETY: chunks are reported done only from polled completions: a signaled completion
 // means the NIC finished every earlier request of the send queue (RC ordering), so it no
-// longer reads their bytes.
+// longer reads their bytes. In a resend pass every posted chunk is signaled, and a chunk
+// passed over is never read.
 unsafe impl ChunkWire for VerbsWire<'_, '_> {
     fn batch(&self) -> usize {
         POST_BATCH.min(POST_LIST_MAX)
@@ -533,23 +992,42 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), schedule::WireError> {
         self.wrs.clear();
         for p in chunks {
+            if let Some(subset) = &mut self.subset {
+                if !subset.hand(p.chunk.index) {
+                    continue;
+                }
+            }
+            // SAFETY: the caller's promise for `p`.
+            let sge = unsafe { self.chunk_sge(p)? };
+            let signaled = p.signaled || self.subset.is_some();
             self.wrs.push(SendWr {
                 wr_id: TAG_DATA | p.chunk.index,
-                sge: self.data_mr.sge(p.bytes.clone())?,
+                sge,
                 op: self.send_op(p),
-                signaled: p.signaled,
+                signaled,
                 inline: false,
                 // The receiver sleeps until one of these (header hint).
-                solicited: p.signaled,
+                solicited: signaled,
             });
         }
+        if self.wrs.is_empty() {
+            return Ok(());
+        }
         // SAFETY: every SGE lies in the source's registered memory (the region checked
-        // it), and the caller keeps those bytes unmodified until we report them done.
+        // it) or in a scratch buffer of ours; the caller keeps the source's bytes
+        // unmodified until we report them done, and a scratch slot is not rewritten
+        // before then (Tamper::scratch).
         unsafe { self.conn.qp.post_send_list(&self.wrs)? };
         Ok(())
     }
 
     fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
+        if let Some(subset) = &self.subset {
+            if !subset.waiting() {
+                // Nothing posted is out: the chunks passed over are done at once.
+                return Ok(subset.done_through());
+            }
+        }
         self.comps.clear();
         let waited = self
             .conn
@@ -569,13 +1047,15 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
             return Err(schedule::WireError::Broken(why));
         }
         let mut highest = None;
-        for c in &self.comps {
+        let comps = std::mem::take(&mut self.comps);
+        for c in &comps {
             match c.wr_id {
-                WR_ACK => {
+                id if tag(id) == WR_ACK => {
                     // The receiver acks after all data, or early to end a transfer that
                     // stayed below its --min-rate: say so rather than "disconnected".
-                    c.check(|| "the receive for the receiver's ack".into())?;
-                    self.ack = Some(*c);
+                    // With checksums, its resend requests come here too.
+                    c.check(|| "the receive for the receiver's reply".into())?;
+                    self.seen.push(*c);
                     if let Some(why) = self.ended_early(c) {
                         return Err(schedule::WireError::Broken(why));
                     }
@@ -590,12 +1070,23 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
                             .unwrap_or_else(|| self.failure(c));
                         return Err(schedule::WireError::Broken(why));
                     }
-                    // A signaled completion: every chunk up to it is done (RC, in order).
-                    highest = highest.max(Some(id & INDEX_MASK));
+                    let index = id & INDEX_MASK;
+                    match &mut self.subset {
+                        Some(subset) => {
+                            subset
+                                .completed(index)
+                                .map_err(schedule::WireError::Broken)?;
+                            highest = subset.done_through();
+                        }
+                        // A signaled completion: every chunk up to it is done (RC, in
+                        // order).
+                        None => highest = highest.max(Some(index)),
+                    }
                 }
                 _ => {}
             }
         }
+        self.comps = comps;
         Ok(highest)
     }
 }

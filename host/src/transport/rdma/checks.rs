@@ -1,0 +1,1 @@
+//! The receiver's checks by checksum over verbs (filled in below).

@@ -1,0 +1,523 @@
+//! The bookkeeping of `--verify checksum` over verbs, apart from the wire: which chunks
+//! failed, the rounds of resends and their bound, how the checksum and resend lists are
+//! cut into messages of a bounded size, and what a sender makes of the receiver's
+//! requests. Pure functions and small state machines, tested here; the posting lives in
+//! `sender.rs` and `checks.rs`.
+//!
+//! The protocol (version 2, verbs), after the data of a transfer:
+//!
+//! ```text
+//! sender                                                    receiver
+//!   |  SEND ChunkChecksums (chunks 0..252) ----------------->|  (receives posted for them
+//!   |  SEND ChunkChecksums (chunks 252..504) --------------->|   behind the data's)
+//!   |  ...                                                   |  CRC32C of each chunk where
+//!   |                                                        |  it landed; compare
+//!   |<---------------- SEND Resend{round 1, chunks 3, 97}    |  (send mode: receives posted
+//!   |  chunk 3, chunk 97 again, into the same place -------->|   at those chunks' places)
+//!   |  (WRITE_WITH_IMM / SEND_WITH_IMM, imm = index + 1)     |  check them again
+//!   |<----------------------- SEND Ack{digest, repaired 2}   |
+//! ```
+//!
+//! A round's list may take several `Resend` messages (at most [`LIST_PER_MESSAGE`]
+//! chunks each); the sender sends each message's chunks again as it comes, and the
+//! receiver waits for all of them before it checks again. After `max_resends` rounds
+//! the receiver names the chunks that still fail in `Resend{last}` messages and acks
+//! `ChecksumFailed`.
+
+use crate::transfer::header::{ChunkChecksums, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
+use std::collections::VecDeque;
+
+/// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
+pub const LIST_PER_MESSAGE: usize = 252;
+/// Bytes of one control message slot (a posted receive for a `ChunkChecksums`, or for
+/// a `Resend` or an ack on the sender's side).
+pub const CONTROL_SLOT: usize = CHECKSUMS_PREFIX_LEN + 4 * LIST_PER_MESSAGE;
+const _: () = assert!(REPLY_PREFIX_LEN + 4 * LIST_PER_MESSAGE == CONTROL_SLOT);
+/// Receives a sender keeps posted for the receiver's replies (resend requests and the
+/// ack) when it sends checksums.
+pub const REPLY_SLOTS: u32 = 4;
+/// Chunks a receiver checks by checksum at most (its expected checksums and resend
+/// lists take 8 bytes per chunk): 2^24, 128 MiB of bookkeeping.
+pub const MAX_CHECKSUM_CHUNKS: u64 = 1 << 24;
+/// Chunks named in the sender's error when the resends are used up.
+const NAMED: usize = 8;
+
+/// How many `ChunkChecksums` messages a transfer of `chunks` chunks takes.
+pub fn checksum_messages(chunks: u64) -> u64 {
+    chunks.div_ceil(LIST_PER_MESSAGE as u64)
+}
+
+/// The `ChunkChecksums` messages of `crcs`, in order.
+pub fn checksum_batches(crcs: &[u32]) -> impl Iterator<Item = ChunkChecksums> + '_ {
+    crcs.chunks(LIST_PER_MESSAGE)
+        .enumerate()
+        .map(|(i, part)| ChunkChecksums {
+            first: (i * LIST_PER_MESSAGE) as u32,
+            crcs: part.to_vec(),
+        })
+}
+
+/// The `Resend` messages of one round's list.
+pub fn resend_batches(round: u32, last: bool, chunks: &[u32]) -> Vec<Resend> {
+    chunks
+        .chunks(LIST_PER_MESSAGE)
+        .map(|part| Resend {
+            round,
+            last,
+            chunks: part.to_vec(),
+        })
+        .collect()
+}
+
+/// The receiver's expected checksums, gathered from the sender's messages in order.
+/// Memory: 4 bytes per chunk of the offer the receiver admitted, never what a message
+/// claims.
+#[derive(Debug)]
+pub struct Expected {
+    crcs: Vec<u32>,
+    chunks: u64,
+}
+
+impl Expected {
+    pub fn new(chunks: u64) -> Expected {
+        Expected {
+            crcs: Vec::with_capacity(chunks.min(MAX_CHECKSUM_CHUNKS) as usize),
+            chunks,
+        }
+    }
+
+    /// Take one `ChunkChecksums` message: it must continue where the last one ended.
+    pub fn take(&mut self, message: &[u8]) -> Result<(), String> {
+        let m = ChunkChecksums::decode(message, self.chunks)
+            .map_err(|e| format!("a chunk checksum message is invalid: {e}"))?;
+        if m.first as usize != self.crcs.len() || m.crcs.is_empty() {
+            return Err(format!(
+                "chunk checksums from chunk {} ({} of them) where chunk {} was due",
+                m.first,
+                m.crcs.len(),
+                self.crcs.len()
+            ));
+        }
+        self.crcs.extend_from_slice(&m.crcs);
+        Ok(())
+    }
+
+    pub fn complete(&self) -> bool {
+        self.crcs.len() as u64 == self.chunks
+    }
+
+    pub fn crcs(&self) -> &[u32] {
+        &self.crcs
+    }
+}
+
+/// The chunks (indices) whose checksum where they landed differs from the sender's.
+pub fn failed(expected: &[u32], landed: &[u32]) -> Vec<u32> {
+    expected
+        .iter()
+        .zip(landed)
+        .enumerate()
+        .filter(|(_, (e, l))| e != l)
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+/// What the receiver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Every chunk passed: ack, with this many repaired.
+    Done { repaired: u32 },
+    /// Ask for these chunks again, in round `round` (from 1).
+    Resend { round: u32, chunks: Vec<u32> },
+    /// The resends are used up: name these in `Resend{last}` and ack `ChecksumFailed`.
+    GiveUp { round: u32, chunks: Vec<u32> },
+}
+
+/// The receiver's rounds of one transfer.
+#[derive(Debug)]
+pub struct Repair {
+    max_resends: u8,
+    rounds: u32,
+    failing: Vec<u32>,
+    repaired: u32,
+}
+
+impl Repair {
+    /// After the first check: `failing` chunks, at most `max_resends` rounds.
+    pub fn new(max_resends: u8, failing: Vec<u32>) -> Repair {
+        Repair {
+            max_resends,
+            rounds: 0,
+            failing,
+            repaired: 0,
+        }
+    }
+
+    pub fn next(&self) -> Next {
+        if self.failing.is_empty() {
+            Next::Done {
+                repaired: self.repaired,
+            }
+        } else if self.rounds < self.max_resends as u32 {
+            Next::Resend {
+                round: self.rounds + 1,
+                chunks: self.failing.clone(),
+            }
+        } else {
+            Next::GiveUp {
+                round: self.rounds + 1,
+                chunks: self.failing.clone(),
+            }
+        }
+    }
+
+    /// The chunks asked for in the last round, each checked again: `passed[i]` for
+    /// the `i`-th of them.
+    pub fn checked(&mut self, passed: &[bool]) {
+        debug_assert_eq!(passed.len(), self.failing.len());
+        let before = self.failing.len();
+        let mut i = 0;
+        self.failing.retain(|_| {
+            let keep = !passed.get(i).copied().unwrap_or(false);
+            i += 1;
+            keep
+        });
+        self.repaired += (before - self.failing.len()) as u32;
+        self.rounds += 1;
+    }
+
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+
+    pub fn repaired(&self) -> u32 {
+        self.repaired
+    }
+
+    /// Chunks failing now.
+    pub fn failing(&self) -> &[u32] {
+        &self.failing
+    }
+}
+
+/// The sender's view of the receiver's resend requests: each checked against the
+/// bound it offered, the ones it gave up on remembered for the error.
+#[derive(Debug)]
+pub struct Requests {
+    max_resends: u8,
+    named: Vec<u32>,
+    given_up: u64,
+    rounds: u32,
+}
+
+impl Requests {
+    pub fn new(max_resends: u8) -> Requests {
+        Requests {
+            max_resends,
+            named: Vec::new(),
+            given_up: 0,
+            rounds: 0,
+        }
+    }
+
+    /// A `Resend` from the receiver: the chunks to send again (empty for a `last` one,
+    /// which only names chunks), or why the request is not believed.
+    pub fn take(&mut self, r: &Resend) -> Result<Vec<u32>, String> {
+        if r.last {
+            self.given_up += r.chunks.len() as u64;
+            let room = NAMED.saturating_sub(self.named.len());
+            self.named.extend(r.chunks.iter().take(room));
+            return Ok(Vec::new());
+        }
+        if r.round == 0 || r.round > self.max_resends as u32 {
+            return Err(format!(
+                "the receiver asked for round {} of resends, beyond the {} this sender offered",
+                r.round, self.max_resends
+            ));
+        }
+        if r.round < self.rounds {
+            return Err(format!(
+                "the receiver asked for round {} of resends after round {}",
+                r.round, self.rounds
+            ));
+        }
+        self.rounds = r.round;
+        Ok(r.chunks.clone())
+    }
+
+    /// Rounds of resends the receiver asked for.
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+
+    /// Words for chunks that still failed after the resends, if any did.
+    pub fn failure(&self) -> Option<String> {
+        if self.given_up == 0 {
+            return None;
+        }
+        let list: Vec<String> = self.named.iter().map(|c| c.to_string()).collect();
+        let more = self.given_up.saturating_sub(self.named.len() as u64);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "{} chunk{} still failed {} checksum{} after {} round{} of resends (--max-resends {}): chunk{} {}{tail}",
+            self.given_up,
+            if self.given_up == 1 { "" } else { "s" },
+            if self.given_up == 1 { "its" } else { "their" },
+            if self.given_up == 1 { "" } else { "s" },
+            self.rounds,
+            if self.rounds == 1 { "" } else { "s" },
+            self.max_resends,
+            if self.named.len() == 1 { "" } else { "s" },
+            list.join(", "),
+        ))
+    }
+}
+
+/// A pass that sends only some chunks again (a resend round) through the schedule,
+/// which hands every chunk of the plan to the wire in order: the wire posts the chosen
+/// ones, each signaled, and counts the others done at once. This keeps the schedule's
+/// promise (a chunk is reported done only when nothing reads it) with a completion per
+/// posted chunk.
+#[derive(Debug, Default)]
+pub struct Subset {
+    chosen: Vec<u32>,
+    /// Posted chunks not yet completed, in order.
+    outstanding: VecDeque<u64>,
+    /// The highest chunk index handed to the wire (posted or passed over).
+    handed: Option<u64>,
+}
+
+impl Subset {
+    /// A pass over `chosen` (increasing chunk indices).
+    pub fn new(chosen: Vec<u32>) -> Subset {
+        Subset {
+            chosen,
+            ..Subset::default()
+        }
+    }
+
+    /// Chunk `index` is handed to the wire: whether to post it.
+    pub fn hand(&mut self, index: u64) -> bool {
+        self.handed = Some(index);
+        let post = u32::try_from(index).is_ok_and(|i| self.chosen.binary_search(&i).is_ok());
+        if post {
+            self.outstanding.push_back(index);
+        }
+        post
+    }
+
+    /// The completion of posted chunk `index` (they complete in order).
+    pub fn completed(&mut self, index: u64) -> Result<(), String> {
+        match self.outstanding.front() {
+            Some(&first) if first == index => {
+                self.outstanding.pop_front();
+                Ok(())
+            }
+            other => Err(format!(
+                "the completion of chunk {index} came where chunk {other:?} was due"
+            )),
+        }
+    }
+
+    /// Every chunk up to this one is done: posted ones completed, the others passed
+    /// over.
+    pub fn done_through(&self) -> Option<u64> {
+        match self.outstanding.front() {
+            None => self.handed,
+            Some(&first) => first.checked_sub(1),
+        }
+    }
+
+    /// Whether a posted chunk is still to complete.
+    pub fn waiting(&self) -> bool {
+        !self.outstanding.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::header::ChunkChecksums;
+
+    #[test]
+    fn checksums_go_in_bounded_messages_that_rebuild_the_list() {
+        let crcs: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mut expected = Expected::new(1000);
+        let mut messages = 0;
+        for m in checksum_batches(&crcs) {
+            let bytes = m.encode();
+            assert!(bytes.len() <= CONTROL_SLOT);
+            expected.take(&bytes).unwrap();
+            messages += 1;
+        }
+        assert_eq!(messages, checksum_messages(1000));
+        assert_eq!(messages, 4);
+        assert!(expected.complete());
+        assert_eq!(expected.crcs(), crcs);
+        assert_eq!(checksum_messages(252), 1);
+        assert_eq!(checksum_messages(253), 2);
+    }
+
+    #[test]
+    fn a_checksum_message_out_of_order_or_beyond_the_transfer_is_refused() {
+        let mut expected = Expected::new(10);
+        let skip = ChunkChecksums {
+            first: 3,
+            crcs: vec![1, 2],
+        };
+        assert!(expected.take(&skip.encode()).unwrap_err().contains("chunk 0 was due"));
+        let beyond = ChunkChecksums {
+            first: 0,
+            crcs: vec![0; 11],
+        };
+        assert!(expected.take(&beyond.encode()).is_err());
+        // A count that lies about the body: refused, nothing allocated for it.
+        let mut lying = ChunkChecksums {
+            first: 0,
+            crcs: vec![7; 2],
+        }
+        .encode();
+        lying[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(expected.take(&lying).is_err());
+        assert!(expected.crcs().is_empty());
+        let empty = ChunkChecksums {
+            first: 0,
+            crcs: vec![],
+        };
+        assert!(expected.take(&empty.encode()).is_err());
+    }
+
+    #[test]
+    fn failed_chunks_are_those_that_differ() {
+        assert_eq!(failed(&[1, 2, 3, 4], &[1, 0, 3, 5]), [1, 3]);
+        assert!(failed(&[1, 2], &[1, 2]).is_empty());
+    }
+
+    #[test]
+    fn rounds_repair_until_done_within_the_bound() {
+        let mut r = Repair::new(3, vec![2, 5, 9]);
+        assert_eq!(
+            r.next(),
+            Next::Resend {
+                round: 1,
+                chunks: vec![2, 5, 9]
+            }
+        );
+        r.checked(&[true, false, true]);
+        assert_eq!(r.repaired(), 2);
+        assert_eq!(
+            r.next(),
+            Next::Resend {
+                round: 2,
+                chunks: vec![5]
+            }
+        );
+        r.checked(&[true]);
+        assert_eq!(r.next(), Next::Done { repaired: 3 });
+        assert_eq!(r.rounds(), 2);
+        assert_eq!(Repair::new(3, vec![]).next(), Next::Done { repaired: 0 });
+    }
+
+    #[test]
+    fn the_bound_ends_in_giving_up_with_the_chunks_that_still_fail() {
+        let mut r = Repair::new(2, vec![0, 1, 2]);
+        r.checked(&[false, true, false]);
+        r.checked(&[false, false]);
+        assert_eq!(
+            r.next(),
+            Next::GiveUp {
+                round: 3,
+                chunks: vec![0, 2]
+            }
+        );
+        assert_eq!(r.repaired(), 1);
+        // No resends allowed: give up at once.
+        assert_eq!(
+            Repair::new(0, vec![4]).next(),
+            Next::GiveUp {
+                round: 1,
+                chunks: vec![4]
+            }
+        );
+    }
+
+    #[test]
+    fn a_long_list_takes_several_bounded_messages() {
+        let chunks: Vec<u32> = (0..600).map(|i| i * 3).collect();
+        let parts = resend_batches(2, false, &chunks);
+        assert_eq!(parts.len(), 3);
+        let mut again = Vec::new();
+        for p in &parts {
+            let bytes = p.encode();
+            assert!(bytes.len() <= CONTROL_SLOT);
+            let (round, last, count) = Resend::decode_prefix(&bytes, 2000).unwrap();
+            let back =
+                Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], 2000).unwrap();
+            assert_eq!(back.chunks.len(), count as usize);
+            again.extend(back.chunks);
+        }
+        assert_eq!(again, chunks);
+    }
+
+    #[test]
+    fn the_sender_believes_only_rounds_within_its_bound_and_names_what_failed() {
+        let mut s = Requests::new(2);
+        let ask = |round, chunks: Vec<u32>| Resend {
+            round,
+            last: false,
+            chunks,
+        };
+        assert_eq!(s.take(&ask(1, vec![1, 4])).unwrap(), [1, 4]);
+        assert_eq!(s.take(&ask(1, vec![9])).unwrap(), [9], "a round in parts");
+        assert_eq!(s.take(&ask(2, vec![4])).unwrap(), [4]);
+        assert!(s.take(&ask(3, vec![4])).unwrap_err().contains("beyond the 2"));
+        assert!(s.take(&ask(1, vec![4])).unwrap_err().contains("after round 2"));
+        assert_eq!(s.failure(), None);
+        let last = |chunks: Vec<u32>| Resend {
+            round: 3,
+            last: true,
+            chunks,
+        };
+        assert!(s.take(&last((0..10).collect())).unwrap().is_empty());
+        assert!(s.take(&last(vec![20, 21])).unwrap().is_empty());
+        assert_eq!(
+            s.failure().unwrap(),
+            "12 chunks still failed their checksums after 2 rounds of resends (--max-resends 2): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 4 more"
+        );
+        let mut one = Requests::new(0);
+        one.take(&last(vec![5])).unwrap();
+        assert_eq!(
+            one.failure().unwrap(),
+            "1 chunk still failed its checksum after 0 rounds of resends (--max-resends 0): chunk 5"
+        );
+    }
+
+    #[test]
+    fn a_subset_pass_reports_chunks_done_only_behind_the_posted_ones() {
+        let mut s = Subset::new(vec![2, 5]);
+        assert_eq!(s.done_through(), None);
+        assert!(!s.hand(0));
+        assert!(!s.hand(1));
+        assert_eq!(s.done_through(), Some(1));
+        assert!(s.hand(2));
+        assert!(!s.hand(3));
+        assert_eq!(s.done_through(), Some(1), "chunk 2 is still out");
+        assert!(s.waiting());
+        assert!(s.hand(5));
+        assert!(!s.hand(6));
+        s.completed(2).unwrap();
+        assert_eq!(s.done_through(), Some(4));
+        assert!(s.completed(6).is_err());
+        s.completed(5).unwrap();
+        assert_eq!(s.done_through(), Some(6));
+        assert!(!s.waiting());
+        // A first chosen chunk at 0 still out: nothing done yet.
+        let mut z = Subset::new(vec![0]);
+        assert!(z.hand(0));
+        assert_eq!(z.done_through(), None);
+    }
+}
