@@ -251,6 +251,7 @@ fn verbs_config(args: &RecvArgs) -> Result<RecvConfig> {
             .as_deref()
             .map(host::server::Key::from_file)
             .transpose()?,
+        output: None,
     })
 }
 

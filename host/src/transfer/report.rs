@@ -16,6 +16,10 @@ pub struct ReceiverVerdict {
     pub status: AckStatus,
     pub received_bytes: u64,
     pub verification: Option<Verification>,
+    /// CRC32C of the whole transfer as it landed (`--verify checksum|both`).
+    pub digest: Option<u32>,
+    /// Chunks that failed their checksum and were sent again until they passed.
+    pub repaired: u32,
 }
 
 impl ReceiverVerdict {
@@ -96,6 +100,8 @@ impl Framed<'_> {
                 status: ack.status,
                 received_bytes: ack.received_bytes,
                 verification: ack.verification,
+                digest: ack.digest,
+                repaired: ack.repaired,
             }),
             raw_reply_bytes: None,
             round_trip_seconds: Some(round_trip_seconds),
@@ -144,12 +150,45 @@ pub struct RecvReport {
     pub verify_seconds: f64,
     /// How this connection's buffer was chosen: methods left out, refused, taken.
     pub memory: AttemptLog,
+    /// The checks by CRC32C per chunk (`--verify checksum|both|off`), and where the data
+    /// was stored (`--output`); `None` for a transfer checked by the pattern alone.
+    pub checks: Option<Checks>,
+}
+
+/// What a receiver's checks by checksum found, over all transfers of a connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Checks {
+    /// Chunks whose CRC32C was compared where they landed.
+    pub chunks: u64,
+    /// Chunks that failed and were sent again until they passed.
+    pub repaired: u64,
+    /// Rounds of resends asked for.
+    pub rounds: u64,
+    /// Chunks that still failed when the sender's resends were used up.
+    pub failed: u64,
+    /// CRC32C of the last transfer as it landed (all chunks passed).
+    pub digest: Option<u32>,
+    /// Where the last transfer was written (`--output`; `-`: standard output).
+    pub stored: Option<String>,
+    /// Why a transfer could not be written (`--output`).
+    pub store_error: Option<String>,
+}
+
+impl Checks {
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.store_error.is_none()
+    }
 }
 
 impl RecvReport {
-    /// Every offered transfer arrived whole and matches the pattern.
+    /// Every offered transfer arrived whole, matches the pattern where that was checked,
+    /// passed its checksums where those were, and was stored where it was to be.
     pub fn ok(&self) -> bool {
-        self.transfers == self.offered && self.verification.is_some_and(|v| v.ok())
+        let pattern = match self.verification {
+            Some(v) => v.ok(),
+            None => self.checks.is_some() && self.verify_error.is_none(),
+        };
+        self.transfers == self.offered && pattern && self.checks.as_ref().is_none_or(Checks::ok)
     }
 }
 

@@ -21,9 +21,11 @@
 //! connections, this address's share (`--max-per-peer`) and bytes, answered at once by
 //! the listener; `--once` is used up only by a connection that was accepted.
 
+use super::checks;
 use super::conn::{
     is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
 };
+use super::repair::{self, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
@@ -35,15 +37,18 @@ use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Op, RejectReason, VerbsProof, ACK_LEN, HEADER_LEN, MAX_DEPTH,
-    RAW_REPLY,
+    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, VerbsProof, VerifyMode,
+    ACK_LEN, HEADER_LEN, MAX_DEPTH, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::Checks;
+use crate::transfer::store::Output;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -80,6 +85,9 @@ pub struct RecvConfig {
     /// With a key, only senders that prove they hold it are served (a first connect
     /// request is rejected with a nonce, the second carries the proof over it).
     pub key: Option<Key>,
+    /// Where each verified transfer is written (`--output`) before it is acked: a
+    /// failed write is acked `NotStored`, and the receiver goes on serving.
+    pub output: Option<Output>,
 }
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
@@ -118,6 +126,7 @@ pub fn serve_with(
     admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
+    let cfg = &super::test_hook::receiver(cfg)?;
     rdma::ensure_device()?;
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
@@ -373,6 +382,18 @@ fn framed(
             None,
         ));
     }
+    if header.verify.checksum() && header.chunks() > MAX_CHECKSUM_CHUNKS {
+        // Its bookkeeping takes 8 bytes per chunk (checksums, resend lists).
+        return Err(Failure::Refuse(
+            RejectReason::NoMemory {
+                bytes: header.chunks() * 8,
+            },
+            Some(format!(
+                "{} chunks to check by checksum, more than {MAX_CHECKSUM_CHUNKS}: use a larger --chunk",
+                header.chunks()
+            )),
+        ));
+    }
     let port = request.id.port_info().map_err(internal)?;
     if header.chunk_bytes > port.max_msg_sz {
         return Err(Failure::Refuse(
@@ -439,22 +460,113 @@ unsafe fn register_sink<'m>(
     }
 }
 
-/// Post the receive for data chunk `index`: send mode into the chunk's place in the
-/// buffer, write mode an empty one for an RDMA WRITE's immediate.
-fn post_data_recv<'r>(
-    conn: &Connection<'r>,
+/// The receives of one connection's data, and with checksums of the sender's chunk
+/// checksums: one sequence, consumed in order (a receive queue is first in, first out).
+///
+/// Send mode: receive `p` of a transfer takes chunk `p` in its place in the buffer, for
+/// `p < n`; with checksums, receives `n..n + c` take the `c` checksum messages, each
+/// into a control slot. Write mode: the receives take only the immediates of RDMA WRITEs;
+/// with checksums each names a control slot too, where a checksum message may land.
+/// Control slot of receive `p`: `(p - n) % slots` (send) or `p % slots` (write); a slot
+/// is posted again only after the receive that used it completed and was read, since
+/// no more receives than slots are ever outstanding.
+pub(super) struct Receives<'a, 'r> {
+    pub(super) conn: &'a Connection<'r>,
     mr: &'r MemoryRegion<'r>,
-    plan: &ChunkPlan,
+    plan: &'a ChunkPlan,
     op: Op,
-    index: u64,
-) -> Result<(), RdmaError> {
-    let sge = match (op, plan.get(index)) {
-        (Op::Write, _) | (Op::Send, None) => None,
-        (Op::Send, Some(chunk)) => Some(mr.sge(chunk.offset as usize..chunk.end() as usize)?),
-    };
-    // SAFETY: nobody reads the buffer before every data receive of the transfer has
-    // completed (the receiver verifies only then, and poisons only before posting).
-    unsafe { conn.qp.post_recv(TAG_DATA | index, sge) }
+    /// Control slots (with checksums).
+    ctrl: Option<&'r MessageBuffer>,
+    slots: u64,
+    /// Send mode: receives posted for the current transfer (indices `0..posted`).
+    /// Write mode: receives posted on the connection.
+    posted: u64,
+    /// Most receives to post: send mode per transfer (the chunks, and the checksum
+    /// messages), write mode per connection (one per chunk of every transfer, more than
+    /// the signaled ones need; without bound with checksums: resends come too).
+    limit: u64,
+}
+
+impl<'r> Receives<'_, 'r> {
+    fn post(&mut self) -> Result<(), RdmaError> {
+        let p = self.posted;
+        let n = self.plan.count();
+        let sge = match (self.op, self.plan.get(p), self.ctrl) {
+            (Op::Send, Some(chunk), _) => {
+                Some(self.mr.sge(chunk.offset as usize..chunk.end() as usize)?)
+            }
+            (Op::Send, None, Some(ctrl)) => Some(slot_sge(ctrl, (p - n) % self.slots)?),
+            (Op::Write, _, Some(ctrl)) => Some(slot_sge(ctrl, p % self.slots)?),
+            (_, _, None) => None,
+        };
+        // SAFETY: nobody reads the buffer before every data receive of the transfer has
+        // completed (the receiver verifies only then, and poisons only before posting);
+        // a control slot is read only after its receive completed, and posted again only
+        // after that (see the struct's documentation).
+        unsafe { self.conn.qp.post_recv(TAG_DATA | p, sge)? };
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// Replace a consumed receive, as long as more can be needed.
+    pub(super) fn replenish(&mut self) -> Result<(), RdmaError> {
+        if self.posted < self.limit {
+            self.post()?;
+        }
+        Ok(())
+    }
+
+    /// Send mode: the previous transfer's receives are all consumed and its data checked;
+    /// post the first `depth` of the next one.
+    fn start_next_transfer(&mut self, depth: u64) -> Result<(), RdmaError> {
+        if self.op == Op::Send {
+            self.posted = 0;
+            while self.posted < depth.min(self.limit) {
+                self.post()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The control message that completed receive `wr_id`, if that receive had a slot.
+    pub(super) fn control_message(&self, c: &Completion) -> Option<Vec<u8>> {
+        let ctrl = self.ctrl?;
+        let p = c.wr_id & INDEX_MASK;
+        let n = self.plan.count();
+        let slot = match self.op {
+            Op::Send if p >= n => (p - n) % self.slots,
+            Op::Send => return None,
+            Op::Write => p % self.slots,
+        };
+        let len = (c.byte_len as usize).min(CONTROL_SLOT);
+        Some(ctrl.read_at(slot as usize * CONTROL_SLOT, len))
+    }
+
+    /// The mode's operation.
+    pub(super) fn op(&self) -> Op {
+        self.op
+    }
+
+    /// Send mode, a resend round: post the receive for chunk `index` (sent again, in
+    /// its place); the caller keeps no more outstanding than the queue holds.
+    pub(super) fn post_resend(&self, index: u64) -> Result<(), RdmaError> {
+        let chunk = self.plan.get(index).ok_or_else(|| {
+            RdmaError::InvalidArgument(format!("chunk {index} is not in the transfer"))
+        })?;
+        let sge = self.mr.sge(chunk.offset as usize..chunk.end() as usize)?;
+        // SAFETY: the chunk's bytes are read (checked again) only after this receive
+        // completed.
+        unsafe {
+            self.conn
+                .qp
+                .post_recv(super::conn::TAG_RESEND | index, Some(sge))
+        }
+    }
+}
+
+fn slot_sge(ctrl: &MessageBuffer, slot: u64) -> Result<rdma::Sge<'_>, RdmaError> {
+    let at = slot as usize * CONTROL_SLOT;
+    ctrl.sge_at(at..at + CONTROL_SLOT)
 }
 
 /// The connection's queue pair, asking for inline sends big enough for the ack (the ack
@@ -479,49 +591,6 @@ fn receiver_caps(recv_depth: u32) -> QpCaps {
         max_send_wr: 4,
         max_recv_wr: recv_depth,
         max_inline_data: ACK_LEN as u32,
-    }
-}
-
-/// The receives of one connection's data.
-struct Receives<'a, 'r> {
-    conn: &'a Connection<'r>,
-    mr: &'r MemoryRegion<'r>,
-    plan: &'a ChunkPlan,
-    op: Op,
-    /// Send mode: receives posted for the current transfer (chunk indices `0..posted`).
-    /// Write mode: receives posted on the connection (their index means nothing: the
-    /// immediate data says which chunks landed).
-    posted: u64,
-    /// Most receives to post: send mode per transfer (the chunk count), write mode per
-    /// connection (one per chunk of every transfer, more than the signaled ones need).
-    limit: u64,
-}
-
-impl Receives<'_, '_> {
-    fn post(&mut self) -> Result<(), RdmaError> {
-        post_data_recv(self.conn, self.mr, self.plan, self.op, self.posted)?;
-        self.posted += 1;
-        Ok(())
-    }
-
-    /// Replace a consumed receive, as long as more can be needed.
-    fn replenish(&mut self) -> Result<(), RdmaError> {
-        if self.posted < self.limit {
-            self.post()?;
-        }
-        Ok(())
-    }
-
-    /// Send mode: the previous transfer's receives are all consumed and its data checked;
-    /// post the first `depth` of the next one.
-    fn start_next_transfer(&mut self, depth: u64) -> Result<(), RdmaError> {
-        if self.op == Op::Send {
-            self.posted = 0;
-            while self.posted < depth.min(self.limit) {
-                self.post()?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -567,6 +636,19 @@ fn receive_framed(
         Failure::Refuse(RejectReason::NoMemory { bytes: total }, Some(e.to_string()))
     })?;
     let ack_buf = MessageBuffer::new(&res.pd, ACK_LEN).map_err(internal)?;
+    // With checksums: control slots for the sender's checksum messages (see Receives),
+    // and a buffer for the resend requests.
+    let checksums = header.verify.checksum();
+    let slots = match header.op {
+        Op::Send => (recv_depth as u64).min(repair::checksum_messages(n)),
+        Op::Write => recv_depth as u64,
+    };
+    let ctrl = match checksums {
+        true => Some(MessageBuffer::new(&res.pd, slots as usize * CONTROL_SLOT).map_err(internal)?),
+        false => None,
+    };
+    let resend_buf =
+        MessageBuffer::new(&res.pd, if checksums { CONTROL_SLOT } else { 1 }).map_err(internal)?;
     // The queue pair last: it may name only regions that outlive it.
     let conn = receiver_connection(&res, recv_depth).map_err(|e| setup_failed(peer, e))?;
     let inline_ack = conn.qp.caps().max_inline_data as usize >= ACK_LEN;
@@ -575,10 +657,14 @@ fn receive_framed(
         mr: &mr,
         plan: &plan,
         op: header.op,
+        ctrl: ctrl.as_ref(),
+        slots: slots.max(1),
         posted: 0,
-        limit: match header.op {
-            Op::Send => n,
-            Op::Write => n.saturating_mul(transfers),
+        limit: match (header.op, checksums) {
+            (Op::Send, false) => n,
+            (Op::Send, true) => n + repair::checksum_messages(n),
+            (Op::Write, false) => n.saturating_mul(transfers),
+            (Op::Write, true) => u64::MAX,
         },
     };
     while recvs.posted < recv_depth as u64 {
@@ -613,6 +699,11 @@ fn receive_framed(
     let mut verification: Option<Verification> = None;
     let mut verify_error: Option<String> = None;
     let mut reply_delivered = false;
+    // Checks by checksum, and storing (any but the pattern's own check alone).
+    let mut checks = (header.verify != VerifyMode::Pattern || cfg.output.is_some())
+        .then(Checks::default);
+    let pattern_check = header.payload == Payload::Pattern && header.verify.pattern();
+    let mut leftover = Vec::new();
     for k in 0..transfers {
         // Words for errors: which transfer of several it was.
         let context = Context { k, transfers };
@@ -635,6 +726,7 @@ fn receive_framed(
             context,
             start,
             &mut on_ack,
+            &mut leftover,
         );
         if let Err(Failure::TooSlow(TransferError::TooSlow { got, .. })) = &received {
             // Tell the sender why, as its ack, before the disconnect ends it: best effort,
@@ -661,9 +753,31 @@ fn receive_framed(
 
         // --- verify, and tell the sender -------------------------------------------------
         let verify_start = Instant::now();
-        let (this, this_error) = match sink.verify(total as usize) {
-            Ok(v) => (Some(v), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
+        let checked = if checksums {
+            let mut round = checks::Round {
+                conn: &conn,
+                recvs: &mut recvs,
+                resend_buf: &resend_buf,
+                sink,
+                plan: &plan,
+                peer,
+                timeout: cfg.timeout,
+                max_resends: header.max_resends,
+                context: context.words(),
+                queue: leftover.drain(..).collect(),
+            };
+            let mut on_ack = |c: &Completion| {
+                acks_pending = acks_pending.saturating_sub(1);
+                acks_delivered &= c.is_ok();
+            };
+            Some(round.check(&mut on_ack)?)
+        } else {
+            None
+        };
+        let (this, this_error) = match pattern_check.then(|| sink.verify(total as usize)) {
+            Some(Ok(v)) => (Some(v), None),
+            Some(Err(e)) => (None, Some(format!("{e:#}"))),
+            None => (None, None),
         };
         let took = verify_start.elapsed();
         verify_seconds += took.as_secs_f64();
@@ -671,7 +785,36 @@ fn receive_framed(
         if verify_error.is_none() {
             verify_error = this_error.map(|e| format!("{e}{}", context.words()));
         }
-        let mut ack = Ack::new(total, this);
+        let mut ack = match &checked {
+            _ if header.verify == VerifyMode::Pattern => Ack::new(total, this),
+            None => Ack::checked(total, pattern_check.then_some(this), None, 0),
+            Some(c) => {
+                let ack = Ack::checked(total, pattern_check.then_some(this), c.digest, c.repaired);
+                if c.failed.is_empty() {
+                    ack
+                } else {
+                    ack.with_status(AckStatus::ChecksumFailed)
+                }
+            }
+        };
+        if let Some(summary) = checks.as_mut() {
+            if let Some(c) = &checked {
+                summary.chunks += n;
+                summary.repaired += c.repaired as u64;
+                summary.rounds += c.rounds as u64;
+                summary.failed += c.failed.len() as u64;
+                summary.digest = c.digest;
+            }
+            if let (Some(output), AckStatus::Verified) = (&cfg.output, ack.status) {
+                match store(output, peer, sink, total) {
+                    Ok(at) => summary.stored = Some(at),
+                    Err(e) => {
+                        summary.store_error = Some(format!("{e:#}{}", context.words()));
+                        ack = ack.with_status(AckStatus::NotStored);
+                    }
+                }
+            }
+        }
         if header.repeats() {
             ack = ack.with_verify_time(took);
         }
@@ -736,7 +879,17 @@ fn receive_framed(
         offered: header.transfers,
         verify_seconds,
         memory: memory_log,
+        checks,
     })
+}
+
+/// Transfers this receiver has stored (`--output DIR` names files after it).
+static STORED: AtomicU64 = AtomicU64::new(0);
+
+/// Write a verified transfer where `--output` says, before it is acked.
+fn store(output: &Output, peer: &str, sink: &dyn RecvSink, total: u64) -> anyhow::Result<String> {
+    let counter = STORED.fetch_add(1, Ordering::Relaxed);
+    output.store(None, peer, counter, |w| sink.write_to(total as usize, w))
 }
 
 /// Which transfer of a connection's several an error concerns.
@@ -816,6 +969,7 @@ fn receive_transfer(
     context: Context,
     established: Instant,
     on_ack: &mut dyn FnMut(&Completion),
+    leftover: &mut Vec<Completion>,
 ) -> Result<(), Failure> {
     let (k, context_transfers) = (context.k, context.transfers);
     let context = || context.words();
@@ -867,7 +1021,12 @@ fn receive_transfer(
             Err(RdmaError::DeviceFault(fault)) => return Err(incomplete(got, fault)),
             Err(e) => return Err(e.into()),
         }
-        for c in comps.iter() {
+        for (i, c) in comps.iter().enumerate() {
+            if got == n {
+                // What follows the data (chunk checksums) is the next step's.
+                leftover.extend_from_slice(&comps[i..]);
+                break;
+            }
             if c.wr_id & !INDEX_MASK == WR_ACK {
                 on_ack(c);
                 continue;
@@ -1131,5 +1290,6 @@ fn raw(
         offered: 1,
         verify_seconds,
         memory: memory_log,
+        checks: None,
     })
 }

@@ -193,11 +193,6 @@ impl Repair {
     pub fn repaired(&self) -> u32 {
         self.repaired
     }
-
-    /// Chunks failing now.
-    pub fn failing(&self) -> &[u32] {
-        &self.failing
-    }
 }
 
 /// The sender's view of the receiver's resend requests: each checked against the
@@ -243,11 +238,6 @@ impl Requests {
         }
         self.rounds = r.round;
         Ok(r.chunks.clone())
-    }
-
-    /// Rounds of resends the receiver asked for.
-    pub fn rounds(&self) -> u32 {
-        self.rounds
     }
 
     /// Words for chunks that still failed after the resends, if any did.

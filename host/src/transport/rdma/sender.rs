@@ -213,6 +213,7 @@ pub fn send_repeated(
     memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
+    let cfg = &super::test_hook::sender(cfg)?;
     match connect_and_send(cfg, memory, transfers, None) {
         // A receiver with a key answered the first request with a nonce: connect again,
         // proving the key over it (once; a second challenge is an error like any other).
