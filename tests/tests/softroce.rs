@@ -91,6 +91,13 @@ const ADMISSION: Spec = Spec {
     timeout_s: 600,
     extra: &[],
 };
+const CHECKSUMS: Spec = Spec {
+    what: "topology one, checksums and repair (protocol version 2)",
+    topology: "one",
+    script: "checksums.sh",
+    timeout_s: 600,
+    extra: &[],
+};
 const VANISHING: Spec = Spec {
     what: "topology two, receiver host killed",
     topology: "two",
@@ -174,6 +181,11 @@ fn server(test: &str) -> Option<&'static Run> {
 fn admission(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&ADMISSION)))
+}
+
+fn checksums(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&CHECKSUMS)))
 }
 
 fn vanishing(test: &str) -> Option<&'static Run> {
@@ -616,6 +628,34 @@ impl Case {
                     }
                 ))
             })
+    }
+
+    /// The JSON documents `label` printed (`--json`), one a line.
+    fn json(&self, label: &str) -> Vec<serde_json::Value> {
+        self.out(label)
+            .lines
+            .iter()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| {
+                    self.fail(&format!("`{label}` printed bad JSON ({e}): {l}"))
+                })
+            })
+            .collect()
+    }
+
+    /// A sender's (`--json`) receiver verdicts, one per transfer.
+    fn verdicts(&self, label: &str) -> Vec<serde_json::Value> {
+        let docs = self.json(label);
+        let Some(doc) = docs.last() else {
+            self.fail(&format!("`{label}` printed no JSON"))
+        };
+        doc["iterations"]
+            .as_array()
+            .unwrap_or_else(|| self.fail(&format!("`{label}`'s JSON has no iterations")))
+            .iter()
+            .map(|i| i["receiver"].clone())
+            .collect()
     }
 
     fn line_text(&self, label: &str, index: usize) -> &str {
@@ -1782,4 +1822,189 @@ fn admission_a_key_on_verbs_lets_in_only_its_holders() {
     note(&format!(
         "admission: verbs --key-file: peak memory {before} -> {after} KiB with two refused 64 MiB offers"
     ));
+}
+
+// Protocol version 2 over verbs: checksums per chunk, repair, storing (checksums.sh,
+// issue 17)
+
+/// The CRC32C of the 4 MiB pattern (`integrity::digest` of its chunks; the same for any
+/// chunk size).
+fn pattern_digest(bytes: usize) -> u64 {
+    let data: Vec<u8> = (0..bytes / 4)
+        .flat_map(|i| ((2 * i) as i32).to_le_bytes())
+        .collect();
+    host::integrity::crc32c(&data) as u64
+}
+
+#[test]
+fn checksums_verify_checksum_and_both_over_send_and_write() {
+    let Some(run) = checksums("checksums_verify_checksum_and_both_over_send_and_write") else {
+        return;
+    };
+    let c = run.case('a', "verify");
+    let digest = pattern_digest(4 << 20);
+    for label in ["send_checksum", "send_both", "write_checksum", "write_both"] {
+        c.rc(label, 0);
+        c.no_error(label);
+        let v = c.verdicts(label);
+        c.check(v.len() == 1, &format!("`{label}`: one transfer"));
+        let v = &v[0];
+        c.check(v["status"] == "verified", &format!("`{label}`: {v}"));
+        c.check(
+            v["digest"].as_u64() == Some(digest),
+            &format!(
+                "`{label}`: digest {} is not the pattern's {digest}",
+                v["digest"]
+            ),
+        );
+        c.check(v["repaired"] == 0, &format!("`{label}`: {v}"));
+        // `both` checks the pattern too; `checksum` alone does not.
+        let pattern = &v["verification"];
+        if label.ends_with("both") {
+            c.check(
+                pattern["elements"] == 1 << 20 && pattern["mismatches"] == 0,
+                &format!("`{label}`: {pattern}"),
+            );
+        } else {
+            c.check(pattern.is_null(), &format!("`{label}`: {pattern}"));
+        }
+    }
+    let done: Vec<_> = c
+        .json("receiver")
+        .into_iter()
+        .filter(|d| d["event"] == "completed")
+        .collect();
+    c.check(done.len() == 4, "the receiver completed four transfers");
+    for d in done {
+        c.check(d["ok"] == true, &format!("receiver: {d}"));
+        let checks = &d["report"]["checks"];
+        c.check(
+            checks["chunks"] == 64
+                && checks["failed"] == 0
+                && checks["digest"].as_u64() == Some(digest),
+            &format!("receiver: {checks}"),
+        );
+    }
+    c.still_serving("receiver");
+}
+
+#[test]
+fn checksums_injected_faults_are_repaired_by_resends() {
+    let Some(run) = checksums("checksums_injected_faults_are_repaired_by_resends") else {
+        return;
+    };
+    let c = run.case('a', "repair");
+    let mut repaired = Vec::new();
+    for label in ["send_100", "write_100", "write_10000", "reused"] {
+        c.rc(label, 0);
+        c.no_error(label);
+        let verdicts = c.verdicts(label);
+        let want = if label == "reused" { 5 } else { 1 };
+        c.check(
+            verdicts.len() == want,
+            &format!("`{label}`: {want} transfers"),
+        );
+        for v in &verdicts {
+            c.check(v["status"] == "verified", &format!("`{label}`: {v}"));
+            c.check(v["digest"].is_u64(), &format!("`{label}`: {v}"));
+        }
+        let sum: u64 = verdicts.iter().filter_map(|v| v["repaired"].as_u64()).sum();
+        repaired.push(format!("{label} {sum}"));
+        if label.ends_with("_100") {
+            // 1024 chunks, one in 100 hit: about 10.
+            c.check(
+                (3..=30).contains(&sum),
+                &format!("`{label}` repaired {sum} chunks"),
+            );
+        }
+    }
+    // `both`: the pattern checked after the repair.
+    let v = &c.verdicts("write_100")[0];
+    c.check(v["verification"]["mismatches"] == 0, &format!("{v}"));
+    c.still_serving("receiver");
+    note(&format!(
+        "checksums: repaired chunks: {}",
+        repaired.join(", ")
+    ));
+}
+
+#[test]
+fn checksums_chunks_that_keep_failing_end_in_an_error_naming_them() {
+    let Some(run) = checksums("checksums_chunks_that_keep_failing_end_in_an_error_naming_them")
+    else {
+        return;
+    };
+    let c = run.case('a', "give_up");
+    c.rc("send_all", 1);
+    c.one_error(
+        "send_all",
+        &format!(
+            "error: the receiver at {A}:7471 found 16 chunks still failed their checksums after 3 rounds of resends (--max-resends 3): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 8 more"
+        ),
+    );
+    c.rc("write_one_round", 1);
+    c.one_error(
+        "write_one_round",
+        &format!(
+            "error: the receiver at {A}:7471 found 256 chunks still failed their checksums after 1 round of resends (--max-resends 1): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 248 more"
+        ),
+    );
+    c.rc("after", 0);
+    c.check(
+        c.verdicts("after")[0]["status"] == "verified",
+        "the next sender is served",
+    );
+    let failed: Vec<_> = c
+        .json("receiver")
+        .into_iter()
+        .filter(|d| d["event"] == "completed" && d["ok"] == false)
+        .map(|d| d["report"]["checks"]["failed"].clone())
+        .collect();
+    c.check(
+        failed == [16, 256],
+        &format!("the receiver's failed chunks: {failed:?}"),
+    );
+    c.still_serving("receiver");
+}
+
+#[test]
+fn checksums_the_receiver_stores_what_verified_and_says_when_it_cannot() {
+    let Some(run) =
+        checksums("checksums_the_receiver_stores_what_verified_and_says_when_it_cannot")
+    else {
+        return;
+    };
+    let c = run.case('a', "store");
+    c.rc("first", 0);
+    c.check(c.val("stored_files") == 1.0, "one file stored");
+    c.check(c.val("stored_bytes") == (4 << 20) as f64, "4 MiB stored");
+    c.rc("unstored", 1);
+    c.one_error("unstored", "error: ");
+    let statuses: Vec<_> = c
+        .json("receiver")
+        .into_iter()
+        .filter(|d| d["event"] == "completed")
+        .map(|d| (d["ok"].clone(), d["report"]["checks"]["stored"].is_string()))
+        .collect();
+    c.check(
+        statuses
+            == [
+                (serde_json::Value::Bool(true), true),
+                (serde_json::Value::Bool(false), false),
+                (serde_json::Value::Bool(true), true),
+            ],
+        &format!("the receiver's outcomes (ok, stored): {statuses:?}"),
+    );
+    c.find(
+        "receiver",
+        0,
+        "{\"event\":\"completed\"",
+        &["No such file or directory"],
+    );
+    c.rc("again", 0);
+    c.check(
+        c.val("stored_again") == 1.0,
+        "stored again once the directory is back",
+    );
+    c.still_serving("receiver");
 }

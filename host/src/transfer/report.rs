@@ -152,7 +152,7 @@ pub struct RecvReport {
     pub memory: AttemptLog,
     /// The checks by CRC32C per chunk (`--verify checksum|both|off`), and where the data
     /// was stored (`--output`); `None` for a transfer checked by the pattern alone.
-    pub checks: Option<Checks>,
+    pub checks: Option<Box<Checks>>,
 }
 
 /// What a receiver's checks by checksum found, over all transfers of a connection.
@@ -188,7 +188,7 @@ impl RecvReport {
             Some(v) => v.ok(),
             None => self.checks.is_some() && self.verify_error.is_none(),
         };
-        self.transfers == self.offered && pattern && self.checks.as_ref().is_none_or(Checks::ok)
+        self.transfers == self.offered && pattern && self.checks.as_ref().is_none_or(|c| c.ok())
     }
 }
 

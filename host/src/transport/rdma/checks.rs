@@ -52,10 +52,7 @@ pub(super) struct Round<'a, 'b, 'r> {
 impl Round<'_, '_, '_> {
     /// The checks of a transfer whose data is in; `on_ack` sees the send completions of
     /// earlier acks.
-    pub fn check(
-        &mut self,
-        on_ack: &mut dyn FnMut(&Completion),
-    ) -> Result<Checked, TransferError> {
+    pub fn check(&mut self, on_ack: &mut dyn FnMut(&Completion)) -> Result<Checked, TransferError> {
         let expected = self.expected(on_ack)?;
         let (total, chunk) = (self.plan.total(), self.plan.chunk_bytes());
         let mut landed = self
@@ -246,9 +243,9 @@ impl Round<'_, '_, '_> {
                 Waited::Disconnected => {
                     self.conn.cq.poll(&mut comps)?;
                     if comps.is_empty() {
-                        return Err(self.protocol(format!(
-                            "the sender disconnected while {what} were due"
-                        )));
+                        return Err(
+                            self.protocol(format!("the sender disconnected while {what} were due"))
+                        );
                     }
                 }
             }

@@ -37,8 +37,8 @@ use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, VerbsProof, VerifyMode,
-    ACK_LEN, HEADER_LEN, MAX_DEPTH, RAW_REPLY,
+    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, VerbsProof, VerifyMode, ACK_LEN,
+    HEADER_LEN, MAX_DEPTH, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Checks;
@@ -700,8 +700,8 @@ fn receive_framed(
     let mut verify_error: Option<String> = None;
     let mut reply_delivered = false;
     // Checks by checksum, and storing (any but the pattern's own check alone).
-    let mut checks = (header.verify != VerifyMode::Pattern || cfg.output.is_some())
-        .then(Checks::default);
+    let mut checks =
+        (header.verify != VerifyMode::Pattern || cfg.output.is_some()).then(Box::<Checks>::default);
     let pattern_check = header.payload == Payload::Pattern && header.verify.pattern();
     let mut leftover = Vec::new();
     for k in 0..transfers {

@@ -359,7 +359,10 @@ mod tests {
             first: 3,
             crcs: vec![1, 2],
         };
-        assert!(expected.take(&skip.encode()).unwrap_err().contains("chunk 0 was due"));
+        assert!(expected
+            .take(&skip.encode())
+            .unwrap_err()
+            .contains("chunk 0 was due"));
         let beyond = ChunkChecksums {
             first: 0,
             crcs: vec![0; 11],
@@ -464,8 +467,14 @@ mod tests {
         assert_eq!(s.take(&ask(1, vec![1, 4])).unwrap(), [1, 4]);
         assert_eq!(s.take(&ask(1, vec![9])).unwrap(), [9], "a round in parts");
         assert_eq!(s.take(&ask(2, vec![4])).unwrap(), [4]);
-        assert!(s.take(&ask(3, vec![4])).unwrap_err().contains("beyond the 2"));
-        assert!(s.take(&ask(1, vec![4])).unwrap_err().contains("after round 2"));
+        assert!(s
+            .take(&ask(3, vec![4]))
+            .unwrap_err()
+            .contains("beyond the 2"));
+        assert!(s
+            .take(&ask(1, vec![4]))
+            .unwrap_err()
+            .contains("after round 2"));
         assert_eq!(s.failure(), None);
         let last = |chunks: Vec<u32>| Resend {
             round: 3,

@@ -7,17 +7,16 @@ use super::conn::{
 };
 use super::repair::{self, Requests, Subset, CONTROL_SLOT, REPLY_SLOTS};
 use crate::memory::select::{walk, AttemptLog};
+use crate::memory::RegistrationTarget;
 use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{
     self, errno_message, CmEventKind, CmId, Completion, ConnParams, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
-use crate::memory::RegistrationTarget;
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::header::{
     AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, Resend, VerbsProof, VerifyMode,
-    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN,
-    RESEND_MAGIC,
+    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::Framed;
@@ -64,7 +63,6 @@ pub struct SendConfig {
     /// checksum was computed, in a copy (the source is never modified).
     pub faults: Option<FaultInjector>,
 }
-
 
 /// Extra time given to the CM to report its own timeout.
 const CM_GRACE: Duration = Duration::from_millis(500);
@@ -658,14 +656,15 @@ impl Talk<'_, '_, '_> {
                 }
                 return Ok(ack);
             }
-            let invalid =
-                |e: WireError| TransferError::Protocol(format!("the receiver's resend request is invalid: {e}"));
+            let invalid = |e: WireError| {
+                TransferError::Protocol(format!("the receiver's resend request is invalid: {e}"))
+            };
             let (round, last, _count) = Resend::decode_prefix(&bytes, n).map_err(invalid)?;
             let resend = Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], n)
                 .map_err(invalid)?;
-            let chunks = requests.take(&resend).map_err(|e| {
-                TransferError::Protocol(format!("{}: {e}", self.ends.label))
-            })?;
+            let chunks = requests
+                .take(&resend)
+                .map_err(|e| TransferError::Protocol(format!("{}: {e}", self.ends.label)))?;
             if !chunks.is_empty() {
                 if let Some(t) = &mut self.ends.tamper {
                     t.attempt = round;
@@ -843,7 +842,7 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
 
     fn send_op(&self, p: &Posted) -> SendOp {
         let imm = (p.chunk.index + 1) as u32; // chunks delivered through this one (n < 2^32)
-        // A chunk sent again names itself in its immediate, in both modes.
+                                              // A chunk sent again names itself in its immediate, in both modes.
         let again = self.subset.is_some();
         match self.op {
             WireOp::Raw { .. } => SendOp::SendWithImm(RAW_IMM),
@@ -936,7 +935,10 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
     ///
     /// # Safety
     /// As [`ChunkWire::post`] says for `p`'s bytes.
-    unsafe fn chunk_sge(&mut self, p: &Posted) -> Result<crate::rdma::Sge<'r>, schedule::WireError> {
+    unsafe fn chunk_sge(
+        &mut self,
+        p: &Posted,
+    ) -> Result<crate::rdma::Sge<'r>, schedule::WireError> {
         let sge = self.data_mr.sge(p.bytes.clone())?;
         let Some((base, len)) = self.host else {
             return Ok(sge);
@@ -953,9 +955,8 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
         // SAFETY: the range lies inside the source's host memory (checked above), whose
         // bytes the caller keeps valid and unmodified until the chunk is reported done;
         // the CPU only reads them, as the NIC does.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(base.as_ptr().add(p.bytes.start), p.bytes.len())
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts(base.as_ptr().add(p.bytes.start), p.bytes.len()) };
         let index = p.chunk.index;
         if let Some(crcs) = &mut self.crcs {
             if let Some(slot) = crcs.get_mut(index as usize) {

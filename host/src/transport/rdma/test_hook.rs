@@ -60,7 +60,8 @@ pub fn receiver(cfg: &RecvConfig) -> Result<RecvConfig, TransferError> {
     let mut cfg = cfg.clone();
     if let Some(v) = var("GRDM_TEST_OUTPUT") {
         if cfg.output.is_none() {
-            cfg.output = Some(Output::parse(&v).map_err(|e| bad("GRDM_TEST_OUTPUT", format!("{e:#}")))?);
+            cfg.output =
+                Some(Output::parse(&v).map_err(|e| bad("GRDM_TEST_OUTPUT", format!("{e:#}")))?);
         }
     }
     Ok(cfg)
