@@ -76,6 +76,9 @@ unsafe impl SendSource for MappedSource {
     fn path(&self) -> DataPath {
         DataPath::GpuMappedHostMemory
     }
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.memory.read_at(offset, dest)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -177,6 +180,12 @@ unsafe impl SendSource for GpuDirectBuffer {
     }
     fn path(&self) -> DataPath {
         DataPath::GpuDirectRdma
+    }
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.memory.read_range_into(offset, dest)
+    }
+    fn chunk_checksums(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
+        Some(super::checksum::crc32c_chunks(&self.memory, chunk as u64))
     }
 }
 
@@ -465,6 +474,14 @@ unsafe impl SendSource for StagedSource {
 
     fn path(&self) -> DataPath {
         DataPath::StagedThroughHostMemory
+    }
+
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.device.read_range_into(offset, dest)
+    }
+
+    fn chunk_checksums(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
+        Some(super::checksum::crc32c_chunks(&self.device, chunk as u64))
     }
 }
 

@@ -163,6 +163,18 @@ pub unsafe trait SendSource {
     fn first_values(&self, count: usize) -> Result<Vec<i32>>;
 
     fn path(&self) -> DataPath;
+
+    /// Copy `dest.len()` bytes of the data from `offset` out to the host, by a copy (a
+    /// chunk to send again after its checksum failed at the receiver). Works between
+    /// passes, whatever the staging ring holds.
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()>;
+
+    /// The CRC32C of every `chunk` bytes of the data, computed where the data lives when
+    /// that is GPU memory (the checksum kernel); `None` where the wire computes them on
+    /// the CPU from the bytes it sends.
+    fn chunk_checksums(&self, _chunk: usize) -> Option<Result<Vec<u32>>> {
+        None
+    }
 }
 
 /// What the receiver found when it checked the data.

@@ -6,9 +6,54 @@
 use super::gigabytes_per_second;
 use super::header::Ack;
 use super::header::AckStatus;
+use super::header::{Payload, VerifyMode};
 use super::plan::ChunkPlan;
 use crate::memory::select::AttemptLog;
 use crate::memory::{DataPath, Verification};
+
+/// How a transfer's bytes were checked end to end, on either side (protocol version 2):
+/// per-chunk CRC32C, the repairs, the whole transfer's digest, where it was stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Integrity {
+    /// The checks applied (`--verify`); `None` where the transport does not say.
+    pub verify: Option<VerifyMode>,
+    pub payload: Option<Payload>,
+    /// CRC32C of the whole (last) transfer: the sender's, or the receiver's as landed.
+    pub digest: Option<u32>,
+    /// Chunks whose CRC32C was checked (all transfers, all rounds).
+    pub chunks_checked: u64,
+    /// Chunks whose checksum failed and that were sent again until they passed.
+    pub repaired: Vec<Repaired>,
+    /// Chunks that still failed when the resends were used up.
+    pub failed_chunks: Vec<u64>,
+    /// The sender's `--name` for the transfer.
+    pub name: Option<String>,
+    /// Where the receiver wrote the data (`--output`; `-`: standard output).
+    pub stored: Option<String>,
+    /// Why the receiver could not write it.
+    pub store_error: Option<String>,
+    /// The sender's test-only `--test-inject-faults` (`1/N`), said wherever it was used.
+    pub fault_injection: Option<String>,
+}
+
+/// A chunk that was sent `attempts` times in all before its checksum passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Repaired {
+    pub chunk: u64,
+    pub attempts: u32,
+}
+
+impl Integrity {
+    /// Whether the checks asked for passed and the data was stored where asked.
+    pub fn ok(&self, pattern_ok: bool) -> bool {
+        let checks = match self.verify {
+            // A transport that does not say: the pattern, as before version 2.
+            None => pattern_ok,
+            Some(m) => (!m.pattern() || pattern_ok) && self.failed_chunks.is_empty(),
+        };
+        checks && self.store_error.is_none()
+    }
+}
 
 /// What the receiver said about the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -61,6 +106,8 @@ pub struct SendReport {
     /// How the memory path was chosen on this connection: what was left out, refused
     /// and taken (the first connection's; later ones go straight to what worked).
     pub memory: AttemptLog,
+    /// Checksums, repairs, digest (version 2 transports fill it in).
+    pub integrity: Integrity,
 }
 
 /// What every framed transfer of one connection reports alike, whatever carried it (the
@@ -106,6 +153,7 @@ impl Framed<'_> {
             } else {
                 AttemptLog::default()
             },
+            integrity: Integrity::default(),
         }
     }
 }
@@ -144,12 +192,18 @@ pub struct RecvReport {
     pub verify_seconds: f64,
     /// How this connection's buffer was chosen: methods left out, refused, taken.
     pub memory: AttemptLog,
+    /// Checksums, repairs, digest, output (version 2 transports fill it in).
+    pub integrity: Integrity,
 }
 
 impl RecvReport {
-    /// Every offered transfer arrived whole and matches the pattern.
+    /// Every offered transfer arrived whole, passed the checks asked for, and was
+    /// stored where asked.
     pub fn ok(&self) -> bool {
-        self.transfers == self.offered && self.verification.is_some_and(|v| v.ok())
+        self.transfers == self.offered
+            && self
+                .integrity
+                .ok(self.verification.is_some_and(|v| v.ok()))
     }
 }
 

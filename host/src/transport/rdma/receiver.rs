@@ -736,6 +736,7 @@ fn receive_framed(
         offered: header.transfers,
         verify_seconds,
         memory: memory_log,
+        integrity: Default::default(),
     })
 }
 
@@ -1131,5 +1132,6 @@ fn raw(
         offered: 1,
         verify_seconds,
         memory: memory_log,
+        integrity: Default::default(),
     })
 }

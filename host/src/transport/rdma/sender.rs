@@ -765,5 +765,6 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
         receiver_verify_seconds: None,
         path: source.path(),
         memory: memory_log,
+        integrity: Default::default(),
     })
 }

@@ -655,6 +655,7 @@ fn receive_all(
         offered: transfers,
         verify_seconds,
         memory: AttemptLog::default(),
+        integrity: Default::default(),
     })
 }
 
