@@ -296,7 +296,10 @@ unsafe impl SendSource for HostBuffer {
     }
 
     fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
-        if offset.checked_add(dest.len()).is_none_or(|end| end > self.len) {
+        if offset
+            .checked_add(dest.len())
+            .is_none_or(|end| end > self.len)
+        {
             bail!(
                 "{} bytes at {offset} are outside a {}-byte buffer",
                 dest.len(),

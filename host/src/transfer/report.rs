@@ -201,9 +201,7 @@ impl RecvReport {
     /// stored where asked.
     pub fn ok(&self) -> bool {
         self.transfers == self.offered
-            && self
-                .integrity
-                .ok(self.verification.is_some_and(|v| v.ok()))
+            && self.integrity.ok(self.verification.is_some_and(|v| v.ok()))
     }
 }
 

@@ -66,8 +66,21 @@ impl Output {
     }
 
     /// Write one transfer: `fill` writes its bytes. Returns where they went (`-` for
-    /// standard output).
+    /// standard output). Unnamed transfers into a directory are numbered in the order
+    /// this process stores them.
     pub fn store(
+        &self,
+        name: Option<&str>,
+        peer: &str,
+        fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+    ) -> Result<String> {
+        static STORED: AtomicU64 = AtomicU64::new(0);
+        let counter = STORED.fetch_add(1, Ordering::Relaxed);
+        self.store_numbered(name, peer, counter, fill)
+    }
+
+    /// [`store`](Output::store) as the `counter`-th transfer.
+    pub fn store_numbered(
         &self,
         name: Option<&str>,
         peer: &str,
@@ -182,7 +195,7 @@ mod tests {
         let dir = temp_dir("file");
         let out = Output::parse(dir.join("data.bin").to_str().unwrap()).unwrap();
         let e = out
-            .store(None, "p", 0, |w| {
+            .store_numbered(None, "p", 0, |w| {
                 w.write_all(b"half")?;
                 bail!("the check failed")
             })
@@ -190,7 +203,7 @@ mod tests {
         assert!(format!("{e:#}").contains("the check failed"));
         assert!(names(&dir).is_empty(), "{:?}", names(&dir));
         let at = out
-            .store(None, "p", 0, |w| Ok(w.write_all(b"whole")?))
+            .store_numbered(None, "p", 0, |w| Ok(w.write_all(b"whole")?))
             .unwrap();
         assert!(at.ends_with("data.bin"));
         assert_eq!(fs::read(dir.join("data.bin")).unwrap(), b"whole");
@@ -203,16 +216,16 @@ mod tests {
         let dir = temp_dir("dir");
         let out = Output::parse(dir.to_str().unwrap()).unwrap();
         assert!(matches!(out, Output::Dir(_)));
-        out.store(Some("weights.bin"), "10.0.0.1:5000", 0, |w| {
+        out.store_numbered(Some("weights.bin"), "10.0.0.1:5000", 0, |w| {
             Ok(w.write_all(b"a")?)
         })
         .unwrap();
         // A name that would leave the directory is not used: the peer's is.
-        out.store(Some("../escape"), "10.0.0.1:5000", 1, |w| {
+        out.store_numbered(Some("../escape"), "10.0.0.1:5000", 1, |w| {
             Ok(w.write_all(b"b")?)
         })
         .unwrap();
-        out.store(None, "[::1]:7", 2, |w| Ok(w.write_all(b"c")?))
+        out.store_numbered(None, "[::1]:7", 2, |w| Ok(w.write_all(b"c")?))
             .unwrap();
         assert_eq!(
             names(&dir),
