@@ -597,6 +597,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
         &Frame {
             offset: 0,
             len: 256 << 10,
+            crc: 0,
         }
         .encode(),
     )
@@ -611,7 +612,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
             break;
         }
         let _ = s.write_all(piece);
-        let mut buf = [0u8; 48];
+        let mut buf = [0u8; host::transfer::header::ACK_LEN];
         match s.read(&mut buf) {
             Ok(n) if n > 0 => {
                 ack.extend_from_slice(&buf[..n]);
@@ -815,6 +816,7 @@ fn four_byte_chunks_of_1gib_cost_the_buffer_and_a_constant() {
             &Frame {
                 offset: i * 4,
                 len: 4,
+                crc: 0,
             }
             .encode(),
         );
@@ -871,12 +873,13 @@ fn a_reuse_connection_broken_after_1_of_2_pow_20_is_reported_as_1_and_not_ok() {
         &Frame {
             offset: 0,
             len: 64 << 10,
+            crc: 0,
         }
         .encode(),
     )
     .unwrap();
     s.write_all(&pattern_bytes(0, 16 << 10)).unwrap();
-    let mut ack = [0u8; 48];
+    let mut ack = [0u8; host::transfer::header::ACK_LEN];
     s.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // Then a reset.
@@ -1080,12 +1083,13 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
             &Frame {
                 offset: 0,
                 len: 4096,
+                crc: 0,
             }
             .encode(),
         )
         .unwrap();
     holder.write_all(&pattern_bytes(0, 1024)).unwrap();
-    let mut ack = [0u8; 48];
+    let mut ack = [0u8; host::transfer::header::ACK_LEN];
     holder.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // And a repeated index after that finds no route.

@@ -70,10 +70,14 @@ mod tests {
         let mut b = read_input(path.to_str().unwrap()).unwrap();
         assert_eq!(b.as_bytes(), b"abcde");
         std::fs::write(&path, b"").unwrap();
-        let e = read_input(path.to_str().unwrap()).unwrap_err();
+        let Err(e) = read_input(path.to_str().unwrap()) else {
+            panic!("an empty file was taken")
+        };
         assert!(e.to_string().contains("is empty"), "{e}");
         std::fs::remove_file(&path).unwrap();
-        let e = read_input("/nonexistent/file").unwrap_err();
+        let Err(e) = read_input("/nonexistent/file") else {
+            panic!("a missing file was taken")
+        };
         assert!(format!("{e:#}").contains("No such file"), "{e:#}");
         assert_eq!(
             default_name("/a/b/weights.bin").as_deref(),

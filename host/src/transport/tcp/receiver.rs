@@ -838,10 +838,23 @@ mod tests {
             &mut self,
             _: &[TcpStream],
             _: &ChunkPlan,
+            _: Which<'_>,
             _: ReadLimits,
             got: &AtomicU64,
+            _: &ChunkChecks,
         ) -> Result<(), Stop> {
             got.store(4096, Ordering::Relaxed);
+            Ok(())
+        }
+        fn failed_chunks(
+            &mut self,
+            _: &ChunkPlan,
+            _: Which<'_>,
+            _: &ChunkChecks,
+        ) -> anyhow::Result<Vec<u32>> {
+            Ok(Vec::new())
+        }
+        fn write_out(&mut self, _: usize, _: &mut dyn std::io::Write) -> anyhow::Result<()> {
             Ok(())
         }
         fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
@@ -873,6 +886,7 @@ mod tests {
             max_per_peer: 1,
             allow: AllowList::default(),
             key: None,
+            output: None,
         }
     }
 
@@ -927,10 +941,23 @@ mod tests {
                 &mut self,
                 s: &[TcpStream],
                 p: &ChunkPlan,
+                w: Which<'_>,
                 l: ReadLimits,
                 got: &AtomicU64,
+                c: &ChunkChecks,
             ) -> Result<(), Stop> {
-                self.0.receive(s, p, l, got)
+                self.0.receive(s, p, w, l, got, c)
+            }
+            fn failed_chunks(
+                &mut self,
+                p: &ChunkPlan,
+                w: Which<'_>,
+                c: &ChunkChecks,
+            ) -> anyhow::Result<Vec<u32>> {
+                self.0.failed_chunks(p, w, c)
+            }
+            fn write_out(&mut self, n: usize, o: &mut dyn std::io::Write) -> anyhow::Result<()> {
+                self.0.write_out(n, o)
             }
             fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
                 self.0.verify(len)
@@ -973,6 +1000,7 @@ mod tests {
                 4096,
                 held,
                 Instant::now(),
+                None,
             );
             assert!(
                 matches!(outcome, RecvOutcome::Completed(ref r) if r.ok()),
@@ -1007,6 +1035,7 @@ mod tests {
             4096,
             held_for(4096),
             Instant::now(),
+            None,
         );
         let RecvOutcome::Completed(r) = outcome else {
             panic!("{outcome:?}")
