@@ -378,7 +378,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         );
     }
     if !verified {
-        eprintln!("error: the receiver's verification failed");
+        let not_stored = reports
+            .iter()
+            .any(|r| r.receiver.is_some_and(|v| v.status == AckStatus::NotStored));
+        match not_stored {
+            true => eprintln!("error: the receiver could not store the data (see its log)"),
+            false => eprintln!("error: the receiver's verification failed"),
+        }
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)

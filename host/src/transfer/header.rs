@@ -769,7 +769,7 @@ impl RejectReason {
         let _reserved = r.u16();
         let a = r.u64();
         let b = r.u64();
-        if version < VERSION && (code, sub) == (1, 3) {
+        if version < VERSION && (code, sub, a) == (1, 3, VERSION as u64) {
             // An older receiver refusing this version: name its own.
             return Some(RejectReason::OldPeer { speaks: version });
         }
