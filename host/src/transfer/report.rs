@@ -192,8 +192,9 @@ pub struct RecvReport {
     pub verify_seconds: f64,
     /// How this connection's buffer was chosen: methods left out, refused, taken.
     pub memory: AttemptLog,
-    /// Checksums, repairs, digest, output (version 2 transports fill it in).
-    pub integrity: Integrity,
+    /// Checksums, repairs, digest, output (version 2 transports fill it in); boxed,
+    /// as most outcomes carry none.
+    pub integrity: Box<Integrity>,
 }
 
 impl RecvReport {

@@ -18,11 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where received data goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Output {
     Stdout,
     File(PathBuf),
     Dir(PathBuf),
+    /// To a library caller: each verified transfer's bytes, with its name, on a channel.
+    Memory(std::sync::mpsc::Sender<(Option<String>, Vec<u8>)>),
 }
 
 impl Output {
@@ -52,7 +54,7 @@ impl Output {
     /// the `counter`-th this receiver stores; `None` for standard output.
     pub fn final_path(&self, name: Option<&str>, peer: &str, counter: u64) -> Option<PathBuf> {
         match self {
-            Output::Stdout => None,
+            Output::Stdout | Output::Memory(_) => None,
             Output::File(p) => Some(p.clone()),
             Output::Dir(dir) => {
                 let named = name.and_then(|n| checked_name(n.as_bytes()).ok());
@@ -87,6 +89,13 @@ impl Output {
         counter: u64,
         fill: impl FnOnce(&mut dyn Write) -> Result<()>,
     ) -> Result<String> {
+        if let Output::Memory(to) = self {
+            let mut bytes = Vec::new();
+            fill(&mut bytes)?;
+            to.send((name.map(str::to_string), bytes))
+                .map_err(|_| anyhow::anyhow!("the caller no longer takes received data"))?;
+            return Ok("memory".into());
+        }
         let Some(path) = self.final_path(name, peer, counter) else {
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
@@ -239,6 +248,6 @@ mod tests {
     fn an_output_in_a_missing_directory_is_refused_up_front() {
         let e = Output::parse("/nonexistent-dir-xyz/file").unwrap_err();
         assert!(e.to_string().contains("is not a directory"), "{e}");
-        assert_eq!(Output::parse("-").unwrap(), Output::Stdout);
+        assert!(matches!(Output::parse("-").unwrap(), Output::Stdout));
     }
 }

@@ -22,7 +22,7 @@ pub mod sender;
 pub mod socket;
 pub mod wire;
 
-pub use receiver::{serve, serve_with, RecvMemory, TcpRecvConfig};
+pub use receiver::{serve, serve_on, serve_with, RecvMemory, TcpRecvConfig};
 pub use sender::{choose_source, send_repeated, tcp_plan, TcpSendConfig};
 
 /// What the sender's output says the data went by ("Data sent successfully via ...").

@@ -207,6 +207,33 @@ pub fn serve_with(
     let listener = TcpListener::bind(cfg.bind).map_err(|e| {
         TransferError::Protocol(format!("cannot listen on {} (TCP): {e}", cfg.bind))
     })?;
+    serve_listener(listener, cfg, memory, admission, report)
+}
+
+/// [`serve`] on a listener bound already (the library's [`crate::api::Listener`], whose
+/// port is known before anything is served).
+pub fn serve_on(
+    listener: TcpListener,
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_listener(listener, cfg, memory, &Admission::new(limits), report)
+}
+
+fn serve_listener(
+    listener: TcpListener,
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
     let addr = listener
         .local_addr()
         .map_or_else(|_| cfg.bind.to_string(), |a| a.to_string());
@@ -731,7 +758,7 @@ fn receive_all(
         offered: transfers,
         verify_seconds,
         memory: AttemptLog::default(),
-        integrity,
+        integrity: Box::new(integrity),
     })
 }
 
