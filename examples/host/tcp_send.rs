@@ -65,6 +65,7 @@ fn run() -> Result<()> {
         max_per_peer: 1,
         allow: Default::default(),
         key: None,
+        output: None, // --output: the example only checks the data
     };
     let served = std::thread::spawn(move || {
         let mut report = |o: &RecvOutcome| drop(outcomes.send(describe(o)));
@@ -90,6 +91,8 @@ fn run() -> Result<()> {
         progress: false,
         protocol_version: VERSION,
         key: None, // --key-file: none
+        // The built-in pattern, checked element by element (--verify pattern).
+        payload: Default::default(),
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.
     let reports = tcp::send_repeated(&cfg, &buffer, &AttemptLog::default(), 1)?;

@@ -297,6 +297,36 @@ pub struct SendArgs {
     /// receiver's fresh nonce; the key never crosses the network), over either transport.
     #[arg(long, value_name = "PATH")]
     pub key_file: Option<std::path::PathBuf>,
+
+    /// Send this file, or standard input (`-`), instead of the built-in pattern: any
+    /// length (read into memory first; with a GPU it is placed in GPU memory and travels
+    /// from there by the same paths as the pattern). Checked by CRC32C per chunk unless
+    /// --verify says otherwise.
+    #[arg(long, value_name = "FILE|-", conflicts_with_all = ["size", "sweep", "raw"])]
+    pub input: Option<String>,
+
+    /// The name a receiver writing into a directory (`host recv --output DIR`) gives the
+    /// file: no path separators, `.` or `..` (default: the --input file's own name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// What the receiver checks: `pattern` (every element against the built-in pattern;
+    /// the default for it), `checksum` (CRC32C of every chunk computed by the sender,
+    /// checked where the chunk landed, a failed chunk sent again; the default for
+    /// --input), `both`, or `off`.
+    #[arg(long, value_enum, value_name = "CHECKS")]
+    pub verify: Option<crate::transfer::header::VerifyMode>,
+
+    /// Rounds of resends of chunks whose checksum failed, before the transfer fails
+    /// naming them (0..=16).
+    #[arg(long, value_name = "N", default_value_t = crate::transfer::header::DEFAULT_MAX_RESENDS, value_parser = clap::value_parser!(u8).range(0..=crate::transfer::header::MAX_RESENDS as i64))]
+    pub max_resends: u8,
+
+    /// TEST ONLY: flip one bit in one chunk in N (`1/N`) after its checksum was taken,
+    /// on this side of the wire, to show that the receiver finds and repairs it. Says so
+    /// on stderr and in the JSON; never use it for real data.
+    #[arg(long, value_name = "1/N", help_heading = "Testing")]
+    pub test_inject_faults: Option<String>,
 }
 
 /// `host recv`.
@@ -313,6 +343,14 @@ pub struct RecvArgs {
     /// Exit after one transfer; the exit code is 0 only if its data verified.
     #[arg(long)]
     pub once: bool,
+
+    /// Write each verified transfer out: to a file (replaced, atomically, by each
+    /// transfer), into a directory (a file per transfer, named by the sender's --name or
+    /// after the peer and a counter), or to standard output (`-`). A transfer reaches its
+    /// final name only once every byte verified: it is written under a temporary name in
+    /// the same directory, flushed, then renamed.
+    #[arg(long, value_name = "PATH|-")]
+    pub output: Option<String>,
 
     /// Raw mode, RDMA only: accept any connection, take one message into one
     /// receive of --max-bytes (at most the device's largest message), report its length

@@ -98,6 +98,13 @@ const CHECKSUMS: Spec = Spec {
     timeout_s: 600,
     extra: &[],
 };
+const FILES: Spec = Spec {
+    what: "topology one, the user's files over verbs (a guest of 6 GiB)",
+    topology: "one",
+    script: "files.sh",
+    timeout_s: 900,
+    extra: &["--mem", "6G"],
+};
 const VANISHING: Spec = Spec {
     what: "topology two, receiver host killed",
     topology: "two",
@@ -186,6 +193,11 @@ fn admission(test: &str) -> Option<&'static Run> {
 fn checksums(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&CHECKSUMS)))
+}
+
+fn files(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&FILES)))
 }
 
 fn vanishing(test: &str) -> Option<&'static Run> {
@@ -644,8 +656,9 @@ impl Case {
             .collect()
     }
 
-    /// A sender's (`--json`) receiver verdicts, one per transfer.
-    fn verdicts(&self, label: &str) -> Vec<serde_json::Value> {
+    /// A sender's (`--json`) transfers, one per iteration: the receiver's verdict
+    /// (`receiver`) and the checksums' books (`integrity`).
+    fn iterations(&self, label: &str) -> Vec<serde_json::Value> {
         let docs = self.json(label);
         let Some(doc) = docs.last() else {
             self.fail(&format!("`{label}` printed no JSON"))
@@ -653,9 +666,7 @@ impl Case {
         doc["iterations"]
             .as_array()
             .unwrap_or_else(|| self.fail(&format!("`{label}`'s JSON has no iterations")))
-            .iter()
-            .map(|i| i["receiver"].clone())
-            .collect()
+            .to_vec()
     }
 
     fn line_text(&self, label: &str, index: usize) -> &str {
@@ -1827,13 +1838,20 @@ fn admission_a_key_on_verbs_lets_in_only_its_holders() {
 // Protocol version 2 over verbs: checksums per chunk, repair, storing (checksums.sh,
 // issue 17)
 
-/// The CRC32C of the 4 MiB pattern (`integrity::digest` of its chunks; the same for any
-/// chunk size).
+/// The CRC32C of the pattern of `bytes` bytes (`integrity::digest` of its chunks: the
+/// same for any chunk size).
 fn pattern_digest(bytes: usize) -> u64 {
     let data: Vec<u8> = (0..bytes / 4)
         .flat_map(|i| ((2 * i) as i32).to_le_bytes())
         .collect();
     host::integrity::crc32c(&data) as u64
+}
+
+/// Chunks repaired in a transfer's books (`integrity.repaired`: one entry each).
+fn repaired(iteration: &serde_json::Value) -> usize {
+    iteration["integrity"]["repaired"]
+        .as_array()
+        .map_or(0, Vec::len)
 }
 
 #[test]
@@ -1846,18 +1864,22 @@ fn checksums_verify_checksum_and_both_over_send_and_write() {
     for label in ["send_checksum", "send_both", "write_checksum", "write_both"] {
         c.rc(label, 0);
         c.no_error(label);
-        let v = c.verdicts(label);
-        c.check(v.len() == 1, &format!("`{label}`: one transfer"));
-        let v = &v[0];
+        let it = c.iterations(label);
+        c.check(it.len() == 1, &format!("`{label}`: one transfer"));
+        let (v, books) = (&it[0]["receiver"], &it[0]["integrity"]);
         c.check(v["status"] == "verified", &format!("`{label}`: {v}"));
         c.check(
-            v["digest"].as_u64() == Some(digest),
+            books["digest"].as_u64() == Some(digest),
             &format!(
                 "`{label}`: digest {} is not the pattern's {digest}",
-                v["digest"]
+                books["digest"]
             ),
         );
-        c.check(v["repaired"] == 0, &format!("`{label}`: {v}"));
+        c.check(
+            books["chunks_checked"] == 64,
+            &format!("`{label}`: {books}"),
+        );
+        c.check(repaired(&it[0]) == 0, &format!("`{label}`: {books}"));
         // `both` checks the pattern too; `checksum` alone does not.
         let pattern = &v["verification"];
         if label.ends_with("both") {
@@ -1877,12 +1899,12 @@ fn checksums_verify_checksum_and_both_over_send_and_write() {
     c.check(done.len() == 4, "the receiver completed four transfers");
     for d in done {
         c.check(d["ok"] == true, &format!("receiver: {d}"));
-        let checks = &d["report"]["checks"];
+        let books = &d["report"]["integrity"];
         c.check(
-            checks["chunks"] == 64
-                && checks["failed"] == 0
-                && checks["digest"].as_u64() == Some(digest),
-            &format!("receiver: {checks}"),
+            books["chunks_checked"] == 64
+                && books["failed_chunks"].as_array().is_some_and(Vec::is_empty)
+                && books["digest"].as_u64() == Some(digest),
+            &format!("receiver: {books}"),
         );
     }
     c.still_serving("receiver");
@@ -1894,22 +1916,29 @@ fn checksums_injected_faults_are_repaired_by_resends() {
         return;
     };
     let c = run.case('a', "repair");
-    let mut repaired = Vec::new();
+    let mut counts = Vec::new();
     for label in ["send_100", "write_100", "write_10000", "reused"] {
         c.rc(label, 0);
         c.no_error(label);
-        let verdicts = c.verdicts(label);
+        let it = c.iterations(label);
         let want = if label == "reused" { 5 } else { 1 };
-        c.check(
-            verdicts.len() == want,
-            &format!("`{label}`: {want} transfers"),
-        );
-        for v in &verdicts {
-            c.check(v["status"] == "verified", &format!("`{label}`: {v}"));
-            c.check(v["digest"].is_u64(), &format!("`{label}`: {v}"));
+        c.check(it.len() == want, &format!("`{label}`: {want} transfers"));
+        for i in &it {
+            c.check(
+                i["receiver"]["status"] == "verified",
+                &format!("`{label}`: {i}"),
+            );
+            c.check(
+                i["integrity"]["digest"].is_u64(),
+                &format!("`{label}`: {i}"),
+            );
+            c.check(
+                i["integrity"]["fault_injection"].is_string(),
+                &format!("`{label}` says the faults were injected"),
+            );
         }
-        let sum: u64 = verdicts.iter().filter_map(|v| v["repaired"].as_u64()).sum();
-        repaired.push(format!("{label} {sum}"));
+        let sum: usize = it.iter().map(repaired).sum();
+        counts.push(format!("{label} {sum}"));
         if label.ends_with("_100") {
             // 1024 chunks, one in 100 hit: about 10.
             c.check(
@@ -1919,12 +1948,32 @@ fn checksums_injected_faults_are_repaired_by_resends() {
         }
     }
     // `both`: the pattern checked after the repair.
-    let v = &c.verdicts("write_100")[0];
+    let v = &c.iterations("write_100")[0]["receiver"];
     c.check(v["verification"]["mismatches"] == 0, &format!("{v}"));
+    // The receiver's books agree with the senders'.
+    let theirs: usize = c
+        .json("receiver")
+        .iter()
+        .filter(|d| d["event"] == "completed")
+        .map(|d| {
+            d["report"]["integrity"]["repaired"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .sum();
+    let ours: usize = ["send_100", "write_100", "write_10000", "reused"]
+        .iter()
+        .flat_map(|l| c.iterations(l))
+        .map(|i| repaired(&i))
+        .sum();
+    c.check(
+        theirs == ours,
+        &format!("the receiver repaired {theirs} chunks, the senders {ours}"),
+    );
     c.still_serving("receiver");
     note(&format!(
         "checksums: repaired chunks: {}",
-        repaired.join(", ")
+        counts.join(", ")
     ));
 }
 
@@ -1939,26 +1988,30 @@ fn checksums_chunks_that_keep_failing_end_in_an_error_naming_them() {
     c.one_error(
         "send_all",
         &format!(
-            "error: the receiver at {A}:7471 found 16 chunks still failed their checksums after 3 rounds of resends (--max-resends 3): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 8 more"
+            "error: transfer to {A}:7471 failed: 16 chunk(s) still failed their CRC32C after 3 round(s) of resends (--max-resends): chunk(s) 0, 1, 2, 3, 4, 5, 6, 7, and 8 more"
         ),
     );
     c.rc("write_one_round", 1);
     c.one_error(
         "write_one_round",
         &format!(
-            "error: the receiver at {A}:7471 found 256 chunks still failed their checksums after 1 round of resends (--max-resends 1): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 248 more"
+            "error: transfer to {A}:7471 failed: 256 chunk(s) still failed their CRC32C after 1 round(s) of resends (--max-resends): chunk(s) 0, 1, 2, 3, 4, 5, 6, 7, and 248 more"
         ),
     );
     c.rc("after", 0);
     c.check(
-        c.verdicts("after")[0]["status"] == "verified",
+        c.iterations("after")[0]["receiver"]["status"] == "verified",
         "the next sender is served",
     );
     let failed: Vec<_> = c
         .json("receiver")
         .into_iter()
         .filter(|d| d["event"] == "completed" && d["ok"] == false)
-        .map(|d| d["report"]["checks"]["failed"].clone())
+        .map(|d| {
+            d["report"]["integrity"]["failed_chunks"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
         .collect();
     c.check(
         failed == [16, 256],
@@ -1977,23 +2030,35 @@ fn checksums_the_receiver_stores_what_verified_and_says_when_it_cannot() {
     let c = run.case('a', "store");
     c.rc("first", 0);
     c.check(c.val("stored_files") == 1.0, "one file stored");
-    c.check(c.val("stored_bytes") == (4 << 20) as f64, "4 MiB stored");
+    c.check(
+        c.val("stored_same") == 1.0,
+        "the stored file has the input's sha256",
+    );
     c.rc("unstored", 1);
-    c.one_error("unstored", "error: ");
-    let statuses: Vec<_> = c
+    c.one_error(
+        "unstored",
+        "error: the receiver could not store the data (see its log)",
+    );
+    let outcomes: Vec<_> = c
         .json("receiver")
         .into_iter()
         .filter(|d| d["event"] == "completed")
-        .map(|d| (d["ok"].clone(), d["report"]["checks"]["stored"].is_string()))
+        .map(|d| {
+            (
+                d["ok"] == true,
+                d["report"]["integrity"]["stored"].is_string(),
+                d["report"]["integrity"]["store_error"].is_string(),
+            )
+        })
         .collect();
     c.check(
-        statuses
+        outcomes
             == [
-                (serde_json::Value::Bool(true), true),
-                (serde_json::Value::Bool(false), false),
-                (serde_json::Value::Bool(true), true),
+                (true, true, false),
+                (false, false, true),
+                (true, true, false),
             ],
-        &format!("the receiver's outcomes (ok, stored): {statuses:?}"),
+        &format!("the receiver's outcomes (ok, stored, store error): {outcomes:?}"),
     );
     c.find(
         "receiver",
@@ -2006,5 +2071,38 @@ fn checksums_the_receiver_stores_what_verified_and_says_when_it_cannot() {
         c.val("stored_again") == 1.0,
         "stored again once the directory is back",
     );
+    c.still_serving("receiver");
+}
+
+#[test]
+fn files_of_any_length_arrive_over_verbs_with_the_same_sha256() {
+    let Some(run) = files("files_of_any_length_arrive_over_verbs_with_the_same_sha256") else {
+        return;
+    };
+    let c = run.case('a', "files");
+    for size in [1u64, 4097, 64 << 20, (1 << 30) + 3] {
+        let label = format!("send_{size}");
+        c.check(
+            c.val(&format!("input_bytes_{size}")) == size as f64,
+            "the input file",
+        );
+        c.rc(&label, 0);
+        c.no_error(&label);
+        c.find(&label, 0, &format!("Receiver: verified {size} bytes"), &[]);
+        c.find(
+            &label,
+            0,
+            "checksums: CRC32C of every chunk matched where it landed",
+            &[],
+        );
+        c.check(
+            c.val(&format!("files_{size}")) == 1.0,
+            &format!("one file stored for {size} bytes"),
+        );
+        c.check(
+            c.val(&format!("same_{size}")) == 1.0,
+            &format!("{size} bytes: the stored file's sha256 differs from the input's"),
+        );
+    }
     c.still_serving("receiver");
 }

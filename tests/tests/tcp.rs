@@ -7,258 +7,14 @@
 //! The binary: `$TCP_HOST_BIN`, else `$SOFTROCE_HOST_BIN` (tests/run-all.sh builds it),
 //! else built here with the same command into `target/guest`.
 
-use integration_tests::workspace_root;
+mod tcp_common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-fn host_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        for var in ["TCP_HOST_BIN", "SOFTROCE_HOST_BIN"] {
-            if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
-                if p.is_file() {
-                    return p;
-                }
-            }
-        }
-        let root = workspace_root();
-        let status = Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "host",
-                "--no-default-features",
-                "--target-dir",
-                "target/guest",
-            ])
-            .status()
-            .expect("running cargo to build host");
-        assert!(status.success(), "building host failed");
-        root.join("target/guest/release/host")
-    })
-    .clone()
-}
-
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _g = LOCK.lock();
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The port of the first `listening on ADDRESS:PORT` line of a receiver's output.
-fn listening_port(log: &str) -> Option<u16> {
-    let line = log.lines().find(|l| l.contains("listening on "))?;
-    let address = line
-        .split("listening on ")
-        .nth(1)?
-        .split_whitespace()
-        .next()?;
-    address
-        .rsplit(':')
-        .next()?
-        .trim_end_matches(',')
-        .parse()
-        .ok()
-}
-
-/// A `host recv --transport tcp` child, killed (by its PID) when dropped.
-struct Receiver {
-    child: Option<Child>,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Receiver {
-    fn start(extra: &[&str]) -> Receiver {
-        Receiver::start_limited(None, extra)
-    }
-
-    /// With `files`: under an open-files limit of that many (`ulimit -n`, then `exec`,
-    /// so the PID is the receiver's).
-    fn start_limited(files: Option<u32>, extra: &[&str]) -> Receiver {
-        // Port 0: the system picks a free port at bind time and the receiver prints it. (A
-        // port found free beforehand can be taken, by another test's outgoing connection,
-        // before the receiver binds it.)
-        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("tcp-recv-{}-{n}.log", std::process::id()));
-        let file = std::fs::File::create(&log).unwrap();
-        let mut command = match files {
-            Some(n) => {
-                let mut c = Command::new("sh");
-                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
-                    .arg(host_bin());
-                c
-            }
-            None => Command::new(host_bin()),
-        };
-        let child = command
-            .args([
-                "recv",
-                "--transport",
-                "tcp",
-                "--bind",
-                "127.0.0.1",
-                "--gpu",
-                "none",
-            ])
-            .args(["--port", "0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("starting host recv");
-        let mut r = Receiver {
-            child: Some(child),
-            port: 0,
-            log,
-        };
-        r.wait_for_log("listening on", Duration::from_secs(10));
-        r.port = listening_port(&r.log()).expect("the receiver says its port");
-        r
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("the receiver runs").id()
-    }
-
-    /// A line of `/proc/PID/status` in KiB ("VmHWM", "VmRSS").
-    fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(&format!("{field}:")))
-            .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"));
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-
-    /// Descriptors the receiver has open now.
-    fn open_files(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_for_log(&self, text: &str, within: Duration) {
-        let t0 = Instant::now();
-        while !self.log().contains(text) {
-            assert!(
-                t0.elapsed() < within,
-                "the receiver did not say `{text}` within {within:?}; its log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Wait for the receiver to exit; its exit code.
-    fn exit_code(&mut self, within: Duration) -> i32 {
-        let child = self.child.as_mut().unwrap();
-        let t0 = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                t0.elapsed() < within,
-                "the receiver did not exit within {within:?}; its log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Run a sender to completion within `within` (killed and failed otherwise).
-fn send(port: u16, extra: &[&str], within: Duration) -> Output {
-    let child = spawn_sender(port, extra);
-    finish(child, within)
-}
-
-fn spawn_sender(port: u16, extra: &[&str]) -> Child {
-    Command::new(host_bin())
-        .args([
-            "127.0.0.1",
-            &port.to_string(),
-            "--transport",
-            "tcp",
-            "--gpu",
-            "none",
-        ])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting the sender")
-}
-
-fn finish(mut child: Child, within: Duration) -> Output {
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > within {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the sender did not finish within {within:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn assert_verified(out: &Output, what: &str) {
-    let (stdout, stderr) = text(out);
-    assert!(
-        out.status.success() && stdout.contains("Receiver: verified"),
-        "{what}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-}
-
-const T: Duration = Duration::from_secs(60);
+use tcp_common::*;
 
 #[test]
 fn sizes_streams_and_iterations_verify() {
@@ -597,6 +353,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
         &Frame {
             offset: 0,
             len: 256 << 10,
+            crc: 0,
         }
         .encode(),
     )
@@ -611,7 +368,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
             break;
         }
         let _ = s.write_all(piece);
-        let mut buf = [0u8; 48];
+        let mut buf = [0u8; host::transfer::header::ACK_LEN];
         match s.read(&mut buf) {
             Ok(n) if n > 0 => {
                 ack.extend_from_slice(&buf[..n]);
@@ -815,6 +572,7 @@ fn four_byte_chunks_of_1gib_cost_the_buffer_and_a_constant() {
             &Frame {
                 offset: i * 4,
                 len: 4,
+                crc: 0,
             }
             .encode(),
         );
@@ -871,12 +629,13 @@ fn a_reuse_connection_broken_after_1_of_2_pow_20_is_reported_as_1_and_not_ok() {
         &Frame {
             offset: 0,
             len: 64 << 10,
+            crc: 0,
         }
         .encode(),
     )
     .unwrap();
     s.write_all(&pattern_bytes(0, 16 << 10)).unwrap();
-    let mut ack = [0u8; 48];
+    let mut ack = [0u8; host::transfer::header::ACK_LEN];
     s.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // Then a reset.
@@ -1080,12 +839,13 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
             &Frame {
                 offset: 0,
                 len: 4096,
+                crc: 0,
             }
             .encode(),
         )
         .unwrap();
     holder.write_all(&pattern_bytes(0, 1024)).unwrap();
-    let mut ack = [0u8; 48];
+    let mut ack = [0u8; host::transfer::header::ACK_LEN];
     holder.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // And a repeated index after that finds no route.

@@ -144,3 +144,48 @@ fn the_tutorial_shows_what_tcp_send_prints() {
         "docs/tutorial.md against the program's output"
     );
 }
+
+#[test]
+fn send_buffer_and_receive_buffer_move_your_bytes_checked_at_both_ends() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut receiver = Command::new(env!("CARGO_BIN_EXE_receive-buffer"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start receive-buffer");
+    let mut lines = BufReader::new(receiver.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    let out = run(env!("CARGO_BIN_EXE_send-buffer"), &[&addr, "5000003"]);
+    let sent = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        sent.contains("sent 5000003 bytes in 5 chunks") && sent.contains("receiver: Verified"),
+        "{sent}"
+    );
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = receiver.wait().unwrap();
+    assert!(status.success(), "{rest:?}");
+    assert!(
+        rest[0].starts_with("received 5000003 bytes named \"send-buffer.bin\""),
+        "{rest:?}"
+    );
+    // The same digest at both ends, and again where the bytes were placed.
+    let digest = sent
+        .split("digest ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap();
+    assert!(rest[0].ends_with(&format!("digest {digest}")), "{rest:?}");
+    assert!(
+        rest[1].starts_with("checked again in ")
+            && rest[1].ends_with(&format!("digest {digest} matches")),
+        "{rest:?}"
+    );
+}

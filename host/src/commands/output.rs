@@ -2,6 +2,8 @@
 //! from the same result values in each command.)
 
 use host::memory::Verification;
+use host::transfer::header::{Payload, VerifyMode};
+use host::transfer::report::Integrity;
 
 /// Human output: stdout normally, stderr when stdout carries JSON.
 pub struct Human {
@@ -41,6 +43,65 @@ pub fn verification_words(v: &Verification) -> String {
                 .map_or_else(|| "?".to_string(), |i| i.to_string())
         )
     }
+}
+
+/// The checksum lines of a transfer (version 2): what was checked, what was repaired,
+/// where it was stored. Empty where nothing of it applied.
+pub fn integrity_lines(i: &Integrity) -> Vec<String> {
+    let mut lines = Vec::new();
+    if i.verify == Some(VerifyMode::Off) {
+        lines.push("checks: none (--verify off): the bytes were counted, not checked".into());
+    }
+    if let Some(digest) = i.digest {
+        let repaired = match i.repaired.len() {
+            0 => String::new(),
+            n => format!(
+                "; {n} chunk{} failed and {} repaired by sending {} again",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "was" } else { "were" },
+                if n == 1 { "it" } else { "them" }
+            ),
+        };
+        if i.failed_chunks.is_empty() {
+            lines.push(format!(
+                "checksums: CRC32C of every chunk matched where it landed (digest {digest:#010x}){repaired}"
+            ));
+        } else {
+            let shown: Vec<String> = i
+                .failed_chunks
+                .iter()
+                .take(8)
+                .map(|c| c.to_string())
+                .collect();
+            lines.push(format!(
+                "checksums: {} chunk(s) still failed after the resends: {}{}",
+                i.failed_chunks.len(),
+                shown.join(", "),
+                if i.failed_chunks.len() > 8 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if let Some(at) = &i.stored {
+        lines.push(format!("stored: {at}"));
+    }
+    if let Some(e) = &i.store_error {
+        lines.push(format!("not stored: {e}"));
+    }
+    if let Some(f) = &i.fault_injection {
+        lines.push(format!(
+            "TEST fault injection was on ({f} chunks corrupted on the wire)"
+        ));
+    }
+    lines
+}
+
+/// Whether the transfer carried the user's bytes (no pattern to show values of).
+pub fn is_user_data(i: &Integrity) -> bool {
+    i.payload == Some(Payload::Opaque)
 }
 
 /// The error of iteration `i` (from 0) of `iters`: as it is for a single transfer, else

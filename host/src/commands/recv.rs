@@ -1,7 +1,7 @@
 //! `host recv`: serve senders, verify each transfer, report.
 
 use super::facts::{memory_notes, path_facts};
-use super::output::{values_line, verification_words, Human};
+use super::output::{integrity_lines, is_user_data, values_line, verification_words, Human};
 use anyhow::{bail, Result};
 use host::cli::RecvArgs;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
@@ -99,7 +99,7 @@ fn print_report(r: &RecvReport, human: &Human) {
     };
     human.line(format!(
         "received {} from {} by {how} into {}: {:.6} s, {:.3} GB/s",
-        if r.bytes < 1024 {
+        if r.bytes < 1024 || is_user_data(&r.integrity) {
             format!("{} bytes", r.bytes)
         } else {
             format_bytes(r.bytes)
@@ -128,7 +128,10 @@ fn print_report(r: &RecvReport, human: &Human) {
         (None, Some(e)) => human.line(format!("verification failed: {e}")),
         (None, None) => {}
     }
-    if !r.first_values.is_empty() {
+    for line in integrity_lines(&r.integrity) {
+        human.line(line);
+    }
+    if !r.first_values.is_empty() && !is_user_data(&r.integrity) {
         human.line(values_line(&r.first_values));
     }
     if !r.reply_delivered {
@@ -251,7 +254,11 @@ fn verbs_config(args: &RecvArgs) -> Result<RecvConfig> {
             .as_deref()
             .map(host::server::Key::from_file)
             .transpose()?,
-        output: None,
+        output: args
+            .output
+            .as_deref()
+            .map(host::transfer::store::Output::parse)
+            .transpose()?,
     })
 }
 

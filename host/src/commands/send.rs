@@ -1,13 +1,17 @@
 //! `host <ip> <port>`: generate the data, send it, report the receiver's verdict.
 
 use super::facts::{memory_notes, path_facts};
-use super::output::{iteration_error, values_line, verification_words, Human};
+use super::output::{
+    integrity_lines, is_user_data, iteration_error, values_line, verification_words, Human,
+};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
 use host::memory::select::{plan, AttemptLog, Direction, MemKind};
-use host::memory::{GpuChoice, GpuSelection, SendMemory};
+use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
+use host::transfer::faults::FaultInjector;
+use host::transfer::header::{checked_name, Payload, VerifyMode};
 use host::transfer::units::format_bytes;
-use host::transfer::{self, AckStatus, SendReport};
+use host::transfer::{self, AckStatus, PayloadOptions, SendReport};
 use host::transport::rdma::{self, SendConfig};
 use host::transport::{self, TransportKind};
 use serde_json::json;
@@ -55,6 +59,49 @@ fn route_device(
         .flatten()
 }
 
+/// What is sent and how the receiver checks it, from the options (`user_data`: an
+/// --input was given).
+pub fn payload_options(args: &SendArgs) -> Result<PayloadOptions> {
+    let payload = match args.input {
+        Some(_) => Payload::Opaque,
+        None => Payload::Pattern,
+    };
+    let verify = args.verify.unwrap_or(VerifyMode::default_for(payload));
+    if payload == Payload::Opaque && verify.pattern() {
+        bail!(
+            "--verify {}: the pattern check applies to the built-in pattern, not to --input; use --verify checksum or off",
+            verify.name()
+        );
+    }
+    let faults = args
+        .test_inject_faults
+        .as_deref()
+        .map(FaultInjector::parse)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let name = args.name.clone().or_else(|| {
+        args.input
+            .as_deref()
+            .and_then(transfer::input::default_name)
+    });
+    if let Some(n) = &name {
+        checked_name(n.as_bytes()).map_err(|e| anyhow::anyhow!("--name {n:?}: {e}"))?;
+    }
+    if let Some(f) = &faults {
+        eprintln!(
+            "warning: TEST FAULT INJECTION: one bit flipped in about one chunk in {} after its checksum (--test-inject-faults); the data on the wire is corrupted on purpose",
+            f.one_in
+        );
+    }
+    Ok(PayloadOptions {
+        payload,
+        verify,
+        max_resends: args.max_resends,
+        name,
+        faults,
+    })
+}
+
 /// `--warmup` + `--iters` transfers of `bytes` each (on one connection with
 /// `--reuse-connection`, else a connection each): the reports of the measured ones
 /// (the warm-up transfers are made and verified, then dropped) and the memory they were
@@ -64,7 +111,9 @@ fn measure(
     bytes: u64,
     chosen: &transport::Chosen,
     peer: SocketAddr,
+    user_data: Option<HostBuffer>,
 ) -> Result<(Vec<SendReport>, SendMemory)> {
+    let bytes = user_data.as_ref().map_or(bytes, |d| d.len() as u64);
     let tcp = chosen.kind == TransportKind::Tcp;
     let size = usize::try_from(bytes).context("--size does not fit this machine")?;
     // --raw sends the whole buffer as one message: a staging ring then has one slot of it.
@@ -91,7 +140,11 @@ fn measure(
     if tcp {
         plan = transport::tcp::tcp_plan(&plan);
     }
-    let mut memory = SendMemory::new(plan, gpu, size, chunk);
+    let mut memory = match user_data {
+        Some(data) => SendMemory::user(plan, gpu, data, chunk),
+        None => SendMemory::new(plan, gpu, size, chunk),
+    };
+    let payload = payload_options(args)?;
     let cfg = SendConfig {
         peer,
         op: args.op,
@@ -108,10 +161,7 @@ fn measure(
             .as_deref()
             .map(host::server::Key::from_file)
             .transpose()?,
-        payload: host::transfer::header::Payload::Pattern,
-        verify: host::transfer::header::VerifyMode::Pattern,
-        max_resends: host::transfer::header::DEFAULT_MAX_RESENDS,
-        faults: None,
+        payload: payload.clone(),
     };
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {
@@ -124,7 +174,9 @@ fn measure(
     })?;
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
-        reports = super::tcp::send(args, &cfg, &mut memory, transfers)?;
+        reports = super::tcp::send(args, &cfg, &payload, &mut memory, transfers)?;
+    } else if args.raw && payload.payload != Payload::Pattern {
+        bail!("--raw sends the pattern only (no header says what the bytes are): drop --input");
     } else if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
         reports = rdma::send_repeated(&cfg, &mut memory, transfers)?;
@@ -178,7 +230,12 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     if let Some(sweep) = args.sweep {
         return run_sweep(args, sweep, &chosen, peer, &human);
     }
-    let (reports, memory) = measure(args, args.size, &chosen, peer)?;
+    let user_data = args
+        .input
+        .as_deref()
+        .map(transfer::input::read_input)
+        .transpose()?;
+    let (reports, memory) = measure(args, args.size, &chosen, peer, user_data)?;
     if args.warmup > 0 {
         human.line(format!(
             "warm-up: {} transfer{} made and verified first, not counted below",
@@ -208,13 +265,16 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             eprintln!("note: {note}");
         }
     }
+    let user_data = memory.is_user_data();
     let via = if tcp {
-        transport::tcp::describe(path)
+        transport::tcp::describe(path, user_data)
     } else {
         path.describe()
     };
     human.line(format!("Data sent successfully via {via}"));
-    human.line(values_line(&first_values));
+    if !user_data {
+        human.line(values_line(&first_values));
+    }
     let n = reports.len();
     for (i, r) in reports.iter().enumerate() {
         let prefix = if n > 1 {
@@ -250,7 +310,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             r.connect_seconds
         ));
         if let Some(v) = &r.receiver {
-            human.line(format!("{prefix}Receiver: {}", verdict_words(v)));
+            human.line(format!(
+                "{prefix}Receiver: {}",
+                verdict_words(v, is_user_data(&r.integrity))
+            ));
+        }
+        for line in integrity_lines(&r.integrity) {
+            human.line(format!("{prefix}{line}"));
         }
         if r.op == "raw" {
             human.line(match r.raw_reply_bytes {
@@ -310,7 +376,13 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         );
     }
     if !verified {
-        eprintln!("error: the receiver's verification failed");
+        let not_stored = reports
+            .iter()
+            .any(|r| r.receiver.is_some_and(|v| v.status == AckStatus::NotStored));
+        match not_stored {
+            true => eprintln!("error: the receiver could not store the data (see its log)"),
+            false => eprintln!("error: the receiver's verification failed"),
+        }
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -403,7 +475,7 @@ fn run_sweep(
     let mut rows = Vec::new();
     let mut verified = true;
     for bytes in sizes {
-        let (reports, _memory) = measure(args, bytes, chosen, peer)
+        let (reports, _memory) = measure(args, bytes, chosen, peer, None)
             .with_context(|| format!("--sweep at {}", format_bytes(bytes)))?;
         verified &= reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
         let total: u64 = reports.iter().map(|r| r.bytes).sum();
@@ -467,8 +539,20 @@ fn median(values: &mut [f64]) -> f64 {
     values[(values.len() - 1) / 2]
 }
 
-fn verdict_words(v: &transfer::ReceiverVerdict) -> String {
+fn verdict_words(v: &transfer::ReceiverVerdict, user_data: bool) -> String {
+    let bytes = if user_data {
+        format!("{} bytes", v.received_bytes)
+    } else {
+        format_bytes(v.received_bytes)
+    };
     match (v.status, &v.verification) {
+        (AckStatus::ChecksumFailed, _) => {
+            format!("received {bytes}, but chunks failed their checksums after every resend")
+        }
+        (AckStatus::NotStored, _) => {
+            format!("verified {bytes} but could not store it (see the receiver's log)")
+        }
+        (AckStatus::Verified, None) => format!("verified {bytes}"),
         (AckStatus::VerifyFailed, _) | (_, None) => format!(
             "received {} but could not verify it (see the receiver's log)",
             format_bytes(v.received_bytes)

@@ -7,7 +7,7 @@ use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
 use host::server::admission::{Admission, Limits};
-use host::transfer::{Op, RecvOutcome, SendReport};
+use host::transfer::{Op, PayloadOptions, RecvOutcome, SendReport};
 use host::transport::rdma::SendConfig;
 use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use std::net::SocketAddr;
@@ -35,6 +35,7 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
 pub fn send(
     args: &SendArgs,
     cfg: &SendConfig,
+    payload: &PayloadOptions,
     memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>> {
@@ -49,6 +50,7 @@ pub fn send(
         progress: cfg.progress,
         protocol_version: cfg.protocol_version,
         key: cfg.key.clone(),
+        payload: payload.clone(),
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);
@@ -93,6 +95,11 @@ pub fn serve_with(
         max_per_peer: args.max_per_peer(),
         allow: args.allow.clone().unwrap_or_default(),
         key: key(args.key_file.as_deref())?,
+        output: args
+            .output
+            .as_deref()
+            .map(host::transfer::store::Output::parse)
+            .transpose()?,
     };
     let memory = match args.mem {
         MemKind::Host | MemKind::Auto => RecvMemory::Host,

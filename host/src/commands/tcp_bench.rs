@@ -82,6 +82,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             max_per_peer: 1,
             allow: Default::default(),
             key: None,
+            output: None,
         };
         tcp::serve(&cfg, &RecvMemory::Host, &mut |o| match o {
             RecvOutcome::Listening { addr } => {
@@ -106,6 +107,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         progress: false,
         protocol_version: host::transfer::header::VERSION,
         key: None,
+        payload: host::transfer::PayloadOptions::default(),
     };
     let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;

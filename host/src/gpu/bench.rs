@@ -236,6 +236,9 @@ unsafe impl SendSource for RingOnly<'_> {
     fn path(&self) -> DataPath {
         DataPath::StagedThroughHostMemory
     }
+    fn copy_out(&self, _: usize, _: &mut [u8]) -> Result<()> {
+        anyhow::bail!("the benchmark's ring-only source holds no data to copy out")
+    }
 }
 
 /// The staged pipeline as the sender runs it: the product's [`StagedSource`] and

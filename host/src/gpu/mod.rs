@@ -80,4 +80,4 @@ mod ffi;
 pub mod sources;
 pub mod upload;
 
-pub use context::{Gpu, GpuCheck, KERNELS_PTX};
+pub use context::{Gpu, GpuCheck, GpuError, KERNELS_PTX};

@@ -76,6 +76,9 @@ unsafe impl SendSource for MappedSource {
     fn path(&self) -> DataPath {
         DataPath::GpuMappedHostMemory
     }
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.memory.read_at(offset, dest)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -178,9 +181,10 @@ unsafe impl SendSource for GpuDirectBuffer {
     fn path(&self) -> DataPath {
         DataPath::GpuDirectRdma
     }
-    fn device_chunk_crcs(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
-        // Written for GPUDirect RDMA over verbs, which no machine here has (GPU and RDMA
-        // NIC never meet): the kernel itself is tested on the H200.
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.memory.read_range_into(offset, dest)
+    }
+    fn chunk_checksums(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
         Some(super::checksum::crc32c_chunks(&self.memory, chunk as u64))
     }
 }
@@ -305,7 +309,8 @@ pub struct StagedSource {
     slot_bytes: usize,
     copy_stream: Stream,
     ring: PinnedHostBuffer,
-    device: DeviceBuffer,
+    /// `None` only inside [`StagedSource::into_device`].
+    device: Option<DeviceBuffer>,
 }
 
 impl StagedSource {
@@ -316,6 +321,21 @@ impl StagedSource {
         let mut device = DeviceBuffer::new(gpu, len)?;
         gpu.generate(&mut device)?;
         Self::over(device, chunk)
+    }
+
+    /// The device memory back, once the transfers are done (a library caller's buffer).
+    pub fn into_device(mut self) -> DeviceBuffer {
+        // Copies still queued read the device memory: let them land first.
+        let _ = self.copy_stream.synchronize();
+        self.device
+            .take()
+            .expect("a staged source holds its device memory")
+    }
+
+    fn device(&self) -> &DeviceBuffer {
+        self.device
+            .as_ref()
+            .expect("a staged source holds its device memory until into_device")
     }
 
     /// Stage `device` (already filled) in slots of `chunk` bytes.
@@ -345,7 +365,7 @@ impl StagedSource {
             slot_bytes,
             copy_stream: gpu.new_stream()?,
             ring,
-            device,
+            device: Some(device),
         })
     }
 
@@ -355,12 +375,12 @@ impl StagedSource {
     }
 
     fn chunks(&self) -> usize {
-        self.device.len().div_ceil(self.slot_bytes)
+        self.device().len().div_ceil(self.slot_bytes)
     }
 
     fn chunk_len(&self, index: usize) -> usize {
         self.slot_bytes
-            .min(self.device.len() - index * self.slot_bytes)
+            .min(self.device().len() - index * self.slot_bytes)
     }
 
     /// Queue copies into every free slot, in chunk order.
@@ -368,7 +388,7 @@ impl StagedSource {
         let slots = state.slots.len();
         let gpu = {
             use super::context::GpuMemory;
-            self.device.gpu()
+            self.device().gpu()
         };
         let bound = gpu.bind()?;
         while state.next_copy < self.chunks() {
@@ -387,7 +407,7 @@ impl StagedSource {
                 driver::memcpy_dtoh_async(
                     &bound,
                     self.ring.as_mut_ptr().add(slot * self.slot_bytes),
-                    self.device.address() + offset as u64,
+                    self.device().address() + offset as u64,
                     self.chunk_len(index),
                     &self.copy_stream,
                 )?;
@@ -423,7 +443,7 @@ impl StagedSource {
 // release_chunk freed it (SlotState), or after begin_pass found no slot with the wire.
 unsafe impl SendSource for StagedSource {
     fn len(&self) -> usize {
-        self.device.len()
+        self.device().len()
     }
 
     fn memory(&self) -> &dyn Registrable {
@@ -453,7 +473,7 @@ unsafe impl SendSource for StagedSource {
 
     fn prepare_chunk(&self, offset: usize, len: usize, deadline: Instant) -> Result<Range<usize>> {
         let (slots, slot_bytes) = self.ring_shape();
-        if !offset.is_multiple_of(slot_bytes) || offset >= self.device.len() {
+        if !offset.is_multiple_of(slot_bytes) || offset >= self.device().len() {
             bail!("staged chunks start at multiples of the {slot_bytes}-byte slot, inside the data; {offset} does not");
         }
         let index = offset / slot_bytes;
@@ -491,11 +511,19 @@ unsafe impl SendSource for StagedSource {
     }
 
     fn first_values(&self, count: usize) -> Result<Vec<i32>> {
-        read_device_values(&self.device, count)
+        read_device_values(self.device(), count)
     }
 
     fn path(&self) -> DataPath {
         DataPath::StagedThroughHostMemory
+    }
+
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        self.device().read_range_into(offset, dest)
+    }
+
+    fn chunk_checksums(&self, chunk: usize) -> Option<Result<Vec<u32>>> {
+        Some(super::checksum::crc32c_chunks(self.device(), chunk as u64))
     }
 }
 

@@ -121,6 +121,11 @@ pub struct SendMemory {
     made: Vec<(Method, Box<dyn SendSource>)>,
     /// Time spent making (allocating and generating) sources, so far.
     making: std::time::Duration,
+    /// The user's bytes (`--input`, a library caller's buffer) instead of the pattern:
+    /// the host-memory source is this buffer itself; GPU sources get a copy uploaded.
+    user_data: Option<HostBuffer>,
+    /// The user's buffer was moved into the host-memory source.
+    made_from_user: bool,
 }
 
 impl SendMemory {
@@ -132,7 +137,24 @@ impl SendMemory {
             chunk,
             made: Vec::new(),
             making: std::time::Duration::ZERO,
+            user_data: None,
+            made_from_user: false,
         }
+    }
+
+    /// The user's `data` (any length) instead of the pattern, placed on each path of
+    /// `plan` when asked: host memory as it is, GPU memory by an upload.
+    pub fn user(plan: Plan, gpu: GpuChoice, data: HostBuffer, chunk: usize) -> SendMemory {
+        let size = data.len();
+        SendMemory {
+            user_data: Some(data),
+            ..SendMemory::new(plan, gpu, size, chunk)
+        }
+    }
+
+    /// Whether the data is the user's (opaque bytes) rather than the pattern.
+    pub fn is_user_data(&self) -> bool {
+        self.user_data.is_some() || self.made_from_user
     }
 
     /// What to try, in order.
@@ -155,7 +177,10 @@ impl SendMemory {
         Ok(self.made[index].1.as_ref())
     }
 
-    fn make(&self, method: Method) -> Result<Box<dyn SendSource>> {
+    fn make(&mut self, method: Method) -> Result<Box<dyn SendSource>> {
+        if self.is_user_data() {
+            return self.place_user_data(method);
+        }
         if method == Method::Host {
             return Ok(Box::new(HostBuffer::with_pattern(self.size)?));
         }
@@ -178,6 +203,53 @@ impl SendMemory {
             "{}: this build has no GPU support (built without the `cuda` feature)",
             method.name()
         )
+    }
+
+    /// The user's bytes on `method`'s path.
+    fn place_user_data(&mut self, method: Method) -> Result<Box<dyn SendSource>> {
+        let Some(data) = self.user_data.as_mut() else {
+            anyhow::bail!(
+                "{}: the data was already placed in host memory, and only there",
+                method.name()
+            );
+        };
+        if method == Method::Host {
+            self.made_from_user = true;
+            let data = self.user_data.take().expect("checked above");
+            return Ok(Box::new(data));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            use crate::gpu::allocations::DeviceBuffer;
+            use crate::gpu::sources::{GpuDirectBuffer, StagedSource};
+            let gpu = self.gpu.gpu()?;
+            let bytes = data.as_bytes();
+            Ok(match method {
+                Method::Staged => {
+                    let mut device = DeviceBuffer::new(gpu, bytes.len())?;
+                    device.write(0, bytes)?;
+                    Box::new(StagedSource::over(device, self.chunk)?)
+                }
+                Method::DmaBuf | Method::PeerMem => {
+                    let registration = method.device_registration().expect("GPUDirect");
+                    let mut device = DeviceBuffer::page_aligned(gpu, bytes.len())?;
+                    device.write(0, bytes)?;
+                    Box::new(GpuDirectBuffer::prepare(device, registration)?)
+                }
+                Method::Mapped => anyhow::bail!(
+                    "mapped: the user's data is placed in device memory or sent from host memory, not mapped"
+                ),
+                Method::Host => unreachable!("handled above"),
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = data;
+            anyhow::bail!(
+                "{}: this build has no GPU support (built without the `cuda` feature)",
+                method.name()
+            )
+        }
     }
 
     /// Time spent making sources so far: the sender leaves it out of connection setup.

@@ -307,6 +307,21 @@ unsafe impl SendSource for HostBuffer {
     fn path(&self) -> DataPath {
         DataPath::HostMemory
     }
+
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()> {
+        if offset
+            .checked_add(dest.len())
+            .is_none_or(|end| end > self.len)
+        {
+            bail!(
+                "{} bytes at {offset} are outside a {}-byte buffer",
+                dest.len(),
+                self.len
+            );
+        }
+        HostBuffer::copy_out(self, offset, dest);
+        Ok(())
+    }
 }
 
 // SAFETY: memory() is this buffer, of `len` bytes, for its whole life; poison writes and

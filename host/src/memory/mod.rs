@@ -164,11 +164,15 @@ pub unsafe trait SendSource {
 
     fn path(&self) -> DataPath;
 
-    /// CRC32C of every `chunk` bytes of the data, computed where the data lies, for a
-    /// source whose chunks the CPU cannot read (GPU memory the NIC reads directly: the
-    /// `crc32c_chunks` kernel). `None` where the chunks lie in host memory: the sender
-    /// reads them there as it posts them.
-    fn device_chunk_crcs(&self, _chunk: usize) -> Option<Result<Vec<u32>>> {
+    /// Copy `dest.len()` bytes of the data from `offset` out to the host, by a copy (a
+    /// chunk to send again after its checksum failed at the receiver). Works between
+    /// passes, whatever the staging ring holds.
+    fn copy_out(&self, offset: usize, dest: &mut [u8]) -> Result<()>;
+
+    /// The CRC32C of every `chunk` bytes of the data, computed where the data lives when
+    /// that is GPU memory (the checksum kernel); `None` where the wire computes them on
+    /// the CPU from the bytes it sends.
+    fn chunk_checksums(&self, _chunk: usize) -> Option<Result<Vec<u32>>> {
         None
     }
 }

@@ -243,7 +243,7 @@ pub enum WireError {
     PatternOfOpaque,
     #[error("{count} rounds of resends is more than {MAX_RESENDS}")]
     TooManyResends { count: u8 },
-    #[error("a name of {len} bytes (at most 255 bytes of UTF-8, no '/', NUL, '.' or '..')")]
+    #[error("not a file name ({len} bytes): a name is 1 to 255 bytes of UTF-8 without '/', '\\', control characters, and not '.' or '..'")]
     BadName { len: usize },
 }
 
@@ -400,12 +400,24 @@ pub struct Header {
 }
 
 impl Header {
-    /// A checked header.
+    /// A checked header for the pattern.
     pub fn new(
         op: Op,
         total_bytes: u64,
         chunk_bytes: u64,
         depth: u32,
+    ) -> Result<Header, WireError> {
+        Header::of(op, total_bytes, chunk_bytes, depth, Payload::Pattern)
+    }
+
+    /// A checked header for `payload` (checked as its default [`VerifyMode`]; see
+    /// [`with_payload`](Header::with_payload)).
+    pub fn of(
+        op: Op,
+        total_bytes: u64,
+        chunk_bytes: u64,
+        depth: u32,
+        payload: Payload,
     ) -> Result<Header, WireError> {
         if chunk_bytes > u32::MAX as u64 {
             return Err(WireError::ChunkLargerThanTotal {
@@ -420,8 +432,8 @@ impl Header {
             depth,
             transfers: 1,
             solicited_events: false,
-            payload: Payload::Pattern,
-            verify: VerifyMode::Pattern,
+            payload,
+            verify: VerifyMode::default_for(payload),
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
         };
@@ -757,7 +769,7 @@ impl RejectReason {
         let _reserved = r.u16();
         let a = r.u64();
         let b = r.u64();
-        if version < VERSION && (code, sub) == (1, 3) {
+        if version < VERSION && (code, sub, a) == (1, 3, VERSION as u64) {
             // An older receiver refusing this version: name its own.
             return Some(RejectReason::OldPeer { speaks: version });
         }

@@ -221,6 +221,9 @@ mod tests {
         fn path(&self) -> crate::memory::DataPath {
             crate::memory::DataPath::HostMemory
         }
+        fn copy_out(&self, offset: usize, dest: &mut [u8]) -> anyhow::Result<()> {
+            crate::memory::SendSource::copy_out(&self.buffer, offset, dest)
+        }
     }
 
     /// The audit's case: the schedule fails early with chunks still queued for the

@@ -10,6 +10,7 @@
 
 pub mod faults;
 pub mod header;
+pub mod input;
 pub mod memcpy_wire;
 pub mod plan;
 pub mod report;
@@ -23,6 +24,35 @@ pub use report::{ReceiverVerdict, RecvOutcome, RecvReport, SendReport};
 
 use crate::rdma::RdmaError;
 use units::format_bytes;
+
+/// What a sender sends and how the receiver is to check it: the same for both
+/// transports, built by the CLI (or a library caller).
+#[derive(Debug, Clone)]
+pub struct PayloadOptions {
+    /// The built-in pattern, or the caller's bytes.
+    pub payload: header::Payload,
+    /// `--verify`.
+    pub verify: header::VerifyMode,
+    /// `--max-resends`: rounds of resends of chunks whose checksum failed.
+    pub max_resends: u8,
+    /// `--name`: what a receiver writing into a directory calls the file.
+    pub name: Option<String>,
+    /// `--test-inject-faults` (tests only).
+    pub faults: Option<faults::FaultInjector>,
+}
+
+impl Default for PayloadOptions {
+    /// The pattern, checked against itself, as before version 2.
+    fn default() -> Self {
+        PayloadOptions {
+            payload: header::Payload::Pattern,
+            verify: header::VerifyMode::Pattern,
+            max_resends: header::DEFAULT_MAX_RESENDS,
+            name: None,
+            faults: None,
+        }
+    }
+}
 
 /// The errors of a transfer that a user can act on; the rest are [`RdmaError`]s.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +105,16 @@ pub enum TransferError {
     #[error("{0}")]
     Protocol(String),
 
+    #[error(
+        "transfer to {peer} failed: {} chunk(s) still failed their CRC32C after {rounds} round(s) of resends (--max-resends): chunk(s) {}",
+        chunks.len(), list_chunks(chunks)
+    )]
+    ChecksumFailed {
+        peer: String,
+        chunks: Vec<u32>,
+        rounds: u8,
+    },
+
     #[error(transparent)]
     Rdma(#[from] RdmaError),
 
@@ -87,6 +127,16 @@ impl TransferError {
     pub fn is_no_device(&self) -> bool {
         matches!(self, TransferError::Rdma(RdmaError::NoDevice))
     }
+}
+
+/// The first few chunk indices of `chunks`, and how many more.
+fn list_chunks(chunks: &[u32]) -> String {
+    const SHOWN: usize = 8;
+    let mut text: Vec<String> = chunks.iter().take(SHOWN).map(|c| c.to_string()).collect();
+    if chunks.len() > SHOWN {
+        text.push(format!("and {} more", chunks.len() - SHOWN));
+    }
+    text.join(", ")
 }
 
 /// GB/s (10^9 bytes per second), 0 for a zero duration.

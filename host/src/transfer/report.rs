@@ -6,9 +6,54 @@
 use super::gigabytes_per_second;
 use super::header::Ack;
 use super::header::AckStatus;
+use super::header::{Payload, VerifyMode};
 use super::plan::ChunkPlan;
 use crate::memory::select::AttemptLog;
 use crate::memory::{DataPath, Verification};
+
+/// How a transfer's bytes were checked end to end, on either side (protocol version 2):
+/// per-chunk CRC32C, the repairs, the whole transfer's digest, where it was stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Integrity {
+    /// The checks applied (`--verify`); `None` where the transport does not say.
+    pub verify: Option<VerifyMode>,
+    pub payload: Option<Payload>,
+    /// CRC32C of the whole (last) transfer: the sender's, or the receiver's as landed.
+    pub digest: Option<u32>,
+    /// Chunks whose CRC32C was checked (all transfers, all rounds).
+    pub chunks_checked: u64,
+    /// Chunks whose checksum failed and that were sent again until they passed.
+    pub repaired: Vec<Repaired>,
+    /// Chunks that still failed when the resends were used up.
+    pub failed_chunks: Vec<u64>,
+    /// The sender's `--name` for the transfer.
+    pub name: Option<String>,
+    /// Where the receiver wrote the data (`--output`; `-`: standard output).
+    pub stored: Option<String>,
+    /// Why the receiver could not write it.
+    pub store_error: Option<String>,
+    /// The sender's test-only `--test-inject-faults` (`1/N`), said wherever it was used.
+    pub fault_injection: Option<String>,
+}
+
+/// A chunk that was sent `attempts` times in all before its checksum passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Repaired {
+    pub chunk: u64,
+    pub attempts: u32,
+}
+
+impl Integrity {
+    /// Whether the checks asked for passed and the data was stored where asked.
+    pub fn ok(&self, pattern_ok: bool) -> bool {
+        let checks = match self.verify {
+            // A transport that does not say: the pattern, as before version 2.
+            None => pattern_ok,
+            Some(m) => (!m.pattern() || pattern_ok) && self.failed_chunks.is_empty(),
+        };
+        checks && self.store_error.is_none()
+    }
+}
 
 /// What the receiver said about the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -16,10 +61,6 @@ pub struct ReceiverVerdict {
     pub status: AckStatus,
     pub received_bytes: u64,
     pub verification: Option<Verification>,
-    /// CRC32C of the whole transfer as it landed (`--verify checksum|both`).
-    pub digest: Option<u32>,
-    /// Chunks that failed their checksum and were sent again until they passed.
-    pub repaired: u32,
 }
 
 impl ReceiverVerdict {
@@ -65,6 +106,8 @@ pub struct SendReport {
     /// How the memory path was chosen on this connection: what was left out, refused
     /// and taken (the first connection's; later ones go straight to what worked).
     pub memory: AttemptLog,
+    /// Checksums, repairs, digest (version 2 transports fill it in).
+    pub integrity: Integrity,
 }
 
 /// What every framed transfer of one connection reports alike, whatever carried it (the
@@ -100,8 +143,6 @@ impl Framed<'_> {
                 status: ack.status,
                 received_bytes: ack.received_bytes,
                 verification: ack.verification,
-                digest: ack.digest,
-                repaired: ack.repaired,
             }),
             raw_reply_bytes: None,
             round_trip_seconds: Some(round_trip_seconds),
@@ -112,6 +153,7 @@ impl Framed<'_> {
             } else {
                 AttemptLog::default()
             },
+            integrity: Integrity::default(),
         }
     }
 }
@@ -150,45 +192,17 @@ pub struct RecvReport {
     pub verify_seconds: f64,
     /// How this connection's buffer was chosen: methods left out, refused, taken.
     pub memory: AttemptLog,
-    /// The checks by CRC32C per chunk (`--verify checksum|both|off`), and where the data
-    /// was stored (`--output`); `None` for a transfer checked by the pattern alone.
-    pub checks: Option<Box<Checks>>,
-}
-
-/// What a receiver's checks by checksum found, over all transfers of a connection.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Checks {
-    /// Chunks whose CRC32C was compared where they landed.
-    pub chunks: u64,
-    /// Chunks that failed and were sent again until they passed.
-    pub repaired: u64,
-    /// Rounds of resends asked for.
-    pub rounds: u64,
-    /// Chunks that still failed when the sender's resends were used up.
-    pub failed: u64,
-    /// CRC32C of the last transfer as it landed (all chunks passed).
-    pub digest: Option<u32>,
-    /// Where the last transfer was written (`--output`; `-`: standard output).
-    pub stored: Option<String>,
-    /// Why a transfer could not be written (`--output`).
-    pub store_error: Option<String>,
-}
-
-impl Checks {
-    pub fn ok(&self) -> bool {
-        self.failed == 0 && self.store_error.is_none()
-    }
+    /// Checksums, repairs, digest, output (version 2 transports fill it in); boxed,
+    /// as most outcomes carry none.
+    pub integrity: Box<Integrity>,
 }
 
 impl RecvReport {
-    /// Every offered transfer arrived whole, matches the pattern where that was checked,
-    /// passed its checksums where those were, and was stored where it was to be.
+    /// Every offered transfer arrived whole, passed the checks asked for, and was
+    /// stored where asked.
     pub fn ok(&self) -> bool {
-        let pattern = match self.verification {
-            Some(v) => v.ok(),
-            None => self.checks.is_some() && self.verify_error.is_none(),
-        };
-        self.transfers == self.offered && pattern && self.checks.as_ref().is_none_or(|c| c.ok())
+        self.transfers == self.offered
+            && self.integrity.ok(self.verification.is_some_and(|v| v.ok()))
     }
 }
 

@@ -18,11 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where received data goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Output {
     Stdout,
     File(PathBuf),
     Dir(PathBuf),
+    /// To a library caller: each verified transfer's bytes, with its name, on a channel.
+    Memory(std::sync::mpsc::Sender<(Option<String>, Vec<u8>)>),
 }
 
 impl Output {
@@ -52,7 +54,7 @@ impl Output {
     /// the `counter`-th this receiver stores; `None` for standard output.
     pub fn final_path(&self, name: Option<&str>, peer: &str, counter: u64) -> Option<PathBuf> {
         match self {
-            Output::Stdout => None,
+            Output::Stdout | Output::Memory(_) => None,
             Output::File(p) => Some(p.clone()),
             Output::Dir(dir) => {
                 let named = name.and_then(|n| checked_name(n.as_bytes()).ok());
@@ -66,14 +68,34 @@ impl Output {
     }
 
     /// Write one transfer: `fill` writes its bytes. Returns where they went (`-` for
-    /// standard output).
+    /// standard output). Unnamed transfers into a directory are numbered in the order
+    /// this process stores them.
     pub fn store(
+        &self,
+        name: Option<&str>,
+        peer: &str,
+        fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+    ) -> Result<String> {
+        static STORED: AtomicU64 = AtomicU64::new(0);
+        let counter = STORED.fetch_add(1, Ordering::Relaxed);
+        self.store_numbered(name, peer, counter, fill)
+    }
+
+    /// [`store`](Output::store) as the `counter`-th transfer.
+    pub fn store_numbered(
         &self,
         name: Option<&str>,
         peer: &str,
         counter: u64,
         fill: impl FnOnce(&mut dyn Write) -> Result<()>,
     ) -> Result<String> {
+        if let Output::Memory(to) = self {
+            let mut bytes = Vec::new();
+            fill(&mut bytes)?;
+            to.send((name.map(str::to_string), bytes))
+                .map_err(|_| anyhow::anyhow!("the caller no longer takes received data"))?;
+            return Ok("memory".into());
+        }
         let Some(path) = self.final_path(name, peer, counter) else {
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
@@ -182,7 +204,7 @@ mod tests {
         let dir = temp_dir("file");
         let out = Output::parse(dir.join("data.bin").to_str().unwrap()).unwrap();
         let e = out
-            .store(None, "p", 0, |w| {
+            .store_numbered(None, "p", 0, |w| {
                 w.write_all(b"half")?;
                 bail!("the check failed")
             })
@@ -190,7 +212,7 @@ mod tests {
         assert!(format!("{e:#}").contains("the check failed"));
         assert!(names(&dir).is_empty(), "{:?}", names(&dir));
         let at = out
-            .store(None, "p", 0, |w| Ok(w.write_all(b"whole")?))
+            .store_numbered(None, "p", 0, |w| Ok(w.write_all(b"whole")?))
             .unwrap();
         assert!(at.ends_with("data.bin"));
         assert_eq!(fs::read(dir.join("data.bin")).unwrap(), b"whole");
@@ -203,16 +225,16 @@ mod tests {
         let dir = temp_dir("dir");
         let out = Output::parse(dir.to_str().unwrap()).unwrap();
         assert!(matches!(out, Output::Dir(_)));
-        out.store(Some("weights.bin"), "10.0.0.1:5000", 0, |w| {
+        out.store_numbered(Some("weights.bin"), "10.0.0.1:5000", 0, |w| {
             Ok(w.write_all(b"a")?)
         })
         .unwrap();
         // A name that would leave the directory is not used: the peer's is.
-        out.store(Some("../escape"), "10.0.0.1:5000", 1, |w| {
+        out.store_numbered(Some("../escape"), "10.0.0.1:5000", 1, |w| {
             Ok(w.write_all(b"b")?)
         })
         .unwrap();
-        out.store(None, "[::1]:7", 2, |w| Ok(w.write_all(b"c")?))
+        out.store_numbered(None, "[::1]:7", 2, |w| Ok(w.write_all(b"c")?))
             .unwrap();
         assert_eq!(
             names(&dir),
@@ -226,6 +248,6 @@ mod tests {
     fn an_output_in_a_missing_directory_is_refused_up_front() {
         let e = Output::parse("/nonexistent-dir-xyz/file").unwrap_err();
         assert!(e.to_string().contains("is not a directory"), "{e}");
-        assert_eq!(Output::parse("-").unwrap(), Output::Stdout);
+        assert!(matches!(Output::parse("-").unwrap(), Output::Stdout));
     }
 }

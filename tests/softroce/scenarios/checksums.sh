@@ -2,16 +2,11 @@
 # after the data and checked where the chunks landed; chunks that fail are sent again
 # (within --max-resends); the ack's digest; storing what was received (--output).
 # Run by tests/tests/softroce.rs (topology one); output format: lib.sh.
-#
-# Until the command line has --verify, --max-resends, --test-inject-faults and --output,
-# the settings reach the verbs transport through its test hook's environment variables
-# (host/src/transport/rdma/test_hook.rs): GRDM_TEST_VERIFY, GRDM_TEST_MAX_RESENDS,
-# GRDM_TEST_INJECT_FAULTS, GRDM_TEST_PAYLOAD, GRDM_TEST_OUTPUT.
 . /opt/bin/lib.sh || exit 2
 A=$RXE_ADDR
 
 receiver() {
-  start receiver "$@" host recv --gpu none --transport rdma --timeout 10 --json
+  start receiver host recv --gpu none --transport rdma --timeout 10 --json "$@"
   wait_for receiver "receiver: listening" 30
 }
 
@@ -21,8 +16,8 @@ case_verify() {
   receiver
   for op in send write; do
     for v in checksum both; do
-      run "${op}_$v" 60 env GRDM_TEST_VERIFY=$v \
-        host "$A" 7471 --gpu none --transport rdma --size 4MiB --chunk 64KiB --op $op --timeout 10 --json
+      run "${op}_$v" 60 \
+        host "$A" 7471 --verify $v --gpu none --transport rdma --size 4MiB --chunk 64KiB --op $op --timeout 10 --json
       n=$((n + 1))
     done
   done
@@ -35,14 +30,14 @@ case_verify() {
 #      repaired by resends; the ack counts them.
 case_repair() {
   receiver
-  run send_100 120 env GRDM_TEST_VERIFY=checksum GRDM_TEST_INJECT_FAULTS=1/100 \
-    host "$A" 7471 --gpu none --transport rdma --size 64MiB --chunk 64KiB --op send --timeout 10 --json
-  run write_100 120 env GRDM_TEST_VERIFY=both GRDM_TEST_INJECT_FAULTS=1/100 \
-    host "$A" 7471 --gpu none --transport rdma --size 64MiB --chunk 64KiB --op write --timeout 10 --json
-  run write_10000 180 env GRDM_TEST_VERIFY=checksum GRDM_TEST_INJECT_FAULTS=1/10000 \
-    host "$A" 7471 --gpu none --transport rdma --size 64MiB --chunk 4KiB --op write --timeout 10 --json
-  run reused 120 env GRDM_TEST_VERIFY=checksum GRDM_TEST_INJECT_FAULTS=1/100 \
-    host "$A" 7471 --gpu none --transport rdma --size 8MiB --chunk 64KiB --op send \
+  run send_100 120 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/100 --gpu none --transport rdma --size 64MiB --chunk 64KiB --op send --timeout 10 --json
+  run write_100 120 \
+    host "$A" 7471 --verify both --test-inject-faults 1/100 --gpu none --transport rdma --size 64MiB --chunk 64KiB --op write --timeout 10 --json
+  run write_10000 180 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/10000 --gpu none --transport rdma --size 64MiB --chunk 4KiB --op write --timeout 10 --json
+  run reused 120 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/100 --gpu none --transport rdma --size 8MiB --chunk 64KiB --op send \
     --iters 5 --reuse-connection --timeout 10 --json
   wait_outcomes receiver 4 30
   stop receiver
@@ -52,12 +47,12 @@ case_repair() {
 #      names the chunks, and the receiver serves the next sender.
 case_give_up() {
   receiver
-  run send_all 60 env GRDM_TEST_VERIFY=checksum GRDM_TEST_INJECT_FAULTS=1/1 \
-    host "$A" 7471 --gpu none --transport rdma --size 1MiB --chunk 64KiB --op send --timeout 10
-  run write_one_round 60 env GRDM_TEST_VERIFY=checksum GRDM_TEST_INJECT_FAULTS=1/1 GRDM_TEST_MAX_RESENDS=1 \
-    host "$A" 7471 --gpu none --transport rdma --size 1MiB --chunk 4KiB --op write --timeout 10
-  run after 60 env GRDM_TEST_VERIFY=checksum \
-    host "$A" 7471 --gpu none --transport rdma --size 1MiB --op write --timeout 10 --json
+  run send_all 60 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/1 --gpu none --transport rdma --size 1MiB --chunk 64KiB --op send --timeout 10
+  run write_one_round 60 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/1 --max-resends 1 --gpu none --transport rdma --size 1MiB --chunk 4KiB --op write --timeout 10
+  run after 60 \
+    host "$A" 7471 --verify checksum --gpu none --transport rdma --size 1MiB --op write --timeout 10 --json
   wait_outcomes receiver 3 30
   stop receiver
 }
@@ -67,21 +62,20 @@ case_give_up() {
 #      serves on.
 case_store() {
   mkdir -p /tmp/out
-  receiver env GRDM_TEST_OUTPUT=/tmp/out
-  run first 60 env GRDM_TEST_PAYLOAD=opaque \
-    host "$A" 7471 --gpu none --transport rdma --size 4MiB --chunk 64KiB --op write --timeout 10 --json
+  head -c 4194304 /dev/urandom > /tmp/in.bin
+  receiver --output /tmp/out
+  run first 60 host "$A" 7471 --gpu none --transport rdma --input /tmp/in.bin --chunk 64KiB --op write --timeout 10 --json
   wait_outcomes receiver 1 30
   val stored_files "$(ls /tmp/out | wc -l)"
-  val stored_bytes "$(cat /tmp/out/* | wc -c)"
+  val stored_same "$([ "$(sha256sum < /tmp/in.bin)" = "$(cat /tmp/out/* | sha256sum)" ] && echo 1 || echo 0)"
   rm -rf /tmp/out
-  run unstored 60 env GRDM_TEST_PAYLOAD=opaque \
-    host "$A" 7471 --gpu none --transport rdma --size 4MiB --chunk 64KiB --op send --timeout 10 --json
+  run unstored 60 host "$A" 7471 --gpu none --transport rdma --input /tmp/in.bin --chunk 64KiB --op send --timeout 10 --json
   mkdir -p /tmp/out
-  run again 60 env GRDM_TEST_PAYLOAD=opaque \
-    host "$A" 7471 --gpu none --transport rdma --size 1MiB --op send --timeout 10 --json
+  run again 60 host "$A" 7471 --gpu none --transport rdma --input /tmp/in.bin --op send --timeout 10 --json
   wait_outcomes receiver 3 30
   val stored_again "$(ls /tmp/out | wc -l)"
   stop receiver
+  rm -rf /tmp/out /tmp/in.bin
 }
 
 ALL="verify repair give_up store"

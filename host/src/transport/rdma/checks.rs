@@ -26,8 +26,10 @@ use std::time::Duration;
 pub(super) struct Checked {
     /// CRC32C of the whole transfer as it landed, when every chunk passed.
     pub digest: Option<u32>,
-    pub repaired: u32,
-    pub rounds: u32,
+    /// Chunks that failed and then passed: (chunk, times sent in all).
+    pub repaired: Vec<(u32, u32)>,
+    /// Chunks asked for again, all rounds together.
+    pub resent: u64,
     /// Chunks that still failed when the resends were used up.
     pub failed: Vec<u32>,
 }
@@ -69,11 +71,11 @@ impl Round<'_, '_, '_> {
         let mut repair = Repair::new(self.max_resends, repair::failed(&expected, &landed));
         loop {
             match repair.next() {
-                Next::Done { repaired } => {
+                Next::Done => {
                     return Ok(Checked {
                         digest: Some(crate::integrity::digest(&landed, chunk, total)),
-                        repaired,
-                        rounds: repair.rounds(),
+                        repaired: repair.repaired().to_vec(),
+                        resent: repair.resent(),
                         failed: Vec::new(),
                     })
                 }
@@ -81,8 +83,8 @@ impl Round<'_, '_, '_> {
                     self.exchange(round, true, &chunks, on_ack)?;
                     return Ok(Checked {
                         digest: None,
-                        repaired: repair.repaired(),
-                        rounds: repair.rounds(),
+                        repaired: repair.repaired().to_vec(),
+                        resent: repair.resent(),
                         failed: chunks,
                     });
                 }

@@ -49,7 +49,6 @@ mod conn;
 pub mod receiver;
 mod repair;
 pub mod sender;
-mod test_hook;
 
 pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
 pub use sender::{send, send_raw, send_repeated, SendConfig};

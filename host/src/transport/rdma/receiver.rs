@@ -41,14 +41,13 @@ use crate::transfer::header::{
     HEADER_LEN, MAX_DEPTH, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::report::Checks;
+use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -126,7 +125,6 @@ pub fn serve_with(
     admission: &Arc<Admission>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    let cfg = &super::test_hook::receiver(cfg)?;
     rdma::ensure_device()?;
     let channel = EventChannel::new()?;
     let listener = CmId::new(&channel)?;
@@ -699,9 +697,11 @@ fn receive_framed(
     let mut verification: Option<Verification> = None;
     let mut verify_error: Option<String> = None;
     let mut reply_delivered = false;
-    // Checks by checksum, and storing (any but the pattern's own check alone).
-    let mut checks =
-        (header.verify != VerifyMode::Pattern || cfg.output.is_some()).then(Box::<Checks>::default);
+    let mut integrity = Integrity {
+        verify: Some(header.verify),
+        payload: Some(header.payload),
+        ..Integrity::default()
+    };
     let pattern_check = header.payload == Payload::Pattern && header.verify.pattern();
     let mut leftover = Vec::new();
     for k in 0..transfers {
@@ -789,7 +789,8 @@ fn receive_framed(
             _ if header.verify == VerifyMode::Pattern => Ack::new(total, this),
             None => Ack::checked(total, pattern_check.then_some(this), None, 0),
             Some(c) => {
-                let ack = Ack::checked(total, pattern_check.then_some(this), c.digest, c.repaired);
+                let repaired = c.repaired.len() as u32;
+                let ack = Ack::checked(total, pattern_check.then_some(this), c.digest, repaired);
                 if c.failed.is_empty() {
                     ack
                 } else {
@@ -797,21 +798,25 @@ fn receive_framed(
                 }
             }
         };
-        if let Some(summary) = checks.as_mut() {
-            if let Some(c) = &checked {
-                summary.chunks += n;
-                summary.repaired += c.repaired as u64;
-                summary.rounds += c.rounds as u64;
-                summary.failed += c.failed.len() as u64;
-                summary.digest = c.digest;
-            }
-            if let (Some(output), AckStatus::Verified) = (&cfg.output, ack.status) {
-                match store(output, peer, sink, total) {
-                    Ok(at) => summary.stored = Some(at),
-                    Err(e) => {
-                        summary.store_error = Some(format!("{e:#}{}", context.words()));
-                        ack = ack.with_status(AckStatus::NotStored);
-                    }
+        if let Some(c) = &checked {
+            integrity.digest = c.digest;
+            integrity.chunks_checked += n + c.resent;
+            integrity
+                .repaired
+                .extend(c.repaired.iter().map(|&(chunk, attempts)| Repaired {
+                    chunk: chunk as u64,
+                    attempts,
+                }));
+            integrity
+                .failed_chunks
+                .extend(c.failed.iter().map(|&chunk| chunk as u64));
+        }
+        if let (Some(output), AckStatus::Verified) = (&cfg.output, ack.status) {
+            match output.store(None, peer, |w| sink.write_to(total as usize, w)) {
+                Ok(at) => integrity.stored = Some(at),
+                Err(e) => {
+                    integrity.store_error = Some(format!("{e:#}{}", context.words()));
+                    ack = ack.with_status(AckStatus::NotStored);
                 }
             }
         }
@@ -879,17 +884,8 @@ fn receive_framed(
         offered: header.transfers,
         verify_seconds,
         memory: memory_log,
-        checks,
+        integrity: Box::new(integrity),
     })
-}
-
-/// Transfers this receiver has stored (`--output DIR` names files after it).
-static STORED: AtomicU64 = AtomicU64::new(0);
-
-/// Write a verified transfer where `--output` says, before it is acked.
-fn store(output: &Output, peer: &str, sink: &dyn RecvSink, total: u64) -> anyhow::Result<String> {
-    let counter = STORED.fetch_add(1, Ordering::Relaxed);
-    output.store(None, peer, counter, |w| sink.write_to(total as usize, w))
 }
 
 /// Which transfer of a connection's several an error concerns.
@@ -1290,6 +1286,6 @@ fn raw(
         offered: 1,
         verify_seconds,
         memory: memory_log,
-        checks: None,
+        integrity: Default::default(),
     })
 }

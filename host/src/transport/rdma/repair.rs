@@ -25,7 +25,7 @@
 //! `ChecksumFailed`.
 
 use crate::transfer::header::{ChunkChecksums, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
 pub const LIST_PER_MESSAGE: usize = 252;
@@ -39,8 +39,6 @@ pub const REPLY_SLOTS: u32 = 4;
 /// Chunks a receiver checks by checksum at most (its expected checksums and resend
 /// lists take 8 bytes per chunk): 2^24, 128 MiB of bookkeeping.
 pub const MAX_CHECKSUM_CHUNKS: u64 = 1 << 24;
-/// Chunks named in the sender's error when the resends are used up.
-const NAMED: usize = 8;
 
 /// How many `ChunkChecksums` messages a transfer of `chunks` chunks takes.
 pub fn checksum_messages(chunks: u64) -> u64 {
@@ -125,8 +123,8 @@ pub fn failed(expected: &[u32], landed: &[u32]) -> Vec<u32> {
 /// What the receiver does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
-    /// Every chunk passed: ack, with this many repaired.
-    Done { repaired: u32 },
+    /// Every chunk passed: ack.
+    Done,
     /// Ask for these chunks again, in round `round` (from 1).
     Resend { round: u32, chunks: Vec<u32> },
     /// The resends are used up: name these in `Resend{last}` and ack `ChecksumFailed`.
@@ -139,7 +137,10 @@ pub struct Repair {
     max_resends: u8,
     rounds: u32,
     failing: Vec<u32>,
-    repaired: u32,
+    /// Chunks that failed and then passed, with the times each was sent in all.
+    repaired: Vec<(u32, u32)>,
+    /// Chunks asked for again, all rounds together.
+    resent: u64,
 }
 
 impl Repair {
@@ -149,15 +150,14 @@ impl Repair {
             max_resends,
             rounds: 0,
             failing,
-            repaired: 0,
+            repaired: Vec::new(),
+            resent: 0,
         }
     }
 
     pub fn next(&self) -> Next {
         if self.failing.is_empty() {
-            Next::Done {
-                repaired: self.repaired,
-            }
+            Next::Done
         } else if self.rounds < self.max_resends as u32 {
             Next::Resend {
                 round: self.rounds + 1,
@@ -175,42 +175,54 @@ impl Repair {
     /// the `i`-th of them.
     pub fn checked(&mut self, passed: &[bool]) {
         debug_assert_eq!(passed.len(), self.failing.len());
-        let before = self.failing.len();
+        self.resent += self.failing.len() as u64;
+        // Sent once at first, then once in each round up to this one.
+        let attempts = self.rounds + 2;
         let mut i = 0;
-        self.failing.retain(|_| {
-            let keep = !passed.get(i).copied().unwrap_or(false);
+        let repaired = &mut self.repaired;
+        self.failing.retain(|&chunk| {
+            let ok = passed.get(i).copied().unwrap_or(false);
             i += 1;
-            keep
+            if ok {
+                repaired.push((chunk, attempts));
+            }
+            !ok
         });
-        self.repaired += (before - self.failing.len()) as u32;
         self.rounds += 1;
     }
 
-    pub fn rounds(&self) -> u32 {
-        self.rounds
+    /// Chunks that failed and then passed: (chunk, times sent).
+    pub fn repaired(&self) -> &[(u32, u32)] {
+        &self.repaired
     }
 
-    pub fn repaired(&self) -> u32 {
-        self.repaired
+    /// Chunks asked for again, all rounds together.
+    pub fn resent(&self) -> u64 {
+        self.resent
     }
 }
 
 /// The sender's view of the receiver's resend requests: each checked against the
-/// bound it offered, the ones it gave up on remembered for the error.
+/// bound it offered; the times each chunk was sent, and the chunks given up on, kept for
+/// the report and the error.
 #[derive(Debug)]
 pub struct Requests {
     max_resends: u8,
-    named: Vec<u32>,
-    given_up: u64,
-    rounds: u32,
+    chunks: u64,
+    /// Chunk -> times sent, for every chunk sent more than once.
+    attempts: BTreeMap<u64, u32>,
+    given_up: Vec<u32>,
+    rounds: u8,
 }
 
 impl Requests {
-    pub fn new(max_resends: u8) -> Requests {
+    /// For a transfer of `chunks` chunks, with up to `max_resends` rounds.
+    pub fn new(max_resends: u8, chunks: u64) -> Requests {
         Requests {
             max_resends,
-            named: Vec::new(),
-            given_up: 0,
+            chunks,
+            attempts: BTreeMap::new(),
+            given_up: Vec::new(),
             rounds: 0,
         }
     }
@@ -219,51 +231,49 @@ impl Requests {
     /// which only names chunks), or why the request is not believed.
     pub fn take(&mut self, r: &Resend) -> Result<Vec<u32>, String> {
         if r.last {
-            self.given_up += r.chunks.len() as u64;
-            let room = NAMED.saturating_sub(self.named.len());
-            self.named.extend(r.chunks.iter().take(room));
+            if (self.given_up.len() + r.chunks.len()) as u64 > self.chunks {
+                return Err("the receiver gave up on more chunks than the transfer has".into());
+            }
+            self.given_up.extend(&r.chunks);
             return Ok(Vec::new());
         }
-        if r.round == 0 || r.round > self.max_resends as u32 {
+        let round = r.round;
+        if round == 0 || round > self.max_resends as u32 {
             return Err(format!(
-                "the receiver asked for round {} of resends, beyond the {} this sender offered",
-                r.round, self.max_resends
+                "the receiver asked for round {round} of resends, beyond the {} this sender offered (--max-resends)",
+                self.max_resends
             ));
         }
-        if r.round < self.rounds {
+        // A round's list may come in several messages: the same round, or the next.
+        if round != self.rounds as u32 && round != self.rounds as u32 + 1 {
             return Err(format!(
-                "the receiver asked for round {} of resends after round {}",
-                r.round, self.rounds
+                "the receiver asked for round {round} of resends after round {}",
+                self.rounds
             ));
         }
-        self.rounds = r.round;
+        self.rounds = round as u8;
+        for &c in &r.chunks {
+            *self.attempts.entry(c as u64).or_insert(1) += 1;
+        }
         Ok(r.chunks.clone())
     }
 
-    /// Words for chunks that still failed after the resends, if any did.
-    pub fn failure(&self) -> Option<String> {
-        if self.given_up == 0 {
-            return None;
-        }
-        let list: Vec<String> = self.named.iter().map(|c| c.to_string()).collect();
-        let more = self.given_up.saturating_sub(self.named.len() as u64);
-        let tail = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
-        Some(format!(
-            "{} chunk{} still failed {} checksum{} after {} round{} of resends (--max-resends {}): chunk{} {}{tail}",
-            self.given_up,
-            if self.given_up == 1 { "" } else { "s" },
-            if self.given_up == 1 { "its" } else { "their" },
-            if self.given_up == 1 { "" } else { "s" },
-            self.rounds,
-            if self.rounds == 1 { "" } else { "s" },
-            self.max_resends,
-            if self.named.len() == 1 { "" } else { "s" },
-            list.join(", "),
-        ))
+    /// Rounds of resends the receiver asked for.
+    pub fn rounds(&self) -> u8 {
+        self.rounds
+    }
+
+    /// Chunks still failing when the receiver gave up.
+    pub fn given_up(&self) -> &[u32] {
+        &self.given_up
+    }
+
+    /// Chunks sent more than once that passed in the end: (chunk, times sent).
+    pub fn repaired(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.attempts
+            .iter()
+            .filter(|(c, _)| u32::try_from(**c).is_ok_and(|c| !self.given_up.contains(&c)))
+            .map(|(&c, &a)| (c, a))
     }
 }
 
@@ -401,7 +411,7 @@ mod tests {
             }
         );
         r.checked(&[true, false, true]);
-        assert_eq!(r.repaired(), 2);
+        assert_eq!(r.repaired(), [(2, 2), (9, 2)]);
         assert_eq!(
             r.next(),
             Next::Resend {
@@ -410,9 +420,10 @@ mod tests {
             }
         );
         r.checked(&[true]);
-        assert_eq!(r.next(), Next::Done { repaired: 3 });
-        assert_eq!(r.rounds(), 2);
-        assert_eq!(Repair::new(3, vec![]).next(), Next::Done { repaired: 0 });
+        assert_eq!(r.next(), Next::Done);
+        assert_eq!(r.repaired(), [(2, 2), (9, 2), (5, 3)]);
+        assert_eq!((r.rounds, r.resent()), (2, 4));
+        assert_eq!(Repair::new(3, vec![]).next(), Next::Done);
     }
 
     #[test]
@@ -427,7 +438,7 @@ mod tests {
                 chunks: vec![0, 2]
             }
         );
-        assert_eq!(r.repaired(), 1);
+        assert_eq!(r.repaired(), [(1, 2)]);
         // No resends allowed: give up at once.
         assert_eq!(
             Repair::new(0, vec![4]).next(),
@@ -457,8 +468,8 @@ mod tests {
     }
 
     #[test]
-    fn the_sender_believes_only_rounds_within_its_bound_and_names_what_failed() {
-        let mut s = Requests::new(2);
+    fn the_sender_believes_only_rounds_within_its_bound_and_keeps_the_books() {
+        let mut s = Requests::new(2, 100);
         let ask = |round, chunks: Vec<u32>| Resend {
             round,
             last: false,
@@ -475,24 +486,23 @@ mod tests {
             .take(&ask(1, vec![4]))
             .unwrap_err()
             .contains("after round 2"));
-        assert_eq!(s.failure(), None);
+        assert_eq!(s.rounds(), 2);
+        assert_eq!(s.repaired().collect::<Vec<_>>(), [(1, 2), (4, 3), (9, 2)]);
         let last = |chunks: Vec<u32>| Resend {
             round: 3,
             last: true,
             chunks,
         };
-        assert!(s.take(&last((0..10).collect())).unwrap().is_empty());
+        assert!(s.take(&last(vec![4])).unwrap().is_empty());
         assert!(s.take(&last(vec![20, 21])).unwrap().is_empty());
-        assert_eq!(
-            s.failure().unwrap(),
-            "12 chunks still failed their checksums after 2 rounds of resends (--max-resends 2): chunks 0, 1, 2, 3, 4, 5, 6, 7 and 4 more"
-        );
-        let mut one = Requests::new(0);
-        one.take(&last(vec![5])).unwrap();
-        assert_eq!(
-            one.failure().unwrap(),
-            "1 chunk still failed its checksum after 0 rounds of resends (--max-resends 0): chunk 5"
-        );
+        assert_eq!(s.given_up(), [4, 20, 21]);
+        assert_eq!(s.repaired().collect::<Vec<_>>(), [(1, 2), (9, 2)]);
+        // More given up than the transfer has: not believed.
+        let mut small = Requests::new(0, 2);
+        assert!(small.take(&last(vec![0, 1, 2])).is_err());
+        // Skipping a round is not believed either.
+        let mut skip = Requests::new(3, 10);
+        assert!(skip.take(&ask(2, vec![1])).is_err());
     }
 
     #[test]

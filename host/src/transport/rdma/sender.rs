@@ -15,14 +15,14 @@ use crate::rdma::{
 };
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, Resend, VerbsProof, VerifyMode,
-    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
+    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, Resend, VerbsProof, WireError, ACK_LEN,
+    HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::report::Framed;
+use crate::transfer::report::{Framed, Integrity, Repaired};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::units::format_bytes;
-use crate::transfer::{gigabytes_per_second, SendReport, TransferError};
+use crate::transfer::{gigabytes_per_second, PayloadOptions, SendReport, TransferError};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
@@ -52,16 +52,12 @@ pub struct SendConfig {
     pub protocol_version: u16,
     /// `--key-file`: proves to a receiver with the same key that this sender may send.
     pub key: Option<crate::server::Key>,
-    /// What the bytes are: the pattern (whole `i32`s), or the user's (any length).
-    pub payload: Payload,
-    /// The receiver's checks (`--verify`); with checksums the sender computes CRC32C of
-    /// every chunk and sends them after the data (see `repair.rs`).
-    pub verify: VerifyMode,
-    /// Rounds of resends of chunks whose checksum failed (`--max-resends`).
-    pub max_resends: u8,
-    /// Test only (`--test-inject-faults 1/N`): flip one bit in chunks after their
-    /// checksum was computed, in a copy (the source is never modified).
-    pub faults: Option<FaultInjector>,
+    /// What is sent and how the receiver checks it (version 2): the payload kind,
+    /// `--verify` (with checksums the sender computes the CRC32C of every chunk and sends
+    /// them after the data, see `repair.rs`), `--max-resends`, and the test-only
+    /// `--test-inject-faults` (one bit flipped in a copy of a chunk, never in the
+    /// source). `name` is not carried over verbs (no room in the connect request).
+    pub payload: PayloadOptions,
 }
 
 /// Extra time given to the CM to report its own timeout.
@@ -211,7 +207,6 @@ pub fn send_repeated(
     memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
-    let cfg = &super::test_hook::sender(cfg)?;
     match connect_and_send(cfg, memory, transfers, None) {
         // A receiver with a key answered the first request with a nonce: connect again,
         // proving the key over it (once; a second challenge is an error like any other).
@@ -250,13 +245,17 @@ fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
         depth: cfg.depth,
         transfers: 1,
         solicited_events: false,
-        payload: cfg.payload,
-        verify: cfg.verify,
-        max_resends: cfg.max_resends,
+        payload: cfg.payload.payload,
+        verify: cfg.payload.verify,
+        max_resends: cfg.payload.max_resends,
         named: false,
     };
     header
-        .with_payload(cfg.payload, cfg.verify, cfg.max_resends)
+        .with_payload(
+            cfg.payload.payload,
+            cfg.payload.verify,
+            cfg.payload.max_resends,
+        )
         .map(Header::with_solicited_events)
         .and_then(|h| h.with_transfers(transfers))
         .map_err(cannot)
@@ -307,7 +306,7 @@ fn connect_and_send(
     let host = host_memory(source);
     let sums = Checksums::new(cfg, source, host.is_some(), &plan)?;
     // Copies of the chunks a fault is injected into, one per chunk in flight (test only).
-    let scratch = match cfg.faults {
+    let scratch = match cfg.payload.faults {
         Some(_) => (0..window)
             .map(|_| MessageBuffer::new(&res.pd, plan.chunk_bytes() as usize))
             .collect::<Result<Vec<_>, _>>()?,
@@ -370,7 +369,7 @@ fn connect_and_send(
         Op::Send => WireOp::Send,
         Op::Write => WireOp::Write(accept),
     };
-    let tamper = cfg.faults.map(|faults| Tamper {
+    let tamper = cfg.payload.faults.map(|faults| Tamper {
         faults,
         scratch: &scratch,
         attempt: 0,
@@ -389,6 +388,12 @@ fn connect_and_send(
     let mut pending: VecDeque<Completion> = VecDeque::new();
     let mut reports = Vec::new();
     for k in 0..transfers {
+        let mut integrity = Integrity {
+            verify: Some(cfg.payload.verify),
+            payload: Some(cfg.payload.payload),
+            fault_injection: cfg.payload.faults.map(|f| format!("1/{}", f.one_in)),
+            ..Integrity::default()
+        };
         let mut wire = ends.wire(sums.on_the_way(), None);
         let start = Instant::now();
         let ran = schedule.run(source, &mut wire, &label);
@@ -404,8 +409,12 @@ fn connect_and_send(
                 pending: &mut pending,
                 timeout: cfg.timeout,
             };
-            let ack = talk.checked_transfer(&schedule, source, &crcs, cfg.max_resends)?;
-            check_digest(&ack, &crcs, &plan, &label)?;
+            let (ack, repaired) =
+                talk.checked_transfer(&schedule, source, &crcs, cfg.payload.max_resends)?;
+            integrity.digest = Some(check_digest(&ack, &crcs, &plan, &label)?);
+            integrity.chunks_checked =
+                n + repaired.iter().map(|r| r.attempts as u64 - 1).sum::<u64>();
+            integrity.repaired = repaired;
             ack
         } else {
             let ack = await_ack(&conn, &mut pending, &replies, cfg.timeout, &label)?;
@@ -425,7 +434,9 @@ fn connect_and_send(
             path: source.path(),
             memory: &memory_log,
         };
-        reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
+        let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
+        report.integrity = std::mem::take(&mut integrity);
+        reports.push(report);
     }
     conn.close(true, DISCONNECT_GRACE);
     Ok(reports)
@@ -459,18 +470,19 @@ impl Checksums {
         in_host_memory: bool,
         plan: &ChunkPlan,
     ) -> Result<Checksums, TransferError> {
-        if cfg.faults.is_some() && !in_host_memory {
+        if cfg.payload.faults.is_some() && !in_host_memory {
             return Err(TransferError::Protocol(
                 "--test-inject-faults needs the data in host memory (--mem host, staged or mapped): it corrupts a copy of the chunk made by the CPU".into(),
             ));
         }
-        if !cfg.verify.checksum() {
+        if !cfg.payload.verify.checksum() {
             return Ok(Checksums::Off);
         }
-        if in_host_memory {
-            return Ok(Checksums::OnTheWay);
-        }
-        match source.device_chunk_crcs(plan.chunk_bytes() as usize) {
+        // Data whose home is GPU memory (GPUDirect RDMA, or staged through a host ring) is
+        // checksummed by the GPU kernel before it goes; host memory by the CPU as each
+        // chunk is posted.
+        match source.chunk_checksums(plan.chunk_bytes() as usize) {
+            None if in_host_memory => Ok(Checksums::OnTheWay),
             Some(Ok(crcs)) if crcs.len() as u64 == plan.count() => Ok(Checksums::Before(crcs)),
             Some(Ok(crcs)) => Err(TransferError::Protocol(format!(
                 "{} chunk checksums computed for {} chunks",
@@ -510,7 +522,7 @@ fn check_digest(
     crcs: &[u32],
     plan: &ChunkPlan,
     label: &str,
-) -> Result<(), TransferError> {
+) -> Result<u32, TransferError> {
     let ours = crate::integrity::digest(crcs, plan.chunk_bytes(), plan.total());
     match ack.digest {
         Some(theirs) if ack.status == AckStatus::Verified && theirs != ours => {
@@ -521,7 +533,7 @@ fn check_digest(
         None if ack.status == AckStatus::Verified => Err(TransferError::Protocol(format!(
             "the receiver at {label} acked without the transfer's CRC32C digest asked for (--verify checksum)"
         ))),
-        _ => Ok(()),
+        _ => Ok(ours),
     }
 }
 
@@ -631,12 +643,12 @@ impl Talk<'_, '_, '_> {
         source: &dyn SendSource,
         crcs: &[u32],
         max_resends: u8,
-    ) -> Result<Ack, TransferError> {
+    ) -> Result<(Ack, Vec<Repaired>), TransferError> {
         for (i, message) in repair::checksum_batches(crcs).enumerate() {
             self.send_control(i as u64, &message.encode())?;
         }
         let n = self.ends.chunks;
-        let mut requests = Requests::new(max_resends);
+        let mut requests = Requests::new(max_resends, n);
         loop {
             let c = next_reply(self.ends.conn, self.pending, self.timeout, self.ends.label)?;
             let bytes = self.replies.read(&c);
@@ -646,15 +658,17 @@ impl Talk<'_, '_, '_> {
                     TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
                 })?;
                 if ack.status == AckStatus::ChecksumFailed {
-                    let why = requests
-                        .failure()
-                        .unwrap_or_else(|| "chunks failed their checksums".into());
-                    return Err(TransferError::Protocol(format!(
-                        "the receiver at {} found {why}",
-                        self.ends.label
-                    )));
+                    return Err(TransferError::ChecksumFailed {
+                        peer: self.ends.label.to_string(),
+                        chunks: requests.given_up().to_vec(),
+                        rounds: requests.rounds(),
+                    });
                 }
-                return Ok(ack);
+                let repaired = requests
+                    .repaired()
+                    .map(|(chunk, attempts)| Repaired { chunk, attempts })
+                    .collect();
+                return Ok((ack, repaired));
             }
             let invalid = |e: WireError| {
                 TransferError::Protocol(format!("the receiver's resend request is invalid: {e}"))
@@ -1258,5 +1272,6 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
         receiver_verify_seconds: None,
         path: source.path(),
         memory: memory_log,
+        integrity: Default::default(),
     })
 }

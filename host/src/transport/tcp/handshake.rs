@@ -11,7 +11,8 @@ use super::socket::{self, ReadStop};
 use crate::server::admission::HandshakeSlot;
 use crate::server::Key;
 use crate::transfer::header::{
-    Challenge, Header, Proof, RejectReason, WireError, HEADER_LEN, HEADER_MAGIC, PROOF_LEN,
+    checked_name, decode_name_prefix, Challenge, Header, Proof, RejectReason, WireError,
+    HEADER_LEN, HEADER_MAGIC, NAME_PREFIX_LEN, PROOF_LEN,
 };
 use crate::transfer::RecvOutcome;
 use std::io::Write;
@@ -36,6 +37,29 @@ fn read_handshake<const N: usize>(
         },
     )?;
     Ok(buf)
+}
+
+/// Read the name message that follows a named offer (`--name`), within the deadline.
+fn read_name(
+    stream: &TcpStream,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<(Vec<u8>, String), RejectReason> {
+    let what = "reading the transfer's name";
+    let bad = |e: WireError| RejectReason::BadHeader(e);
+    let broken = |_: String| {
+        RejectReason::BadHeader(WireError::Inconsistent {
+            what: "no name message after a named offer",
+        })
+    };
+    let prefix: [u8; NAME_PREFIX_LEN] =
+        read_handshake(stream, timeout, deadline, what).map_err(broken)?;
+    let len = decode_name_prefix(&prefix).map_err(bad)?;
+    let mut name = vec![0u8; len];
+    socket::read_exact_within(stream, &mut name, timeout, Some(deadline))
+        .map_err(|_| broken(String::new()))?;
+    let text = checked_name(&name).map_err(bad)?.to_string();
+    Ok(([&prefix[..], &name[..]].concat(), text))
 }
 
 /// Read a socket's first message within `deadline`: a transfer offer (header + hello,
@@ -70,7 +94,7 @@ pub(super) fn handshake(
                 Ok(r) => r,
                 Err(why) => return report(failed(why)),
             };
-            let mut offer = [0u8; HEADER_LEN + HELLO_LEN];
+            let mut offer = vec![0u8; HEADER_LEN + HELLO_LEN];
             offer[..4].copy_from_slice(&magic);
             offer[4..].copy_from_slice(&rest);
             let header = match Header::decode(&offer[..HEADER_LEN]) {
@@ -93,6 +117,16 @@ pub(super) fn handshake(
                     return report(refuse(stream, peer, reason, Some(e.to_string())));
                 }
             };
+            let mut name = None;
+            if header.named {
+                match read_name(&stream, cfg.timeout, deadline) {
+                    Ok((bytes, text)) => {
+                        offer.extend_from_slice(&bytes);
+                        name = Some(text);
+                    }
+                    Err(reason) => return report(refuse(stream, peer, reason, None)),
+                }
+            }
             if let Some(key) = &cfg.key {
                 if let Err(why) = prove(key, &stream, &offer, cfg.timeout, deadline) {
                     return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
@@ -110,6 +144,7 @@ pub(super) fn handshake(
                 peer,
                 header,
                 hello,
+                name,
             }))
         }
         HELLO_MAGIC => {

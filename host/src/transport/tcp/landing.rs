@@ -1,14 +1,88 @@
 //! Where a TCP receiver puts the data: host memory, read straight from the sockets by one
 //! thread per stream, or GPU memory through a host chunk buffer.
+//!
+//! With checksums each frame's CRC32C is kept ([`ChunkChecks`]) and each chunk checked
+//! where it landed: in host memory by the reader thread right after the bytes arrive
+//! (the CPU's CRC32C instruction), in GPU memory by the checksum kernel over the whole
+//! buffer once every chunk is in. Chunks that failed are read again, into the same
+//! place, when the sender resends them ([`Which::Only`]).
 
 use super::frames::{Frame, FRAME_LEN};
 use super::socket::{self, ReadStop};
 use crate::memory::{DataPath, HostBuffer, RecvSink, Verification};
 use crate::transfer::plan::{Chunk, ChunkPlan};
+use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Which chunks a receive reads: all of the plan's, or only those sent again.
+#[derive(Debug, Clone, Copy)]
+pub enum Which<'a> {
+    All,
+    /// Increasing chunk indices.
+    Only(&'a [u32]),
+}
+
+/// The CRC32C each chunk's frame carried, and the chunks whose bytes did not match it.
+pub struct ChunkChecks {
+    enabled: bool,
+    expected: Vec<AtomicU32>,
+    bad: Mutex<Vec<u32>>,
+}
+
+impl ChunkChecks {
+    /// For a transfer of `chunks` chunks; `enabled`: the sender computes checksums.
+    pub fn new(enabled: bool, chunks: u64) -> ChunkChecks {
+        let n = if enabled { chunks as usize } else { 0 };
+        ChunkChecks {
+            enabled,
+            expected: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            bad: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn expect(&self, index: u64, crc: u32) {
+        if let Some(slot) = self.expected.get(index as usize) {
+            slot.store(crc, Ordering::Relaxed);
+        }
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn expected(&self, index: u64) -> u32 {
+        self.expected
+            .get(index as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    fn failed(&self, index: u64) {
+        self.bad
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(index as u32);
+    }
+
+    /// The chunks that failed since the last call, in increasing order.
+    pub fn take_failed(&self) -> Vec<u32> {
+        let mut bad = std::mem::take(&mut *self.bad.lock().unwrap_or_else(|p| p.into_inner()));
+        bad.sort_unstable();
+        bad.dedup();
+        bad
+    }
+
+    /// Every chunk's CRC32C as the sender computed it.
+    pub fn all(&self) -> Vec<u32> {
+        self.expected
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+}
 
 /// The bounds of a transfer's reads: no wait longer than `timeout`, and with `--min-rate`
 /// nothing past `deadline` (the whole transfer's, see the receiver).
@@ -36,15 +110,29 @@ const BATCH_CHUNKS: u64 = 1 << 15;
 pub trait Landing {
     /// Fill with the poison (nothing verifies before data arrives); before each transfer.
     fn poison(&mut self) -> anyhow::Result<()>;
-    /// Read every chunk of `plan` into place: chunk `i` from stream `i % N`. `got` counts
-    /// the bytes that arrived (for the error of an incomplete transfer).
+    /// Read the chunks `which` of `plan` into place: chunk `i` from stream `i % N`, in
+    /// increasing order on each stream. `got` counts the bytes that arrived (for the
+    /// error of an incomplete transfer); `checks` records each frame's CRC32C (and, in
+    /// host memory, the chunks whose bytes do not match it).
     fn receive(
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
+        which: Which<'_>,
         limits: ReadLimits,
         got: &AtomicU64,
+        checks: &ChunkChecks,
     ) -> Result<(), Stop>;
+    /// After a receive: the chunks among `which` whose bytes, where they landed, do not
+    /// match their frame's CRC32C.
+    fn failed_chunks(
+        &mut self,
+        plan: &ChunkPlan,
+        which: Which<'_>,
+        checks: &ChunkChecks,
+    ) -> anyhow::Result<Vec<u32>>;
+    /// Write the first `len` bytes to `out` (`--output`).
+    fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()>;
     fn verify(&self, len: usize) -> anyhow::Result<Verification>;
     fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>>;
     fn path(&self) -> DataPath;
@@ -59,6 +147,7 @@ fn read_chunk(
     chunk: &Chunk,
     dest: &mut [u8],
     limits: ReadLimits,
+    checks: &ChunkChecks,
 ) -> Result<(), Stop> {
     if dest.len() as u64 != chunk.len {
         return Err(Stop::Broken(format!(
@@ -68,14 +157,21 @@ fn read_chunk(
             dest.len()
         )));
     }
-    read_frame_of(stream, chunk, limits)?;
+    let crc = read_frame_of(stream, chunk, limits)?;
     socket::read_exact_within(stream, dest, limits.timeout, limits.deadline)
-        .map_err(|e| stop_of(e, limits, chunk))
+        .map_err(|e| stop_of(e, limits, chunk))?;
+    if checks.enabled() {
+        checks.expect(chunk.index, crc);
+        if crate::integrity::crc32c(dest) != crc {
+            checks.failed(chunk.index);
+        }
+    }
+    Ok(())
 }
 
 /// Read chunk `chunk`'s frame header from `stream` and check that it is that chunk (for
-/// readers that take the bytes in pieces, as into GPU memory, too).
-fn read_frame_of(stream: &TcpStream, chunk: &Chunk, limits: ReadLimits) -> Result<(), Stop> {
+/// readers that take the bytes in pieces, as into GPU memory, too); its CRC32C.
+fn read_frame_of(stream: &TcpStream, chunk: &Chunk, limits: ReadLimits) -> Result<u32, Stop> {
     let mut head = [0u8; FRAME_LEN];
     socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
         .map_err(|e| stop_of(e, limits, chunk))?;
@@ -86,7 +182,7 @@ fn read_frame_of(stream: &TcpStream, chunk: &Chunk, limits: ReadLimits) -> Resul
             frame.len, frame.offset, chunk.index, chunk.len, chunk.offset
         )));
     }
-    Ok(())
+    Ok(frame.crc)
 }
 
 /// Why a read of `chunk` stopped, as a [`Stop`].
@@ -119,8 +215,10 @@ impl Landing for HostLanding {
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
+        which: Which<'_>,
         limits: ReadLimits,
         got: &AtomicU64,
+        checks: &ChunkChecks,
     ) -> Result<(), Stop> {
         let broken = |e: String| Stop::Broken(e);
         let total = usize::try_from(plan.total()).map_err(|e| broken(e.to_string()))?;
@@ -130,12 +228,62 @@ impl Landing for HostLanding {
             .as_bytes_mut()
             .get_mut(..total)
             .ok_or_else(|| broken("the buffer is smaller than the transfer".into()))?;
-        let mut first = 0u64;
-        for batch in bytes.chunks_mut(chunk_bytes.max(1) * BATCH_CHUNKS as usize) {
-            let count = batch.len().div_ceil(chunk_bytes.max(1)) as u64;
-            receive_batch(streams, plan, first, batch, chunk_bytes, limits, got)?;
-            first += count;
+        let ctx = Reading {
+            streams,
+            plan,
+            limits,
+            got,
+            checks,
+        };
+        match which {
+            Which::All => {
+                let mut first = 0u64;
+                for batch in bytes.chunks_mut(chunk_bytes.max(1) * BATCH_CHUNKS as usize) {
+                    let count = batch.len().div_ceil(chunk_bytes.max(1)) as u64;
+                    let pieces = batch
+                        .chunks_mut(chunk_bytes.max(1))
+                        .enumerate()
+                        .map(|(k, piece)| (first + k as u64, piece));
+                    receive_pieces(&ctx, pieces)?;
+                    first += count;
+                }
+            }
+            Which::Only(list) => {
+                // The listed chunks' places, split off the buffer in one pass.
+                let mut wanted = list.iter().peekable();
+                let pieces =
+                    bytes
+                        .chunks_mut(chunk_bytes.max(1))
+                        .enumerate()
+                        .filter_map(|(i, piece)| {
+                            let hit = wanted.peek().is_some_and(|&&w| w as usize == i);
+                            hit.then(|| {
+                                wanted.next();
+                                (i as u64, piece)
+                            })
+                        });
+                receive_pieces(&ctx, pieces)?;
+            }
         }
+        Ok(())
+    }
+
+    fn failed_chunks(
+        &mut self,
+        _: &ChunkPlan,
+        _: Which<'_>,
+        checks: &ChunkChecks,
+    ) -> anyhow::Result<Vec<u32>> {
+        // Checked by the readers as the bytes arrived.
+        Ok(checks.take_failed())
+    }
+
+    fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {
+        let bytes = self.0.as_bytes();
+        let bytes = bytes
+            .get(..len)
+            .ok_or_else(|| anyhow::anyhow!("the buffer is smaller than the transfer"))?;
+        out.write_all(bytes)?;
         Ok(())
     }
 
@@ -152,22 +300,32 @@ impl Landing for HostLanding {
     }
 }
 
-/// Read chunks `first..` (as many as `batch` holds) into `batch`, one thread per stream:
-/// chunk i's slice goes to stream i % n's reader, so the buffer is split by the borrow
-/// checker, not by care. The first error breaks every stream off at once.
-fn receive_batch(
-    streams: &[TcpStream],
-    plan: &ChunkPlan,
-    first: u64,
-    batch: &mut [u8],
-    chunk_bytes: usize,
+/// What every reader of one receive shares.
+struct Reading<'a> {
+    streams: &'a [TcpStream],
+    plan: &'a ChunkPlan,
     limits: ReadLimits,
-    got: &AtomicU64,
+    got: &'a AtomicU64,
+    checks: &'a ChunkChecks,
+}
+
+/// Read the chunks `pieces` names (index, its place in the buffer), one thread per
+/// stream: chunk i's slice goes to stream i % n's reader, so the buffer is split by the
+/// borrow checker, not by care. The first error breaks every stream off at once.
+fn receive_pieces<'b>(
+    ctx: &Reading<'_>,
+    pieces: impl Iterator<Item = (u64, &'b mut [u8])>,
 ) -> Result<(), Stop> {
+    let Reading {
+        streams,
+        plan,
+        limits,
+        got,
+        checks,
+    } = *ctx;
     let n = streams.len().max(1);
     let mut shares: Vec<Vec<(Chunk, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
-    for (k, piece) in batch.chunks_mut(chunk_bytes.max(1)).enumerate() {
-        let i = first + k as u64;
+    for (i, piece) in pieces {
         let chunk = plan
             .get(i)
             .ok_or_else(|| Stop::Broken("the plan has fewer chunks than the buffer".into()))?;
@@ -182,7 +340,7 @@ fn receive_batch(
             let first_error = &first_error;
             scope.spawn(move || {
                 for (chunk, dest) in share {
-                    if let Err(stop) = read_chunk(stream, &chunk, dest, limits) {
+                    if let Err(stop) = read_chunk(stream, &chunk, dest, limits, checks) {
                         let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
                         if first.is_none() {
                             *first = Some(stop);
@@ -242,8 +400,10 @@ impl Landing for DeviceLanding {
         &mut self,
         streams: &[TcpStream],
         plan: &ChunkPlan,
+        which: Which<'_>,
         limits: ReadLimits,
         got: &AtomicU64,
+        checks: &ChunkChecks,
     ) -> Result<(), Stop> {
         let n = streams.len().max(1);
         let shut = || {
@@ -263,10 +423,18 @@ impl Landing for DeviceLanding {
         // Reader k takes chunks k, k + n, ... from stream k, each in slot-sized pieces.
         let read = |k: usize, writer: &mut crate::gpu::upload::SlotWriter| {
             let stream = &streams[k];
-            let mut mine = (k as u64..plan.count()).step_by(n);
-            let result = mine.try_for_each(|i| {
+            let mine: Box<dyn Iterator<Item = u64>> = match which {
+                Which::All => Box::new((k as u64..plan.count()).step_by(n)),
+                Which::Only(list) => Box::new(
+                    list.iter()
+                        .map(|&c| c as u64)
+                        .filter(move |&c| super::frames::stream_of(c, n as u16) == k),
+                ),
+            };
+            let result = mine.into_iter().try_for_each(|i| {
                 let chunk = plan.get(i).ok_or("chunk outside the plan")?;
-                read_frame_of(stream, &chunk, limits).map_err(words)?;
+                let crc = read_frame_of(stream, &chunk, limits).map_err(words)?;
+                checks.expect(i, crc);
                 let mut done = 0u64;
                 while done < chunk.len {
                     let len = (chunk.len - done).min(writer.slot_bytes() as u64) as usize;
@@ -291,6 +459,49 @@ impl Landing for DeviceLanding {
                 false => Stop::Broken(format!("receiving into GPU memory: {e}")),
             }
         })
+    }
+
+    fn failed_chunks(
+        &mut self,
+        plan: &ChunkPlan,
+        which: Which<'_>,
+        checks: &ChunkChecks,
+    ) -> anyhow::Result<Vec<u32>> {
+        if !checks.enabled() {
+            return Ok(Vec::new());
+        }
+        // The checksum kernel over the whole transfer where it landed (at 2 TB/s on an
+        // H200, a resend round's recheck of everything costs less than reading a list).
+        let memory = self.upload.memory()?;
+        let slice = memory.slice(0..plan.total() as usize)?;
+        let landed = crate::gpu::checksum::crc32c_chunks(&slice, plan.chunk_bytes())?;
+        let mismatch = |i: u64| landed.get(i as usize) != Some(&checks.expected(i));
+        Ok(match which {
+            Which::All => (0..plan.count())
+                .filter(|&i| mismatch(i))
+                .map(|i| i as u32)
+                .collect(),
+            Which::Only(list) => list
+                .iter()
+                .copied()
+                .filter(|&i| mismatch(i as u64))
+                .collect(),
+        })
+    }
+
+    fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {
+        // Out of GPU memory in blocks, after the data verified there.
+        const BLOCK: usize = 64 << 20;
+        let memory = self.upload.memory()?;
+        let mut block = vec![0u8; len.min(BLOCK)];
+        let mut offset = 0;
+        while offset < len {
+            let n = (len - offset).min(BLOCK);
+            memory.read_range_into(offset, &mut block[..n])?;
+            out.write_all(&block[..n])?;
+            offset += n;
+        }
+        Ok(())
     }
 
     fn verify(&self, len: usize) -> anyhow::Result<Verification> {

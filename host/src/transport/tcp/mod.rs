@@ -22,13 +22,14 @@ pub mod sender;
 pub mod socket;
 pub mod wire;
 
-pub use receiver::{serve, serve_with, RecvMemory, TcpRecvConfig};
+pub use receiver::{serve, serve_on, serve_with, RecvMemory, TcpRecvConfig};
 pub use sender::{choose_source, send_repeated, tcp_plan, TcpSendConfig};
 
 /// What the sender's output says the data went by ("Data sent successfully via ...").
-pub fn describe(path: crate::memory::DataPath) -> &'static str {
+pub fn describe(path: crate::memory::DataPath, user_data: bool) -> &'static str {
     use crate::memory::DataPath;
     match path {
+        DataPath::HostMemory if user_data => "TCP from host memory",
         DataPath::HostMemory => "TCP from host memory (pattern written by the CPU)",
         DataPath::GpuMappedHostMemory => "TCP from GPU-mapped host memory",
         DataPath::StagedThroughHostMemory => "TCP from host memory staged from GPU memory",

@@ -31,15 +31,20 @@
 //! counted by the same admission.
 
 use super::frames::Hello;
-use super::landing::{HostLanding, Landing, ReadLimits, Stop};
+use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Stop, Which};
 use super::routes::Routes;
 use super::socket;
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
-use crate::transfer::header::{AcceptInfo, Ack, Header, RejectReason, WireError};
+use crate::transfer::header::{
+    AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError,
+};
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::{Integrity, Repaired};
+use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -73,6 +78,8 @@ pub struct TcpRecvConfig {
     pub allow: AllowList,
     /// With a key, only senders that prove they hold it are served.
     pub key: Option<Key>,
+    /// `--output`: where each verified transfer is written.
+    pub output: Option<Output>,
 }
 
 /// Where received data goes.
@@ -150,6 +157,8 @@ pub(super) struct Offer {
     pub peer: SocketAddr,
     pub header: Header,
     pub hello: Hello,
+    /// The sender's `--name` (checked: it stays inside a directory).
+    pub name: Option<String>,
 }
 
 pub(super) enum Event {
@@ -198,6 +207,33 @@ pub fn serve_with(
     let listener = TcpListener::bind(cfg.bind).map_err(|e| {
         TransferError::Protocol(format!("cannot listen on {} (TCP): {e}", cfg.bind))
     })?;
+    serve_listener(listener, cfg, memory, admission, report)
+}
+
+/// [`serve`] on a listener bound already (the library's [`crate::api::Listener`], whose
+/// port is known before anything is served).
+pub fn serve_on(
+    listener: TcpListener,
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let limits = Limits::receiver(
+        cfg.once,
+        cfg.max_connections,
+        cfg.max_memory,
+        cfg.max_per_peer,
+    );
+    serve_listener(listener, cfg, memory, &Admission::new(limits), report)
+}
+
+fn serve_listener(
+    listener: TcpListener,
+    cfg: &TcpRecvConfig,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
     let addr = listener
         .local_addr()
         .map_or_else(|_| cfg.bind.to_string(), |a| a.to_string());
@@ -412,6 +448,7 @@ fn serve_offer(
         peer,
         header,
         hello,
+        name,
     } = offer;
     let label = peer.to_string();
     let total = header.total_bytes;
@@ -472,6 +509,7 @@ fn serve_offer(
                 len,
                 Held { landing, lease },
                 accepted_at,
+                name,
             )
         }
         Err(e) => failed(e),
@@ -529,6 +567,7 @@ fn receive_all(
     len: usize,
     held: Held,
     accepted_at: Instant,
+    name: Option<String>,
 ) -> RecvOutcome {
     let Held { landing, lease } = held;
     let path = landing.path();
@@ -553,6 +592,12 @@ fn receive_all(
     let mut verify_error = None;
     let mut reply_delivered = true;
     let mut done = 0u32;
+    let mut integrity = Integrity {
+        verify: Some(header.verify),
+        payload: Some(header.payload),
+        name: name.clone(),
+        ..Integrity::default()
+    };
     for k in 0..transfers {
         let Some(landing) = held_landing.as_mut() else {
             break;
@@ -574,47 +619,105 @@ fn receive_all(
         };
         let got = AtomicU64::new(0);
         let start = Instant::now();
-        if let Err(stop) = landing.receive(streams, plan, limits, &got) {
-            let got = got.load(Ordering::Relaxed);
-            let e = match stop {
-                Stop::TooSlow => {
-                    // Tell the sender why, as its ack, then shut the connection.
-                    let _ = control.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = control.write_all(&Ack::too_slow(got).encode());
-                    for s in streams {
-                        let _ = s.shutdown(Shutdown::Both);
+        let checks = ChunkChecks::new(header.verify.checksum(), plan.count());
+        let received = landing
+            .receive(streams, plan, Which::All, limits, &got, &checks)
+            .and_then(|()| {
+                repair(
+                    control,
+                    landing.as_mut(),
+                    streams,
+                    plan,
+                    limits,
+                    &got,
+                    &checks,
+                    header.max_resends,
+                )
+            });
+        let repairs = match received {
+            Ok(r) => r,
+            Err(stop) => {
+                let got = got.load(Ordering::Relaxed);
+                let e = match stop {
+                    Stop::TooSlow => {
+                        // Tell the sender why, as its ack, then shut the connection.
+                        let _ = control.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = control.write_all(&Ack::too_slow(got).encode());
+                        for s in streams {
+                            let _ = s.shutdown(Shutdown::Both);
+                        }
+                        // Counted over the connection, as the rate is.
+                        TransferError::TooSlow {
+                            peer: peer.to_string(),
+                            got: total * done as u64 + got,
+                            total: total * transfers as u64,
+                            seconds: accepted_at.elapsed().as_secs_f64(),
+                            min_rate: cfg.min_rate,
+                        }
                     }
-                    // Counted over the connection, as the rate is.
-                    TransferError::TooSlow {
+                    Stop::Broken(why) => TransferError::Incomplete {
                         peer: peer.to_string(),
-                        got: total * done as u64 + got,
-                        total: total * transfers as u64,
-                        seconds: accepted_at.elapsed().as_secs_f64(),
-                        min_rate: cfg.min_rate,
-                    }
-                }
-                Stop::Broken(why) => TransferError::Incomplete {
-                    peer: peer.to_string(),
-                    got,
-                    total,
-                    why,
-                },
-            };
-            return failed(e, done);
-        }
+                        got,
+                        total,
+                        why,
+                    },
+                };
+                return failed(e, done);
+            }
+        };
         seconds += start.elapsed().as_secs_f64();
         let t_verify = Instant::now();
-        let result = landing.verify(len);
+        let pattern = header.verify.pattern().then(|| landing.verify(len));
         let took = t_verify.elapsed();
         verify_seconds += took.as_secs_f64();
-        let this = result.as_ref().ok().copied();
-        let mut ack = Ack::new(total, this);
+        let this = pattern.as_ref().map(|r| r.as_ref().ok().copied());
+        let digest = checks
+            .enabled()
+            .then(|| crate::integrity::digest(&checks.all(), plan.chunk_bytes(), total));
+        let mut ack = Ack::checked(total, this, digest, repairs.attempts.len() as u32);
         if header.repeats() {
             ack = ack.with_verify_time(took);
         }
-        verification = merge(verification, this, k);
-        if let Err(e) = &result {
+        if let Some(this) = this {
+            verification = merge(verification, this, k);
+        }
+        if let Some(Err(e)) = &pattern {
             verify_error = Some(format!("{e:#}"));
+        }
+        integrity.digest = digest;
+        integrity.chunks_checked += if checks.enabled() {
+            plan.count()
+                + repairs
+                    .attempts
+                    .values()
+                    .map(|a| *a as u64 - 1)
+                    .sum::<u64>()
+        } else {
+            0
+        };
+        integrity.repaired.extend(
+            repairs
+                .attempts
+                .iter()
+                .filter(|(c, _)| !repairs.failed.contains(c))
+                .map(|(&chunk, &attempts)| Repaired {
+                    chunk: chunk as u64,
+                    attempts,
+                }),
+        );
+        integrity
+            .failed_chunks
+            .extend(repairs.failed.iter().map(|&c| c as u64));
+        if !repairs.failed.is_empty() {
+            ack = ack.with_status(AckStatus::ChecksumFailed);
+        } else if let (Some(out), AckStatus::Verified) = (&cfg.output, ack.status) {
+            match out.store(name.as_deref(), peer, |w| landing.write_out(len, w)) {
+                Ok(at) => integrity.stored = Some(at),
+                Err(e) => {
+                    integrity.store_error = Some(format!("{e:#}"));
+                    ack = ack.with_status(AckStatus::NotStored);
+                }
+            }
         }
         done += 1;
         if k + 1 == transfers {
@@ -655,8 +758,62 @@ fn receive_all(
         offered: transfers,
         verify_seconds,
         memory: AttemptLog::default(),
-        checks: None,
+        integrity: Box::new(integrity),
     })
+}
+
+/// What the resend rounds of one transfer did: chunk -> times it was sent, for chunks
+/// sent more than once; the chunks that still failed when the rounds were used up.
+#[derive(Default)]
+struct Repairs {
+    attempts: BTreeMap<u32, u32>,
+    failed: Vec<u32>,
+}
+
+/// Ask for the chunks whose CRC32C failed where they landed, up to `max_resends`
+/// rounds, reading each round's chunks into their places; after the last round the
+/// chunks still failing are named in a final [`Resend`] (an ack saying so follows).
+#[allow(clippy::too_many_arguments)]
+fn repair(
+    control: &mut TcpStream,
+    landing: &mut dyn Landing,
+    streams: &[TcpStream],
+    plan: &ChunkPlan,
+    limits: ReadLimits,
+    got: &AtomicU64,
+    checks: &ChunkChecks,
+    max_resends: u8,
+) -> Result<Repairs, Stop> {
+    let checking = |e: anyhow::Error| Stop::Broken(format!("checking the chunks: {e:#}"));
+    let mut repairs = Repairs::default();
+    let mut failed = landing
+        .failed_chunks(plan, Which::All, checks)
+        .map_err(checking)?;
+    let mut round = 0u32;
+    while !failed.is_empty() {
+        let last = round == max_resends as u32;
+        let request = Resend {
+            round: round + 1,
+            last,
+            chunks: failed.clone(),
+        };
+        control.write_all(&request.encode()).map_err(|e| {
+            Stop::Broken(socket::why(&e, limits.timeout, "asking for chunks again"))
+        })?;
+        if last {
+            repairs.failed = failed;
+            break;
+        }
+        round += 1;
+        for &c in &failed {
+            *repairs.attempts.entry(c).or_insert(1) += 1;
+        }
+        landing.receive(streams, plan, Which::Only(&failed), limits, got, checks)?;
+        failed = landing
+            .failed_chunks(plan, Which::Only(&failed), checks)
+            .map_err(checking)?;
+    }
+    Ok(repairs)
 }
 
 /// The verification of all transfers of a connection: counts add up, the first
@@ -708,10 +865,23 @@ mod tests {
             &mut self,
             _: &[TcpStream],
             _: &ChunkPlan,
+            _: Which<'_>,
             _: ReadLimits,
             got: &AtomicU64,
+            _: &ChunkChecks,
         ) -> Result<(), Stop> {
             got.store(4096, Ordering::Relaxed);
+            Ok(())
+        }
+        fn failed_chunks(
+            &mut self,
+            _: &ChunkPlan,
+            _: Which<'_>,
+            _: &ChunkChecks,
+        ) -> anyhow::Result<Vec<u32>> {
+            Ok(Vec::new())
+        }
+        fn write_out(&mut self, _: usize, _: &mut dyn std::io::Write) -> anyhow::Result<()> {
             Ok(())
         }
         fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
@@ -743,6 +913,7 @@ mod tests {
             max_per_peer: 1,
             allow: AllowList::default(),
             key: None,
+            output: None,
         }
     }
 
@@ -797,10 +968,23 @@ mod tests {
                 &mut self,
                 s: &[TcpStream],
                 p: &ChunkPlan,
+                w: Which<'_>,
                 l: ReadLimits,
                 got: &AtomicU64,
+                c: &ChunkChecks,
             ) -> Result<(), Stop> {
-                self.0.receive(s, p, l, got)
+                self.0.receive(s, p, w, l, got, c)
+            }
+            fn failed_chunks(
+                &mut self,
+                p: &ChunkPlan,
+                w: Which<'_>,
+                c: &ChunkChecks,
+            ) -> anyhow::Result<Vec<u32>> {
+                self.0.failed_chunks(p, w, c)
+            }
+            fn write_out(&mut self, n: usize, o: &mut dyn std::io::Write) -> anyhow::Result<()> {
+                self.0.write_out(n, o)
             }
             fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
                 self.0.verify(len)
@@ -843,6 +1027,7 @@ mod tests {
                 4096,
                 held,
                 Instant::now(),
+                None,
             );
             assert!(
                 matches!(outcome, RecvOutcome::Completed(ref r) if r.ok()),
@@ -877,6 +1062,7 @@ mod tests {
             4096,
             held_for(4096),
             Instant::now(),
+            None,
         );
         let RecvOutcome::Completed(r) = outcome else {
             panic!("{outcome:?}")

@@ -4,18 +4,20 @@
 
 use super::frames::{Hello, MAX_STREAMS};
 use super::socket::{self, read_array};
-use super::wire::TcpWire;
+use super::wire::{TcpWire, WireChecks};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, ACCEPT_LEN,
-    ACCEPT_MAGIC, ACK_LEN, CHALLENGE_MAGIC, REJECT_MAGIC,
+    encode_name, AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, Resend,
+    ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN, ACK_MAGIC, CHALLENGE_MAGIC, REJECT_MAGIC, REPLY_PREFIX_LEN,
+    RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::report::Framed;
-use crate::transfer::schedule::Schedule;
-use crate::transfer::{SendReport, TransferError};
-use std::io::{self, Write};
+use crate::transfer::report::{Framed, Integrity, Repaired};
+use crate::transfer::schedule::{Schedule, WireError};
+use crate::transfer::{PayloadOptions, SendReport, TransferError};
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,12 @@ pub struct TcpSendConfig {
     pub protocol_version: u16,
     /// `--key-file`: proves to a receiver with the same key that this sender may send.
     pub key: Option<crate::server::Key>,
+    /// What is sent and how it is checked (protocol version 2).
+    pub payload: PayloadOptions,
 }
+
+/// Bytes of chunks copied out of the source for one batch of resends at most.
+const RESEND_BATCH_BYTES: u64 = 64 << 20;
 
 /// The sender's memory plan over TCP: no NIC reads the memory, so GPUDirect methods
 /// (which exist to let a NIC read GPU memory) are left out with that reason; what stays
@@ -105,9 +112,21 @@ pub fn send_repeated(
         )));
     }
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
-    let header = Header::new(Op::Send, total, plan.chunk_bytes(), cfg.depth)
+    let opts = &cfg.payload;
+    let cannot = |e: crate::transfer::WireError| {
+        TransferError::Protocol(format!("cannot offer this transfer: {e}"))
+    };
+    let mut header = Header::of(Op::Send, total, plan.chunk_bytes(), cfg.depth, opts.payload)
         .and_then(|h| h.with_transfers(transfers))
-        .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))?;
+        .and_then(|h| h.with_payload(opts.payload, opts.verify, opts.max_resends))
+        .map_err(cannot)?;
+    let name_message = match &opts.name {
+        Some(name) => {
+            header = header.with_name();
+            encode_name(name).map_err(cannot)?
+        }
+        None => Vec::new(),
+    };
     let token = socket::new_token();
     let hello = |index: u16| {
         Hello {
@@ -129,6 +148,7 @@ pub fn send_repeated(
     let offer = [
         &header.encode_with_version(cfg.protocol_version)[..],
         &hello(0)[..],
+        &name_message[..],
     ]
     .concat();
     control
@@ -147,17 +167,29 @@ pub fn send_repeated(
 
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
     schedule.progress = cfg.progress;
-    TcpWire::scope(source.memory(), &streams, cfg.timeout, |wire| {
+    let checks = WireChecks {
+        checksum: opts.verify.checksum(),
+        faults: opts.faults,
+    };
+    TcpWire::scope(source.memory(), &streams, cfg.timeout, checks, |wire| {
         let mut reports = Vec::new();
         for k in 0..transfers {
-            wire.next_transfer();
+            // Where the data is in GPU memory, the checksum kernel runs there first.
+            let precomputed = match checks.checksum {
+                true => source
+                    .chunk_checksums(plan.chunk_bytes() as usize)
+                    .transpose()
+                    .map_err(TransferError::Memory)?,
+                false => None,
+            };
+            wire.next_transfer(plan.count(), precomputed);
             let start = Instant::now();
             let seconds = match schedule.run(source, wire, &label) {
                 Ok(took) => took.as_secs_f64(),
                 // The receiver may have ended it on purpose, and said why.
                 Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
             };
-            let ack = read_ack(&mut control, cfg.timeout, &label)?;
+            let (ack, integrity) = settle(&mut control, wire, source, &plan, cfg, &label)?;
             ack.check_counts(total)
                 .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
             let round_trip_seconds = start.elapsed().as_secs_f64();
@@ -171,7 +203,9 @@ pub fn send_repeated(
                 path: source.path(),
                 memory: memory_log,
             };
-            reports.push(framed.report(k, seconds, round_trip_seconds, &ack));
+            let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
+            report.integrity = integrity;
+            reports.push(report);
         }
         Ok(reports)
     })
@@ -255,15 +289,160 @@ fn ended_early(control: &mut TcpStream, label: &str, total: u64) -> Option<Trans
     })
 }
 
-fn read_ack(control: &mut TcpStream, timeout: Duration, label: &str) -> Result<Ack, TransferError> {
-    let bytes: [u8; ACK_LEN] = read_array(control).map_err(|e| {
+/// After the data: answer the receiver's resend requests (chunks whose CRC32C failed
+/// where they landed, sent again from the source) until its ack; check the ack's digest
+/// against this side's. What was repaired, and what failed, goes into the report.
+fn settle(
+    control: &mut TcpStream,
+    wire: &mut TcpWire<'_>,
+    source: &dyn SendSource,
+    plan: &ChunkPlan,
+    cfg: &TcpSendConfig,
+    label: &str,
+) -> Result<(Ack, Integrity), TransferError> {
+    let opts = &cfg.payload;
+    let protocol = |what: String| TransferError::Protocol(format!("{label}: {what}"));
+    let waiting = |e: io::Error| {
         TransferError::Protocol(format!(
             "no verification result from {label}: {}",
-            socket::why(&e, timeout, "waiting for it")
+            socket::why(&e, cfg.timeout, "waiting for it")
         ))
-    })?;
-    Ack::decode(&bytes)
-        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))
+    };
+    // Chunk -> times sent, for every chunk sent more than once.
+    let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut still_failed: Vec<u32> = Vec::new();
+    let mut rounds = 0u8;
+    let ack = loop {
+        let prefix: [u8; REPLY_PREFIX_LEN] = read_array(control).map_err(waiting)?;
+        match [prefix[0], prefix[1], prefix[2], prefix[3]] {
+            ACK_MAGIC => {
+                let mut bytes = [0u8; ACK_LEN];
+                bytes[..REPLY_PREFIX_LEN].copy_from_slice(&prefix);
+                control
+                    .read_exact(&mut bytes[REPLY_PREFIX_LEN..])
+                    .map_err(waiting)?;
+                break Ack::decode(&bytes).map_err(|e| {
+                    TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
+                })?;
+            }
+            RESEND_MAGIC if opts.verify.checksum() => {
+                let invalid = |e: crate::transfer::WireError| {
+                    protocol(format!("invalid resend request: {e}"))
+                };
+                let (round, last, count) =
+                    Resend::decode_prefix(&prefix, plan.count()).map_err(invalid)?;
+                let mut body = vec![0u8; count as usize * 4];
+                control.read_exact(&mut body).map_err(waiting)?;
+                let resend =
+                    Resend::decode_chunks(round, last, &body, plan.count()).map_err(invalid)?;
+                if last {
+                    still_failed = resend.chunks;
+                    continue;
+                }
+                if round > opts.max_resends as u32 || round != rounds as u32 + 1 {
+                    return Err(protocol(format!(
+                        "resend round {round} after {rounds}, beyond this sender's --max-resends {}",
+                        opts.max_resends
+                    )));
+                }
+                rounds = round as u8;
+                send_again(
+                    wire,
+                    source,
+                    plan,
+                    &resend.chunks,
+                    round,
+                    cfg.timeout,
+                    label,
+                )?;
+                for &c in &resend.chunks {
+                    *attempts.entry(c as u64).or_insert(1) += 1;
+                }
+            }
+            _ => {
+                return Err(protocol(
+                    "its reply after the data is neither an ack nor a resend request".into(),
+                ))
+            }
+        }
+    };
+    let checksum = opts.verify.checksum();
+    let digest = checksum
+        .then(|| crate::integrity::digest(wire.checksums(), plan.chunk_bytes(), plan.total()));
+    if ack.status == AckStatus::ChecksumFailed {
+        return Err(TransferError::ChecksumFailed {
+            peer: label.to_string(),
+            chunks: still_failed,
+            rounds,
+        });
+    }
+    if ack.status == AckStatus::Verified && checksum && ack.digest != digest {
+        return Err(protocol(format!(
+            "the receiver's digest {:08x?} differs from this sender's {:08x?}: the data it holds is not what was sent",
+            ack.digest, digest
+        )));
+    }
+    let integrity = Integrity {
+        verify: Some(opts.verify),
+        payload: Some(opts.payload),
+        digest,
+        chunks_checked: if checksum {
+            plan.count() + attempts.values().map(|a| *a as u64 - 1).sum::<u64>()
+        } else {
+            0
+        },
+        repaired: attempts
+            .into_iter()
+            .map(|(chunk, attempts)| Repaired { chunk, attempts })
+            .collect(),
+        failed_chunks: Vec::new(),
+        name: opts.name.clone(),
+        stored: None,
+        store_error: None,
+        fault_injection: opts.faults.map(|f| format!("1/{}", f.one_in)),
+    };
+    Ok((ack, integrity))
+}
+
+/// Send `chunks` again from `source`, in batches of copies of at most
+/// [`RESEND_BATCH_BYTES`].
+fn send_again(
+    wire: &mut TcpWire<'_>,
+    source: &dyn SendSource,
+    plan: &ChunkPlan,
+    chunks: &[u32],
+    round: u32,
+    timeout: Duration,
+    label: &str,
+) -> Result<(), TransferError> {
+    let broken = |why: String| TransferError::Broken {
+        peer: label.to_string(),
+        done: plan.total(),
+        total: plan.total(),
+        why: format!("sending chunks again: {why}"),
+    };
+    let mut batch = Vec::new();
+    let mut bytes = 0u64;
+    for (k, &c) in chunks.iter().enumerate() {
+        let chunk = plan
+            .get(c as u64)
+            .ok_or_else(|| broken(format!("chunk {c} is outside the transfer")))?;
+        let mut copy = vec![0u8; chunk.len as usize];
+        source
+            .copy_out(chunk.offset as usize, &mut copy)
+            .map_err(|e| broken(format!("{e:#}")))?;
+        bytes += chunk.len;
+        batch.push((chunk, copy));
+        if bytes >= RESEND_BATCH_BYTES || k + 1 == chunks.len() {
+            wire.resend(std::mem::take(&mut batch), round, timeout)
+                .map_err(|e| match e {
+                    WireError::Broken(why) => broken(why),
+                    WireError::Other(e) => e,
+                })?;
+            bytes = 0;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
