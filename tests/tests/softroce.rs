@@ -2103,6 +2103,16 @@ fn files_of_any_length_arrive_over_verbs_with_the_same_sha256() {
             c.val(&format!("same_{size}")) == 1.0,
             &format!("{size} bytes: the stored file's sha256 differs from the input's"),
         );
+        // Named by the sender: --name, else the input's file name.
+        let name = match size {
+            4097 => "named.bin".to_string(),
+            _ => format!("data-{size}.bin"),
+        };
+        let stored = c.vals.get(&format!("stored_{size}"));
+        c.check(
+            stored == Some(&name),
+            &format!("{size} bytes stored as {stored:?}, not {name}"),
+        );
     }
     c.still_serving("receiver");
 }

@@ -16,14 +16,20 @@ case_files() {
       1|67108864) op=send ;;
       *) op=write ;;
     esac
-    head -c "$size" /dev/urandom > /tmp/in.bin
-    val "input_bytes_$size" "$(wc -c < /tmp/in.bin)"
-    run "send_$size" 600 host "$A" 7471 --gpu none --transport rdma --op $op --input /tmp/in.bin --timeout 30
+    # Stored under the sender's name: the input's file name, or --name.
+    head -c "$size" /dev/urandom > "/tmp/data-$size.bin"
+    val "input_bytes_$size" "$(wc -c < "/tmp/data-$size.bin")"
+    if [ "$size" = 4097 ]; then
+      run "send_$size" 600 host "$A" 7471 --gpu none --transport rdma --op $op --input "/tmp/data-$size.bin" --name named.bin --timeout 30
+    else
+      run "send_$size" 600 host "$A" 7471 --gpu none --transport rdma --op $op --input "/tmp/data-$size.bin" --timeout 30
+    fi
     n=$((n + 1))
     wait_outcomes receiver $n 60
     val "files_$size" "$(ls /tmp/out | wc -l)"
-    val "same_$size" "$([ "$(sha256sum < /tmp/in.bin)" = "$(cat /tmp/out/* | sha256sum)" ] && echo 1 || echo 0)"
-    rm -f /tmp/in.bin /tmp/out/*
+    echo "@@VAL stored_$size=$(ls /tmp/out)@@"
+    val "same_$size" "$([ "$(sha256sum < "/tmp/data-$size.bin")" = "$(cat /tmp/out/* | sha256sum)" ] && echo 1 || echo 0)"
+    rm -f "/tmp/data-$size.bin" /tmp/out/*
   done
   stop receiver
 }

@@ -20,6 +20,8 @@ pub(crate) const WR_REPLY: u64 = 3 << TAG_SHIFT;
 pub(crate) const WR_CTRL: u64 = 4 << TAG_SHIFT;
 /// The receiver's receives for chunks sent again in send mode (index: the chunk).
 pub(crate) const TAG_RESEND: u64 = 5 << TAG_SHIFT;
+/// The receiver's receive for the sender's name message (`--name`), before the data.
+pub(crate) const TAG_NAME: u64 = 6 << TAG_SHIFT;
 
 /// The tag of a `wr_id`.
 pub(crate) fn tag(wr_id: u64) -> u64 {

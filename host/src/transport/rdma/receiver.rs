@@ -23,7 +23,8 @@
 
 use super::checks;
 use super::conn::{
-    is_data, next_event, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, WR_ACK, WR_REPLY,
+    is_data, next_event, tag, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, TAG_NAME,
+    WR_ACK, WR_REPLY,
 };
 use super::repair::{self, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
 use crate::memory::select::{walk, AttemptLog};
@@ -37,8 +38,9 @@ use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, Payload, RejectReason, VerbsProof, VerifyMode, ACK_LEN,
-    HEADER_LEN, MAX_DEPTH, RAW_REPLY,
+    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Op, Payload,
+    RejectReason, VerbsProof, VerifyMode, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
+    NAME_PREFIX_LEN, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, Repaired};
@@ -611,9 +613,11 @@ fn receive_framed(
         .max(MIN_RECEIVES)
         .min(n)
         .min(2 * MAX_DEPTH as u64) as u32;
+    // One more receive, first of all, for the sender's name (header flag 0x02).
+    let named = header.named as u32;
     let res = Resources::new(
         id,
-        Resources::cq_entries(receiver_caps(recv_depth)),
+        Resources::cq_entries(receiver_caps(recv_depth + named)),
         cfg.busy_poll,
     )
     .map_err(|e| setup_failed(peer, e))?;
@@ -648,7 +652,13 @@ fn receive_framed(
     let resend_buf =
         MessageBuffer::new(&res.pd, if checksums { CONTROL_SLOT } else { 1 }).map_err(internal)?;
     // The queue pair last: it may name only regions that outlive it.
-    let conn = receiver_connection(&res, recv_depth).map_err(|e| setup_failed(peer, e))?;
+    let name_buf = match header.named {
+        true => {
+            Some(MessageBuffer::new(&res.pd, NAME_PREFIX_LEN + MAX_NAME_LEN).map_err(internal)?)
+        }
+        false => None,
+    };
+    let conn = receiver_connection(&res, recv_depth + named).map_err(|e| setup_failed(peer, e))?;
     let inline_ack = conn.qp.caps().max_inline_data as usize >= ACK_LEN;
     let mut recvs = Receives {
         conn: &conn,
@@ -665,6 +675,10 @@ fn receive_framed(
             (Op::Write, true) => u64::MAX,
         },
     };
+    if let Some(buf) = &name_buf {
+        // SAFETY: the buffer is read only after this receive's completion was polled.
+        unsafe { conn.qp.post_recv(TAG_NAME, Some(buf.sge(buf.len()))) }.map_err(internal)?;
+    }
     while recvs.posted < recv_depth as u64 {
         recvs.post().map_err(internal)?;
     }
@@ -704,6 +718,8 @@ fn receive_framed(
     };
     let pattern_check = header.payload == Payload::Pattern && header.verify.pattern();
     let mut leftover = Vec::new();
+    // The sender's name message: its completion comes before the first data.
+    let mut name_came: Option<Completion> = None;
     for k in 0..transfers {
         // Words for errors: which transfer of several it was.
         let context = Context { k, transfers };
@@ -712,6 +728,10 @@ fn receive_framed(
         // notification work on the sender's CPU). Every completion is polled either way.
         conn.cq.set_solicited_only(header.solicited_events);
         let mut on_ack = |c: &Completion| {
+            if tag(c.wr_id) == TAG_NAME {
+                name_came = Some(*c);
+                return;
+            }
             acks_pending = acks_pending.saturating_sub(1);
             acks_delivered &= c.is_ok();
         };
@@ -748,6 +768,9 @@ fn receive_framed(
             conn.close(true, Duration::from_secs(1));
         }
         received?;
+        if let (Some(c), Some(buf)) = (name_came.take(), &name_buf) {
+            integrity.name = sender_name(buf, &c);
+        }
         seconds = start.elapsed().as_secs_f64();
         conn.cq.set_solicited_only(false);
 
@@ -812,7 +835,8 @@ fn receive_framed(
                 .extend(c.failed.iter().map(|&chunk| chunk as u64));
         }
         if let (Some(output), AckStatus::Verified) = (&cfg.output, ack.status) {
-            match output.store(None, peer, |w| sink.write_to(total as usize, w)) {
+            let name = integrity.name.clone();
+            match output.store(name.as_deref(), peer, |w| sink.write_to(total as usize, w)) {
                 Ok(at) => integrity.stored = Some(at),
                 Err(e) => {
                     integrity.store_error = Some(format!("{e:#}{}", context.words()));
@@ -888,6 +912,19 @@ fn receive_framed(
     })
 }
 
+/// The name in the sender's name message (`--name`), if it is one a receiver may use.
+fn sender_name(buf: &MessageBuffer, c: &Completion) -> Option<String> {
+    if !c.is_ok() {
+        return None;
+    }
+    let bytes = buf.read(c.byte_len as usize);
+    let len = decode_name_prefix(&bytes).ok()?;
+    let name = bytes.get(NAME_PREFIX_LEN..NAME_PREFIX_LEN + len)?;
+    (bytes.len() == NAME_PREFIX_LEN + len)
+        .then(|| checked_name(name).ok().map(str::to_string))
+        .flatten()
+}
+
 /// Which transfer of a connection's several an error concerns.
 #[derive(Clone, Copy)]
 struct Context {
@@ -952,7 +989,8 @@ fn wait_for_acks(
 }
 
 /// Receive every chunk of one transfer, reposting receives as they are consumed, the
-/// timeout restarting on progress. `on_ack` sees the send completions of earlier acks.
+/// timeout restarting on progress. `on_ack` sees the send completions of earlier acks
+/// and the receive of the sender's name.
 #[allow(clippy::too_many_arguments)]
 fn receive_transfer(
     cfg: &RecvConfig,
@@ -1023,7 +1061,7 @@ fn receive_transfer(
                 leftover.extend_from_slice(&comps[i..]);
                 break;
             }
-            if c.wr_id & !INDEX_MASK == WR_ACK {
+            if matches!(tag(c.wr_id), WR_ACK | TAG_NAME) {
                 on_ack(c);
                 continue;
             }

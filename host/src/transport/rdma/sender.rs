@@ -15,8 +15,8 @@ use crate::rdma::{
 };
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, Resend, VerbsProof, WireError, ACK_LEN,
-    HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
+    encode_name, AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, Resend, VerbsProof,
+    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Framed, Integrity, Repaired};
@@ -248,7 +248,8 @@ fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
         payload: cfg.payload.payload,
         verify: cfg.payload.verify,
         max_resends: cfg.payload.max_resends,
-        named: false,
+        // The name follows the accept as a message of its own (`encode_name`).
+        named: cfg.payload.name.is_some(),
     };
     header
         .with_payload(
@@ -386,12 +387,29 @@ fn connect_and_send(
         tamper,
     };
     let mut pending: VecDeque<Completion> = VecDeque::new();
+    if let Some(name) = &cfg.payload.name {
+        // The name goes first, into the receive the receiver posted before the data's
+        // (header flag 0x02).
+        let message = encode_name(name)
+            .map_err(|e| TransferError::Protocol(format!("--name {name:?}: {e}")))?;
+        let what = format!("the transfer's name to reach {label}");
+        send_message(
+            &conn,
+            &ctrl_buf,
+            WR_CTRL,
+            &message,
+            &mut pending,
+            cfg.timeout,
+            &what,
+        )?;
+    }
     let mut reports = Vec::new();
     for k in 0..transfers {
         let mut integrity = Integrity {
             verify: Some(cfg.payload.verify),
             payload: Some(cfg.payload.payload),
             fault_injection: cfg.payload.faults.map(|f| format!("1/{}", f.one_in)),
+            name: cfg.payload.name.clone(),
             ..Integrity::default()
         };
         let mut wire = ends.wire(sums.on_the_way(), None);
@@ -695,45 +713,64 @@ impl Talk<'_, '_, '_> {
     /// SEND one control message and wait for its completion (replies that complete
     /// meanwhile are kept).
     fn send_control(&mut self, number: u64, message: &[u8]) -> Result<(), TransferError> {
-        let conn = self.ends.conn;
-        self.ctrl_buf.write(message)?;
-        let wr_id = WR_CTRL | (number & INDEX_MASK);
-        // SAFETY: the buffer is registered, outlives the connection's use of it, and is
-        // not written again before this request's completion, waited for below.
-        unsafe {
-            conn.qp.post_send(&SendWr {
-                wr_id,
-                sge: self.ctrl_buf.sge(message.len()),
-                op: SendOp::Send,
-                signaled: true,
-                inline: false,
-                solicited: true,
-            })?
-        };
-        let deadline = Deadline::after(self.timeout);
-        let mut comps = Vec::new();
         let what = format!("the chunk checksums to reach {}", self.ends.label);
-        loop {
-            comps.clear();
-            let waited = conn.wait(&mut comps, &deadline, &what)?;
-            let mut sent = false;
-            for c in &comps {
-                if tag(c.wr_id) == WR_ACK {
-                    self.pending.push_back(*c);
-                } else if c.wr_id == wr_id {
-                    c.check(|| "the SEND of chunk checksums".into())?;
-                    sent = true;
-                }
+        send_message(
+            self.ends.conn,
+            self.ctrl_buf,
+            WR_CTRL | (number & INDEX_MASK),
+            message,
+            self.pending,
+            self.timeout,
+            &what,
+        )
+    }
+}
+
+/// SEND `message` from `buf` and wait for its completion; replies from the receiver
+/// that complete meanwhile go to `pending`.
+fn send_message<'r>(
+    conn: &Connection<'r>,
+    buf: &'r MessageBuffer,
+    wr_id: u64,
+    message: &[u8],
+    pending: &mut VecDeque<Completion>,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), TransferError> {
+    buf.write(message)?;
+    // SAFETY: the buffer is registered, outlives the connection's use of it, and is not
+    // written again before this request's completion, waited for below.
+    unsafe {
+        conn.qp.post_send(&SendWr {
+            wr_id,
+            sge: buf.sge(message.len()),
+            op: SendOp::Send,
+            signaled: true,
+            inline: false,
+            solicited: true,
+        })?
+    };
+    let deadline = Deadline::after(timeout);
+    let mut comps = Vec::new();
+    loop {
+        comps.clear();
+        let waited = conn.wait(&mut comps, &deadline, what)?;
+        let mut sent = false;
+        for c in &comps {
+            if tag(c.wr_id) == WR_ACK {
+                pending.push_back(*c);
+            } else if c.wr_id == wr_id {
+                c.check(|| format!("the SEND of {what}"))?;
+                sent = true;
             }
-            if sent {
-                return Ok(());
-            }
-            if waited == Waited::Disconnected {
-                return Err(TransferError::Protocol(format!(
-                    "the receiver at {} disconnected before it had the chunk checksums",
-                    self.ends.label
-                )));
-            }
+        }
+        if sent {
+            return Ok(());
+        }
+        if waited == Waited::Disconnected {
+            return Err(TransferError::Protocol(format!(
+                "the receiver disconnected while waiting for {what}"
+            )));
         }
     }
 }
