@@ -26,6 +26,17 @@
 //! 4. The receiver verifies the data ([`RecvSink::verify`](crate::memory::RecvSink)) and
 //!    SENDs an [`Ack`](crate::transfer::Ack) with the result; the sender disconnects.
 //!
+//! **Version 2** (`--verify checksum|both`, `--input`, `--output`): after the data the
+//! sender SENDs the CRC32C of every chunk (`ChunkChecksums`, 252 a message, into receives
+//! with 1 KiB slots the receiver posted behind the data's); the receiver compares them
+//! with the chunks where they landed and asks for the failed ones again (`Resend`), which
+//! the sender sends into the same place, chunk by chunk with the chunk's index + 1 as
+//! immediate, for up to `max_resends` rounds; the ack then carries the whole transfer's
+//! CRC32C. The books are in `repair.rs`, the receiver's stage in `checks.rs`; the layout
+//! of the receives and slots in [`receiver`]'s `Receives`. A `--name` is the sender's
+//! first SEND after the accept. The payload may be any number of bytes (`--input`); the
+//! receiver writes a transfer that passed to `--output` before it acks.
+//!
 //! Each `--iters` iteration is a connection of its own (and is verified on its own);
 //! throughput is measured from the first work request to the last data completion.
 //!
