@@ -26,7 +26,7 @@ use super::conn::{
     is_data, next_event, tag, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, TAG_NAME,
     WR_ACK, WR_REPLY,
 };
-use super::repair::{self, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
+use super::repair::{self, Receive, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
@@ -490,14 +490,12 @@ pub(super) struct Receives<'a, 'r> {
 impl<'r> Receives<'_, 'r> {
     fn post(&mut self) -> Result<(), RdmaError> {
         let p = self.posted;
-        let n = self.plan.count();
-        let sge = match (self.op, self.plan.get(p), self.ctrl) {
-            (Op::Send, Some(chunk), _) => {
+        let sge = match (self.receive(p), self.plan.get(p), self.ctrl) {
+            (Receive::Chunk(_), Some(chunk), _) => {
                 Some(self.mr.sge(chunk.offset as usize..chunk.end() as usize)?)
             }
-            (Op::Send, None, Some(ctrl)) => Some(slot_sge(ctrl, (p - n) % self.slots)?),
-            (Op::Write, _, Some(ctrl)) => Some(slot_sge(ctrl, p % self.slots)?),
-            (_, _, None) => None,
+            (Receive::Slot(slot), _, Some(ctrl)) => Some(slot_sge(ctrl, slot)?),
+            _ => None,
         };
         // SAFETY: nobody reads the buffer before every data receive of the transfer has
         // completed (the receiver verifies only then, and poisons only before posting);
@@ -528,15 +526,17 @@ impl<'r> Receives<'_, 'r> {
         Ok(())
     }
 
+    /// What receive `p` takes.
+    fn receive(&self, p: u64) -> Receive {
+        let slots = self.ctrl.map(|_| self.slots);
+        repair::receive_of(self.op, p, self.plan.count(), slots)
+    }
+
     /// The control message that completed receive `wr_id`, if that receive had a slot.
     pub(super) fn control_message(&self, c: &Completion) -> Option<Vec<u8>> {
         let ctrl = self.ctrl?;
-        let p = c.wr_id & INDEX_MASK;
-        let n = self.plan.count();
-        let slot = match self.op {
-            Op::Send if p >= n => (p - n) % self.slots,
-            Op::Send => return None,
-            Op::Write => p % self.slots,
+        let Receive::Slot(slot) = self.receive(c.wr_id & INDEX_MASK) else {
+            return None;
         };
         let len = (c.byte_len as usize).min(CONTROL_SLOT);
         Some(ctrl.read_at(slot as usize * CONTROL_SLOT, len))

@@ -24,7 +24,7 @@
 //! the receiver names the chunks that still fail in `Resend{last}` messages and acks
 //! `ChecksumFailed`.
 
-use crate::transfer::header::{ChunkChecksums, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
+use crate::transfer::header::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
@@ -39,6 +39,28 @@ pub const REPLY_SLOTS: u32 = 4;
 /// Chunks a receiver checks by checksum at most (its expected checksums and resend
 /// lists take 8 bytes per chunk): 2^24, 128 MiB of bookkeeping.
 pub const MAX_CHECKSUM_CHUNKS: u64 = 1 << 24;
+
+/// What the `p`-th receive of the receiver's sequence takes (see `receiver::Receives`):
+/// in send mode chunk `p` in its place, then (with `slots`, i.e. checksums) the checksum
+/// messages in control slots; in write mode an immediate, in a control slot where there
+/// are slots (a checksum message may land there too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receive {
+    Chunk(u64),
+    Slot(u64),
+    Immediate,
+}
+
+pub fn receive_of(op: Op, p: u64, chunks: u64, slots: Option<u64>) -> Receive {
+    match (op, slots) {
+        (Op::Send, _) if p < chunks => Receive::Chunk(p),
+        (_, Some(slots)) if slots > 0 => match op {
+            Op::Send => Receive::Slot((p - chunks) % slots),
+            Op::Write => Receive::Slot(p % slots),
+        },
+        _ => Receive::Immediate,
+    }
+}
 
 /// How many `ChunkChecksums` messages a transfer of `chunks` chunks takes.
 pub fn checksum_messages(chunks: u64) -> u64 {
@@ -392,6 +414,48 @@ mod tests {
             crcs: vec![],
         };
         assert!(expected.take(&empty.encode()).is_err());
+    }
+
+    #[test]
+    fn receives_take_chunks_then_slots_and_no_slot_is_reused_while_outstanding() {
+        use Receive::*;
+        assert_eq!(receive_of(Op::Send, 3, 10, None), Chunk(3));
+        assert_eq!(receive_of(Op::Send, 10, 10, None), Immediate);
+        assert_eq!(receive_of(Op::Send, 9, 10, Some(2)), Chunk(9));
+        assert_eq!(receive_of(Op::Send, 10, 10, Some(2)), Slot(0));
+        assert_eq!(receive_of(Op::Send, 13, 10, Some(2)), Slot(1));
+        assert_eq!(receive_of(Op::Write, 13, 10, Some(4)), Slot(1));
+        assert_eq!(receive_of(Op::Write, 13, 10, None), Immediate);
+        // Receives complete in order, and at most `depth` are outstanding (one posted
+        // for each completed); the receiver has `slots` = depth in write mode and
+        // min(depth, messages) in send mode: no two outstanding ever share a slot.
+        for (op, n, messages, depth) in [
+            (Op::Send, 5u64, 4u64, 3u64),
+            (Op::Send, 100, 1, 64),
+            (Op::Send, 3, 9, 3),
+            (Op::Write, 5, 0, 4),
+        ] {
+            let slots = match op {
+                Op::Send => depth.min(messages),
+                Op::Write => depth,
+            };
+            let limit = match op {
+                Op::Send => n + messages,
+                Op::Write => 200,
+            };
+            let mut outstanding = VecDeque::new();
+            for p in 0..limit {
+                if outstanding.len() as u64 == depth {
+                    outstanding.pop_front();
+                }
+                let r = receive_of(op, p, n, Some(slots));
+                assert!(
+                    !matches!(r, Slot(_)) || !outstanding.contains(&r),
+                    "{op:?}: receive {p} takes {r:?} while it is out"
+                );
+                outstanding.push_back(r);
+            }
+        }
     }
 
     #[test]
