@@ -1125,7 +1125,7 @@ fn one_guest_bad_offers_are_rejected_and_the_receiver_serves_on() {
     );
     c.one_error(
         "version_sender",
-        &format!("{rejected}protocol version 2 is not supported"),
+        &format!("{rejected}protocol version 3 is not supported"),
     );
     c.one_error(
         "large_sender",
@@ -1137,7 +1137,7 @@ fn one_guest_bad_offers_are_rejected_and_the_receiver_serves_on() {
         "receiver",
         i + 1,
         &peer,
-        &["protocol version 2 is not supported"],
+        &["protocol version 3 is not supported"],
     );
     let i = c.find(
         "receiver",
@@ -1619,7 +1619,7 @@ fn server_once_is_used_up_only_by_a_transfer() {
         "receiver",
         0,
         "receiver: rejected ",
-        &["protocol version 2"],
+        &["protocol version 3"],
     );
 }
 

@@ -102,13 +102,13 @@ case_receiver_killed() {
 }
 
 # 5d. Offers the receiver must refuse, each with its reason, serving on: a header-less
-#     (--raw) sender, a header of protocol version 2, and 2 MiB against --max-bytes 1MiB;
+#     (--raw) sender, a header of protocol version 3 (this one speaks 2), and 2 MiB against --max-bytes 1MiB;
 #     then a good transfer.
 case_rejections() {
   start receiver host recv --gpu none --max-bytes 1MiB --timeout 30
   wait_for receiver "receiver: listening" 30
   run raw_sender 30 host "$A" 7471 --raw --gpu none
-  run version_sender 30 host "$A" 7471 --gpu none --protocol-version 2
+  run version_sender 30 host "$A" 7471 --gpu none --protocol-version 3
   run large_sender 30 host "$A" 7471 --gpu none --size 2MiB
   run good_sender 30 host "$A" 7471 --gpu none
   wait_outcomes receiver 4 30

@@ -111,12 +111,12 @@ case_absurd_sizes() {
   stop receiver
 }
 
-# 9f. --once is used up only by a transfer: a rejected offer (protocol version 2) before
+# 9f. --once is used up only by a transfer: a rejected offer (protocol version 3) before
 #     it leaves the receiver serving, and the good transfer after it ends it with exit 0.
 case_once_after_garbage() {
   start receiver host recv --gpu none --once --timeout 10
   wait_for receiver "receiver: listening" 30
-  run bad 30 host "$A" 7471 --gpu none --protocol-version 2
+  run bad 30 host "$A" 7471 --gpu none --protocol-version 3
   run good 30 host "$A" 7471 --gpu none --timeout 10
   finish receiver 30
 }
