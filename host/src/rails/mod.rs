@@ -15,6 +15,7 @@ pub mod pairing;
 pub mod rank;
 pub mod select;
 pub mod sysfs;
+pub mod words;
 
 #[cfg(test)]
 mod fixtures;
