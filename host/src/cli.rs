@@ -45,8 +45,8 @@ pub enum Command {
     /// Receive transfers, verify them against the pattern and report to each sender.
     Recv(RecvArgs),
     /// List RDMA devices and ports (state, link speed and width, link layer, MTU, GIDs),
-    /// and GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
-    /// nvidia-peermem).
+    /// GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
+    /// nvidia-peermem), and the rails (RDMA ports) ranked for each GPU.
     Info(InfoArgs),
     /// Judge each transport for a GPU and a NIC: GPUDirect RDMA (and if not, why and the
     /// one thing to change), RDMA from host memory, TCP; which one `--transport auto`
@@ -108,8 +108,8 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "N|none", default_value = "0")]
     pub gpu: GpuSelection,
     /// The RDMA device to check (`host info` lists them); without it, the device the
-    /// route to --peer leaves through (as the RDMA CM resolves it), else the one nearest
-    /// to the GPU on the PCIe tree.
+    /// route to --peer leaves through (as the RDMA CM resolves it), else the GPU's first
+    /// rail (the ranking doctor prints), else the one nearest to the GPU on the PCIe tree.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
     /// A receiver's address: then `--transport auto` is judged as a sender to it would

@@ -5,6 +5,7 @@ use super::pairing::{peer_rails, Reachability};
 use super::rank::{chosen, default_rails, order_for_gpus, rank_for_gpu};
 use super::select::take_rails;
 use super::sysfs::{gather, Rail, RailId};
+use super::words::ranked_lines;
 use crate::topology::fixture::Machine;
 use crate::topology::{gpu_function, PciDistance, PciFunction};
 
@@ -43,7 +44,7 @@ fn dgx_like_every_gpu_takes_its_own_nic_on_its_switch() {
             "mlx5_7:1"
         ]
     );
-    // GPU 1's view: its switch's two NICs (PIX), the socket's other switch (PHB), the
+    // GPU 1's view: its switch's two NICs (PIX), the socket's other switch (NODE), the
     // other socket (SYS).
     let ranked = rank_for_gpu(&gpus[1], &rails);
     let classes: Vec<(String, PciDistance)> = ranked
@@ -52,8 +53,8 @@ fn dgx_like_every_gpu_takes_its_own_nic_on_its_switch() {
         .collect();
     assert_eq!(classes[0], ("mlx5_0:1".to_string(), PciDistance::Pix));
     assert_eq!(classes[1], ("mlx5_1:1".to_string(), PciDistance::Pix));
-    assert_eq!(classes[2].1, PciDistance::Phb);
-    assert_eq!(classes[3].1, PciDistance::Phb);
+    assert_eq!(classes[2].1, PciDistance::Node);
+    assert_eq!(classes[3].1, PciDistance::Node);
     assert!(classes[4..].iter().all(|(_, d)| *d == PciDistance::Sys));
     assert_eq!(names(&default_rails(&ranked)), ["mlx5_0:1", "mlx5_1:1"]);
     // Alone, GPU 1 would rank mlx5_0 first (equal class and speed, by name); beside
@@ -67,6 +68,20 @@ fn dgx_like_every_gpu_takes_its_own_nic_on_its_switch() {
     assert_eq!(
         names(&take_rails(&orders[1], Some(3)).unwrap()),
         ["mlx5_1:1", "mlx5_0:1", "mlx5_2:1"]
+    );
+    // What `host info` prints for GPU 1 (docs/hardware.md quotes it).
+    assert_eq!(
+        ranked_lines(&orders[1])[..4],
+        [
+            "1. mlx5_1:1: ACTIVE, 400 Gb/s (4X NDR), InfiniBand; PIX; default set",
+            "2. mlx5_0:1: ACTIVE, 400 Gb/s (4X NDR), InfiniBand; PIX; default set",
+            "3. mlx5_2:1: ACTIVE, 400 Gb/s (4X NDR), InfiniBand; NODE",
+            "4. mlx5_3:1: ACTIVE, 400 Gb/s (4X NDR), InfiniBand; NODE",
+        ]
+    );
+    assert_eq!(
+        ranked_lines(&orders[1])[7],
+        "8. mlx5_7:1: ACTIVE, 400 Gb/s (4X NDR), InfiniBand; SYS"
     );
     // Two DGX-like nodes on a rail-only fabric: GPU 5's rail, mlx5_5, reaches mlx5_5.
     let (_, receiver) = read(&Machine::dgx_like());

@@ -96,18 +96,20 @@ const NDR_ACTIVE: (&str, &str) = ("4: ACTIVE", "400 Gb/sec (4X NDR)");
 
 impl Machine {
     /// DGX-like: 8 GPUs and 8 single-port 400G NICs behind 4 PCIe switches, 2 GPUs and
-    /// 2 NICs on each switch, two switches per CPU socket (NUMA nodes 0 and 1, host
-    /// bridges `pci0000:00` and `pci0000:80`). Each switch hangs off its own root port:
-    /// root port, switch upstream port, one downstream port per device. GPU 2s and 2s+1
-    /// and NICs `mlx5_{2s}` and `mlx5_{2s+1}` share switch s (PIX); the other switch of
-    /// the socket is PHB away, the other socket SYS.
+    /// 2 NICs on each switch, two switches per CPU socket (NUMA nodes 0 and 1). Each
+    /// switch hangs off a host bridge of its own (`pci0000:00`, `pci0000:20`;
+    /// `pci0000:80`, `pci0000:a0`): root port, switch upstream port, one downstream
+    /// port per device. GPUs 2s and 2s+1 and NICs `mlx5_{2s}` and `mlx5_{2s+1}` share
+    /// switch s (PIX); the other switch of the socket is NODE away, the other socket SYS
+    /// (the pattern `nvidia-smi topo -m` shows on such machines).
     pub fn dgx_like() -> Machine {
         let f = Fixture::new();
         let mut gpus = Vec::new();
         for switch in 0..4u32 {
-            let (host, numa) = if switch < 2 { (0x00, 0) } else { (0x80, 1) };
-            let root = format!("0000:{host:02x}:{:02x}.0", 1 + switch % 2);
-            let bus = host + 0x10 * (switch % 2 + 1);
+            let host = 0x20 * switch + if switch < 2 { 0 } else { 0x40 };
+            let numa = if switch < 2 { 0 } else { 1 };
+            let root = format!("0000:{host:02x}:01.0");
+            let bus = host + 0x10;
             let upstream = format!("0000:{bus:02x}:00.0");
             let top = format!("pci0000:{host:02x}/{root}/{upstream}");
             // Downstream ports 0..3 on bus+1, one device below each on bus+2..bus+5.
