@@ -1,6 +1,7 @@
 //! `host info`: RDMA devices and ports with what each can register (the dma-buf probe,
 //! the peermem module) and where it sits on the PCIe tree; GPUs with their RDMA
-//! capabilities, BAR1, and their distance to each RDMA device.
+//! capabilities, BAR1, and their distance to each RDMA device; the rails (every RDMA
+//! port) ranked for each GPU.
 
 use anyhow::Result;
 use host::cli::InfoArgs;
