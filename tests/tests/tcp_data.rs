@@ -95,7 +95,7 @@ fn files_of_1_4097_64mib_and_1gib_plus_3_bytes_arrive_with_the_same_sha256() {
         std::fs::remove_file(&landed).unwrap();
     }
     assert!(names(&outputs).is_empty(), "{:?}", names(&outputs));
-    assert!(r.log().contains("stored: "), "{}", r.log());
+    r.wait_for_log("stored: ", Duration::from_secs(10));
 }
 
 #[test]
@@ -205,11 +205,9 @@ fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
         stdout.contains("could not store it") && stderr.contains("could not store the data"),
         "{stdout}\n{stderr}"
     );
-    let log = r.log();
-    assert!(
-        log.contains("not stored:") && log.contains("No space left on device"),
-        "{log}"
-    );
+    // The receiver reports after its ack went out: wait for its words.
+    r.wait_for_log("No space left on device", Duration::from_secs(10));
+    assert!(r.log().contains("not stored:"), "{}", r.log());
     // Nothing under the final name, no temporary file left; and the next one fits.
     let inside =
         PathBuf::from(format!("/proc/{}/root", r.pid())).join(mount.strip_prefix("/").unwrap());
