@@ -4,6 +4,7 @@
 
 use crate::memory::select::MemKind;
 use crate::memory::GpuSelection;
+use crate::rails::NicList;
 use crate::topology::PciDistance;
 use crate::transfer::header::MAX_DEPTH;
 use crate::transfer::units::parse_size;
@@ -44,8 +45,8 @@ pub enum Command {
     /// Receive transfers, verify them against the pattern and report to each sender.
     Recv(RecvArgs),
     /// List RDMA devices and ports (state, link speed and width, link layer, MTU, GIDs),
-    /// and GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
-    /// nvidia-peermem).
+    /// GPUs with what memory registration each supports (dma-buf, GPUDirect RDMA,
+    /// nvidia-peermem), and the rails (RDMA ports) ranked for each GPU.
     Info(InfoArgs),
     /// Judge each transport for a GPU and a NIC: GPUDirect RDMA (and if not, why and the
     /// one thing to change), RDMA from host memory, TCP; which one `--transport auto`
@@ -107,8 +108,8 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "N|none", default_value = "0")]
     pub gpu: GpuSelection,
     /// The RDMA device to check (`host info` lists them); without it, the device the
-    /// route to --peer leaves through (as the RDMA CM resolves it), else the one nearest
-    /// to the GPU on the PCIe tree.
+    /// route to --peer leaves through (as the RDMA CM resolves it), else the GPU's first
+    /// rail (the ranking doctor prints), else the one nearest to the GPU on the PCIe tree.
     #[arg(long, value_name = "NAME")]
     pub nic: Option<String>,
     /// A receiver's address: then `--transport auto` is judged as a sender to it would
@@ -207,12 +208,27 @@ pub struct SendArgs {
     #[arg(long, value_name = "N|none", default_value = "0")]
     pub gpu: GpuSelection,
 
-    /// The RDMA device whose facts (dma-buf probe, distance to the GPU) decide the memory
-    /// path (`host info` lists them, e.g. mlx5_0); without it, with a GPU, the device the
-    /// route to the receiver leaves through (as the RDMA CM resolves it), else the one
-    /// nearest to the GPU. The connection itself always goes where the route goes.
-    #[arg(long, value_name = "NAME")]
-    pub nic: Option<String>,
+    /// The rails to send through, comma-separated: RDMA devices (`mlx5_0`: its active
+    /// ports) or ports (`mlx5_0:1`); `host info` lists them, ranked for each GPU. Today a
+    /// transfer uses only the first rail of the set (striping over several rails is not
+    /// built yet; a note says so when more are given): that device's facts (dma-buf
+    /// probe, distance to the GPU) decide the memory path, and the route to the receiver
+    /// must leave through it. Without --nic and --rails, with a GPU, the memory path is
+    /// decided for the device the route to the receiver leaves through (as the RDMA CM
+    /// resolves it), else for the one nearest to the GPU; the connection itself always
+    /// goes where the route goes.
+    #[arg(long, value_name = "NAME[,NAME...]", value_parser = crate::rails::parse_nic_list)]
+    pub nic: Option<NicList>,
+
+    /// Take the first N rails of the GPU's ranking (`host info` shows it: active ports
+    /// first, then the PCIe distance class, then speed; GPUs with equal rails take turns
+    /// at its head). The GPU's default set, which `host info` marks, is every active rail
+    /// at its best distance class. Today a transfer uses only the first rail of the set
+    /// (striping over several rails is not built yet; a note says so when N > 1), and the
+    /// route to the receiver must leave through it. More rails than can carry traffic
+    /// is an error.
+    #[arg(long, value_name = "N", conflicts_with = "nic", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub rails: Option<u32>,
 
     #[arg(long, value_name = "LEVEL", default_value = "PXB", value_parser = parse_gpudirect_level, help = GPUDIRECT_LEVEL_HELP)]
     pub gpudirect_level: PciDistance,
@@ -539,7 +555,23 @@ mod tests {
         assert!(!s.raw && !s.json && !s.busy_poll && !s.reuse_connection);
         assert_eq!((s.transport, s.streams), (TransportKind::Auto, 1));
         assert_eq!(s.nic, None);
+        assert_eq!(s.rails, None);
         assert_eq!(s.gpudirect_level, PciDistance::Pxb);
+    }
+
+    #[test]
+    fn nic_takes_a_list_and_rails_a_count_not_both() {
+        let s = parse(&["192.0.2.1", "7471", "--nic", "mlx5_1,mlx5_0:2"])
+            .unwrap()
+            .send;
+        let nic = s.nic.unwrap();
+        assert_eq!(nic.first_device(), "mlx5_1");
+        assert_eq!(nic.to_string(), "mlx5_1,mlx5_0:2");
+        let s = parse(&["192.0.2.1", "7471", "--rails", "2"]).unwrap().send;
+        assert_eq!(s.rails, Some(2));
+        assert!(parse(&["192.0.2.1", "7471", "--rails", "0"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--nic", "mlx5_0,"]).is_err());
+        assert!(parse(&["192.0.2.1", "7471", "--nic", "mlx5_0", "--rails", "1"]).is_err());
     }
 
     #[test]
@@ -583,7 +615,10 @@ mod tests {
         ])
         .unwrap();
         let s = cli.send;
-        assert_eq!(s.nic.as_deref(), Some("mlx5_1"));
+        assert_eq!(
+            s.nic.as_ref().map(|n| n.to_string()).as_deref(),
+            Some("mlx5_1")
+        );
         assert_eq!(s.gpudirect_level, PciDistance::Sys);
         assert_eq!(s.size, 1 << 30);
         assert_eq!(s.op, Op::Write);

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod gpu;
 pub mod integrity;
 pub mod memory;
+pub mod rails;
 pub mod rdma;
 pub mod server;
 pub mod soundness;

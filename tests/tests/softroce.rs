@@ -1015,6 +1015,55 @@ fn one_guest_the_tutorial_loopback_example_sends_and_verifies() {
 }
 
 #[test]
+fn one_guest_rails_chosen_by_name_or_count_and_refused_in_one_line() {
+    let Some(run) = one_guest("one_guest_rails_chosen_by_name_or_count_and_refused_in_one_line")
+    else {
+        return;
+    };
+    let c = run.case('a', "rails");
+    let peer = format!("{A}:7471");
+    // One rail named or counted: the transfer goes through it, with no note on rails.
+    for label in ["nic", "rails_one"] {
+        c.sent_and_verified(label, &seed(&peer));
+        c.check(
+            !c.out(label)
+                .lines
+                .iter()
+                .any(|l| l.contains("rails selected")),
+            &format!("`{label}`: no note on several rails for one"),
+        );
+    }
+    c.rc("unknown", 1);
+    let e = c.one_error("unknown", "error: ");
+    c.check(
+        e == "error: --nic rxe9: no RDMA device rxe9 (known: rxe0)",
+        "an unknown --nic lists the known devices",
+    );
+    c.rc("too_many", 1);
+    let e = c.one_error("too_many", "error: ");
+    c.check(
+        e == "error: --rails 2: only 1 rail can carry traffic here (rxe0:1)",
+        "--rails beyond the active rails says how many there are",
+    );
+    // host info lists the rail alone: no GPU in this build to rank it for.
+    let info = run.case('a', "gpudirect_probe");
+    let i = info.find(
+        "info",
+        0,
+        "Rails (every RDMA port; no GPU to rank them for: ",
+        &[],
+    );
+    info.check(
+        info.line_text("info", i + 1)
+            .starts_with("  rxe0:1: ACTIVE, ")
+            && info
+                .line_text("info", i + 1)
+                .ends_with("; software device, no PCI function"),
+        "host info's rail line for rxe0",
+    );
+}
+
+#[test]
 fn one_guest_no_receiver_is_refused_quickly() {
     let Some(run) = one_guest("one_guest_no_receiver_is_refused_quickly") else {
         return;

@@ -1045,6 +1045,9 @@ fn info_lists_or_says_how_to_look_and_has_json() {
         v.get("rdma_devices").is_some() && v.get("gpus").is_some(),
         "{v}"
     );
+    // The rails as read (none here without an RDMA device), and each GPU's order.
+    assert!(v["rails"]["all"].is_array(), "{v}");
+    assert!(v["rails"].get("per_gpu").is_some(), "{v}");
     assert!(v["memlock"]["limit_bytes"].is_u64() || v["memlock"]["limit_bytes"].is_null());
 }
 

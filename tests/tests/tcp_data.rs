@@ -95,7 +95,7 @@ fn files_of_1_4097_64mib_and_1gib_plus_3_bytes_arrive_with_the_same_sha256() {
         std::fs::remove_file(&landed).unwrap();
     }
     assert!(names(&outputs).is_empty(), "{:?}", names(&outputs));
-    assert!(r.log().contains("stored: "), "{}", r.log());
+    r.wait_for_log("stored: ", Duration::from_secs(10));
 }
 
 #[test]
@@ -205,11 +205,9 @@ fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
         stdout.contains("could not store it") && stderr.contains("could not store the data"),
         "{stdout}\n{stderr}"
     );
-    let log = r.log();
-    assert!(
-        log.contains("not stored:") && log.contains("No space left on device"),
-        "{log}"
-    );
+    // The receiver reports after its ack went out: wait for its words.
+    r.wait_for_log("No space left on device", Duration::from_secs(10));
+    assert!(r.log().contains("not stored:"), "{}", r.log());
     // Nothing under the final name, no temporary file left; and the next one fits.
     let inside =
         PathBuf::from(format!("/proc/{}/root", r.pid())).join(mount.strip_prefix("/").unwrap());
@@ -376,4 +374,63 @@ fn a_version_1_sender_gets_a_reject_it_can_read() {
         stderr.contains("protocol version 1 is not supported (this side speaks version 2)"),
         "{stderr}"
     );
+}
+
+#[test]
+fn output_to_standard_output_carries_the_bytes_alone() {
+    let d = dir("stdout");
+    let input = d.join("input.bin");
+    random_file(&input, 1_000_003);
+    let landed = d.join("stdout.bin");
+    let errors = d.join("stderr.log");
+    let mut receiver = Command::new(host_bin())
+        .args([
+            "recv",
+            "--transport",
+            "tcp",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ])
+        .args(["--gpu", "none", "--output", "-", "--once"])
+        .stdout(std::fs::File::create(&landed).unwrap())
+        .stderr(std::fs::File::create(&errors).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let port = loop {
+        let log = std::fs::read_to_string(&errors).unwrap_or_default();
+        let whole = &log[..log.rfind('\n').map_or(0, |i| i + 1)];
+        if let Some(p) = whole
+            .split("listening on 127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|p| p.parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_verified(
+        &send(port, &["--input", input.to_str().unwrap()], T),
+        "to standard output",
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = receiver.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the receiver did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    // The bytes alone on stdout; the receiver's words went to stderr.
+    assert_eq!(sha256(&landed), sha256(&input));
+    let words = std::fs::read_to_string(&errors).unwrap();
+    assert!(words.contains("stored: -"), "{words}");
 }

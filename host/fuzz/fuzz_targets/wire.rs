@@ -4,7 +4,8 @@
 #![no_main]
 
 use host::transfer::header::{
-    AcceptInfo, Ack, Challenge, Header, Proof, RejectReason, VerbsProof, HEADER_LEN,
+    checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header,
+    Proof, RejectReason, Resend, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN, REPLY_PREFIX_LEN,
 };
 use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -31,6 +32,25 @@ fuzz_target!(|data: &[u8]| {
     if let Some(proof) = VerbsProof::decode(data) {
         let data = proof.private_data(&[0u8; HEADER_LEN]);
         assert_eq!(VerbsProof::decode(&data), Some(proof));
+    }
+    // Version 2's messages: a resend request (its count checked against a transfer of
+    // 1000 chunks before the list is read), chunk checksums, a name.
+    if let Ok((round, last, count)) = Resend::decode_prefix(data, 1000) {
+        let body = data.get(REPLY_PREFIX_LEN..).unwrap_or_default();
+        if let Ok(resend) = Resend::decode_chunks(round, last, count, body, 1000) {
+            let again = resend.encode();
+            let (r, l, c) = Resend::decode_prefix(&again, 1000).unwrap();
+            let back = Resend::decode_chunks(r, l, c, &again[REPLY_PREFIX_LEN..], 1000);
+            assert_eq!(back, Ok(resend));
+        }
+    }
+    if let Ok(sums) = ChunkChecksums::decode(data, 1 << 20) {
+        assert_eq!(ChunkChecksums::decode(&sums.encode(), 1 << 20), Ok(sums));
+    }
+    if let Ok(len) = decode_name_prefix(data) {
+        if let Some(Ok(name)) = data.get(NAME_PREFIX_LEN..NAME_PREFIX_LEN + len).map(checked_name) {
+            assert!(!name.contains('/') && name != ".." && !name.is_empty());
+        }
     }
     if let Ok(hello) = Hello::decode(data) {
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));

@@ -14,6 +14,7 @@ use host::memory::select::{
     plan, Direction, GpuCapabilities, MemKind, Method, NicFacts, PathFacts, Plan,
 };
 use host::memory::GpuSelection;
+use host::rails::words;
 use host::rdma::memlock::MemlockFacts;
 use host::rdma::presence::RdmaPresence;
 use host::rdma::{self, DmaBufProbe, NicLocation, RdmaError};
@@ -253,6 +254,13 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         }
     });
 
+    // The rails, ranked for this GPU among the machine's GPUs: shown below the NIC, and
+    // with a GPU its first rail is the NIC judged when none is named.
+    let rails_here = host::rails::sysfs::here();
+    let order = rails_here
+        .as_ref()
+        .ok()
+        .map(|rails| super::rails::order_for(args.gpu, rails));
     let mut presence: Option<RdmaPresence> = None;
     let nic: Result<NicChoice, String> = match rdma::probe_nics() {
         Err(RdmaError::NoDevice) => {
@@ -279,7 +287,15 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
                 .map(|n| (n.name.as_str(), facts::distance(&function, n)))
                 .collect();
             let route_nic = route.as_ref().and_then(|r| r.clone().ok().flatten());
-            let asked = args.nic.clone().or(route_nic.clone());
+            // Only with a GPU whose place is known: without one the ranking is by speed
+            // alone, and the nearest NIC is the same question.
+            let rail_nic = order
+                .as_deref()
+                .filter(|_| function.is_ok())
+                .and_then(host::rails::chosen)
+                .map(|r| r.device)
+                .filter(|d| nics.iter().any(|n| n.name == *d));
+            let asked = args.nic.clone().or(route_nic.clone()).or(rail_nic.clone());
             let index = match choose_nic(&distances, asked.as_deref()) {
                 Ok(i) => i,
                 Err(e) => bail!(e),
@@ -288,6 +304,8 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
                 "as asked".to_string()
             } else if route_nic.is_some() {
                 "the route to --peer leaves through it".to_string()
+            } else if rail_nic.is_some() {
+                "the GPU's first rail, ranked below".to_string()
             } else {
                 format!("the nearest of {}", nics.len())
             };
@@ -307,6 +325,9 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     let peermem = rdma::loaded_peermem_module();
     if let Ok(n) = &nic {
         nic_lines(n, args, &function, peermem, &mut out);
+    }
+    if let (Some(order), Ok(rails)) = (&order, &rails_here) {
+        rail_lines(args.gpu, &gpu, order, rails, &mut out);
     }
 
     let memlock = MemlockFacts::here();
@@ -437,6 +458,14 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
                     "advice": p.advice(),
                 })),
                 "peermem": peermem,
+                "rails": match (&order, &rails_here) {
+                    (Some(order), _) => json!({
+                        "chosen": host::rails::chosen(order).map(|r| r.to_string()),
+                        "order": order,
+                    }),
+                    (None, Err(e)) => json!({ "error": e }),
+                    (None, Ok(_)) => json!(null),
+                },
                 "memlock": memlock,
                 "transports": t,
                 "gpudirect_left_out": send.left_out.iter().filter(|l| l.method.is_gpudirect()).collect::<Vec<_>>(),
@@ -516,6 +545,30 @@ fn nic_lines(
                 group.group,
                 group.kind.as_deref().unwrap_or("?")
             ));
+        }
+    }
+}
+
+/// The rails in the order the GPU takes them (none printed where sysfs lists none: the
+/// lines on looking for a device say enough), or without a GPU in the machine's order.
+fn rail_lines(
+    selection: GpuSelection,
+    gpu: &Result<GpuFacts, String>,
+    order: &[host::rails::RankedRail],
+    rails: &[host::rails::Rail],
+    out: &mut Vec<String>,
+) {
+    if rails.is_empty() {
+        return;
+    }
+    match (selection, gpu) {
+        (GpuSelection::Index(ordinal), Ok(_)) => {
+            out.push(format!("GPU {ordinal}'s {}", words::ORDER_HEADING));
+            out.extend(words::ranked_lines(order).iter().map(|l| format!("  {l}")));
+        }
+        _ => {
+            out.push("rails (no GPU to rank them for; --rails N takes the fastest N):".into());
+            out.extend(rails.iter().map(|r| format!("  {}", words::rail_line(r))));
         }
     }
 }

@@ -1,9 +1,11 @@
 //! `host info`: RDMA devices and ports with what each can register (the dma-buf probe,
 //! the peermem module) and where it sits on the PCIe tree; GPUs with their RDMA
-//! capabilities, BAR1, and their distance to each RDMA device.
+//! capabilities, BAR1, and their distance to each RDMA device; the rails (every RDMA
+//! port) ranked for each GPU.
 
 use anyhow::Result;
 use host::cli::InfoArgs;
+use host::rails::words;
 use host::rdma::{self, NicProbe, PortSummary};
 use host::transfer::units::format_bytes;
 use serde_json::json;
@@ -47,6 +49,7 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
                 "peermem": rdma::loaded_peermem_module(),
                 "memlock": rdma::memlock::MemlockFacts::here(),
                 "gpus": gpus_json(probes.as_deref().unwrap_or_default()),
+                "rails": rails_json(),
             })
         );
         return Ok(ExitCode::SUCCESS);
@@ -101,7 +104,73 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
         Err(e) => println!("RDMA devices: none ({e})"),
     }
     print_gpus(probes.as_deref().unwrap_or_default());
+    print_rails();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every rail (RDMA port) from sysfs: for each GPU in the order it takes them, or,
+/// without a GPU, in the machine's order.
+fn print_rails() {
+    let rails = match host::rails::sysfs::here() {
+        Ok(rails) if rails.is_empty() => {
+            println!("Rails: none (sysfs lists no RDMA device port)");
+            return;
+        }
+        Ok(rails) => rails,
+        Err(e) => {
+            println!("Rails: unknown ({e})");
+            return;
+        }
+    };
+    match super::facts::gpus() {
+        Ok(gpus) if !gpus.is_empty() => {
+            println!("Rails (every RDMA port), for each GPU:");
+            let orders = super::rails::gpu_orders(&gpus, &rails);
+            for (g, order) in gpus.iter().zip(&orders) {
+                println!(
+                    "  GPU {} (PCI {}): {}",
+                    g.ordinal,
+                    g.bus_id,
+                    words::ORDER_HEADING
+                );
+                for line in words::ranked_lines(order) {
+                    println!("    {line}");
+                }
+            }
+        }
+        found => {
+            let why = found.err().unwrap_or_else(|| "there is none".into());
+            println!("Rails (every RDMA port; no GPU to rank them for: {why}):");
+            for r in &rails {
+                println!("  {}", words::rail_line(r));
+            }
+        }
+    }
+}
+
+/// The rails for `--json`: every one as read, and each GPU's order.
+fn rails_json() -> serde_json::Value {
+    let rails = match host::rails::sysfs::here() {
+        Ok(rails) => rails,
+        Err(e) => return json!({ "error": e }),
+    };
+    let per_gpu = match super::facts::gpus() {
+        Ok(gpus) => {
+            let orders = super::rails::gpu_orders(&gpus, &rails);
+            json!(gpus
+                .iter()
+                .zip(orders)
+                .map(|(g, order)| json!({
+                    "ordinal": g.ordinal,
+                    "pci_bus_id": g.bus_id,
+                    "chosen": host::rails::chosen(&order).map(|r| r.to_string()),
+                    "order": order,
+                }))
+                .collect::<Vec<_>>())
+        }
+        Err(why) => json!({ "none": why }),
+    };
+    json!({ "all": rails, "per_gpu": per_gpu })
 }
 
 /// The GPUs for `--json`: each one's report and its distance to every NIC.

@@ -7,6 +7,7 @@ mod facts;
 pub mod gpu;
 pub mod info;
 mod output;
+mod rails;
 pub mod recv;
 pub mod send;
 mod tcp;

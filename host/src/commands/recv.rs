@@ -26,9 +26,11 @@ fn sink_words(path: DataPath) -> &'static str {
     }
 }
 
-pub(super) fn print_outcome(outcome: &RecvOutcome, json_out: bool) {
+/// `json_out`: JSON lines on stdout; human lines then go to stderr, as they do when the
+/// data itself goes to stdout (`--output -`: `data_out`).
+pub(super) fn print_outcome(outcome: &RecvOutcome, json_out: bool, data_out: bool) {
     let human = Human {
-        to_stderr: json_out,
+        to_stderr: json_out || data_out,
     };
     match outcome {
         RecvOutcome::Listening { addr } => {
@@ -218,6 +220,10 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         eprintln!("note: {note}");
     }
     let json_out = args.json;
+    let data_out = args.output.as_deref() == Some("-");
+    if json_out && data_out {
+        bail!("--json and --output - would both write to standard output: choose one");
+    }
     let auto = args.transport == host::transport::TransportKind::Auto;
     let verified = match chosen.kind {
         TransportKind::Rdma if args.key_file.is_some() && args.raw => {
@@ -227,7 +233,7 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
         // receiver too: both listen, under one admission.
         TransportKind::Rdma if auto && !args.raw => serve_both(args)?,
         TransportKind::Rdma => serve_verbs(args, None)?,
-        _ => super::tcp::serve(args, &mut |o| print_outcome(o, json_out))?,
+        _ => super::tcp::serve(args, &mut |o| print_outcome(o, json_out, data_out))?,
     };
     Ok(if verified {
         ExitCode::SUCCESS
@@ -267,7 +273,8 @@ fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bo
     let cfg = verbs_config(args)?;
     let make_sinks = sink_factory_maker(args)?;
     let json_out = args.json;
-    let mut report = |o: &RecvOutcome| print_outcome(o, json_out);
+    let data_out = args.output.as_deref() == Some("-");
+    let mut report = |o: &RecvOutcome| print_outcome(o, json_out, data_out);
     Ok(match admission {
         Some(a) => rdma::serve_with(&cfg, make_sinks, a, &mut report)?,
         None => rdma::serve(&cfg, make_sinks, &mut report)?,
@@ -301,13 +308,14 @@ fn serve_both(args: &RecvArgs) -> Result<bool> {
         TransportKind::Tcp,
         Box::new(move || {
             let json_out = tcp_args.json;
+            let data_out = tcp_args.output.as_deref() == Some("-");
             super::tcp::serve_with(&tcp_args, &tcp_admission, &mut |o| {
                 match o {
                 // Said once it is true, and told apart from the verbs listener's line.
                 RecvOutcome::Listening { addr } => eprintln!(
                     "receiver: also listening on {addr} (TCP, for senders without an RDMA route here)"
                 ),
-                other => print_outcome(other, json_out),
+                other => print_outcome(other, json_out, data_out),
             }
             })
         }),

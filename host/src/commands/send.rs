@@ -111,6 +111,7 @@ fn measure(
     bytes: u64,
     chosen: &transport::Chosen,
     peer: SocketAddr,
+    rail: Option<&str>,
     user_data: Option<HostBuffer>,
 ) -> Result<(Vec<SendReport>, SendMemory)> {
     let bytes = user_data.as_ref().map_or(bytes, |d| d.len() as u64);
@@ -125,14 +126,13 @@ fn measure(
     let chunk = usize::try_from(chunk).context("--chunk does not fit")?;
     let mem = args.mem;
     let gpu = GpuChoice::open(args.gpu, mem)?;
-    // The NIC whose facts decide the memory path: --nic, else the device the route to
-    // the receiver leaves through (as the RDMA CM resolves it), else the nearest to the
-    // GPU. Over TCP no NIC reads the memory.
+    // The NIC whose facts decide the memory path: the first rail of --nic or --rails
+    // (`rail`), else the device the route to the receiver leaves through (as the RDMA CM
+    // resolves it), else the nearest to the GPU. Over TCP no NIC reads the memory.
     let nic = if tcp {
         None
     } else {
-        args.nic
-            .clone()
+        rail.map(str::to_string)
             .or_else(|| route_device(chosen, &gpu, peer, args.timeout))
     };
     let facts = path_facts(&gpu, nic.as_deref(), args.gpudirect_level, bytes)?;
@@ -149,7 +149,7 @@ fn measure(
         peer,
         op: args.op,
         bytes,
-        nic: args.nic.clone(),
+        nic: rail.map(str::to_string),
         chunk: args.chunk,
         depth: args.depth,
         timeout: args.timeout,
@@ -227,15 +227,16 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     if tcp {
         super::tcp::check_send_options(args, chosen.note.as_deref())?;
     }
+    let rail = super::rails::sender_device(args, tcp)?;
     if let Some(sweep) = args.sweep {
-        return run_sweep(args, sweep, &chosen, peer, &human);
+        return run_sweep(args, sweep, &chosen, peer, rail.as_deref(), &human);
     }
     let user_data = args
         .input
         .as_deref()
         .map(transfer::input::read_input)
         .transpose()?;
-    let (reports, memory) = measure(args, args.size, &chosen, peer, user_data)?;
+    let (reports, memory) = measure(args, args.size, &chosen, peer, rail.as_deref(), user_data)?;
     if args.warmup > 0 {
         human.line(format!(
             "warm-up: {} transfer{} made and verified first, not counted below",
@@ -464,6 +465,7 @@ fn run_sweep(
     (min, max): (u64, u64),
     chosen: &transport::Chosen,
     peer: SocketAddr,
+    rail: Option<&str>,
     human: &Human,
 ) -> Result<ExitCode> {
     let sizes = sweep_sizes(min, max);
@@ -475,7 +477,7 @@ fn run_sweep(
     let mut rows = Vec::new();
     let mut verified = true;
     for bytes in sizes {
-        let (reports, _memory) = measure(args, bytes, chosen, peer, None)
+        let (reports, _memory) = measure(args, bytes, chosen, peer, rail, None)
             .with_context(|| format!("--sweep at {}", format_bytes(bytes)))?;
         verified &= reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
         let total: u64 = reports.iter().map(|r| r.bytes).sum();

@@ -116,7 +116,12 @@ impl DeviceUpload {
     /// writers at once in pieces of at most `chunk` bytes (and of at most
     /// [`MAX_SLOT_BYTES`]).
     pub fn new(gpu: &Rc<Gpu>, len: usize, chunk: usize, writers: usize) -> Result<Self> {
-        let mut memory = DeviceBuffer::page_aligned(gpu, len)?;
+        // Whole 32-bit words, so the poison (cuMemsetD32) covers a byte length that is
+        // not (the user's data): the bytes past `len` are never read.
+        let words = len
+            .checked_next_multiple_of(4)
+            .ok_or_else(|| anyhow::anyhow!("{len} bytes of GPU memory cannot be allocated"))?;
+        let mut memory = DeviceBuffer::page_aligned(gpu, words)?;
         gpu.fill_d32(&mut memory, POISON)?;
         let writers = writers.max(1);
         let slot_bytes = chunk.clamp(1, MAX_SLOT_BYTES).min(len.max(1));

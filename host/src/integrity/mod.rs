@@ -8,6 +8,7 @@
 //! GPU kernel's own arithmetic; the GPU tests check the kernel against it.
 
 pub mod bench;
+mod combine;
 
 /// The CRC32C (Castagnoli) of `data`.
 pub fn crc32c(data: &[u8]) -> u32 {
@@ -25,15 +26,18 @@ pub fn chunk_crcs(data: &[u8], chunk: usize) -> Vec<u32> {
 
 /// The CRC32C of a whole transfer from its chunks' CRC32Cs (chunks of `chunk` bytes,
 /// the last one `total - (n - 1) * chunk`), by the CRC combine rule: the digest both
-/// ends compare without reading the data again.
+/// ends compare without reading the data again. The operator that shifts a CRC past
+/// `chunk` zero bytes is built once for all chunks ([`combine::Shift`]): the `crc32c`
+/// crate's `crc32c_combine` builds it anew on every call, 70 ms for 1024 chunks.
 pub fn digest(chunk_crcs: &[u32], chunk: u64, total: u64) -> u32 {
+    let whole = combine::Shift::by(chunk);
     let mut acc = 0u32;
     for (i, &crc) in chunk_crcs.iter().enumerate() {
         let len = chunk.min(total.saturating_sub(i as u64 * chunk));
-        acc = if i == 0 {
-            crc
-        } else {
-            crc32c::crc32c_combine(acc, crc, len as usize)
+        acc = match i {
+            0 => crc,
+            _ if len == chunk => whole.apply(acc) ^ crc,
+            _ => combine::Shift::by(len).apply(acc) ^ crc,
         };
     }
     acc

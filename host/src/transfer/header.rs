@@ -735,7 +735,9 @@ impl RejectReason {
                 let half = |h: &[u8]| u64::from_le_bytes(h.try_into().unwrap_or([0; 8]));
                 (15, 0, half(a), half(b))
             }
-            RejectReason::OldPeer { speaks } => (1, 3, speaks as u64, 0),
+            // What that older receiver sent: "version VERSION is not supported", in its
+            // own version.
+            RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
             RejectReason::Unknown { code } => (code, 0, 0, 0),
         };
         // A peer of an older version gets its version's reject, which it can decode
@@ -745,6 +747,9 @@ impl RejectReason {
                 if (OLDEST_VERSION..VERSION).contains(&got) =>
             {
                 got
+            }
+            RejectReason::OldPeer { speaks } if (OLDEST_VERSION..VERSION).contains(&speaks) => {
+                speaks
             }
             _ => VERSION,
         };
@@ -1254,16 +1259,17 @@ impl Resend {
         Ok((round, flags & RESEND_LAST != 0, count))
     }
 
-    /// The chunk indices after the prefix: each below `chunks`, increasing.
+    /// The `count` chunk indices after the prefix: each below `chunks`, increasing.
     pub fn decode_chunks(
         round: u32,
         last: bool,
+        count: u32,
         body: &[u8],
         chunks: u64,
     ) -> Result<Resend, WireError> {
-        if !body.len().is_multiple_of(4) {
+        if count == 0 || body.len() != count as usize * 4 {
             return Err(WireError::Inconsistent {
-                what: "a resend list of partial indices",
+                what: "a resend list of another length than its count",
             });
         }
         let list: Vec<u32> = body
@@ -1403,6 +1409,7 @@ mod tests {
         old[4..6].copy_from_slice(&1u16.to_le_bytes());
         let got = RejectReason::decode(&old).unwrap();
         assert_eq!(got, RejectReason::OldPeer { speaks: 1 });
+        assert_eq!(RejectReason::decode(&got.encode()), Some(got));
         assert_eq!(
             got.to_string(),
             "it speaks protocol version 1 and this sender version 2: run the same release on both ends (or --raw)"
@@ -1492,7 +1499,8 @@ mod tests {
         assert_eq!(bytes.len(), REPLY_PREFIX_LEN + 12);
         let (round, last, count) = Resend::decode_prefix(&bytes, 4096).unwrap();
         assert_eq!((round, last, count), (2, false, 3));
-        let back = Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], 4096).unwrap();
+        let back =
+            Resend::decode_chunks(round, last, count, &bytes[REPLY_PREFIX_LEN..], 4096).unwrap();
         assert_eq!(back, r);
         // More chunks than the transfer has, or none, or round 0: refused before reading on.
         assert!(Resend::decode_prefix(&bytes, 2).is_err());
@@ -1506,7 +1514,7 @@ mod tests {
         for list in [vec![4096u32], vec![3, 3], vec![5, 1]] {
             let body: Vec<u8> = list.iter().flat_map(|c| c.to_le_bytes()).collect();
             assert!(
-                Resend::decode_chunks(1, false, &body, 4096).is_err(),
+                Resend::decode_chunks(1, false, list.len() as u32, &body, 4096).is_err(),
                 "{list:?}"
             );
         }

@@ -176,7 +176,21 @@ case_loopback_example() {
   run wrong_address 30 rdma-loopback 198.51.100.7 7473
 }
 
-ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe loopback_example"
+# 10. Rails (docs/hardware.md#rails): the seed transfer through --nic rxe0 (the one
+#     rail), then --rails 1; a name that is no device and more rails than there are are
+#     refused, each in one line naming what there is.
+case_rails() {
+  start receiver host recv --gpu none --timeout 30
+  wait_for receiver "receiver: listening" 30
+  run nic 60 host "$A" 7471 --gpu none --nic rxe0
+  run rails_one 60 host "$A" 7471 --gpu none --rails 1
+  wait_outcomes receiver 2 30
+  stop receiver
+  run unknown 30 host "$A" 7471 --gpu none --nic rxe9
+  run too_many 30 host "$A" 7471 --gpu none --rails 2
+}
+
+ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe loopback_example rails"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

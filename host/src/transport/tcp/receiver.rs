@@ -187,13 +187,17 @@ pub fn serve(
     memory: &RecvMemory,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    let limits = Limits::receiver(
+    serve_with(cfg, memory, &admission_of(cfg), report)
+}
+
+/// The admission of a receiver on its own, from its limits.
+fn admission_of(cfg: &TcpRecvConfig) -> Arc<Admission> {
+    Admission::new(Limits::receiver(
         cfg.once,
         cfg.max_connections,
         cfg.max_memory,
         cfg.max_per_peer,
-    );
-    serve_with(cfg, memory, &Admission::new(limits), report)
+    ))
 }
 
 /// [`serve`] under an admission shared with another receiver (`--transport auto` serves
@@ -218,13 +222,7 @@ pub fn serve_on(
     memory: &RecvMemory,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    let limits = Limits::receiver(
-        cfg.once,
-        cfg.max_connections,
-        cfg.max_memory,
-        cfg.max_per_peer,
-    );
-    serve_listener(listener, cfg, memory, &Admission::new(limits), report)
+    serve_listener(listener, cfg, memory, &admission_of(cfg), report)
 }
 
 fn serve_listener(

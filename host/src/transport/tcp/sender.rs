@@ -333,8 +333,8 @@ fn settle(
                     Resend::decode_prefix(&prefix, plan.count()).map_err(invalid)?;
                 let mut body = vec![0u8; count as usize * 4];
                 control.read_exact(&mut body).map_err(waiting)?;
-                let resend =
-                    Resend::decode_chunks(round, last, &body, plan.count()).map_err(invalid)?;
+                let resend = Resend::decode_chunks(round, last, count, &body, plan.count())
+                    .map_err(invalid)?;
                 if last {
                     still_failed = resend.chunks;
                     continue;
