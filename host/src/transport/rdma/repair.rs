@@ -523,8 +523,8 @@ mod tests {
             let bytes = p.encode();
             assert!(bytes.len() <= CONTROL_SLOT);
             let (round, last, count) = Resend::decode_prefix(&bytes, 2000).unwrap();
-            let back =
-                Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], 2000).unwrap();
+            let back = Resend::decode_chunks(round, last, count, &bytes[REPLY_PREFIX_LEN..], 2000)
+                .unwrap();
             assert_eq!(back.chunks.len(), count as usize);
             again.extend(back.chunks);
         }

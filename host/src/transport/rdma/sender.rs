@@ -691,9 +691,9 @@ impl Talk<'_, '_, '_> {
             let invalid = |e: WireError| {
                 TransferError::Protocol(format!("the receiver's resend request is invalid: {e}"))
             };
-            let (round, last, _count) = Resend::decode_prefix(&bytes, n).map_err(invalid)?;
-            let resend = Resend::decode_chunks(round, last, &bytes[REPLY_PREFIX_LEN..], n)
-                .map_err(invalid)?;
+            let (round, last, count) = Resend::decode_prefix(&bytes, n).map_err(invalid)?;
+            let body = bytes.get(REPLY_PREFIX_LEN..).unwrap_or_default();
+            let resend = Resend::decode_chunks(round, last, count, body, n).map_err(invalid)?;
             let chunks = requests
                 .take(&resend)
                 .map_err(|e| TransferError::Protocol(format!("{}: {e}", self.ends.label)))?;
