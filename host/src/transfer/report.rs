@@ -108,6 +108,33 @@ pub struct SendReport {
     pub memory: AttemptLog,
     /// Checksums, repairs, digest (version 2 transports fill it in).
     pub integrity: Integrity,
+    /// What each rail carried (striped TCP transfers; empty otherwise).
+    pub rails: Vec<RailReport>,
+}
+
+/// One rail of a striped transfer: what it carried, and whether it failed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RailReport {
+    /// Its place in the sender's list (`--bind-interfaces`, or the receiver's addresses).
+    pub rail: usize,
+    /// The local address its sockets start from (or the route's, unnamed).
+    pub local: Option<String>,
+    pub remote: String,
+    /// Bytes and chunks written to its sockets in this transfer.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Of those chunks, second sendings: a failed rail's chunks in flight, chunks the
+    /// receiver missed or found corrupt.
+    pub resends: u64,
+    /// Failures in this transfer (0 or 1: a failed rail carries nothing more).
+    pub failures: u32,
+    /// Why it failed, and when (seconds after the transfer's start).
+    pub failed: Option<String>,
+    pub failed_after_seconds: Option<f64>,
+    /// Its chunks in flight when it failed, handed to the other rails.
+    pub moved_chunks: u64,
+    /// Why it carried nothing (resting after a failure, no connection).
+    pub left_out: Option<String>,
 }
 
 /// What every framed transfer of one connection reports alike, whatever carried it (the
@@ -154,6 +181,7 @@ impl Framed<'_> {
                 AttemptLog::default()
             },
             integrity: Integrity::default(),
+            rails: Vec::new(),
         }
     }
 }

@@ -766,5 +766,6 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
         path: source.path(),
         memory: memory_log,
         integrity: Default::default(),
+        rails: Vec::new(),
     })
 }

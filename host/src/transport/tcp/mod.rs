@@ -5,7 +5,10 @@
 //!
 //! - [`frames`]: the bytes this transport adds (stream hello, chunk frame header);
 //! - [`socket`]: connecting and timeouts, socket errors in words;
-//! - [`wire`]: the sender's `ChunkWire`, one writer thread per stream;
+//! - [`wire`]: the sender's `ChunkWire`, one writer thread per stream; `dispatch` beside
+//!   it (which rail and stream carries each chunk, when a rail has failed);
+//! - [`rails`]: the sender's rails (`--bind-interfaces`): connecting from a local
+//!   address, the cooldown of rails that failed;
 //! - [`sender`]: offer, streams, the schedule, the acks;
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
@@ -13,9 +16,11 @@
 //!   `handshake` (a socket's first message, within one deadline) and `routes` (extra
 //!   streams joining their transfer) beside it.
 
+mod dispatch;
 pub mod frames;
 mod handshake;
 pub mod landing;
+pub mod rails;
 pub mod receiver;
 mod routes;
 pub mod sender;

@@ -795,6 +795,7 @@ fn repair(
         let request = Resend {
             round: round + 1,
             last,
+            missing: false,
             chunks: failed.clone(),
         };
         control.write_all(&request.encode()).map_err(|e| {

@@ -148,6 +148,7 @@ mod tests {
         let hello = |index| Hello {
             index,
             count: 3,
+            rail: 0,
             token: 9,
         };
         let (guard, joined) = routes.open(9, me.ip(), 3).unwrap();

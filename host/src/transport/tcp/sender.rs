@@ -3,8 +3,9 @@
 //! transfer.
 
 use super::frames::{Hello, MAX_STREAMS};
+use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
-use super::wire::{TcpWire, WireChecks};
+use super::wire::{TcpWire, WireChecks, WireRails};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
@@ -13,7 +14,7 @@ use crate::transfer::header::{
     RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::report::{Framed, Integrity, Repaired};
+use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{PayloadOptions, SendReport, TransferError};
 use std::collections::BTreeMap;
@@ -39,6 +40,30 @@ pub struct TcpSendConfig {
     pub key: Option<crate::server::Key>,
     /// What is sent and how it is checked (protocol version 2).
     pub payload: PayloadOptions,
+    /// The rails (`--bind-interfaces`, the receiver's addresses): more than one stripes
+    /// the transfer over them, `--streams` sockets each; empty: one rail to `peer`.
+    pub rails: Vec<Rail>,
+    /// A striped rail with chunks in flight that writes none for this long has failed.
+    pub rail_timeout: Duration,
+}
+
+/// `--rail-timeout`'s default.
+pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Rounds of missing-chunk resends one pass may take (each is needed only when another
+/// rail failed during the one before).
+pub const MAX_MISSING_ROUNDS: u32 = 8;
+
+/// The streams of one connection, and who they are.
+struct Opened {
+    control: TcpStream,
+    /// Every stream in order, the control socket's clone first: rail `r`'s streams are
+    /// `r * n .. (r + 1) * n` (`r` counted among the rails that connected).
+    streams: Vec<TcpStream>,
+    /// For each connected rail, its place in the sender's list.
+    rails: Vec<usize>,
+    /// The rails left out, with why.
+    left_out: Vec<(usize, String)>,
 }
 
 /// Bytes of chunks copied out of the source for one batch of resends at most.
@@ -127,42 +152,27 @@ pub fn send_repeated(
         }
         None => Vec::new(),
     };
-    let token = socket::new_token();
-    let hello = |index: u16| {
-        Hello {
-            index,
-            count: cfg.streams,
-            token,
-        }
-        .encode()
+    let all_rails = match cfg.rails.is_empty() {
+        true => vec![Rail {
+            local: None,
+            remote: cfg.peer,
+        }],
+        false => cfg.rails.clone(),
     };
-    let broken = |done: u64, why: String| TransferError::Broken {
-        peer: label.clone(),
-        done,
-        total,
-        why,
-    };
-
-    let mut control =
-        socket::connect(cfg.peer, cfg.timeout).map_err(|e| no_receiver(&label, &e, cfg.timeout))?;
-    let offer = [
-        &header.encode_with_version(cfg.protocol_version)[..],
-        &hello(0)[..],
-        &name_message[..],
-    ]
-    .concat();
-    control
-        .write_all(&offer)
-        .map_err(|e| broken(0, socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, &label)?;
-    let mut streams = vec![control.try_clone().map_err(|e| broken(0, e.to_string()))?];
-    for index in 1..cfg.streams {
-        let mut s = socket::connect(cfg.peer, cfg.timeout)
-            .map_err(|e| broken(0, format!("opening stream {index}: {}", e)))?;
-        s.write_all(&hello(index))
-            .map_err(|e| broken(0, socket::why(&e, cfg.timeout, "opening a stream")))?;
-        streams.push(s);
+    let striped = all_rails.len() > 1;
+    if striped {
+        header = header.with_striped();
     }
+    let opened = match striped {
+        true => open_striped(cfg, &all_rails, &header, &name_message, &label)?,
+        false => open_single(cfg, &header, &name_message, &label)?,
+    };
+    let Opened {
+        mut control,
+        streams,
+        rails: connected,
+        left_out,
+    } = opened;
     let connect_seconds = t0.elapsed().as_secs_f64();
 
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
@@ -171,7 +181,15 @@ pub fn send_repeated(
         checksum: opts.verify.checksum(),
         faults: opts.faults,
     };
-    TcpWire::scope(source.memory(), &streams, cfg.timeout, checks, |wire| {
+    let n = cfg.streams as usize;
+    let wire_rails = WireRails {
+        rails: (0..connected.len())
+            .map(|r| (r * n..(r + 1) * n).collect())
+            .collect(),
+        rail_timeout: striped.then_some(cfg.rail_timeout),
+    };
+    let cooldowns = Cooldowns::global();
+    TcpWire::scope(source.memory(), &streams, wire_rails, cfg.timeout, checks, |wire| {
         let mut reports = Vec::new();
         for k in 0..transfers {
             // Where the data is in GPU memory, the checksum kernel runs there first.
@@ -184,12 +202,20 @@ pub fn send_repeated(
             };
             wire.next_transfer(plan.count(), precomputed);
             let start = Instant::now();
-            let seconds = match schedule.run(source, wire, &label) {
+            let ran = schedule.run(source, wire, &label).and_then(|took| {
+                wire.end_pass().map_err(|e| wire_error(e, &label, total))?;
+                Ok(took)
+            });
+            let seconds = match ran {
                 Ok(took) => took.as_secs_f64(),
                 // The receiver may have ended it on purpose, and said why.
                 Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
             };
-            let (ack, integrity) = settle(&mut control, wire, source, &plan, cfg, &label)?;
+            let settled = settle(&mut control, wire, source, &plan, cfg, &label);
+            let rails = striped.then(|| {
+                rail_reports(wire, &all_rails, &connected, &left_out, start, cooldowns)
+            });
+            let (ack, integrity) = settled?;
             ack.check_counts(total)
                 .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
             let round_trip_seconds = start.elapsed().as_secs_f64();
@@ -205,6 +231,7 @@ pub fn send_repeated(
             };
             let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
             report.integrity = integrity;
+            report.rails = rails.unwrap_or_default();
             reports.push(report);
         }
         Ok(reports)
@@ -312,6 +339,7 @@ fn settle(
     let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
     let mut still_failed: Vec<u32> = Vec::new();
     let mut rounds = 0u8;
+    let mut missing_rounds = 0u32;
     let ack = loop {
         let prefix: [u8; REPLY_PREFIX_LEN] = read_array(control).map_err(waiting)?;
         match [prefix[0], prefix[1], prefix[2], prefix[3]] {
@@ -329,12 +357,25 @@ fn settle(
                 let invalid = |e: crate::transfer::WireError| {
                     protocol(format!("invalid resend request: {e}"))
                 };
-                let (round, last, count) =
-                    Resend::decode_prefix(&prefix, plan.count()).map_err(invalid)?;
+                let (round, (last, missing), count) =
+                    Resend::decode_head(&prefix, plan.count()).map_err(invalid)?;
                 let mut body = vec![0u8; count as usize * 4];
                 control.read_exact(&mut body).map_err(waiting)?;
                 let resend =
                     Resend::decode_chunks(round, last, &body, plan.count()).map_err(invalid)?;
+                if missing {
+                    // Chunks written into a rail that failed, never arrived: sent again
+                    // on the rails left (as first sendings, for the fault injector).
+                    missing_rounds += 1;
+                    if !wire.dispatch().striped() || missing_rounds > MAX_MISSING_ROUNDS {
+                        return Err(protocol(format!(
+                            "missing-chunk round {missing_rounds} (at most {MAX_MISSING_ROUNDS}, striped transfers only)"
+                        )));
+                    }
+                    send_again(wire, source, plan, &resend.chunks, 0, cfg.timeout, label)?;
+                    wire.end_pass().map_err(|e| wire_error(e, label, plan.total()))?;
+                    continue;
+                }
                 if last {
                     still_failed = resend.chunks;
                     continue;
@@ -355,6 +396,7 @@ fn settle(
                     cfg.timeout,
                     label,
                 )?;
+                wire.end_pass().map_err(|e| wire_error(e, label, plan.total()))?;
                 for &c in &resend.chunks {
                     *attempts.entry(c as u64).or_insert(1) += 1;
                 }
@@ -443,6 +485,230 @@ fn send_again(
         }
     }
     Ok(())
+}
+
+/// A wire error as the transfer's.
+fn wire_error(e: WireError, label: &str, total: u64) -> TransferError {
+    match e {
+        WireError::Broken(why) => TransferError::Broken {
+            peer: label.to_string(),
+            done: 0,
+            total,
+            why,
+        },
+        WireError::Other(e) => e,
+    }
+}
+
+/// One rail, as before rails: the offer on the first socket, the other streams opened
+/// once it is accepted.
+fn open_single(
+    cfg: &TcpSendConfig,
+    header: &Header,
+    name_message: &[u8],
+    label: &str,
+) -> Result<Opened, TransferError> {
+    let token = socket::new_token();
+    let hello = |index: u16| {
+        Hello {
+            index,
+            count: cfg.streams,
+            rail: 0,
+            token,
+        }
+        .encode()
+    };
+    let broken = |why: String| TransferError::Broken {
+        peer: label.to_string(),
+        done: 0,
+        total: cfg.bytes,
+        why,
+    };
+    let mut control =
+        socket::connect(cfg.peer, cfg.timeout).map_err(|e| no_receiver(label, &e, cfg.timeout))?;
+    let offer = [
+        &header.encode_with_version(cfg.protocol_version)[..],
+        &hello(0)[..],
+        name_message,
+    ]
+    .concat();
+    control
+        .write_all(&offer)
+        .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
+    answer_offer(&mut control, cfg, &offer, label)?;
+    let mut streams = vec![control.try_clone().map_err(|e| broken(e.to_string()))?];
+    for index in 1..cfg.streams {
+        let mut s = socket::connect(cfg.peer, cfg.timeout)
+            .map_err(|e| broken(format!("opening stream {index}: {}", e)))?;
+        s.write_all(&hello(index))
+            .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
+        streams.push(s);
+    }
+    Ok(Opened {
+        control,
+        streams,
+        rails: vec![0],
+        left_out: Vec::new(),
+    })
+}
+
+/// Several rails: every rail's sockets are connected first (at once, each rail from its
+/// local address), so that the offer counts only the rails that connected; rails resting
+/// after a failure are left out unless all are. The offer goes on the first connected
+/// rail's first socket; the others say their stream and rail once it is accepted.
+fn open_striped(
+    cfg: &TcpSendConfig,
+    all: &[Rail],
+    header: &Header,
+    name_message: &[u8],
+    label: &str,
+) -> Result<Opened, TransferError> {
+    let now = Instant::now();
+    let cooldowns = Cooldowns::global();
+    let mut left_out = Vec::new();
+    let mut tried: Vec<usize> = (0..all.len())
+        .filter(|&k| match cooldowns.resting(&all[k].label(), now) {
+            Some(left) => {
+                let left = crate::rdma::format_duration(left);
+                left_out.push((k, format!("resting after a failure ({left} more)")));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if tried.is_empty() {
+        // All rest: try them all rather than fail without trying.
+        tried = (0..all.len()).collect();
+        left_out.clear();
+    }
+    // A rail that does not answer should not hold the transfer up for all of --timeout.
+    let connect_timeout = cfg
+        .timeout
+        .min((cfg.rail_timeout * 4).max(Duration::from_secs(1)));
+    let rails: Vec<Rail> = tried.iter().map(|&k| all[k]).collect();
+    let results = super::rails::connect_all(&rails, cfg.streams, connect_timeout);
+    let mut connected = Vec::new();
+    let mut sockets = Vec::new();
+    for (&k, result) in tried.iter().zip(results) {
+        match result {
+            Ok(s) => {
+                connected.push(k);
+                sockets.push(s);
+            }
+            Err(why) => {
+                let rest = cooldowns.failed(&all[k].label(), Instant::now());
+                let rest = crate::rdma::format_duration(rest);
+                left_out.push((k, format!("{why}; resting {rest}")));
+            }
+        }
+    }
+    if connected.is_empty() {
+        let why = left_out
+            .iter()
+            .map(|(k, why)| format!("rail {k} ({}): {why}", all[*k].label()))
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(TransferError::NoReceiver {
+            peer: label.to_string(),
+            why: format!("no rail connected: {why}"),
+        });
+    }
+    let broken = |why: String| TransferError::Broken {
+        peer: label.to_string(),
+        done: 0,
+        total: cfg.bytes,
+        why,
+    };
+    let token = socket::new_token();
+    let count = connected.len() as u16 * cfg.streams;
+    let hello = |index: u16, rail: u16| {
+        Hello {
+            index,
+            count,
+            rail,
+            token,
+        }
+        .encode()
+    };
+    let mut streams: Vec<TcpStream> = sockets.into_iter().flatten().collect();
+    let mut control = streams[0]
+        .try_clone()
+        .map_err(|e| broken(e.to_string()))?;
+    let offer = [
+        &header.encode_with_version(cfg.protocol_version)[..],
+        &hello(0, 0)[..],
+        name_message,
+    ]
+    .concat();
+    control
+        .write_all(&offer)
+        .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
+    answer_offer(&mut control, cfg, &offer, label)?;
+    for (index, s) in streams.iter_mut().enumerate().skip(1) {
+        let rail = (index / cfg.streams as usize) as u16;
+        s.write_all(&hello(index as u16, rail))
+            .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
+    }
+    Ok(Opened {
+        control,
+        streams,
+        rails: connected,
+        left_out,
+    })
+}
+
+/// What each rail of a striped transfer carried, and the cooldown bookkeeping: a rail
+/// that failed rests, one that carried the transfer to its end is cleared.
+fn rail_reports(
+    wire: &TcpWire<'_>,
+    all: &[Rail],
+    connected: &[usize],
+    left_out: &[(usize, String)],
+    start: Instant,
+    cooldowns: &Cooldowns,
+) -> Vec<RailReport> {
+    let dispatch = wire.dispatch();
+    let mut out: Vec<RailReport> = all
+        .iter()
+        .enumerate()
+        .map(|(k, rail)| RailReport {
+            rail: k,
+            local: rail.local.map(|ip| ip.to_string()),
+            remote: rail.remote.to_string(),
+            bytes: 0,
+            chunks: 0,
+            resends: 0,
+            failures: 0,
+            failed: None,
+            failed_after_seconds: None,
+            moved_chunks: 0,
+            left_out: left_out
+                .iter()
+                .find(|(i, _)| *i == k)
+                .map(|(_, why)| why.clone()),
+        })
+        .collect();
+    for (r, &k) in connected.iter().enumerate() {
+        let carried = dispatch.carried(r);
+        let report = &mut out[k];
+        report.bytes = carried.bytes;
+        report.chunks = carried.chunks;
+        report.resends = carried.resends;
+        match wire.failures().iter().find(|f| f.rail == r) {
+            Some(f) => {
+                report.failures = 1;
+                report.failed = Some(f.why.clone());
+                report.failed_after_seconds =
+                    Some(f.at.saturating_duration_since(start).as_secs_f64());
+                report.moved_chunks = f.moved;
+                cooldowns.failed(&all[k].label(), f.at);
+            }
+            None if dispatch.failure(r).is_none() => cooldowns.worked(&all[k].label()),
+            // Failed in an earlier transfer of this connection: reported there.
+            None => report.left_out = Some("failed earlier on this connection".into()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
