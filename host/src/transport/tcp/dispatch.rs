@@ -151,17 +151,25 @@ impl Dispatch {
     }
 
     /// Striped: the live rails with chunks outstanding and none written for the rail
-    /// timeout at `now`, each with how long it has been quiet.
+    /// timeout at `now`, each with how long it has been quiet; but only while another
+    /// live rail is well (nothing outstanding, or a chunk written within the timeout).
+    /// When every rail is quiet the receiver (or this host) has stalled, not a rail:
+    /// failing them all would end a transfer that `--timeout` lets wait.
     pub fn overdue(&self, now: Instant) -> Vec<(usize, Duration)> {
         let Some(limit) = self.rail_timeout else {
             return Vec::new();
         };
+        let quiet = |b: &Book| now.saturating_duration_since(b.last_progress);
+        let stalled = |b: &Book| !b.outstanding.is_empty() && quiet(b) >= limit;
+        let live = || self.rails.iter().filter(|b| b.failed.is_none());
+        if !live().any(|b| !stalled(b)) {
+            return Vec::new();
+        }
         self.rails
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.failed.is_none() && !b.outstanding.is_empty())
-            .map(|(r, b)| (r, now.saturating_duration_since(b.last_progress)))
-            .filter(|(_, quiet)| *quiet >= limit)
+            .filter(|(_, b)| b.failed.is_none() && stalled(b))
+            .map(|(r, b)| (r, quiet(b)))
             .collect()
     }
 
@@ -251,8 +259,10 @@ mod tests {
         assert!(d.written(2, 1, 10, false, t));
         assert!(d.written(3, 3, 10, false, t));
         assert!(!d.written(3, 3, 10, false, t), "counted once");
-        assert_eq!(d.rail_of(d.assign(4, t).unwrap()), 1);
-        assert_eq!(d.rail_of(d.assign(5, t).unwrap()), 1);
+        for i in [4, 5] {
+            let s = d.assign(i, t).unwrap();
+            assert_eq!(d.rail_of(s), 1);
+        }
         assert_eq!(d.carried(1), Carried { bytes: 20, chunks: 2, resends: 0 });
     }
 
@@ -264,8 +274,9 @@ mod tests {
         for i in 0..4 {
             d.assign(i, t);
         }
-        assert!(d.written(0, 0, 1, false, t + timeout));
         let late = t + timeout + Duration::from_millis(1);
+        assert!(d.overdue(late).is_empty(), "both quiet: a stall, not a rail");
+        assert!(d.written(0, 0, 1, false, t + timeout));
         assert_eq!(d.overdue(late), vec![(1, late - t)]);
         let lost = d.fail(1, "no chunk written within 500 ms".into(), late);
         assert_eq!(lost, [1, 3]);

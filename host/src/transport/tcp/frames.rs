@@ -40,6 +40,9 @@ pub const FRAME_LEN: usize = 16;
 pub const MAX_STREAMS: u16 = 64;
 /// Most rails one striped transfer uses (bits of an end marker's failed-rail mask).
 pub const MAX_RAILS: usize = 32;
+/// Rounds of missing-chunk resends one pass may take, on both ends (a round leaves
+/// chunks missing only when another rail failed during it).
+pub const MAX_MISSING_ROUNDS: u32 = 8;
 
 /// Why a hello did not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -13,8 +13,9 @@
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
 //! - [`receiver`]: accept and admission, a thread per transfer, verification, acks;
-//!   `handshake` (a socket's first message, within one deadline) and `routes` (extra
-//!   streams joining their transfer) beside it.
+//!   `handshake` (a socket's first message, within one deadline), `routes` (extra
+//!   streams joining their transfer) and `striped` (a striped transfer's rounds: any
+//!   chunk on any stream, until every stream ended its pass) beside it.
 
 mod dispatch;
 pub mod frames;
@@ -23,6 +24,7 @@ pub mod landing;
 pub mod rails;
 pub mod receiver;
 mod routes;
+mod striped;
 pub mod sender;
 pub mod socket;
 pub mod wire;

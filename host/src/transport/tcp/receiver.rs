@@ -469,14 +469,35 @@ fn serve_offer(
             return (refuse(control, peer, reason, Some(e)), false);
         }
     };
-    let landing = match make(len, chunk) {
+    let mut landing = match make(len, chunk) {
         Ok(l) => l,
         Err(e) => {
             let reason = RejectReason::NoMemory { bytes: total };
             return (refuse(control, peer, reason, Some(format!("{e:#}"))), false);
         }
     };
-    let Some((route, streams_in)) = shared.routes.open(hello.token, peer.ip(), hello.count) else {
+    if header.striped {
+        let why = if plan.count() > super::striped::MAX_STRIPED_CHUNKS {
+            Some(format!(
+                "a striped transfer of {} chunks (at most {}): use bigger chunks",
+                plan.count(),
+                super::striped::MAX_STRIPED_CHUNKS
+            ))
+        } else if landing.host_bytes(len).is_none() {
+            Some("a striped transfer lands in host memory only (this receiver has --mem device)".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                what: "a striped transfer this receiver cannot take",
+            });
+            return (refuse(control, peer, reason, Some(why)), false);
+        }
+    }
+    let Some((route, streams_in)) = shared
+        .routes
+        .open(hello.token, peer.ip(), hello.count, header.striped) else {
         let reason = RejectReason::BadHeader(WireError::Inconsistent {
             what: "a connection token already in use",
         });
@@ -497,12 +518,17 @@ fn serve_offer(
     // From here on the transfer is served: its outcome uses `--once` up.
     let accepted_at = Instant::now();
     let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
-        Ok(streams) => {
+        Ok((streams, rails)) => {
             drop(route); // every stream is in: nothing more may join
+            let mode = match header.striped {
+                true => Mode::Striped(super::striped::Streams::new(rails)),
+                false => Mode::Fixed,
+            };
             receive_all(
                 cfg,
                 &mut control,
                 &streams,
+                mode,
                 &label,
                 header,
                 &plan,
@@ -517,6 +543,71 @@ fn serve_offer(
     (outcome, true)
 }
 
+/// How a connection's chunks come: each on the stream its index says, or striped.
+enum Mode {
+    Fixed,
+    Striped(super::striped::Streams),
+}
+
+/// Read the chunks `which` into place. Striped: round after round, asking for the
+/// chunks that did not arrive (written into a rail that failed) with a missing-chunk
+/// [`Resend`], until all are in or the rounds are used up.
+#[allow(clippy::too_many_arguments)]
+fn receive_which(
+    mode: &mut Mode,
+    control: &mut TcpStream,
+    landing: &mut dyn Landing,
+    streams: &[TcpStream],
+    plan: &ChunkPlan,
+    which: Which<'_>,
+    limits: ReadLimits,
+    got: &AtomicU64,
+    checks: &ChunkChecks,
+) -> Result<(), Stop> {
+    let state = match mode {
+        Mode::Fixed => return landing.receive(streams, plan, which, limits, got, checks),
+        Mode::Striped(state) => state,
+    };
+    let len = plan.total() as usize;
+    let Some(bytes) = landing.host_bytes(len) else {
+        return Err(Stop::Broken("a striped transfer needs host memory".into()));
+    };
+    let mut missing =
+        super::striped::receive_round(bytes, streams, state, plan, which, limits, got, checks)?;
+    let mut round = 0u32;
+    while !missing.is_empty() {
+        round += 1;
+        if round > super::frames::MAX_MISSING_ROUNDS {
+            return Err(Stop::Broken(format!(
+                "{} chunks still missing after {} rounds of asking for them again (first: {})",
+                missing.len(),
+                super::frames::MAX_MISSING_ROUNDS,
+                missing[0]
+            )));
+        }
+        let request = Resend {
+            round,
+            last: false,
+            missing: true,
+            chunks: missing.clone(),
+        };
+        control.write_all(&request.encode()).map_err(|e| {
+            Stop::Broken(socket::why(&e, limits.timeout, "asking for missing chunks"))
+        })?;
+        missing = super::striped::receive_round(
+            bytes,
+            streams,
+            state,
+            plan,
+            Which::Only(&missing),
+            limits,
+            got,
+            checks,
+        )?;
+    }
+    Ok(())
+}
+
 /// What a served transfer holds until its last ack: its buffers and its admission lease.
 struct Held {
     landing: Box<dyn Landing>,
@@ -528,20 +619,24 @@ fn gather(
     cfg: &TcpRecvConfig,
     control: &TcpStream,
     count: u16,
-    streams_in: &mpsc::Receiver<(u16, TcpStream)>,
+    streams_in: &super::routes::Joined,
     peer: &str,
-) -> Result<Vec<TcpStream>, TransferError> {
+) -> Result<(Vec<TcpStream>, Vec<u16>), TransferError> {
     let clone = control
         .try_clone()
         .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
     let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
+    let mut rails = vec![0u16; count as usize];
     slots[0] = Some(clone);
     let deadline = Instant::now() + cfg.timeout;
     while slots.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         match streams_in.recv_timeout(left) {
             // The route lets each index in once and below the count.
-            Ok((index, stream)) => slots[index as usize] = Some(stream),
+            Ok((index, rail, stream)) => {
+                slots[index as usize] = Some(stream);
+                rails[index as usize] = rail;
+            }
             Err(_) => {
                 let have = slots.iter().filter(|s| s.is_some()).count();
                 return Err(TransferError::Protocol(format!(
@@ -551,7 +646,7 @@ fn gather(
             }
         }
     }
-    Ok(slots.into_iter().flatten().collect())
+    Ok((slots.into_iter().flatten().collect(), rails))
 }
 
 /// Every transfer of the connection: receive within its deadline, verify, ack. A
@@ -561,6 +656,7 @@ fn receive_all(
     cfg: &TcpRecvConfig,
     control: &mut TcpStream,
     streams: &[TcpStream],
+    mut mode: Mode,
     peer: &str,
     header: Header,
     plan: &ChunkPlan,
@@ -620,20 +716,30 @@ fn receive_all(
         let got = AtomicU64::new(0);
         let start = Instant::now();
         let checks = ChunkChecks::new(header.verify.checksum(), plan.count());
-        let received = landing
-            .receive(streams, plan, Which::All, limits, &got, &checks)
-            .and_then(|()| {
-                repair(
-                    control,
-                    landing.as_mut(),
-                    streams,
-                    plan,
-                    limits,
-                    &got,
-                    &checks,
-                    header.max_resends,
-                )
-            });
+        let received = receive_which(
+            &mut mode,
+            control,
+            landing.as_mut(),
+            streams,
+            plan,
+            Which::All,
+            limits,
+            &got,
+            &checks,
+        )
+        .and_then(|()| {
+            repair(
+                &mut mode,
+                control,
+                landing.as_mut(),
+                streams,
+                plan,
+                limits,
+                &got,
+                &checks,
+                header.max_resends,
+            )
+        });
         let repairs = match received {
             Ok(r) => r,
             Err(stop) => {
@@ -775,6 +881,7 @@ struct Repairs {
 /// chunks still failing are named in a final [`Resend`] (an ack saying so follows).
 #[allow(clippy::too_many_arguments)]
 fn repair(
+    mode: &mut Mode,
     control: &mut TcpStream,
     landing: &mut dyn Landing,
     streams: &[TcpStream],
@@ -809,7 +916,8 @@ fn repair(
         for &c in &failed {
             *repairs.attempts.entry(c).or_insert(1) += 1;
         }
-        landing.receive(streams, plan, Which::Only(&failed), limits, got, checks)?;
+        let which = Which::Only(&failed);
+        receive_which(mode, control, landing, streams, plan, which, limits, got, checks)?;
         failed = landing
             .failed_chunks(plan, Which::Only(&failed), checks)
             .map_err(checking)?;
@@ -1022,6 +1130,7 @@ mod tests {
                 &cfg,
                 &mut control,
                 &[],
+                Mode::Fixed,
                 "peer",
                 header,
                 &plan,
@@ -1057,6 +1166,7 @@ mod tests {
             &cfg,
             &mut control,
             &[],
+            Mode::Fixed,
             "peer",
             header,
             &plan,

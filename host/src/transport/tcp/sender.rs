@@ -2,7 +2,7 @@
 //! run the shared chunk schedule over a [`TcpWire`], read the receiver's ack after each
 //! transfer.
 
-use super::frames::{Hello, MAX_STREAMS};
+use super::frames::{Hello, MAX_MISSING_ROUNDS, MAX_STREAMS};
 use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
 use super::wire::{TcpWire, WireChecks, WireRails};
@@ -50,9 +50,6 @@ pub struct TcpSendConfig {
 /// `--rail-timeout`'s default.
 pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Rounds of missing-chunk resends one pass may take (each is needed only when another
-/// rail failed during the one before).
-pub const MAX_MISSING_ROUNDS: u32 = 8;
 
 /// The streams of one connection, and who they are.
 struct Opened {
