@@ -26,7 +26,9 @@ fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
 
 /// Every address of `<IP>` (a comma list over TCP rails).
 pub fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
-    host.split(',').map(|h| resolve_one(h.trim(), port)).collect()
+    host.split(',')
+        .map(|h| resolve_one(h.trim(), port))
+        .collect()
 }
 
 fn resolve_one(host: &str, port: u16) -> Result<SocketAddr> {
@@ -331,6 +333,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             ));
         }
         for line in integrity_lines(&r.integrity) {
+            human.line(format!("{prefix}{line}"));
+        }
+        for line in super::output::rail_lines(&r.rails) {
             human.line(format!("{prefix}{line}"));
         }
         if r.op == "raw" {

@@ -133,6 +133,9 @@ pub struct RailReport {
     pub failed_after_seconds: Option<f64>,
     /// Its chunks in flight when it failed, handed to the other rails.
     pub moved_chunks: u64,
+    /// The stall its failure cost beyond the detection: from the failure until chunks
+    /// were done in order again, plus the rounds of asking for the chunks it lost.
+    pub stall_beyond_detection_seconds: Option<f64>,
     /// Why it carried nothing (resting after a failure, no connection).
     pub left_out: Option<String>,
 }

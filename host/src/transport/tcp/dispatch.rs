@@ -125,7 +125,14 @@ impl Dispatch {
 
     /// Stream `s` wrote chunk `index` (`bytes` long; `resend`: a second sending): whether
     /// that counts (its rail is alive and the chunk was outstanding there).
-    pub fn written(&mut self, s: usize, index: u64, bytes: u64, resend: bool, now: Instant) -> bool {
+    pub fn written(
+        &mut self,
+        s: usize,
+        index: u64,
+        bytes: u64,
+        resend: bool,
+        now: Instant,
+    ) -> bool {
         let book = &mut self.rails[self.stream_rail[s]];
         if book.failed.is_some() || !book.outstanding.remove(&index) {
             return false;
@@ -245,14 +252,22 @@ mod tests {
         let mut d = Dispatch::new(vec![vec![0, 1, 2]], None, t);
         let on: Vec<usize> = (0..6).map(|i| d.assign(i, t).unwrap()).collect();
         assert_eq!(on, [0, 1, 2, 0, 1, 2]);
-        assert_eq!(d.assign(7, t), Some(1), "a resend goes where its index says");
+        assert_eq!(
+            d.assign(7, t),
+            Some(1),
+            "a resend goes where its index says"
+        );
         assert!(d.overdue(t + Duration::from_secs(100)).is_empty());
     }
 
     #[test]
     fn striped_chunks_go_to_the_rail_with_fewest_outstanding() {
         let t = Instant::now();
-        let mut d = Dispatch::new(vec![vec![0, 1], vec![2, 3]], Some(Duration::from_millis(500)), t);
+        let mut d = Dispatch::new(
+            vec![vec![0, 1], vec![2, 3]],
+            Some(Duration::from_millis(500)),
+            t,
+        );
         let on: Vec<usize> = (0..4).map(|i| d.assign(i, t).unwrap()).collect();
         assert_eq!(on, [0, 2, 1, 3]);
         // Rail 1 writes both of its chunks: the next two go there.
@@ -263,7 +278,14 @@ mod tests {
             let s = d.assign(i, t).unwrap();
             assert_eq!(d.rail_of(s), 1);
         }
-        assert_eq!(d.carried(1), Carried { bytes: 20, chunks: 2, resends: 0 });
+        assert_eq!(
+            d.carried(1),
+            Carried {
+                bytes: 20,
+                chunks: 2,
+                resends: 0
+            }
+        );
     }
 
     #[test]
@@ -275,7 +297,10 @@ mod tests {
             d.assign(i, t);
         }
         let late = t + timeout + Duration::from_millis(1);
-        assert!(d.overdue(late).is_empty(), "both quiet: a stall, not a rail");
+        assert!(
+            d.overdue(late).is_empty(),
+            "both quiet: a stall, not a rail"
+        );
         assert!(d.written(0, 0, 1, false, t + timeout));
         assert_eq!(d.overdue(late), vec![(1, late - t)]);
         let lost = d.fail(1, "no chunk written within 500 ms".into(), late);
@@ -284,7 +309,10 @@ mod tests {
         assert_eq!(d.failed_mask(), 0b10);
         assert_eq!(d.live_streams(), [0]);
         assert!(d.held(3));
-        assert!(!d.written(1, 3, 1, false, late), "a failed rail's write does not count");
+        assert!(
+            !d.written(1, 3, 1, false, late),
+            "a failed rail's write does not count"
+        );
         // Sent again on rail 0: written there, but held until rail 1's writer exits.
         assert_eq!(d.assign(3, late), Some(0));
         assert!(d.written(0, 3, 1, true, late));

@@ -24,9 +24,9 @@ pub mod landing;
 pub mod rails;
 pub mod receiver;
 mod routes;
-mod striped;
 pub mod sender;
 pub mod socket;
+mod striped;
 pub mod wire;
 
 pub use receiver::{serve, serve_on, serve_with, RecvMemory, TcpRecvConfig};

@@ -66,7 +66,11 @@ pub fn connect(rail: &Rail, timeout: Duration) -> io::Result<TcpStream> {
     let Some(local) = rail.local else {
         return super::socket::connect(rail.remote, timeout);
     };
-    let socket = Socket::new(Domain::for_address(rail.remote), Type::STREAM, Some(Protocol::TCP))?;
+    let socket = Socket::new(
+        Domain::for_address(rail.remote),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
     socket
         .bind(&SockAddr::from(SocketAddr::new(local, 0)))
         .map_err(|e| io::Error::new(e.kind(), format!("binding to {local}: {e}")))?;
@@ -186,7 +190,13 @@ mod tests {
         let l1: IpAddr = "10.71.1.1".parse().unwrap();
         let l2: IpAddr = "10.71.2.1".parse().unwrap();
         let both = rails_of(&[a, b], &[l1, l2]).unwrap();
-        assert_eq!(both[1], Rail { local: Some(l2), remote: b });
+        assert_eq!(
+            both[1],
+            Rail {
+                local: Some(l2),
+                remote: b
+            }
+        );
         let one_remote = rails_of(&[a], &[l1, l2]).unwrap();
         assert_eq!(one_remote[1].remote, a);
         let no_locals = rails_of(&[a, b], &[]).unwrap();

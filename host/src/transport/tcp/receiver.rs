@@ -484,7 +484,10 @@ fn serve_offer(
                 super::striped::MAX_STRIPED_CHUNKS
             ))
         } else if landing.host_bytes(len).is_none() {
-            Some("a striped transfer lands in host memory only (this receiver has --mem device)".into())
+            Some(
+                "a striped transfer lands in host memory only (this receiver has --mem device)"
+                    .into(),
+            )
         } else {
             None
         };
@@ -495,9 +498,11 @@ fn serve_offer(
             return (refuse(control, peer, reason, Some(why)), false);
         }
     }
-    let Some((route, streams_in)) = shared
-        .routes
-        .open(hello.token, peer.ip(), hello.count, header.striped) else {
+    let Some((route, streams_in)) =
+        shared
+            .routes
+            .open(hello.token, peer.ip(), hello.count, header.striped)
+    else {
         let reason = RejectReason::BadHeader(WireError::Inconsistent {
             what: "a connection token already in use",
         });
@@ -517,11 +522,26 @@ fn serve_offer(
     }
     // From here on the transfer is served: its outcome uses `--once` up.
     let accepted_at = Instant::now();
-    let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
-        Ok((streams, rails)) => {
-            drop(route); // every stream is in: nothing more may join
+    let gathered = gather(
+        cfg,
+        &control,
+        hello.count,
+        &streams_in,
+        header.striped,
+        &label,
+    );
+    let outcome = match gathered {
+        Ok((sockets, rails)) => {
+            drop(route); // every stream is in (or late): nothing more may join
+            let mut streams = Vec::new();
+            for s in sockets.iter().flatten() {
+                match s.try_clone() {
+                    Ok(s) => streams.push(s),
+                    Err(e) => return (failed(TransferError::Protocol(e.to_string())), true),
+                }
+            }
             let mode = match header.striped {
-                true => Mode::Striped(super::striped::Streams::new(rails)),
+                true => Mode::Striped(super::striped::Streams::new(sockets, rails)),
                 false => Mode::Fixed,
             };
             receive_all(
@@ -573,7 +593,7 @@ fn receive_which(
         return Err(Stop::Broken("a striped transfer needs host memory".into()));
     };
     let mut missing =
-        super::striped::receive_round(bytes, streams, state, plan, which, limits, got, checks)?;
+        super::striped::receive_round(bytes, state, plan, which, limits, got, checks)?;
     let mut round = 0u32;
     while !missing.is_empty() {
         round += 1;
@@ -596,7 +616,6 @@ fn receive_which(
         })?;
         missing = super::striped::receive_round(
             bytes,
-            streams,
             state,
             plan,
             Which::Only(&missing),
@@ -620,15 +639,24 @@ fn gather(
     control: &TcpStream,
     count: u16,
     streams_in: &super::routes::Joined,
+    striped: bool,
     peer: &str,
-) -> Result<(Vec<TcpStream>, Vec<u16>), TransferError> {
+) -> Result<(Vec<Option<TcpStream>>, Vec<u16>), TransferError> {
     let clone = control
         .try_clone()
         .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
     let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
     let mut rails = vec![0u16; count as usize];
     slots[0] = Some(clone);
-    let deadline = Instant::now() + cfg.timeout;
+    // A striped transfer starts with the streams that joined within a moment: a rail
+    // whose link died between its connection and its hello must not hold up the others
+    // for all of --timeout (the sender fails that rail over; its chunks are asked for
+    // again).
+    let wait = match striped {
+        true => cfg.timeout.min(STRIPED_JOIN),
+        false => cfg.timeout,
+    };
+    let deadline = Instant::now() + wait;
     while slots.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         match streams_in.recv_timeout(left) {
@@ -637,6 +665,7 @@ fn gather(
                 slots[index as usize] = Some(stream);
                 rails[index as usize] = rail;
             }
+            Err(_) if striped => break,
             Err(_) => {
                 let have = slots.iter().filter(|s| s.is_some()).count();
                 return Err(TransferError::Protocol(format!(
@@ -646,8 +675,12 @@ fn gather(
             }
         }
     }
-    Ok((slots.into_iter().flatten().collect(), rails))
+    Ok((slots, rails))
 }
+
+/// How long a striped transfer waits for its streams to join before it starts without
+/// the late ones.
+const STRIPED_JOIN: Duration = Duration::from_secs(1);
 
 /// Every transfer of the connection: receive within its deadline, verify, ack. A
 /// connection broken after `k` of `n` transfers reports `k`.
@@ -917,7 +950,9 @@ fn repair(
             *repairs.attempts.entry(c).or_insert(1) += 1;
         }
         let which = Which::Only(&failed);
-        receive_which(mode, control, landing, streams, plan, which, limits, got, checks)?;
+        receive_which(
+            mode, control, landing, streams, plan, which, limits, got, checks,
+        )?;
         failed = landing
             .failed_chunks(plan, Which::Only(&failed), checks)
             .map_err(checking)?;

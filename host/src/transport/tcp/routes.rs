@@ -162,7 +162,10 @@ mod tests {
             token: 9,
         };
         let (guard, joined) = routes.open(9, me.ip(), 3, false).unwrap();
-        assert!(routes.open(9, me.ip(), 3, false).is_none(), "the token is in use");
+        assert!(
+            routes.open(9, me.ip(), 3, false).is_none(),
+            "the token is in use"
+        );
         let why = |r: Result<(), (TcpStream, &'static str)>| r.unwrap_err().1;
         assert!(
             why(routes.hand_over(socket(&listener), other, hello(1))).contains("another address")
@@ -186,7 +189,9 @@ mod tests {
         );
         assert!(why(routes.hand_over(socket(&listener), me, hello(2))).contains("does not serve"));
         drop(guard);
-        let (_again, _) = routes.open(9, me.ip(), 3, false).expect("the token is free again");
+        let (_again, _) = routes
+            .open(9, me.ip(), 3, false)
+            .expect("the token is free again");
     }
 
     #[test]
@@ -202,8 +207,16 @@ mod tests {
             rail: 1,
             token: 5,
         };
-        routes.hand_over(socket(&listener), other_rail, hello).unwrap();
-        assert_eq!(joined.try_iter().map(|(i, r, _)| (i, r)).collect::<Vec<_>>(), [(1, 1)]);
+        routes
+            .hand_over(socket(&listener), other_rail, hello)
+            .unwrap();
+        assert_eq!(
+            joined
+                .try_iter()
+                .map(|(i, r, _)| (i, r))
+                .collect::<Vec<_>>(),
+            [(1, 1)]
+        );
     }
 
     #[test]

@@ -50,7 +50,6 @@ pub struct TcpSendConfig {
 /// `--rail-timeout`'s default.
 pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
 
-
 /// The streams of one connection, and who they are.
 struct Opened {
     control: TcpStream,
@@ -186,53 +185,69 @@ pub fn send_repeated(
         rail_timeout: striped.then_some(cfg.rail_timeout),
     };
     let cooldowns = Cooldowns::global();
-    TcpWire::scope(source.memory(), &streams, wire_rails, cfg.timeout, checks, |wire| {
-        let mut reports = Vec::new();
-        for k in 0..transfers {
-            // Where the data is in GPU memory, the checksum kernel runs there first.
-            let precomputed = match checks.checksum {
-                true => source
-                    .chunk_checksums(plan.chunk_bytes() as usize)
-                    .transpose()
-                    .map_err(TransferError::Memory)?,
-                false => None,
-            };
-            wire.next_transfer(plan.count(), precomputed);
-            let start = Instant::now();
-            let ran = schedule.run(source, wire, &label).and_then(|took| {
-                wire.end_pass().map_err(|e| wire_error(e, &label, total))?;
-                Ok(took)
-            });
-            let seconds = match ran {
-                Ok(took) => took.as_secs_f64(),
-                // The receiver may have ended it on purpose, and said why.
-                Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
-            };
-            let settled = settle(&mut control, wire, source, &plan, cfg, &label);
-            let rails = striped.then(|| {
-                rail_reports(wire, &all_rails, &connected, &left_out, start, cooldowns)
-            });
-            let (ack, integrity) = settled?;
-            ack.check_counts(total)
-                .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
-            let round_trip_seconds = start.elapsed().as_secs_f64();
-            let framed = Framed {
-                peer: &label,
-                device: None,
-                op: "tcp",
-                plan: &plan,
-                in_flight: schedule.window as u32,
-                connect_seconds,
-                path: source.path(),
-                memory: memory_log,
-            };
-            let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
-            report.integrity = integrity;
-            report.rails = rails.unwrap_or_default();
-            reports.push(report);
-        }
-        Ok(reports)
-    })
+    TcpWire::scope(
+        source.memory(),
+        &streams,
+        wire_rails,
+        cfg.timeout,
+        checks,
+        |wire| {
+            let mut reports = Vec::new();
+            for k in 0..transfers {
+                // Where the data is in GPU memory, the checksum kernel runs there first.
+                let precomputed = match checks.checksum {
+                    true => source
+                        .chunk_checksums(plan.chunk_bytes() as usize)
+                        .transpose()
+                        .map_err(TransferError::Memory)?,
+                    false => None,
+                };
+                wire.next_transfer(plan.count(), precomputed);
+                let start = Instant::now();
+                let ran = schedule.run(source, wire, &label).and_then(|took| {
+                    wire.end_pass().map_err(|e| wire_error(e, &label, total))?;
+                    Ok(took)
+                });
+                let seconds = match ran {
+                    Ok(took) => took.as_secs_f64(),
+                    // The receiver may have ended it on purpose, and said why.
+                    Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
+                };
+                let settled = settle(&mut control, wire, source, &plan, cfg, &label);
+                let (ack, integrity, missing_seconds) = settled?;
+                let rails = striped.then(|| {
+                    let args = (&all_rails[..], &connected[..], &left_out[..]);
+                    rail_reports(
+                        wire,
+                        missing_seconds,
+                        args.0,
+                        args.1,
+                        args.2,
+                        start,
+                        cooldowns,
+                    )
+                });
+                ack.check_counts(total)
+                    .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
+                let round_trip_seconds = start.elapsed().as_secs_f64();
+                let framed = Framed {
+                    peer: &label,
+                    device: None,
+                    op: "tcp",
+                    plan: &plan,
+                    in_flight: schedule.window as u32,
+                    connect_seconds,
+                    path: source.path(),
+                    memory: memory_log,
+                };
+                let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
+                report.integrity = integrity;
+                report.rails = rails.unwrap_or_default();
+                reports.push(report);
+            }
+            Ok(reports)
+        },
+    )
     .map_err(TransferError::Memory)?
 }
 
@@ -323,7 +338,7 @@ fn settle(
     plan: &ChunkPlan,
     cfg: &TcpSendConfig,
     label: &str,
-) -> Result<(Ack, Integrity), TransferError> {
+) -> Result<(Ack, Integrity, f64), TransferError> {
     let opts = &cfg.payload;
     let protocol = |what: String| TransferError::Protocol(format!("{label}: {what}"));
     let waiting = |e: io::Error| {
@@ -337,8 +352,16 @@ fn settle(
     let mut still_failed: Vec<u32> = Vec::new();
     let mut rounds = 0u8;
     let mut missing_rounds = 0u32;
+    // From the first missing-chunk request to the reply after the last one.
+    let mut missing_since: Option<Instant> = None;
+    let mut missing_seconds = 0.0;
     let ack = loop {
         let prefix: [u8; REPLY_PREFIX_LEN] = read_array(control).map_err(waiting)?;
+        let missing_reply = Resend::decode_head(&prefix, plan.count()).is_ok_and(|(_, f, _)| f.1);
+        if let (Some(t), false) = (missing_since, missing_reply) {
+            missing_seconds = t.elapsed().as_secs_f64();
+            missing_since = None;
+        }
         match [prefix[0], prefix[1], prefix[2], prefix[3]] {
             ACK_MAGIC => {
                 let mut bytes = [0u8; ACK_LEN];
@@ -350,7 +373,7 @@ fn settle(
                     TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
                 })?;
             }
-            RESEND_MAGIC if opts.verify.checksum() => {
+            RESEND_MAGIC if opts.verify.checksum() || wire.dispatch().striped() => {
                 let invalid = |e: crate::transfer::WireError| {
                     protocol(format!("invalid resend request: {e}"))
                 };
@@ -363,6 +386,7 @@ fn settle(
                 if missing {
                     // Chunks written into a rail that failed, never arrived: sent again
                     // on the rails left (as first sendings, for the fault injector).
+                    missing_since.get_or_insert_with(Instant::now);
                     missing_rounds += 1;
                     if !wire.dispatch().striped() || missing_rounds > MAX_MISSING_ROUNDS {
                         return Err(protocol(format!(
@@ -370,8 +394,14 @@ fn settle(
                         )));
                     }
                     send_again(wire, source, plan, &resend.chunks, 0, cfg.timeout, label)?;
-                    wire.end_pass().map_err(|e| wire_error(e, label, plan.total()))?;
+                    wire.end_pass()
+                        .map_err(|e| wire_error(e, label, plan.total()))?;
                     continue;
+                }
+                if !opts.verify.checksum() {
+                    return Err(protocol(
+                        "a resend of corrupt chunks, though this sender sent no checksums".into(),
+                    ));
                 }
                 if last {
                     still_failed = resend.chunks;
@@ -393,7 +423,8 @@ fn settle(
                     cfg.timeout,
                     label,
                 )?;
-                wire.end_pass().map_err(|e| wire_error(e, label, plan.total()))?;
+                wire.end_pass()
+                    .map_err(|e| wire_error(e, label, plan.total()))?;
                 for &c in &resend.chunks {
                     *attempts.entry(c as u64).or_insert(1) += 1;
                 }
@@ -440,7 +471,7 @@ fn settle(
         store_error: None,
         fault_injection: opts.faults.map(|f| format!("1/{}", f.one_in)),
     };
-    Ok((ack, integrity))
+    Ok((ack, integrity, missing_seconds))
 }
 
 /// Send `chunks` again from `source`, in batches of copies of at most
@@ -628,9 +659,7 @@ fn open_striped(
         .encode()
     };
     let mut streams: Vec<TcpStream> = sockets.into_iter().flatten().collect();
-    let mut control = streams[0]
-        .try_clone()
-        .map_err(|e| broken(e.to_string()))?;
+    let mut control = streams[0].try_clone().map_err(|e| broken(e.to_string()))?;
     let offer = [
         &header.encode_with_version(cfg.protocol_version)[..],
         &hello(0, 0)[..],
@@ -656,8 +685,10 @@ fn open_striped(
 
 /// What each rail of a striped transfer carried, and the cooldown bookkeeping: a rail
 /// that failed rests, one that carried the transfer to its end is cleared.
+#[allow(clippy::too_many_arguments)]
 fn rail_reports(
     wire: &TcpWire<'_>,
+    missing_seconds: f64,
     all: &[Rail],
     connected: &[usize],
     left_out: &[(usize, String)],
@@ -679,6 +710,7 @@ fn rail_reports(
             failed: None,
             failed_after_seconds: None,
             moved_chunks: 0,
+            stall_beyond_detection_seconds: None,
             left_out: left_out
                 .iter()
                 .find(|(i, _)| *i == k)
@@ -698,6 +730,8 @@ fn rail_reports(
                 report.failed_after_seconds =
                     Some(f.at.saturating_duration_since(start).as_secs_f64());
                 report.moved_chunks = f.moved;
+                let resumed = f.resumed.unwrap_or_default().as_secs_f64();
+                report.stall_beyond_detection_seconds = Some(resumed + missing_seconds);
                 cooldowns.failed(&all[k].label(), f.at);
             }
             None if dispatch.failure(r).is_none() => cooldowns.worked(&all[k].label()),

@@ -40,22 +40,32 @@ enum Slot<'b> {
 
 /// The streams of a striped connection: each one's rail, and those that ended for good.
 pub struct Streams {
+    /// Stream `s`, if it joined (one whose hello did not come in time is left out).
+    sockets: Vec<Option<TcpStream>>,
     rails: Vec<u16>,
-    /// Why each dead stream stopped (broken, or its rail given up by the sender).
+    /// Why each dead stream stopped (broken, never joined, or its rail given up by the
+    /// sender).
     dead: Vec<Option<String>>,
 }
 
 impl Streams {
-    /// `rails[s]`: the rail of stream `s` (from its hello).
-    pub fn new(rails: Vec<u16>) -> Streams {
-        let dead = vec![None; rails.len()];
-        Streams { rails, dead }
+    /// `sockets[s]` and `rails[s]`: stream `s` and its rail (from its hello).
+    pub fn new(sockets: Vec<Option<TcpStream>>, rails: Vec<u16>) -> Streams {
+        let dead = sockets
+            .iter()
+            .map(|s| s.is_none().then(|| "it did not join in time".to_string()))
+            .collect();
+        Streams {
+            sockets,
+            rails,
+            dead,
+        }
     }
 }
 
 /// What every reader of one round shares.
 struct Round<'a, 'b> {
-    streams: &'a [TcpStream],
+    streams: &'a [Option<TcpStream>],
     rails: &'a [u16],
     plan: &'a ChunkPlan,
     slots: Vec<Mutex<Slot<'b>>>,
@@ -78,9 +88,9 @@ enum Ended {
 
 /// Read one round of `which` chunks of `plan` into `bytes` from the live `streams`;
 /// the chunks of `which` that did not arrive.
+#[allow(clippy::too_many_arguments)]
 pub fn receive_round(
     bytes: &mut [u8],
-    streams: &[TcpStream],
     state: &mut Streams,
     plan: &ChunkPlan,
     which: Which<'_>,
@@ -101,9 +111,14 @@ pub fn receive_round(
                 None => true,
                 Some(list) => list.next_if(|&&w| w as usize == i).is_some(),
             };
-            Mutex::new(if open { Slot::Open(place) } else { Slot::Closed })
+            Mutex::new(if open {
+                Slot::Open(place)
+            } else {
+                Slot::Closed
+            })
         })
         .collect();
+    let streams = &state.sockets;
     let round = Round {
         streams,
         rails: &state.rails,
@@ -164,11 +179,14 @@ pub fn receive_round(
 
 /// Stream `s`'s part of a round: frames until its end marker, or until it breaks.
 fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
-    let stream = &round.streams[s];
+    let Some(stream) = &round.streams[s] else {
+        return Ended::Dead("it did not join in time".into());
+    };
     let limits = round.limits;
     loop {
         let mut head = [0u8; FRAME_LEN];
-        if let Err(e) = socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
+        if let Err(e) =
+            socket::read_exact_within(stream, &mut head, limits.timeout, limits.deadline)
         {
             return ended_by(round, e, "reading a frame");
         }
@@ -215,8 +233,7 @@ fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
             }
             Err(e) => {
                 // Half a chunk: its place is open again for a copy on another stream.
-                *round.slots[index].lock().unwrap_or_else(|p| p.into_inner()) =
-                    Slot::Open(place);
+                *round.slots[index].lock().unwrap_or_else(|p| p.into_inner()) = Slot::Open(place);
                 return ended_by(round, e, &format!("reading chunk {index}"));
             }
         }
@@ -268,7 +285,9 @@ fn give_up(round: &Round<'_, '_>, mask: u32) {
     }
     for (s, &rail) in round.rails.iter().enumerate() {
         if rail < 32 && mask & (1 << rail) != 0 && s != 0 {
-            let _ = round.streams[s].shutdown(Shutdown::Both);
+            if let Some(stream) = &round.streams[s] {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
         }
     }
 }
@@ -291,7 +310,7 @@ fn fatal(round: &Round<'_, '_>, stop: Stop) -> Ended {
     };
     if first.is_none() {
         *first = Some(stop);
-        for s in round.streams {
+        for s in round.streams.iter().flatten() {
             let _ = s.shutdown(Shutdown::Read);
         }
     }
@@ -345,7 +364,9 @@ mod tests {
             .unwrap();
         senders[1].write_all(&frame(&plan, 1, 1)).unwrap();
         senders[1].write_all(&Frame::end(0).encode()).unwrap();
-        senders[2].write_all(&frame(&plan, 2, 2)[..FRAME_LEN + 50]).unwrap();
+        senders[2]
+            .write_all(&frame(&plan, 2, 2)[..FRAME_LEN + 50])
+            .unwrap();
         let writer = std::thread::spawn({
             let mut s0 = senders[0].try_clone().unwrap();
             move || {
@@ -354,11 +375,17 @@ mod tests {
             }
         });
         let mut buf = vec![0xeeu8; 400];
-        let mut state = Streams::new(vec![0, 0, 1]);
+        let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0, 0, 1]);
         let checks = ChunkChecks::new(true, plan.count());
         let got = AtomicU64::new(0);
         let missing = receive_round(
-            &mut buf, &readers, &mut state, &plan, Which::All, limits(), &got, &checks,
+            &mut buf,
+            &mut state,
+            &plan,
+            Which::All,
+            limits(),
+            &got,
+            &checks,
         )
         .unwrap();
         writer.join().unwrap();
@@ -377,7 +404,13 @@ mod tests {
         senders[1].write_all(&Frame::end(0b10).encode()).unwrap();
         senders[0].write_all(&Frame::end(0b10).encode()).unwrap();
         let missing = receive_round(
-            &mut buf, &readers, &mut state, &plan, Which::Only(&[2]), limits(), &got, &checks,
+            &mut buf,
+            &mut state,
+            &plan,
+            Which::Only(&[2]),
+            limits(),
+            &got,
+            &checks,
         )
         .unwrap();
         assert!(missing.is_empty());
@@ -389,17 +422,28 @@ mod tests {
     fn a_frame_that_is_no_chunk_of_the_plan_is_a_protocol_error() {
         let plan = ChunkPlan::new(4 * 100, 100).unwrap();
         for bad in [
-            Frame { offset: 50, len: 100, crc: 0 },
-            Frame { offset: 400, len: 100, crc: 0 },
-            Frame { offset: 100, len: 99, crc: 0 },
+            Frame {
+                offset: 50,
+                len: 100,
+                crc: 0,
+            },
+            Frame {
+                offset: 400,
+                len: 100,
+                crc: 0,
+            },
+            Frame {
+                offset: 100,
+                len: 99,
+                crc: 0,
+            },
         ] {
             let (mut senders, readers) = pairs(1);
             senders[0].write_all(&bad.encode()).unwrap();
             let mut buf = vec![0u8; 400];
             let e = receive_round(
                 &mut buf,
-                &readers,
-                &mut Streams::new(vec![0]),
+                &mut Streams::new(readers.into_iter().map(Some).collect(), vec![0]),
                 &plan,
                 Which::All,
                 limits(),
@@ -407,7 +451,10 @@ mod tests {
                 &ChunkChecks::new(false, 4),
             )
             .unwrap_err();
-            assert!(matches!(e, Stop::Broken(ref w) if w.contains("protocol error")), "{e:?}");
+            assert!(
+                matches!(e, Stop::Broken(ref w) if w.contains("protocol error")),
+                "{e:?}"
+            );
         }
     }
 }

@@ -55,7 +55,9 @@ struct Job {
 enum Work {
     Chunk(Job),
     /// The end of a pass (striped): an end marker naming the failed rails.
-    End { failed_rails: u32 },
+    End {
+        failed_rails: u32,
+    },
 }
 
 /// What the wire checks: CRC32C per chunk, and the test-only fault injector.
@@ -68,10 +70,19 @@ pub struct WireChecks {
 /// A writer's report.
 enum Report {
     /// Chunk `index` written, with the CRC32C its frame carried.
-    Written { stream: usize, index: u64, crc: u32 },
-    Failed { stream: usize, why: String },
+    Written {
+        stream: usize,
+        index: u64,
+        crc: u32,
+    },
+    Failed {
+        stream: usize,
+        why: String,
+    },
     /// The writer thread is leaving: it reads nothing of the source any more.
-    Exited { stream: usize },
+    Exited {
+        stream: usize,
+    },
 }
 
 /// How the streams are grouped: `rails[r]` lists rail `r`'s streams; `rail_timeout` is
@@ -100,6 +111,9 @@ pub struct RailFailed {
     pub at: Instant,
     /// Its chunks in flight, handed to the other rails.
     pub moved: u64,
+    /// From `at` until the transfer's chunks were done in order again (the pass's stall
+    /// beyond the detection); `None` if none was done after it in the pass.
+    pub resumed: Option<Duration>,
 }
 
 #[derive(Clone, Copy)]
@@ -294,10 +308,7 @@ impl TcpWire<'_> {
         loop {
             let now = Instant::now();
             let Some(stream) = self.dispatch.assign(job.index, now) else {
-                return Err(self.broken(format!(
-                    "no rail is left to carry chunk {}",
-                    job.index
-                )));
+                return Err(self.broken(format!("no rail is left to carry chunk {}", job.index)));
             };
             self.in_flight.insert(job.index, job.clone());
             let sent = match &self.jobs[stream] {
@@ -328,6 +339,7 @@ impl TcpWire<'_> {
             why,
             at: now,
             moved: lost.len() as u64,
+            resumed: None,
         });
         for index in lost {
             if let Some(mut job) = self.in_flight.remove(&index) {
@@ -517,6 +529,12 @@ unsafe impl ChunkWire for TcpWire<'_> {
         let before = self.next_done;
         while !self.dispatch.held(self.next_done) && self.written.remove(&self.next_done) {
             self.next_done += 1;
+        }
+        if self.next_done > before {
+            let now = Instant::now();
+            for f in self.failures.iter_mut().filter(|f| f.resumed.is_none()) {
+                f.resumed = Some(now.saturating_duration_since(f.at));
+            }
         }
         Ok((self.next_done > before).then(|| self.next_done - 1))
     }
