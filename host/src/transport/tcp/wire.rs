@@ -1,8 +1,12 @@
 //! The sender's [`ChunkWire`] over TCP: one writer thread per stream writes each chunk
 //! handed to it (a [`Frame`] header, then the bytes) straight from the source's memory;
-//! chunk `i` goes to stream `i % N`, and chunks are reported done in order once every
-//! chunk before them has been written too. "Done" means handed to the kernel, which
-//! copied the bytes: the source may reuse them then, as after a NIC's send completion.
+//! the streams are grouped into rails, and `dispatch` says which stream takes each chunk
+//! (one rail: chunk `i` on stream `i % N`; striped: the rail with the fewest in flight)
+//! and when a rail has failed, whose chunks in flight then go to the other rails.
+//! Chunks are reported done in order once every chunk before them has been written too.
+//! "Done" means handed to the kernel, which copied the bytes: the source may reuse them
+//! then, as after a NIC's send completion. Striped, every pass ends with an end marker on
+//! each live stream ([`TcpWire::end_pass`]).
 //!
 //! With checksums (`--verify checksum|both`) each frame carries the chunk's CRC32C: the
 //! one the GPU kernel computed where the data lives ([`TcpWire::next_transfer`]), or the
@@ -423,7 +427,6 @@ fn write_stream(
     checks: WireChecks,
     timeout: Duration,
 ) {
-    let base = base;
     for work in rx {
         let job = match work {
             Work::Chunk(job) => job,
