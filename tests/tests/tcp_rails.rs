@@ -316,6 +316,90 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
 }
 
 #[test]
+fn a_rail_that_does_not_connect_is_left_out_and_rests_for_the_next_transfers() {
+    let Some(rails) = Rails::new() else { return };
+    let receiver = rails.receiver();
+    rails.link(2, "down");
+    let child = rails.spawn_sender(
+        "10.71.1.2,10.71.2.2",
+        receiver.port,
+        &[
+            "--size",
+            "16MiB",
+            "--iters",
+            "3",
+            "--bind-interfaces",
+            "10.71.1.1,10.71.2.1",
+        ],
+    );
+    let (json, _) = verified(
+        finish(child, Duration::from_secs(60)),
+        "rail down from the start",
+    );
+    let left_out: Vec<String> = (0..3)
+        .map(|i| {
+            json["iterations"][i]["rails"][1]["left_out"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    println!("rail 1 left out: {left_out:?}");
+    assert!(left_out[0].contains("no connection"), "{left_out:?}");
+    // The next transfers start within its 1 s cooldown: it is not tried again.
+    assert!(
+        left_out[1].starts_with("resting after a failure"),
+        "{left_out:?}"
+    );
+    for i in 0..3 {
+        assert_eq!(json["iterations"][i]["rails"][0]["chunks"], 16, "{json}");
+    }
+}
+
+#[test]
+fn a_striped_transfer_with_checksums_repairs_corrupt_chunks_over_loopback() {
+    // Two local addresses of the loopback interface are two rails without namespaces.
+    let receiver = Receiver::start_bound(None, "0.0.0.0", &[]);
+    let child = std::process::Command::new(host_bin())
+        .args(["127.0.0.1,127.0.0.2", &receiver.port.to_string()])
+        .args([
+            "--transport",
+            "tcp",
+            "--gpu",
+            "none",
+            "--json",
+            "--size",
+            "64MiB",
+        ])
+        .args([
+            "--chunk",
+            "256KiB",
+            "--streams",
+            "2",
+            "--verify",
+            "checksum",
+        ])
+        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+        .args(["--test-inject-faults", "1/20"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (json, _) = verified(
+        finish(child, Duration::from_secs(60)),
+        "striped with faults",
+    );
+    let it = &json["iterations"][0];
+    assert!(
+        !it["integrity"]["repaired"].as_array().unwrap().is_empty(),
+        "{json}"
+    );
+    let chunks = chunks_per_rail(&json);
+    assert!(chunks.iter().all(|&c| c > 0), "{chunks:?}");
+}
+
+#[test]
 #[ignore = "a benchmark: cargo test --test tcp_rails -- --ignored --nocapture"]
 fn rails_bench() {
     let Some(rails) = Rails::new() else { return };
