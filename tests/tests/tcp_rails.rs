@@ -307,6 +307,17 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
         "{stderr}"
     );
 
+    // The receiver's line for the connection names each rail and what rail 1's end was.
+    receiver.wait_for_log("gave its rail up", Duration::from_secs(10));
+    let log = receiver.log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("rails: "))
+        .unwrap();
+    println!("receiver: {line}");
+    assert!(line.contains("rail 1 from 10.71.2.1"), "{log}");
+
     rails.link(2, "up");
     std::thread::sleep(Duration::from_millis(300));
     let (json, _) = rails.striped(receiver.port);

@@ -163,3 +163,36 @@ pub fn rail_lines(rails: &[host::transfer::report::RailReport]) -> Vec<String> {
     }
     lines
 }
+
+/// What a receiver got over each rail of a striped connection, in one line.
+pub fn received_rails_line(s: &host::transfer::report::StripedRecv) -> String {
+    let rails: Vec<String> = s
+        .rails
+        .iter()
+        .map(|r| {
+            let mut text = format!(
+                "rail {}{}: {} chunk{} ({})",
+                r.rail,
+                r.from
+                    .as_deref()
+                    .map(|f| format!(" from {f}"))
+                    .unwrap_or_default(),
+                r.chunks,
+                if r.chunks == 1 { "" } else { "s" },
+                host::transfer::units::format_bytes(r.bytes)
+            );
+            if r.copies_dropped > 0 {
+                text += &format!(", {} copies dropped", r.copies_dropped);
+            }
+            if let Some(why) = &r.stopped {
+                text += &format!(", stopped: {why}");
+            }
+            text
+        })
+        .collect();
+    let asked = match s.asked_again {
+        0 => String::new(),
+        n => format!("; {n} chunks missing after a pass were asked for again"),
+    };
+    format!("rails: {}{asked}", rails.join("; "))
+}

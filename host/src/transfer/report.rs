@@ -226,6 +226,32 @@ pub struct RecvReport {
     /// Checksums, repairs, digest, output (version 2 transports fill it in); boxed,
     /// as most outcomes carry none.
     pub integrity: Box<Integrity>,
+    /// A striped TCP connection: what came over each rail.
+    pub striped: Option<Box<StripedRecv>>,
+}
+
+/// What a receiver got over each rail of a striped connection (all its transfers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StripedRecv {
+    pub rails: Vec<RecvRail>,
+    /// Chunks that did not arrive by the end of a pass (written into a rail that
+    /// failed) and were asked for again.
+    pub asked_again: u64,
+}
+
+/// One rail as the receiver saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecvRail {
+    pub rail: u16,
+    /// The sender's address on it.
+    pub from: Option<String>,
+    /// Chunks (and their bytes) that landed from its streams.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Copies of chunks that had landed already, read and dropped.
+    pub copies_dropped: u64,
+    /// Why its streams stopped before the end (the sender gave it up, it broke).
+    pub stopped: Option<String>,
 }
 
 impl RecvReport {

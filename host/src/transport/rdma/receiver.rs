@@ -737,6 +737,7 @@ fn receive_framed(
         verify_seconds,
         memory: memory_log,
         integrity: Default::default(),
+        striped: None,
     })
 }
 
@@ -1133,5 +1134,6 @@ fn raw(
         verify_seconds,
         memory: memory_log,
         integrity: Default::default(),
+        striped: None,
     })
 }

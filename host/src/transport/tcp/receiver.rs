@@ -597,6 +597,7 @@ fn receive_which(
     let mut round = 0u32;
     while !missing.is_empty() {
         round += 1;
+        state.asked_again += missing.len() as u64;
         if round > super::frames::MAX_MISSING_ROUNDS {
             return Err(Stop::Broken(format!(
                 "{} chunks still missing after {} rounds of asking for them again (first: {})",
@@ -898,6 +899,10 @@ fn receive_all(
         verify_seconds,
         memory: AttemptLog::default(),
         integrity: Box::new(integrity),
+        striped: match &mode {
+            Mode::Striped(state) => Some(Box::new(state.summary())),
+            Mode::Fixed => None,
+        },
     })
 }
 

@@ -46,6 +46,18 @@ pub struct Streams {
     /// Why each dead stream stopped (broken, never joined, or its rail given up by the
     /// sender).
     dead: Vec<Option<String>>,
+    /// Per stream, over the connection: what landed from it, and copies it dropped.
+    counts: Vec<Counts>,
+    /// Chunks asked for again because they were missing after a pass.
+    pub asked_again: u64,
+}
+
+/// What one stream brought.
+#[derive(Debug, Default)]
+struct Counts {
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl Streams {
@@ -55,10 +67,49 @@ impl Streams {
             .iter()
             .map(|s| s.is_none().then(|| "it did not join in time".to_string()))
             .collect();
+        let counts = (0..sockets.len()).map(|_| Counts::default()).collect();
         Streams {
             sockets,
             rails,
             dead,
+            counts,
+            asked_again: 0,
+        }
+    }
+
+    /// What came over each rail, for the report.
+    pub fn summary(&self) -> crate::transfer::report::StripedRecv {
+        let mut rails: Vec<crate::transfer::report::RecvRail> = Vec::new();
+        for (s, &rail) in self.rails.iter().enumerate() {
+            let at = match rails.iter().position(|r| r.rail == rail) {
+                Some(at) => at,
+                None => {
+                    rails.push(crate::transfer::report::RecvRail {
+                        rail,
+                        ..Default::default()
+                    });
+                    rails.len() - 1
+                }
+            };
+            let r = &mut rails[at];
+            let c = &self.counts[s];
+            r.bytes += c.bytes.load(Ordering::Relaxed);
+            r.chunks += c.chunks.load(Ordering::Relaxed);
+            r.copies_dropped += c.dropped.load(Ordering::Relaxed);
+            if r.from.is_none() {
+                r.from = self.sockets[s]
+                    .as_ref()
+                    .and_then(|s| s.peer_addr().ok())
+                    .map(|a| a.ip().to_string());
+            }
+            if let (None, Some(why)) = (&r.stopped, &self.dead[s]) {
+                r.stopped = Some(why.clone());
+            }
+        }
+        rails.sort_by_key(|r| r.rail);
+        crate::transfer::report::StripedRecv {
+            rails,
+            asked_again: self.asked_again,
         }
     }
 }
@@ -66,6 +117,7 @@ impl Streams {
 /// What every reader of one round shares.
 struct Round<'a, 'b> {
     streams: &'a [Option<TcpStream>],
+    counts: &'a [Counts],
     rails: &'a [u16],
     plan: &'a ChunkPlan,
     slots: Vec<Mutex<Slot<'b>>>,
@@ -121,6 +173,7 @@ pub fn receive_round(
     let streams = &state.sockets;
     let round = Round {
         streams,
+        counts: &state.counts,
         rails: &state.rails,
         plan,
         slots,
@@ -179,6 +232,22 @@ pub fn receive_round(
 
 /// Stream `s`'s part of a round: frames until its end marker, or until it breaks.
 fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
+    match read_frames(round, s) {
+        // Shut here because the sender gave its rail up: say that, not the read's error.
+        Ended::Dead(_) if given_up(round, s) => {
+            Ended::Dead("the sender gave its rail up (an end marker said so)".into())
+        }
+        ended => ended,
+    }
+}
+
+/// Whether an end marker named stream `s`'s rail as given up.
+fn given_up(round: &Round<'_, '_>, s: usize) -> bool {
+    let rail = round.rails[s];
+    rail < 32 && round.failed_rails.load(Ordering::Relaxed) & (1 << rail) != 0
+}
+
+fn read_frames(round: &Round<'_, '_>, s: usize) -> Ended {
     let Some(stream) = &round.streams[s] else {
         return Ended::Dead("it did not join in time".into());
     };
@@ -218,6 +287,7 @@ fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
             if let Err(e) = drop_copy(round, stream, frame.len as usize) {
                 return e;
             }
+            round.counts[s].dropped.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         match socket::read_exact_within(stream, place, limits.timeout, limits.deadline) {
@@ -229,6 +299,9 @@ fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
                     }
                 }
                 round.got.fetch_add(frame.len as u64, Ordering::Relaxed);
+                let counts = &round.counts[s];
+                counts.bytes.fetch_add(frame.len as u64, Ordering::Relaxed);
+                counts.chunks.fetch_add(1, Ordering::Relaxed);
                 *round.slots[index].lock().unwrap_or_else(|p| p.into_inner()) = Slot::Landed;
             }
             Err(e) => {
@@ -414,6 +487,14 @@ mod tests {
         )
         .unwrap();
         assert!(missing.is_empty());
+        let summary = state.summary();
+        assert_eq!(summary.rails.len(), 2);
+        assert_eq!(
+            (summary.rails[0].chunks, summary.rails[0].copies_dropped),
+            (4, 2)
+        );
+        assert_eq!(summary.rails[1].chunks, 0);
+        assert!(summary.rails[1].stopped.is_some());
         assert_eq!(&buf[100..200], &[1u8; 100][..]);
         assert_eq!(&buf[200..300], &[2u8; 100][..]);
     }
