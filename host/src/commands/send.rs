@@ -304,8 +304,12 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             op => format!(
                 "{} in {} chunk{} of {}, {} in flight",
                 if tcp {
+                    let rails = match r.rails.len() {
+                        0 | 1 => String::new(),
+                        n => format!("{n} rails of "),
+                    };
                     format!(
-                        "TCP over {} stream{}",
+                        "TCP over {rails}{} stream{}",
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )

@@ -213,7 +213,14 @@ pub fn send_repeated(
                     // The receiver may have ended it on purpose, and said why.
                     Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
                 };
+                if striped {
+                    // A rail that died after its last chunk was written, before its end
+                    // marker arrived, keeps the receiver waiting up to --timeout on its
+                    // streams before it replies: the reply may take that much longer.
+                    let _ = control.set_read_timeout(Some(cfg.timeout * 2));
+                }
                 let settled = settle(&mut control, wire, source, &plan, cfg, &label);
+                let _ = control.set_read_timeout(Some(cfg.timeout));
                 let (ack, integrity, missing_seconds) = settled?;
                 let rails = striped.then(|| {
                     let args = (&all_rails[..], &connected[..], &left_out[..]);
