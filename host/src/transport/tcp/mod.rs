@@ -9,7 +9,8 @@
 //!   it (which rail and stream carries each chunk, when a rail has failed);
 //! - [`rails`]: the sender's rails (`--bind-interfaces`): connecting from a local
 //!   address, the cooldown of rails that failed;
-//! - [`sender`]: offer, streams, the schedule, the acks;
+//! - [`sender`]: the schedule over the wire, the acks and resends; `opening` beside it
+//!   (the offer, the receiver's answer, the streams of each rail);
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
 //! - [`receiver`]: accept and admission, a thread per transfer, verification, acks;
@@ -21,6 +22,7 @@ mod dispatch;
 pub mod frames;
 mod handshake;
 pub mod landing;
+mod opening;
 pub mod rails;
 pub mod receiver;
 mod routes;

@@ -1,16 +1,16 @@
-//! The TCP sender: offer the transfer on stream 0, open the other streams once accepted,
-//! run the shared chunk schedule over a [`TcpWire`], read the receiver's ack after each
-//! transfer.
+//! The TCP sender: open the connection (`opening`: the offer on stream 0, the other
+//! streams, over one rail or several), run the shared chunk schedule over a [`TcpWire`],
+//! answer the receiver's resend requests (corrupt or, striped, missing chunks) and read
+//! its ack after each transfer; what each rail carried, for the report.
 
-use super::frames::{Hello, MAX_MISSING_ROUNDS, MAX_STREAMS};
+use super::frames::{MAX_MISSING_ROUNDS, MAX_STREAMS};
 use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
 use super::wire::{TcpWire, WireChecks, WireRails};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
-    encode_name, AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, Resend,
-    ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN, ACK_MAGIC, CHALLENGE_MAGIC, REJECT_MAGIC, REPLY_PREFIX_LEN,
+    encode_name, Ack, AckStatus, Header, Op, Resend, ACK_LEN, ACK_MAGIC, REPLY_PREFIX_LEN,
     RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
@@ -18,7 +18,7 @@ use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{PayloadOptions, SendReport, TransferError};
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -49,18 +49,6 @@ pub struct TcpSendConfig {
 
 /// `--rail-timeout`'s default.
 pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// The streams of one connection, and who they are.
-struct Opened {
-    control: TcpStream,
-    /// Every stream in order, the control socket's clone first: rail `r`'s streams are
-    /// `r * n .. (r + 1) * n` (`r` counted among the rails that connected).
-    streams: Vec<TcpStream>,
-    /// For each connected rail, its place in the sender's list.
-    rails: Vec<usize>,
-    /// The rails left out, with why.
-    left_out: Vec<(usize, String)>,
-}
 
 /// Bytes of chunks copied out of the source for one batch of resends at most.
 const RESEND_BATCH_BYTES: u64 = 64 << 20;
@@ -98,20 +86,6 @@ pub fn choose_source(
         .source(walked.method)
         .map_err(TransferError::Memory)?;
     Ok((source, walked.log))
-}
-
-fn no_receiver(peer: &str, e: &io::Error, timeout: Duration) -> TransferError {
-    let why = match e.kind() {
-        io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-            format!("no answer within {}", crate::rdma::format_duration(timeout))
-        }
-        _ => e.to_string(),
-    };
-    TransferError::NoReceiver {
-        peer: peer.to_string(),
-        why,
-    }
 }
 
 /// `transfers` transfers of `source` on one TCP connection (`--reuse-connection`; 1 is a
@@ -160,10 +134,10 @@ pub fn send_repeated(
         header = header.with_striped();
     }
     let opened = match striped {
-        true => open_striped(cfg, &all_rails, &header, &name_message, &label)?,
-        false => open_single(cfg, &header, &name_message, &label)?,
+        true => super::opening::open_striped(cfg, &all_rails, &header, &name_message, &label)?,
+        false => super::opening::open_single(cfg, &header, &name_message, &label)?,
     };
-    let Opened {
+    let super::opening::Opened {
         mut control,
         streams,
         rails: connected,
@@ -256,64 +230,6 @@ pub fn send_repeated(
         },
     )
     .map_err(TransferError::Memory)?
-}
-
-/// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or
-/// with a receiver that has a key, a challenge: prove the key over its nonce, then read
-/// the accept or reject that follows.
-fn answer_offer(
-    control: &mut TcpStream,
-    cfg: &TcpSendConfig,
-    offer: &[u8],
-    label: &str,
-) -> Result<(), TransferError> {
-    let mut challenged = false;
-    loop {
-        let answer: [u8; ACCEPT_LEN] = read_array(control).map_err(|e| {
-            let what = "waiting for the receiver to accept the offer";
-            TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
-        })?;
-        match [answer[0], answer[1], answer[2], answer[3]] {
-            ACCEPT_MAGIC => {
-                AcceptInfo::decode(&answer).map_err(|e| {
-                    TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
-                })?;
-                return Ok(());
-            }
-            REJECT_MAGIC => {
-                return Err(match RejectReason::decode(&answer) {
-                    Some(reason) => TransferError::Rejected(reason),
-                    None => TransferError::Protocol(format!("{label} sent an invalid reject")),
-                })
-            }
-            CHALLENGE_MAGIC if !challenged => {
-                challenged = true;
-                let challenge = Challenge::decode(&answer).map_err(|e| {
-                    TransferError::Protocol(format!("{label} sent an invalid key challenge: {e}"))
-                })?;
-                let Some(key) = &cfg.key else {
-                    return Err(TransferError::Protocol(format!(
-                        "{label} serves only senders with its key: give this sender the same --key-file"
-                    )));
-                };
-                let proof = Proof {
-                    tag: key.prove(offer, &challenge.nonce),
-                };
-                control.write_all(&proof.encode()).map_err(|e| {
-                    TransferError::Protocol(format!(
-                        "{label}: {}",
-                        socket::why(&e, cfg.timeout, "sending the proof of the key")
-                    ))
-                })?;
-            }
-            _ => {
-                return Err(TransferError::NotFramed {
-                    peer: label.to_string(),
-                    why: "its answer to the offer is neither accept nor reject".into(),
-                })
-            }
-        }
-    }
 }
 
 /// After a failed write: the receiver's reason, if it ended the transfer with a "too
@@ -533,161 +449,6 @@ fn wire_error(e: WireError, label: &str, total: u64) -> TransferError {
         },
         WireError::Other(e) => e,
     }
-}
-
-/// One rail, as before rails: the offer on the first socket, the other streams opened
-/// once it is accepted.
-fn open_single(
-    cfg: &TcpSendConfig,
-    header: &Header,
-    name_message: &[u8],
-    label: &str,
-) -> Result<Opened, TransferError> {
-    let token = socket::new_token();
-    let hello = |index: u16| {
-        Hello {
-            index,
-            count: cfg.streams,
-            rail: 0,
-            token,
-        }
-        .encode()
-    };
-    let broken = |why: String| TransferError::Broken {
-        peer: label.to_string(),
-        done: 0,
-        total: cfg.bytes,
-        why,
-    };
-    let mut control =
-        socket::connect(cfg.peer, cfg.timeout).map_err(|e| no_receiver(label, &e, cfg.timeout))?;
-    let offer = [
-        &header.encode_with_version(cfg.protocol_version)[..],
-        &hello(0)[..],
-        name_message,
-    ]
-    .concat();
-    control
-        .write_all(&offer)
-        .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, label)?;
-    let mut streams = vec![control.try_clone().map_err(|e| broken(e.to_string()))?];
-    for index in 1..cfg.streams {
-        let mut s = socket::connect(cfg.peer, cfg.timeout)
-            .map_err(|e| broken(format!("opening stream {index}: {}", e)))?;
-        s.write_all(&hello(index))
-            .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
-        streams.push(s);
-    }
-    Ok(Opened {
-        control,
-        streams,
-        rails: vec![0],
-        left_out: Vec::new(),
-    })
-}
-
-/// Several rails: every rail's sockets are connected first (at once, each rail from its
-/// local address), so that the offer counts only the rails that connected; rails resting
-/// after a failure are left out unless all are. The offer goes on the first connected
-/// rail's first socket; the others say their stream and rail once it is accepted.
-fn open_striped(
-    cfg: &TcpSendConfig,
-    all: &[Rail],
-    header: &Header,
-    name_message: &[u8],
-    label: &str,
-) -> Result<Opened, TransferError> {
-    let now = Instant::now();
-    let cooldowns = Cooldowns::global();
-    let mut left_out = Vec::new();
-    let mut tried: Vec<usize> = (0..all.len())
-        .filter(|&k| match cooldowns.resting(&all[k].label(), now) {
-            Some(left) => {
-                let left = crate::rdma::format_duration(left);
-                left_out.push((k, format!("resting after a failure ({left} more)")));
-                false
-            }
-            None => true,
-        })
-        .collect();
-    if tried.is_empty() {
-        // All rest: try them all rather than fail without trying.
-        tried = (0..all.len()).collect();
-        left_out.clear();
-    }
-    // A rail that does not answer should not hold the transfer up for all of --timeout.
-    let connect_timeout = cfg
-        .timeout
-        .min((cfg.rail_timeout * 4).max(Duration::from_secs(1)));
-    let rails: Vec<Rail> = tried.iter().map(|&k| all[k]).collect();
-    let results = super::rails::connect_all(&rails, cfg.streams, connect_timeout);
-    let mut connected = Vec::new();
-    let mut sockets = Vec::new();
-    for (&k, result) in tried.iter().zip(results) {
-        match result {
-            Ok(s) => {
-                connected.push(k);
-                sockets.push(s);
-            }
-            Err(why) => {
-                let rest = cooldowns.failed(&all[k].label(), Instant::now());
-                let rest = crate::rdma::format_duration(rest);
-                left_out.push((k, format!("{why}; resting {rest}")));
-            }
-        }
-    }
-    if connected.is_empty() {
-        let why = left_out
-            .iter()
-            .map(|(k, why)| format!("rail {k} ({}): {why}", all[*k].label()))
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(TransferError::NoReceiver {
-            peer: label.to_string(),
-            why: format!("no rail connected: {why}"),
-        });
-    }
-    let broken = |why: String| TransferError::Broken {
-        peer: label.to_string(),
-        done: 0,
-        total: cfg.bytes,
-        why,
-    };
-    let token = socket::new_token();
-    let count = connected.len() as u16 * cfg.streams;
-    let hello = |index: u16, rail: u16| {
-        Hello {
-            index,
-            count,
-            rail,
-            token,
-        }
-        .encode()
-    };
-    let mut streams: Vec<TcpStream> = sockets.into_iter().flatten().collect();
-    let mut control = streams[0].try_clone().map_err(|e| broken(e.to_string()))?;
-    let offer = [
-        &header.encode_with_version(cfg.protocol_version)[..],
-        &hello(0, 0)[..],
-        name_message,
-    ]
-    .concat();
-    control
-        .write_all(&offer)
-        .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, label)?;
-    for (index, s) in streams.iter_mut().enumerate().skip(1) {
-        let rail = (index / cfg.streams as usize) as u16;
-        s.write_all(&hello(index as u16, rail))
-            .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
-    }
-    Ok(Opened {
-        control,
-        streams,
-        rails: connected,
-        left_out,
-    })
 }
 
 /// What each rail of a striped transfer carried, and the cooldown bookkeeping: a rail
