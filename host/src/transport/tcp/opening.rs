@@ -101,9 +101,10 @@ fn answer_offer(
 }
 
 /// One rail, as before rails: the offer on the first socket, the other streams opened
-/// once it is accepted.
+/// once it is accepted (from the rail's local address, if one was given).
 pub(super) fn open_single(
     cfg: &TcpSendConfig,
+    rail: &Rail,
     header: &Header,
     name_message: &[u8],
     label: &str,
@@ -124,8 +125,8 @@ pub(super) fn open_single(
         total: cfg.bytes,
         why,
     };
-    let mut control =
-        socket::connect(cfg.peer, cfg.timeout).map_err(|e| no_receiver(label, &e, cfg.timeout))?;
+    let mut control = super::rails::connect(rail, cfg.timeout)
+        .map_err(|e| no_receiver(label, &e, cfg.timeout))?;
     let offer = [
         &header.encode_with_version(cfg.protocol_version)[..],
         &hello(0)[..],
@@ -138,7 +139,7 @@ pub(super) fn open_single(
     answer_offer(&mut control, cfg, &offer, label)?;
     let mut streams = vec![control.try_clone().map_err(|e| broken(e.to_string()))?];
     for index in 1..cfg.streams {
-        let mut s = socket::connect(cfg.peer, cfg.timeout)
+        let mut s = super::rails::connect(rail, cfg.timeout)
             .map_err(|e| broken(format!("opening stream {index}: {}", e)))?;
         s.write_all(&hello(index))
             .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;

@@ -647,7 +647,9 @@ fn gather(
         .try_clone()
         .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
     let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
-    let mut rails = vec![0u16; count as usize];
+    // A stream that never joins has no rail we know of.
+    let mut rails = vec![super::striped::UNKNOWN_RAIL; count as usize];
+    rails[0] = 0;
     slots[0] = Some(clone);
     // A striped transfer starts with the streams that joined within a moment: a rail
     // whose link died between its connection and its hello must not hold up the others

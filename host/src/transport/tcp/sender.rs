@@ -130,12 +130,22 @@ pub fn send_repeated(
         false => cfg.rails.clone(),
     };
     let striped = all_rails.len() > 1;
+    if all_rails.len() * cfg.streams as usize > MAX_STREAMS as usize {
+        return Err(TransferError::Protocol(format!(
+            "{} rails of {} streams: at most {MAX_STREAMS} streams in all",
+            all_rails.len(),
+            cfg.streams
+        )));
+    }
     if striped {
         header = header.with_striped();
     }
     let opened = match striped {
         true => super::opening::open_striped(cfg, &all_rails, &header, &name_message, &label)?,
-        false => super::opening::open_single(cfg, &header, &name_message, &label)?,
+        false => {
+            let rail = &all_rails[0];
+            super::opening::open_single(cfg, rail, &header, &name_message, &label)?
+        }
     };
     let super::opening::Opened {
         mut control,

@@ -26,6 +26,8 @@ use std::sync::Mutex;
 
 /// Most chunks a striped transfer may have: the slot table is one entry per chunk.
 pub const MAX_STRIPED_CHUNKS: u64 = 1 << 20;
+/// The rail of a stream that never joined (its hello, which names it, did not come).
+pub const UNKNOWN_RAIL: u16 = u16::MAX;
 
 /// A chunk's place, as a round sees it.
 enum Slot<'b> {
@@ -81,6 +83,9 @@ impl Streams {
     pub fn summary(&self) -> crate::transfer::report::StripedRecv {
         let mut rails: Vec<crate::transfer::report::RecvRail> = Vec::new();
         for (s, &rail) in self.rails.iter().enumerate() {
+            if rail == UNKNOWN_RAIL {
+                continue;
+            }
             let at = match rails.iter().position(|r| r.rail == rail) {
                 Some(at) => at,
                 None => {
