@@ -270,9 +270,10 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
         ],
     );
     // In the middle: once rail 2's sockets are up (the sender generates its data
-    // first), and a third of a striped transfer later.
+    // first), and 0.7 s later (the receiver prepares its buffer, then the data flows):
+    // about a third of the way in.
     rails.wait_for_connection("10.71.2.1");
-    std::thread::sleep(Duration::from_millis(350));
+    std::thread::sleep(Duration::from_millis(700));
     rails.link(2, "down");
     let down_at = t0.elapsed().as_secs_f64();
     let (json, stderr) = verified(finish(child, Duration::from_secs(60)), "failover");
