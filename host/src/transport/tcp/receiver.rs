@@ -533,16 +533,14 @@ fn serve_offer(
     let outcome = match gathered {
         Ok((sockets, rails)) => {
             drop(route); // every stream is in (or late): nothing more may join
-            let mut streams = Vec::new();
-            for s in sockets.iter().flatten() {
-                match s.try_clone() {
-                    Ok(s) => streams.push(s),
-                    Err(e) => return (failed(TransferError::Protocol(e.to_string())), true),
-                }
-            }
-            let mode = match header.striped {
-                true => Mode::Striped(super::striped::Streams::new(sockets, rails)),
-                false => Mode::Fixed,
+                         // The sockets have one owner (no clones: the admission counted one
+                         // descriptor each): the fixed readers' list, or the striped rounds' state.
+            let (streams, mode) = match header.striped {
+                true => (
+                    Vec::new(),
+                    Mode::Striped(super::striped::Streams::new(sockets, rails)),
+                ),
+                false => (sockets.into_iter().flatten().collect(), Mode::Fixed),
             };
             receive_all(
                 cfg,
@@ -787,6 +785,9 @@ fn receive_all(
                         let _ = control.write_all(&Ack::too_slow(got).encode());
                         for s in streams {
                             let _ = s.shutdown(Shutdown::Both);
+                        }
+                        if let Mode::Striped(state) = &mode {
+                            state.shut_all();
                         }
                         // Counted over the connection, as the rate is.
                         TransferError::TooSlow {

@@ -79,6 +79,13 @@ impl Streams {
         }
     }
 
+    /// Shut every stream (the transfer is over: the sender's writes fail at once).
+    pub fn shut_all(&self) {
+        for s in self.sockets.iter().flatten() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
     /// What came over each rail, for the report.
     pub fn summary(&self) -> crate::transfer::report::StripedRecv {
         let mut rails: Vec<crate::transfer::report::RecvRail> = Vec::new();
