@@ -205,6 +205,8 @@ fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
         stdout.contains("could not store it") && stderr.contains("could not store the data"),
         "{stdout}\n{stderr}"
     );
+    // The receiver reports the transfer after its ack went out: wait for the line.
+    r.wait_for_log("not stored:", Duration::from_secs(10));
     let log = r.log();
     assert!(
         log.contains("not stored:") && log.contains("No space left on device"),
