@@ -93,6 +93,8 @@ fn run() -> Result<()> {
         key: None, // --key-file: none
         // The built-in pattern, checked element by element (--verify pattern).
         payload: Default::default(),
+        rails: Vec::new(),
+        rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.
     let reports = tcp::send_repeated(&cfg, &buffer, &AttemptLog::default(), 1)?;

@@ -101,6 +101,8 @@ impl Options {
                 name: self.name.clone(),
                 faults: None,
             },
+            rails: Vec::new(),
+            rail_timeout: crate::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
         }
     }
 }

@@ -181,7 +181,8 @@ pub enum BenchCommand {
 /// `host <ip> <port>`: send.
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// The receiver's address: an IPv4 or IPv6 address (or a host name) on an RDMA network.
+    /// The receiver's address: an IPv4 or IPv6 address (or a host name) on an RDMA network;
+    /// over TCP a comma list gives one per rail (--bind-interfaces).
     #[arg(required = true)]
     pub ip: Option<String>,
 
@@ -303,6 +304,21 @@ pub struct SendArgs {
     /// NCCL_NSOCKS_PERTHREAD), for links one socket cannot fill.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
     pub streams: u16,
+
+    /// TCP only: stripe the transfer over several local interfaces (rails), one socket
+    /// set (--streams each) per local address, rail k from the k-th address to the k-th
+    /// receiver address of <IP> (a comma list), or to the one. Chunks go to whichever
+    /// rail has room; a rail that fails mid-transfer has its chunks sent on the others,
+    /// and rests (1 s, doubling per failure in a row, at most 60 s) before later
+    /// transfers try it again. A comma list in <IP> without this option stripes too,
+    /// each rail from the route's source address.
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
+    pub bind_interfaces: Vec<IpAddr>,
+
+    /// TCP, striped: a rail with chunks in flight that writes none for this long has
+    /// failed (its chunks go to the other rails); fractions allowed.
+    #[arg(long, value_name = "SECS", default_value = "0.5", value_parser = parse_timeout)]
+    pub rail_timeout: Duration,
 
     /// Protocol version to put into the header (tests of the receiver's version check).
     #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]

@@ -138,6 +138,7 @@ fn a_client_that_stalls_is_timed_out_while_others_are_served() {
     let hello = host::transport::tcp::frames::Hello {
         index: 0,
         count: 1,
+        rail: 0,
         token: 42,
     }
     .encode();
@@ -177,6 +178,7 @@ fn a_busy_receiver_says_so() {
     let hello = host::transport::tcp::frames::Hello {
         index: 0,
         count: 1,
+        rail: 0,
         token: 7,
     }
     .encode();
@@ -252,6 +254,7 @@ fn offer(total: u64, chunk: u64, transfers: u32, streams: u16, token: u64) -> Ve
     let hello = Hello {
         index: 0,
         count: streams,
+        rail: 0,
         token,
     };
     [&header.encode()[..], &hello.encode()[..]].concat()
@@ -261,6 +264,7 @@ fn stream_hello(index: u16, count: u16, token: u64) -> [u8; 20] {
     Hello {
         index,
         count,
+        rail: 0,
         token,
     }
     .encode()

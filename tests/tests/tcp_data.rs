@@ -205,9 +205,13 @@ fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
         stdout.contains("could not store it") && stderr.contains("could not store the data"),
         "{stdout}\n{stderr}"
     );
-    // The receiver reports after its ack went out: wait for its words.
-    r.wait_for_log("No space left on device", Duration::from_secs(10));
-    assert!(r.log().contains("not stored:"), "{}", r.log());
+    // The receiver reports the transfer after its ack went out: wait for the line.
+    r.wait_for_log("not stored:", Duration::from_secs(10));
+    let log = r.log();
+    assert!(
+        log.contains("not stored:") && log.contains("No space left on device"),
+        "{log}"
+    );
     // Nothing under the final name, no temporary file left; and the next one fits.
     let inside =
         PathBuf::from(format!("/proc/{}/root", r.pid())).join(mount.strip_prefix("/").unwrap());

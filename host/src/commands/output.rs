@@ -113,3 +113,86 @@ pub fn iteration_error(e: host::transfer::TransferError, i: u32, iters: u32) -> 
         anyhow::Error::new(e).context(format!("iteration {} of {iters}", i + 1))
     }
 }
+
+/// A striped transfer's rails: one line of what each carried, and one line per failover.
+pub fn rail_lines(rails: &[host::transfer::report::RailReport]) -> Vec<String> {
+    if rails.is_empty() {
+        return Vec::new();
+    }
+    let name = |r: &host::transfer::report::RailReport| {
+        format!(
+            "rail {} ({})",
+            r.rail,
+            r.local.as_deref().unwrap_or(&r.remote)
+        )
+    };
+    let carried: Vec<String> = rails
+        .iter()
+        .map(|r| match &r.left_out {
+            Some(why) if r.chunks == 0 => format!("{}: none, {why}", name(r)),
+            _ => format!(
+                "{}: {} chunk{} ({})",
+                name(r),
+                r.chunks,
+                if r.chunks == 1 { "" } else { "s" },
+                host::transfer::units::format_bytes(r.bytes)
+            ),
+        })
+        .collect();
+    let mut lines = vec![format!("rails: {}", carried.join("; "))];
+    for r in rails.iter().filter(|r| r.failures > 0) {
+        let resent: Vec<String> = rails
+            .iter()
+            .filter(|o| o.resends > 0)
+            .map(|o| format!("{} on rail {}", o.resends, o.rail))
+            .collect();
+        lines.push(format!(
+            "failover: {} failed after {:.3} s ({}); {} chunk{} in flight moved; chunks resent: {}; stalled {:.3} s beyond the detection",
+            name(r),
+            r.failed_after_seconds.unwrap_or(0.0),
+            r.failed.as_deref().unwrap_or("?"),
+            r.moved_chunks,
+            if r.moved_chunks == 1 { "" } else { "s" },
+            if resent.is_empty() {
+                "none".to_string()
+            } else {
+                resent.join(", ")
+            },
+            r.stall_beyond_detection_seconds.unwrap_or(0.0)
+        ));
+    }
+    lines
+}
+
+/// What a receiver got over each rail of a striped connection, in one line.
+pub fn received_rails_line(s: &host::transfer::report::StripedRecv) -> String {
+    let rails: Vec<String> = s
+        .rails
+        .iter()
+        .map(|r| {
+            let mut text = format!(
+                "rail {}{}: {} chunk{} ({})",
+                r.rail,
+                r.from
+                    .as_deref()
+                    .map(|f| format!(" from {f}"))
+                    .unwrap_or_default(),
+                r.chunks,
+                if r.chunks == 1 { "" } else { "s" },
+                host::transfer::units::format_bytes(r.bytes)
+            );
+            if r.copies_dropped > 0 {
+                text += &format!(", {} copies dropped", r.copies_dropped);
+            }
+            if let Some(why) = &r.stopped {
+                text += &format!(", stopped: {why}");
+            }
+            text
+        })
+        .collect();
+    let asked = match s.asked_again {
+        0 => String::new(),
+        n => format!("; {n} chunks missing after a pass were asked for again"),
+    };
+    format!("rails: {}{asked}", rails.join("; "))
+}

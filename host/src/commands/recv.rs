@@ -111,6 +111,9 @@ fn print_report(r: &RecvReport, human: &Human) {
         r.seconds,
         r.gbps
     ));
+    if let Some(striped) = &r.striped {
+        human.line(super::output::received_rails_line(striped));
+    }
     if r.transfers < r.offered {
         human.line(format!(
             "only {} of the {} transfers offered on this connection were done: not ok",

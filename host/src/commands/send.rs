@@ -19,7 +19,19 @@ use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
+/// The receiver's address; of a comma list (one per TCP rail), the first.
 fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
+    resolve_one(host.split(',').next().unwrap_or(host), port)
+}
+
+/// Every address of `<IP>` (a comma list over TCP rails).
+pub fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
+    host.split(',')
+        .map(|h| resolve_one(h.trim(), port))
+        .collect()
+}
+
+fn resolve_one(host: &str, port: u16) -> Result<SocketAddr> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
@@ -226,6 +238,8 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let tcp = chosen.kind == TransportKind::Tcp;
     if tcp {
         super::tcp::check_send_options(args, chosen.note.as_deref())?;
+    } else if !args.bind_interfaces.is_empty() || ip.contains(',') {
+        bail!("--bind-interfaces and a list of receiver addresses stripe a transfer over TCP rails; striping over RDMA is not built (use --nic for the RDMA device): add --transport tcp, or give one address");
     }
     let rail = super::rails::sender_device(args, tcp)?;
     if let Some(sweep) = args.sweep {
@@ -288,8 +302,12 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             op => format!(
                 "{} in {} chunk{} of {}, {} in flight",
                 if tcp {
+                    let rails = match r.rails.len() {
+                        0 | 1 => String::new(),
+                        n => format!("{n} rails of "),
+                    };
                     format!(
-                        "TCP over {} stream{}",
+                        "TCP over {rails}{} stream{}",
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )
@@ -317,6 +335,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
             ));
         }
         for line in integrity_lines(&r.integrity) {
+            human.line(format!("{prefix}{line}"));
+        }
+        for line in super::output::rail_lines(&r.rails) {
             human.line(format!("{prefix}{line}"));
         }
         if r.op == "raw" {

@@ -31,6 +31,21 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
     Ok(())
 }
 
+/// The rails of `--bind-interfaces` and a comma list of receiver addresses; empty for
+/// one rail (one address, no local addresses named).
+fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<host::transport::tcp::rails::Rail>> {
+    let ip = args.ip.as_deref().unwrap_or_default();
+    let remotes = match ip.contains(',') {
+        true => super::send::resolve_all(ip, peer.port())?,
+        false => vec![peer],
+    };
+    if remotes.len() == 1 && args.bind_interfaces.is_empty() {
+        return Ok(Vec::new());
+    }
+    host::transport::tcp::rails::rails_of(&remotes, &args.bind_interfaces)
+        .map_err(anyhow::Error::msg)
+}
+
 /// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`).
 pub fn send(
     args: &SendArgs,
@@ -51,6 +66,8 @@ pub fn send(
         protocol_version: cfg.protocol_version,
         key: cfg.key.clone(),
         payload: payload.clone(),
+        rails: rails(args, cfg.peer)?,
+        rail_timeout: args.rail_timeout,
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);

@@ -89,6 +89,12 @@ pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
 pub const HEADER_FLAG_REPEAT: u8 = 0x01;
 /// Header flag (TCP): a [`NameMessage`] follows the offer (`--name`).
 pub const HEADER_FLAG_NAMED: u8 = 0x02;
+/// Header flag (TCP): the transfer is striped over several rails: any chunk may come on
+/// any stream, each stream ends a pass with an end marker, a chunk may arrive twice (a
+/// failover resend), and the receiver names missing chunks in a [`Resend`] with
+/// [`Resend::missing`] (see `transport::tcp::frames`). A receiver that predates it
+/// rejects the offer ("unknown flags").
+pub const HEADER_FLAG_STRIPED: u8 = 0x04;
 /// Header hint: the sender marks solicited events (see the module documentation).
 pub const HINT_SOLICITED: u8 = 0x01;
 /// Most transfers one connection may carry.
@@ -397,6 +403,8 @@ pub struct Header {
     pub max_resends: u8,
     /// A [`NameMessage`] follows the offer (TCP).
     pub named: bool,
+    /// TCP: striped over several rails ([`HEADER_FLAG_STRIPED`]).
+    pub striped: bool,
 }
 
 impl Header {
@@ -436,6 +444,7 @@ impl Header {
             verify: VerifyMode::default_for(payload),
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
+            striped: false,
         };
         header.validate()?;
         Ok(header)
@@ -463,6 +472,14 @@ impl Header {
     pub fn with_name(self) -> Header {
         Header {
             named: true,
+            ..self
+        }
+    }
+
+    /// The same offer, striped over several rails ([`HEADER_FLAG_STRIPED`]).
+    pub fn with_striped(self) -> Header {
+        Header {
+            striped: true,
             ..self
         }
     }
@@ -541,7 +558,8 @@ impl Header {
             HEADER_FLAG_REPEAT
         } else {
             0
-        } | if self.named { HEADER_FLAG_NAMED } else { 0 };
+        } | if self.named { HEADER_FLAG_NAMED } else { 0 }
+            | if self.striped { HEADER_FLAG_STRIPED } else { 0 };
         out[8..16].copy_from_slice(&self.total_bytes.to_le_bytes());
         out[16..20].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         out[20..24].copy_from_slice(&self.depth.to_le_bytes());
@@ -565,7 +583,7 @@ impl Header {
         let code = r.u8();
         let op = Op::from_code(code).ok_or(WireError::UnknownOp { code })?;
         let flags = r.u8();
-        if flags & !(HEADER_FLAG_REPEAT | HEADER_FLAG_NAMED) != 0 {
+        if flags & !(HEADER_FLAG_REPEAT | HEADER_FLAG_NAMED | HEADER_FLAG_STRIPED) != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
         let total_bytes = r.u64();
@@ -601,6 +619,7 @@ impl Header {
             verify,
             max_resends,
             named: flags & HEADER_FLAG_NAMED != 0,
+            striped: flags & HEADER_FLAG_STRIPED != 0,
         };
         header.validate()?;
         Ok(header)
@@ -1208,14 +1227,20 @@ pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
 /// landed. Or, with `last`, the chunks that still failed when the sender's
 /// `--max-resends` was used up (an ack with [`AckStatus::ChecksumFailed`] follows).
 ///
-/// Layout: `0` magic "GRDE", `4` version u16, `6` flags u8 (0x01 last), `7` reserved,
-/// `8` round u32 (from 1), `12` count u32, `16` count chunk indices u32, increasing.
-/// Over TCP it comes on stream 0 where the ack would; a sender reads
+/// With `missing` (striped TCP transfers, [`HEADER_FLAG_STRIPED`]): the chunks that did
+/// not arrive at all by the end of a pass (written into a rail that failed), to send
+/// again on the rails left; counted in rounds of their own, apart from the checksum
+/// rounds.
+///
+/// Layout: `0` magic "GRDE", `4` version u16, `6` flags u8 (0x01 last, 0x02 missing),
+/// `7` reserved, `8` round u32 (from 1), `12` count u32, `16` count chunk indices u32,
+/// increasing. Over TCP it comes on stream 0 where the ack would; a sender reads
 /// [`REPLY_PREFIX_LEN`] bytes and tells the two apart by their magic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resend {
     pub round: u32,
     pub last: bool,
+    pub missing: bool,
     pub chunks: Vec<u32>,
 }
 
@@ -1224,13 +1249,16 @@ pub const RESEND_MAGIC: [u8; 4] = *b"GRDE";
 /// of an [`Ack`].
 pub const REPLY_PREFIX_LEN: usize = 16;
 const RESEND_LAST: u8 = 1;
+const RESEND_MISSING: u8 = 2;
 
 impl Resend {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * self.chunks.len());
         out.extend_from_slice(&RESEND_MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(if self.last { RESEND_LAST } else { 0 });
+        out.push(
+            if self.last { RESEND_LAST } else { 0 } | if self.missing { RESEND_MISSING } else { 0 },
+        );
         out.push(0);
         out.extend_from_slice(&self.round.to_le_bytes());
         out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
@@ -1243,9 +1271,14 @@ impl Resend {
     /// The fixed part: `(round, last, count)`, the count checked against the transfer's
     /// `chunks` (so a lying peer cannot make the reader allocate more).
     pub fn decode_prefix(buf: &[u8], chunks: u64) -> Result<(u32, bool, u32), WireError> {
+        Resend::decode_head(buf, chunks).map(|(round, flags, count)| (round, flags.0, count))
+    }
+
+    /// As [`Resend::decode_prefix`], with both flags: `(round, (last, missing), count)`.
+    pub fn decode_head(buf: &[u8], chunks: u64) -> Result<(u32, (bool, bool), u32), WireError> {
         let mut r = open(buf, RESEND_MAGIC, REPLY_PREFIX_LEN)?;
         let flags = r.u8();
-        if flags & !RESEND_LAST != 0 {
+        if flags & !(RESEND_LAST | RESEND_MISSING) != 0 {
             return Err(WireError::UnknownFlags { flags });
         }
         let _reserved = r.u8();
@@ -1256,7 +1289,8 @@ impl Resend {
                 what: "a resend request of no chunks, of more chunks than the transfer has, or of round 0",
             });
         }
-        Ok((round, flags & RESEND_LAST != 0, count))
+        let last = flags & RESEND_LAST != 0;
+        Ok((round, (last, flags & RESEND_MISSING != 0), count))
     }
 
     /// The `count` chunk indices after the prefix: each below `chunks`, increasing.
@@ -1285,6 +1319,7 @@ impl Resend {
         Ok(Resend {
             round,
             last,
+            missing: false,
             chunks: list,
         })
     }
@@ -1493,6 +1528,7 @@ mod tests {
         let r = Resend {
             round: 2,
             last: false,
+            missing: false,
             chunks: vec![0, 7, 4095],
         };
         let bytes = r.encode();
@@ -1518,8 +1554,25 @@ mod tests {
                 "{list:?}"
             );
         }
-        let last = Resend { last: true, ..r };
+        let last = Resend {
+            last: true,
+            ..r.clone()
+        };
         assert!(Resend::decode_prefix(&last.encode(), 4096).unwrap().1);
+        let missing = Resend { missing: true, ..r };
+        let (_, flags, _) = Resend::decode_head(&missing.encode(), 4096).unwrap();
+        assert_eq!(flags, (false, true));
+        let mut unknown = missing.encode();
+        unknown[6] = 0x04;
+        assert!(Resend::decode_head(&unknown, 4096).is_err());
+    }
+
+    #[test]
+    fn a_striped_offer_round_trips_and_says_so_in_its_flags() {
+        let h = seed_header().with_striped();
+        let bytes = h.encode();
+        assert_eq!(bytes[7], HEADER_FLAG_STRIPED);
+        assert_eq!(Header::decode(&bytes), Ok(h));
     }
 
     #[test]
@@ -1584,6 +1637,7 @@ mod tests {
             verify: VerifyMode::Pattern,
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
+            striped: false,
         }
         .encode()
     }

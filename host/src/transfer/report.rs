@@ -108,6 +108,36 @@ pub struct SendReport {
     pub memory: AttemptLog,
     /// Checksums, repairs, digest (version 2 transports fill it in).
     pub integrity: Integrity,
+    /// What each rail carried (striped TCP transfers; empty otherwise).
+    pub rails: Vec<RailReport>,
+}
+
+/// One rail of a striped transfer: what it carried, and whether it failed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RailReport {
+    /// Its place in the sender's list (`--bind-interfaces`, or the receiver's addresses).
+    pub rail: usize,
+    /// The local address its sockets start from (or the route's, unnamed).
+    pub local: Option<String>,
+    pub remote: String,
+    /// Bytes and chunks written to its sockets in this transfer.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Of those chunks, second sendings: a failed rail's chunks in flight, chunks the
+    /// receiver missed or found corrupt.
+    pub resends: u64,
+    /// Failures in this transfer (0 or 1: a failed rail carries nothing more).
+    pub failures: u32,
+    /// Why it failed, and when (seconds after the transfer's start).
+    pub failed: Option<String>,
+    pub failed_after_seconds: Option<f64>,
+    /// Its chunks in flight when it failed, handed to the other rails.
+    pub moved_chunks: u64,
+    /// The stall its failure cost beyond the detection: from the failure until chunks
+    /// were done in order again, plus the rounds of asking for the chunks it lost.
+    pub stall_beyond_detection_seconds: Option<f64>,
+    /// Why it carried nothing (resting after a failure, no connection).
+    pub left_out: Option<String>,
 }
 
 /// What every framed transfer of one connection reports alike, whatever carried it (the
@@ -154,6 +184,7 @@ impl Framed<'_> {
                 AttemptLog::default()
             },
             integrity: Integrity::default(),
+            rails: Vec::new(),
         }
     }
 }
@@ -195,6 +226,32 @@ pub struct RecvReport {
     /// Checksums, repairs, digest, output (version 2 transports fill it in); boxed,
     /// as most outcomes carry none.
     pub integrity: Box<Integrity>,
+    /// A striped TCP connection: what came over each rail.
+    pub striped: Option<Box<StripedRecv>>,
+}
+
+/// What a receiver got over each rail of a striped connection (all its transfers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StripedRecv {
+    pub rails: Vec<RecvRail>,
+    /// Chunks that did not arrive by the end of a pass (written into a rail that
+    /// failed) and were asked for again.
+    pub asked_again: u64,
+}
+
+/// One rail as the receiver saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecvRail {
+    pub rail: u16,
+    /// The sender's address on it.
+    pub from: Option<String>,
+    /// Chunks (and their bytes) that landed from its streams.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Copies of chunks that had landed already, read and dropped.
+    pub copies_dropped: u64,
+    /// Why its streams stopped before the end (the sender gave it up, it broke).
+    pub stopped: Option<String>,
 }
 
 impl RecvReport {

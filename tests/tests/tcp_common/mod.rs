@@ -94,6 +94,12 @@ impl Receiver {
     /// Started through `wrapper` (a command that ends by `exec`ing its arguments, so
     /// the PID stays the receiver's), or directly.
     pub fn start_wrapped(wrapper: Option<Vec<String>>, extra: &[&str]) -> Receiver {
+        Receiver::start_bound(wrapper, "127.0.0.1", extra)
+    }
+
+    /// As [`Receiver::start_wrapped`], listening on `bind` (`0.0.0.0`: every interface,
+    /// as a receiver of several rails does).
+    pub fn start_bound(wrapper: Option<Vec<String>>, bind: &str, extra: &[&str]) -> Receiver {
         // Port 0: the system picks a free port at bind time and the receiver prints it. (A
         // port found free beforehand can be taken, by another test's outgoing connection,
         // before the receiver binds it.)
@@ -116,7 +122,7 @@ impl Receiver {
                 "--transport",
                 "tcp",
                 "--bind",
-                "127.0.0.1",
+                bind,
                 "--gpu",
                 "none",
             ])

@@ -909,6 +909,7 @@ fn receive_framed(
         verify_seconds,
         memory: memory_log,
         integrity: Box::new(integrity),
+        striped: None,
     })
 }
 
@@ -1325,5 +1326,6 @@ fn raw(
         verify_seconds,
         memory: memory_log,
         integrity: Default::default(),
+        striped: None,
     })
 }

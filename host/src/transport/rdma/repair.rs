@@ -84,6 +84,7 @@ pub fn resend_batches(round: u32, last: bool, chunks: &[u32]) -> Vec<Resend> {
         .map(|part| Resend {
             round,
             last,
+            missing: false, // chunks that failed their checksum (verbs loses none)
             chunks: part.to_vec(),
         })
         .collect()
@@ -537,6 +538,7 @@ mod tests {
         let ask = |round, chunks: Vec<u32>| Resend {
             round,
             last: false,
+            missing: false,
             chunks,
         };
         assert_eq!(s.take(&ask(1, vec![1, 4])).unwrap(), [1, 4]);
@@ -555,6 +557,7 @@ mod tests {
         let last = |chunks: Vec<u32>| Resend {
             round: 3,
             last: true,
+            missing: false,
             chunks,
         };
         assert!(s.take(&last(vec![4])).unwrap().is_empty());

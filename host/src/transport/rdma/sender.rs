@@ -250,6 +250,7 @@ fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
         max_resends: cfg.payload.max_resends,
         // The name follows the accept as a message of its own (`encode_name`).
         named: cfg.payload.name.is_some(),
+        striped: false, // rails over verbs are not built
     };
     header
         .with_payload(
@@ -1310,5 +1311,6 @@ pub fn send_raw(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport,
         path: source.path(),
         memory: memory_log,
         integrity: Default::default(),
+        rails: Vec::new(),
     })
 }

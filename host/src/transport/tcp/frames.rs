@@ -10,11 +10,21 @@
 //! stream `i % N` as one [`Frame`] header followed by its bytes; both ends know the
 //! assignment, so a frame with another offset is a protocol error.
 //!
+//! **Striped** transfers (header flag `0x04`, several rails: `--bind-interfaces`) open
+//! N streams per rail, stream `r * N + s` being stream `s` of rail `r`, and each hello
+//! names its rail. Chunks go to whichever rail has the fewest outstanding, so any chunk
+//! may come on any stream: the receiver places a frame by its offset after checking it
+//! is a chunk of the plan. After each pass (the data, or a round of resends) every stream
+//! of a rail still alive carries an [`end marker`](Frame::end) naming the rails the sender
+//! gave up on; the receiver stops reading those rails, and names the chunks that never
+//! arrived in a missing-chunk `Resend`.
+//!
 //! ```text
 //! Hello (20 bytes):  0 magic "GRDS"  4 version u16  6 stream index u16  8 stream count u16
-//!                   10 reserved u16 12 token u64
+//!                   10 rail u16 (0 unless striped; was reserved) 12 token u64
 //! Frame (16 bytes):  0 offset u64 (of the chunk in the transfer)  8 length u32
 //!                   12 CRC32C u32 of the chunk's bytes (0 with --verify pattern|off)
+//! End marker:        0 offset u64::MAX  8 length 0  12 failed rails u32 (bit r: rail r)
 //! ```
 //!
 //! After the data, stream 0 carries the receiver's reply: an `Ack`, or a `Resend` that
@@ -28,6 +38,11 @@ pub const HELLO_LEN: usize = 20;
 pub const FRAME_LEN: usize = 16;
 /// Most streams per connection (`--streams`).
 pub const MAX_STREAMS: u16 = 64;
+/// Most rails one striped transfer uses (bits of an end marker's failed-rail mask).
+pub const MAX_RAILS: usize = 32;
+/// Rounds of missing-chunk resends one pass may take, on both ends (a round leaves
+/// chunks missing only when another rail failed during it).
+pub const MAX_MISSING_ROUNDS: u32 = 8;
 
 /// Why a hello did not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +62,8 @@ pub enum HelloError {
 pub struct Hello {
     pub index: u16,
     pub count: u16,
+    /// The rail this stream goes over (striped transfers; 0 otherwise).
+    pub rail: u16,
     /// Chosen by the sender per connection; joins the streams of one connection.
     pub token: u64,
 }
@@ -58,6 +75,7 @@ impl Hello {
         out[4..6].copy_from_slice(&VERSION.to_le_bytes());
         out[6..8].copy_from_slice(&self.index.to_le_bytes());
         out[8..10].copy_from_slice(&self.count.to_le_bytes());
+        out[10..12].copy_from_slice(&self.rail.to_le_bytes());
         out[12..20].copy_from_slice(&self.token.to_le_bytes());
         out
     }
@@ -85,6 +103,7 @@ impl Hello {
         Ok(Hello {
             index,
             count,
+            rail: u16_at(10),
             token: u64::from_le_bytes(token),
         })
     }
@@ -100,6 +119,21 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// The end of a pass on one stream of a striped transfer; `failed_rails`: bit `r` set
+    /// for each rail the sender gave up on.
+    pub fn end(failed_rails: u32) -> Frame {
+        Frame {
+            offset: u64::MAX,
+            len: 0,
+            crc: failed_rails,
+        }
+    }
+
+    /// An end marker's failed-rail mask; `None` for a chunk's frame.
+    pub fn end_mask(&self) -> Option<u32> {
+        (self.offset == u64::MAX && self.len == 0).then_some(self.crc)
+    }
+
     pub fn encode(&self) -> [u8; FRAME_LEN] {
         let mut out = [0u8; FRAME_LEN];
         out[0..8].copy_from_slice(&self.offset.to_le_bytes());
@@ -134,6 +168,7 @@ mod tests {
         let h = Hello {
             index: 3,
             count: 4,
+            rail: 1,
             token: 0x0123_4567_89ab_cdef,
         };
         let bytes = h.encode();
@@ -157,6 +192,7 @@ mod tests {
             let bad = Hello {
                 index,
                 count,
+                rail: 0,
                 token: 1,
             }
             .encode();
@@ -178,5 +214,8 @@ mod tests {
         let on: Vec<usize> = (0..6).map(|i| stream_of(i, 4)).collect();
         assert_eq!(on, [0, 1, 2, 3, 0, 1]);
         assert_eq!(stream_of(7, 1), 0);
+        let end = Frame::decode(&Frame::end(0b10).encode());
+        assert_eq!(end.end_mask(), Some(0b10));
+        assert_eq!(f.end_mask(), None);
     }
 }

@@ -47,7 +47,7 @@ impl ChunkChecks {
         self.enabled
     }
 
-    fn expect(&self, index: u64, crc: u32) {
+    pub(super) fn expect(&self, index: u64, crc: u32) {
         if let Some(slot) = self.expected.get(index as usize) {
             slot.store(crc, Ordering::Relaxed);
         }
@@ -60,7 +60,7 @@ impl ChunkChecks {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
-    fn failed(&self, index: u64) {
+    pub(super) fn failed(&self, index: u64) {
         self.bad
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -136,6 +136,13 @@ pub trait Landing {
     fn verify(&self, len: usize) -> anyhow::Result<Verification>;
     fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>>;
     fn path(&self) -> DataPath;
+    /// The first `len` bytes as host memory, for a striped transfer's readers to place
+    /// chunks into by their offsets ([`super::striped`]); `None` where the data does not
+    /// land in host memory.
+    fn host_bytes(&mut self, len: usize) -> Option<&mut [u8]> {
+        let _ = len;
+        None
+    }
 }
 
 /// Read chunk `chunk`'s frame from `stream` into `dest` (its bytes), checking that the
@@ -297,6 +304,10 @@ impl Landing for HostLanding {
 
     fn path(&self) -> DataPath {
         DataPath::HostMemory
+    }
+
+    fn host_bytes(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.0.as_bytes_mut().get_mut(..len)
     }
 }
 

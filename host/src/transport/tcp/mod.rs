@@ -5,21 +5,30 @@
 //!
 //! - [`frames`]: the bytes this transport adds (stream hello, chunk frame header);
 //! - [`socket`]: connecting and timeouts, socket errors in words;
-//! - [`wire`]: the sender's `ChunkWire`, one writer thread per stream;
-//! - [`sender`]: offer, streams, the schedule, the acks;
+//! - [`wire`]: the sender's `ChunkWire`, one writer thread per stream; `dispatch` beside
+//!   it (which rail and stream carries each chunk, when a rail has failed);
+//! - [`rails`]: the sender's rails (`--bind-interfaces`): connecting from a local
+//!   address, the cooldown of rails that failed;
+//! - [`sender`]: the schedule over the wire, the acks and resends; `opening` beside it
+//!   (the offer, the receiver's answer, the streams of each rail);
 //! - [`landing`]: the receiver's buffers (host memory, or GPU memory through a host
 //!   chunk buffer);
 //! - [`receiver`]: accept and admission, a thread per transfer, verification, acks;
-//!   `handshake` (a socket's first message, within one deadline) and `routes` (extra
-//!   streams joining their transfer) beside it.
+//!   `handshake` (a socket's first message, within one deadline), `routes` (extra
+//!   streams joining their transfer) and `striped` (a striped transfer's rounds: any
+//!   chunk on any stream, until every stream ended its pass) beside it.
 
+mod dispatch;
 pub mod frames;
 mod handshake;
 pub mod landing;
+mod opening;
+pub mod rails;
 pub mod receiver;
 mod routes;
 pub mod sender;
 pub mod socket;
+mod striped;
 pub mod wire;
 
 pub use receiver::{serve, serve_on, serve_with, RecvMemory, TcpRecvConfig};

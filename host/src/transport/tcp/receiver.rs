@@ -467,14 +467,40 @@ fn serve_offer(
             return (refuse(control, peer, reason, Some(e)), false);
         }
     };
-    let landing = match make(len, chunk) {
+    let mut landing = match make(len, chunk) {
         Ok(l) => l,
         Err(e) => {
             let reason = RejectReason::NoMemory { bytes: total };
             return (refuse(control, peer, reason, Some(format!("{e:#}"))), false);
         }
     };
-    let Some((route, streams_in)) = shared.routes.open(hello.token, peer.ip(), hello.count) else {
+    if header.striped {
+        let why = if plan.count() > super::striped::MAX_STRIPED_CHUNKS {
+            Some(format!(
+                "a striped transfer of {} chunks (at most {}): use bigger chunks",
+                plan.count(),
+                super::striped::MAX_STRIPED_CHUNKS
+            ))
+        } else if landing.host_bytes(len).is_none() {
+            Some(
+                "a striped transfer lands in host memory only (this receiver has --mem device)"
+                    .into(),
+            )
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                what: "a striped transfer this receiver cannot take",
+            });
+            return (refuse(control, peer, reason, Some(why)), false);
+        }
+    }
+    let Some((route, streams_in)) =
+        shared
+            .routes
+            .open(hello.token, peer.ip(), hello.count, header.striped)
+    else {
         let reason = RejectReason::BadHeader(WireError::Inconsistent {
             what: "a connection token already in use",
         });
@@ -494,13 +520,31 @@ fn serve_offer(
     }
     // From here on the transfer is served: its outcome uses `--once` up.
     let accepted_at = Instant::now();
-    let outcome = match gather(cfg, &control, hello.count, &streams_in, &label) {
-        Ok(streams) => {
-            drop(route); // every stream is in: nothing more may join
+    let gathered = gather(
+        cfg,
+        &control,
+        hello.count,
+        &streams_in,
+        header.striped,
+        &label,
+    );
+    let outcome = match gathered {
+        Ok((sockets, rails)) => {
+            drop(route); // every stream is in (or late): nothing more may join
+                         // The sockets have one owner (no clones: the admission counted one
+                         // descriptor each): the fixed readers' list, or the striped rounds' state.
+            let (streams, mode) = match header.striped {
+                true => (
+                    Vec::new(),
+                    Mode::Striped(super::striped::Streams::new(sockets, rails)),
+                ),
+                false => (sockets.into_iter().flatten().collect(), Mode::Fixed),
+            };
             receive_all(
                 cfg,
                 &mut control,
                 &streams,
+                mode,
                 &label,
                 header,
                 &plan,
@@ -515,6 +559,71 @@ fn serve_offer(
     (outcome, true)
 }
 
+/// How a connection's chunks come: each on the stream its index says, or striped.
+enum Mode {
+    Fixed,
+    Striped(super::striped::Streams),
+}
+
+/// Read the chunks `which` into place. Striped: round after round, asking for the
+/// chunks that did not arrive (written into a rail that failed) with a missing-chunk
+/// [`Resend`], until all are in or the rounds are used up.
+#[allow(clippy::too_many_arguments)]
+fn receive_which(
+    mode: &mut Mode,
+    control: &mut TcpStream,
+    landing: &mut dyn Landing,
+    streams: &[TcpStream],
+    plan: &ChunkPlan,
+    which: Which<'_>,
+    limits: ReadLimits,
+    got: &AtomicU64,
+    checks: &ChunkChecks,
+) -> Result<(), Stop> {
+    let state = match mode {
+        Mode::Fixed => return landing.receive(streams, plan, which, limits, got, checks),
+        Mode::Striped(state) => state,
+    };
+    let len = plan.total() as usize;
+    let Some(bytes) = landing.host_bytes(len) else {
+        return Err(Stop::Broken("a striped transfer needs host memory".into()));
+    };
+    let mut missing =
+        super::striped::receive_round(bytes, state, plan, which, limits, got, checks)?;
+    let mut round = 0u32;
+    while !missing.is_empty() {
+        round += 1;
+        state.asked_again += missing.len() as u64;
+        if round > super::frames::MAX_MISSING_ROUNDS {
+            return Err(Stop::Broken(format!(
+                "{} chunks still missing after {} rounds of asking for them again (first: {})",
+                missing.len(),
+                super::frames::MAX_MISSING_ROUNDS,
+                missing[0]
+            )));
+        }
+        let request = Resend {
+            round,
+            last: false,
+            missing: true,
+            chunks: missing.clone(),
+        };
+        control.write_all(&request.encode()).map_err(|e| {
+            Stop::Broken(socket::why(&e, limits.timeout, "asking for missing chunks"))
+        })?;
+        missing = super::striped::receive_round(
+            bytes,
+            state,
+            plan,
+            Which::Only(&missing),
+            limits,
+            got,
+            checks,
+        )?;
+    }
+    Ok(())
+}
+
 /// What a served transfer holds until its last ack: its buffers and its admission lease.
 struct Held {
     landing: Box<dyn Landing>,
@@ -526,20 +635,36 @@ fn gather(
     cfg: &TcpRecvConfig,
     control: &TcpStream,
     count: u16,
-    streams_in: &mpsc::Receiver<(u16, TcpStream)>,
+    streams_in: &super::routes::Joined,
+    striped: bool,
     peer: &str,
-) -> Result<Vec<TcpStream>, TransferError> {
+) -> Result<(Vec<Option<TcpStream>>, Vec<u16>), TransferError> {
     let clone = control
         .try_clone()
         .map_err(|e| TransferError::Protocol(format!("cannot clone the socket: {e}")))?;
     let mut slots: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
+    // A stream that never joins has no rail we know of.
+    let mut rails = vec![super::striped::UNKNOWN_RAIL; count as usize];
+    rails[0] = 0;
     slots[0] = Some(clone);
-    let deadline = Instant::now() + cfg.timeout;
+    // A striped transfer starts with the streams that joined within a moment: a rail
+    // whose link died between its connection and its hello must not hold up the others
+    // for all of --timeout (the sender fails that rail over; its chunks are asked for
+    // again).
+    let wait = match striped {
+        true => cfg.timeout.min(STRIPED_JOIN),
+        false => cfg.timeout,
+    };
+    let deadline = Instant::now() + wait;
     while slots.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         match streams_in.recv_timeout(left) {
             // The route lets each index in once and below the count.
-            Ok((index, stream)) => slots[index as usize] = Some(stream),
+            Ok((index, rail, stream)) => {
+                slots[index as usize] = Some(stream);
+                rails[index as usize] = rail;
+            }
+            Err(_) if striped => break,
             Err(_) => {
                 let have = slots.iter().filter(|s| s.is_some()).count();
                 return Err(TransferError::Protocol(format!(
@@ -549,8 +674,12 @@ fn gather(
             }
         }
     }
-    Ok(slots.into_iter().flatten().collect())
+    Ok((slots, rails))
 }
+
+/// How long a striped transfer waits for its streams to join before it starts without
+/// the late ones.
+const STRIPED_JOIN: Duration = Duration::from_secs(1);
 
 /// Every transfer of the connection: receive within its deadline, verify, ack. A
 /// connection broken after `k` of `n` transfers reports `k`.
@@ -559,6 +688,7 @@ fn receive_all(
     cfg: &TcpRecvConfig,
     control: &mut TcpStream,
     streams: &[TcpStream],
+    mut mode: Mode,
     peer: &str,
     header: Header,
     plan: &ChunkPlan,
@@ -618,20 +748,30 @@ fn receive_all(
         let got = AtomicU64::new(0);
         let start = Instant::now();
         let checks = ChunkChecks::new(header.verify.checksum(), plan.count());
-        let received = landing
-            .receive(streams, plan, Which::All, limits, &got, &checks)
-            .and_then(|()| {
-                repair(
-                    control,
-                    landing.as_mut(),
-                    streams,
-                    plan,
-                    limits,
-                    &got,
-                    &checks,
-                    header.max_resends,
-                )
-            });
+        let received = receive_which(
+            &mut mode,
+            control,
+            landing.as_mut(),
+            streams,
+            plan,
+            Which::All,
+            limits,
+            &got,
+            &checks,
+        )
+        .and_then(|()| {
+            repair(
+                &mut mode,
+                control,
+                landing.as_mut(),
+                streams,
+                plan,
+                limits,
+                &got,
+                &checks,
+                header.max_resends,
+            )
+        });
         let repairs = match received {
             Ok(r) => r,
             Err(stop) => {
@@ -643,6 +783,9 @@ fn receive_all(
                         let _ = control.write_all(&Ack::too_slow(got).encode());
                         for s in streams {
                             let _ = s.shutdown(Shutdown::Both);
+                        }
+                        if let Mode::Striped(state) = &mode {
+                            state.shut_all();
                         }
                         // Counted over the connection, as the rate is.
                         TransferError::TooSlow {
@@ -757,6 +900,10 @@ fn receive_all(
         verify_seconds,
         memory: AttemptLog::default(),
         integrity: Box::new(integrity),
+        striped: match &mode {
+            Mode::Striped(state) => Some(Box::new(state.summary())),
+            Mode::Fixed => None,
+        },
     })
 }
 
@@ -773,6 +920,7 @@ struct Repairs {
 /// chunks still failing are named in a final [`Resend`] (an ack saying so follows).
 #[allow(clippy::too_many_arguments)]
 fn repair(
+    mode: &mut Mode,
     control: &mut TcpStream,
     landing: &mut dyn Landing,
     streams: &[TcpStream],
@@ -793,6 +941,7 @@ fn repair(
         let request = Resend {
             round: round + 1,
             last,
+            missing: false,
             chunks: failed.clone(),
         };
         control.write_all(&request.encode()).map_err(|e| {
@@ -806,7 +955,10 @@ fn repair(
         for &c in &failed {
             *repairs.attempts.entry(c).or_insert(1) += 1;
         }
-        landing.receive(streams, plan, Which::Only(&failed), limits, got, checks)?;
+        let which = Which::Only(&failed);
+        receive_which(
+            mode, control, landing, streams, plan, which, limits, got, checks,
+        )?;
         failed = landing
             .failed_chunks(plan, Which::Only(&failed), checks)
             .map_err(checking)?;
@@ -1019,6 +1171,7 @@ mod tests {
                 &cfg,
                 &mut control,
                 &[],
+                Mode::Fixed,
                 "peer",
                 header,
                 &plan,
@@ -1054,6 +1207,7 @@ mod tests {
             &cfg,
             &mut control,
             &[],
+            Mode::Fixed,
             "peer",
             header,
             &plan,

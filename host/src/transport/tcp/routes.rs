@@ -13,19 +13,22 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, MutexGuard};
 
-/// The streams handed over to a transfer: (stream index, socket).
-pub type Joined = mpsc::Receiver<(u16, TcpStream)>;
+/// The streams handed over to a transfer: (stream index, its rail, socket).
+pub type Joined = mpsc::Receiver<(u16, u16, TcpStream)>;
 
 /// A transfer still gathering its streams.
 struct Route {
     /// The offering peer's address: streams from any other are refused.
     peer: IpAddr,
     count: u16,
+    /// A striped transfer's streams come from the sender's other interfaces: any
+    /// address may join it (that passed `--allow`), with the token.
+    striped: bool,
     /// Stream indices handed over so far (bit i: stream i; stream 0 is the offer's).
     seen: u64,
     /// Tells this route from a later one with the same token.
     serial: u64,
-    to: mpsc::Sender<(u16, TcpStream)>,
+    to: mpsc::Sender<(u16, u16, TcpStream)>,
 }
 
 impl Route {
@@ -50,7 +53,13 @@ impl Routes {
     /// Open a route for a transfer of `count` streams offered by `peer` under `token`:
     /// its streams arrive on the receiver, and the route closes when the guard is
     /// dropped. `None` if another transfer uses the token now.
-    pub fn open(&self, token: u64, peer: IpAddr, count: u16) -> Option<(RouteGuard<'_>, Joined)> {
+    pub fn open(
+        &self,
+        token: u64,
+        peer: IpAddr,
+        count: u16,
+        striped: bool,
+    ) -> Option<(RouteGuard<'_>, Joined)> {
         let (to, joined) = mpsc::channel();
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let guard = RouteGuard {
@@ -65,6 +74,7 @@ impl Routes {
             }
             let route = Route {
                 peer: peer_key(peer),
+                striped,
                 count,
                 seen: 1,
                 serial,
@@ -88,7 +98,7 @@ impl Routes {
             None => {
                 "a stream of a connection this receiver does not serve (or that has all its streams)"
             }
-            Some(route) if route.peer != peer_key(peer.ip()) => {
+            Some(route) if !route.striped && route.peer != peer_key(peer.ip()) => {
                 "a stream from another address than its connection's offer"
             }
             Some(route) if route.count != hello.count => {
@@ -97,7 +107,7 @@ impl Routes {
             Some(route) if route.seen & (1 << hello.index) != 0 => "a stream index that repeats",
             Some(route) => {
                 route.seen |= 1 << hello.index;
-                let delivered = route.to.send((hello.index, stream)).is_ok();
+                let delivered = route.to.send((hello.index, hello.rail, stream)).is_ok();
                 if route.all_seen() || !delivered {
                     // Gathered (or the transfer is gone): nothing more may join it.
                     map.remove(&hello.token);
@@ -148,10 +158,14 @@ mod tests {
         let hello = |index| Hello {
             index,
             count: 3,
+            rail: 0,
             token: 9,
         };
-        let (guard, joined) = routes.open(9, me.ip(), 3).unwrap();
-        assert!(routes.open(9, me.ip(), 3).is_none(), "the token is in use");
+        let (guard, joined) = routes.open(9, me.ip(), 3, false).unwrap();
+        assert!(
+            routes.open(9, me.ip(), 3, false).is_none(),
+            "the token is in use"
+        );
         let why = |r: Result<(), (TcpStream, &'static str)>| r.unwrap_err().1;
         assert!(
             why(routes.hand_over(socket(&listener), other, hello(1))).contains("another address")
@@ -166,7 +180,7 @@ mod tests {
         assert!(why(routes.hand_over(socket(&listener), me, hello(1))).contains("repeats"));
         routes.hand_over(socket(&listener), me, hello(2)).unwrap();
         assert_eq!(
-            joined.try_iter().map(|(i, _)| i).collect::<Vec<_>>(),
+            joined.try_iter().map(|(i, _, _)| i).collect::<Vec<_>>(),
             [1, 2]
         );
         assert!(
@@ -175,17 +189,44 @@ mod tests {
         );
         assert!(why(routes.hand_over(socket(&listener), me, hello(2))).contains("does not serve"));
         drop(guard);
-        let (_again, _) = routes.open(9, me.ip(), 3).expect("the token is free again");
+        let (_again, _) = routes
+            .open(9, me.ip(), 3, false)
+            .expect("the token is free again");
+    }
+
+    #[test]
+    fn a_striped_transfers_streams_may_come_from_the_senders_other_addresses() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let routes = Routes::default();
+        let me: SocketAddr = "10.71.1.1:5000".parse().unwrap();
+        let other_rail: SocketAddr = "10.71.2.1:5000".parse().unwrap();
+        let (_guard, joined) = routes.open(5, me.ip(), 2, true).unwrap();
+        let hello = Hello {
+            index: 1,
+            count: 2,
+            rail: 1,
+            token: 5,
+        };
+        routes
+            .hand_over(socket(&listener), other_rail, hello)
+            .unwrap();
+        assert_eq!(
+            joined
+                .try_iter()
+                .map(|(i, r, _)| (i, r))
+                .collect::<Vec<_>>(),
+            [(1, 1)]
+        );
     }
 
     #[test]
     fn a_route_closes_with_its_transfer_but_not_a_later_ones() {
         let routes = Routes::default();
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let (first, _) = routes.open(1, ip, 2).unwrap();
+        let (first, _) = routes.open(1, ip, 2, false).unwrap();
         drop(first);
         assert!(routes.lock().is_empty());
-        let (single, _) = routes.open(2, ip, 1).unwrap();
+        let (single, _) = routes.open(2, ip, 1, false).unwrap();
         assert!(routes.lock().is_empty(), "one stream: nothing to route");
         drop(single);
     }

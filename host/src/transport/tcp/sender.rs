@@ -1,23 +1,24 @@
-//! The TCP sender: offer the transfer on stream 0, open the other streams once accepted,
-//! run the shared chunk schedule over a [`TcpWire`], read the receiver's ack after each
-//! transfer.
+//! The TCP sender: open the connection (`opening`: the offer on stream 0, the other
+//! streams, over one rail or several), run the shared chunk schedule over a [`TcpWire`],
+//! answer the receiver's resend requests (corrupt or, striped, missing chunks) and read
+//! its ack after each transfer; what each rail carried, for the report.
 
-use super::frames::{Hello, MAX_STREAMS};
+use super::frames::{MAX_MISSING_ROUNDS, MAX_STREAMS};
+use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
-use super::wire::{TcpWire, WireChecks};
+use super::wire::{TcpWire, WireChecks, WireRails};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
 use crate::transfer::header::{
-    encode_name, AcceptInfo, Ack, AckStatus, Challenge, Header, Op, Proof, RejectReason, Resend,
-    ACCEPT_LEN, ACCEPT_MAGIC, ACK_LEN, ACK_MAGIC, CHALLENGE_MAGIC, REJECT_MAGIC, REPLY_PREFIX_LEN,
+    encode_name, Ack, AckStatus, Header, Op, Resend, ACK_LEN, ACK_MAGIC, REPLY_PREFIX_LEN,
     RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::report::{Framed, Integrity, Repaired};
+use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{PayloadOptions, SendReport, TransferError};
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,15 @@ pub struct TcpSendConfig {
     pub key: Option<crate::server::Key>,
     /// What is sent and how it is checked (protocol version 2).
     pub payload: PayloadOptions,
+    /// The rails (`--bind-interfaces`, the receiver's addresses): more than one stripes
+    /// the transfer over them, `--streams` sockets each; empty: one rail to `peer`.
+    pub rails: Vec<Rail>,
+    /// A striped rail with chunks in flight that writes none for this long has failed.
+    pub rail_timeout: Duration,
 }
+
+/// `--rail-timeout`'s default.
+pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Bytes of chunks copied out of the source for one batch of resends at most.
 const RESEND_BATCH_BYTES: u64 = 64 << 20;
@@ -79,20 +88,6 @@ pub fn choose_source(
     Ok((source, walked.log))
 }
 
-fn no_receiver(peer: &str, e: &io::Error, timeout: Duration) -> TransferError {
-    let why = match e.kind() {
-        io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-            format!("no answer within {}", crate::rdma::format_duration(timeout))
-        }
-        _ => e.to_string(),
-    };
-    TransferError::NoReceiver {
-        peer: peer.to_string(),
-        why,
-    }
-}
-
 /// `transfers` transfers of `source` on one TCP connection (`--reuse-connection`; 1 is a
 /// plain transfer). As on verbs, each is verified and acked before the next starts, and
 /// only the first report carries the connection setup time.
@@ -127,42 +122,37 @@ pub fn send_repeated(
         }
         None => Vec::new(),
     };
-    let token = socket::new_token();
-    let hello = |index: u16| {
-        Hello {
-            index,
-            count: cfg.streams,
-            token,
-        }
-        .encode()
+    let all_rails = match cfg.rails.is_empty() {
+        true => vec![Rail {
+            local: None,
+            remote: cfg.peer,
+        }],
+        false => cfg.rails.clone(),
     };
-    let broken = |done: u64, why: String| TransferError::Broken {
-        peer: label.clone(),
-        done,
-        total,
-        why,
-    };
-
-    let mut control =
-        socket::connect(cfg.peer, cfg.timeout).map_err(|e| no_receiver(&label, &e, cfg.timeout))?;
-    let offer = [
-        &header.encode_with_version(cfg.protocol_version)[..],
-        &hello(0)[..],
-        &name_message[..],
-    ]
-    .concat();
-    control
-        .write_all(&offer)
-        .map_err(|e| broken(0, socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, &label)?;
-    let mut streams = vec![control.try_clone().map_err(|e| broken(0, e.to_string()))?];
-    for index in 1..cfg.streams {
-        let mut s = socket::connect(cfg.peer, cfg.timeout)
-            .map_err(|e| broken(0, format!("opening stream {index}: {}", e)))?;
-        s.write_all(&hello(index))
-            .map_err(|e| broken(0, socket::why(&e, cfg.timeout, "opening a stream")))?;
-        streams.push(s);
+    let striped = all_rails.len() > 1;
+    if all_rails.len() * cfg.streams as usize > MAX_STREAMS as usize {
+        return Err(TransferError::Protocol(format!(
+            "{} rails of {} streams: at most {MAX_STREAMS} streams in all",
+            all_rails.len(),
+            cfg.streams
+        )));
     }
+    if striped {
+        header = header.with_striped();
+    }
+    let opened = match striped {
+        true => super::opening::open_striped(cfg, &all_rails, &header, &name_message, &label)?,
+        false => {
+            let rail = &all_rails[0];
+            super::opening::open_single(cfg, rail, &header, &name_message, &label)?
+        }
+    };
+    let super::opening::Opened {
+        mut control,
+        streams,
+        rails: connected,
+        left_out,
+    } = opened;
     let connect_seconds = t0.elapsed().as_secs_f64();
 
     let mut schedule = Schedule::new(plan, cfg.depth, source, cfg.timeout);
@@ -171,103 +161,85 @@ pub fn send_repeated(
         checksum: opts.verify.checksum(),
         faults: opts.faults,
     };
-    TcpWire::scope(source.memory(), &streams, cfg.timeout, checks, |wire| {
-        let mut reports = Vec::new();
-        for k in 0..transfers {
-            // Where the data is in GPU memory, the checksum kernel runs there first.
-            let precomputed = match checks.checksum {
-                true => source
-                    .chunk_checksums(plan.chunk_bytes() as usize)
-                    .transpose()
-                    .map_err(TransferError::Memory)?,
-                false => None,
-            };
-            wire.next_transfer(plan.count(), precomputed);
-            let start = Instant::now();
-            let seconds = match schedule.run(source, wire, &label) {
-                Ok(took) => took.as_secs_f64(),
-                // The receiver may have ended it on purpose, and said why.
-                Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
-            };
-            let (ack, integrity) = settle(&mut control, wire, source, &plan, cfg, &label)?;
-            ack.check_counts(total)
-                .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
-            let round_trip_seconds = start.elapsed().as_secs_f64();
-            let framed = Framed {
-                peer: &label,
-                device: None,
-                op: "tcp",
-                plan: &plan,
-                in_flight: schedule.window as u32,
-                connect_seconds,
-                path: source.path(),
-                memory: memory_log,
-            };
-            let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
-            report.integrity = integrity;
-            reports.push(report);
-        }
-        Ok(reports)
-    })
+    let n = cfg.streams as usize;
+    let wire_rails = WireRails {
+        rails: (0..connected.len())
+            .map(|r| (r * n..(r + 1) * n).collect())
+            .collect(),
+        rail_timeout: striped.then_some(cfg.rail_timeout),
+    };
+    let cooldowns = Cooldowns::global();
+    TcpWire::scope(
+        source.memory(),
+        &streams,
+        wire_rails,
+        cfg.timeout,
+        checks,
+        |wire| {
+            let mut reports = Vec::new();
+            for k in 0..transfers {
+                // Where the data is in GPU memory, the checksum kernel runs there first.
+                let precomputed = match checks.checksum {
+                    true => source
+                        .chunk_checksums(plan.chunk_bytes() as usize)
+                        .transpose()
+                        .map_err(TransferError::Memory)?,
+                    false => None,
+                };
+                wire.next_transfer(plan.count(), precomputed);
+                let start = Instant::now();
+                let ran = schedule.run(source, wire, &label).and_then(|took| {
+                    wire.end_pass().map_err(|e| wire_error(e, &label, total))?;
+                    Ok(took)
+                });
+                let seconds = match ran {
+                    Ok(took) => took.as_secs_f64(),
+                    // The receiver may have ended it on purpose, and said why.
+                    Err(e) => return Err(ended_early(&mut control, &label, total).unwrap_or(e)),
+                };
+                if striped {
+                    // A rail that died after its last chunk was written, before its end
+                    // marker arrived, keeps the receiver waiting up to --timeout on its
+                    // streams before it replies: the reply may take that much longer.
+                    let _ = control.set_read_timeout(Some(cfg.timeout * 2));
+                }
+                let settled = settle(&mut control, wire, source, &plan, cfg, &label);
+                let _ = control.set_read_timeout(Some(cfg.timeout));
+                let (ack, integrity, missing_seconds) = settled?;
+                let rails = striped.then(|| {
+                    let args = (&all_rails[..], &connected[..], &left_out[..]);
+                    rail_reports(
+                        wire,
+                        missing_seconds,
+                        args.0,
+                        args.1,
+                        args.2,
+                        start,
+                        cooldowns,
+                    )
+                });
+                ack.check_counts(total)
+                    .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
+                let round_trip_seconds = start.elapsed().as_secs_f64();
+                let framed = Framed {
+                    peer: &label,
+                    device: None,
+                    op: "tcp",
+                    plan: &plan,
+                    in_flight: schedule.window as u32,
+                    connect_seconds,
+                    path: source.path(),
+                    memory: memory_log,
+                };
+                let mut report = framed.report(k, seconds, round_trip_seconds, &ack);
+                report.integrity = integrity;
+                report.rails = rails.unwrap_or_default();
+                reports.push(report);
+            }
+            Ok(reports)
+        },
+    )
     .map_err(TransferError::Memory)?
-}
-
-/// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or
-/// with a receiver that has a key, a challenge: prove the key over its nonce, then read
-/// the accept or reject that follows.
-fn answer_offer(
-    control: &mut TcpStream,
-    cfg: &TcpSendConfig,
-    offer: &[u8],
-    label: &str,
-) -> Result<(), TransferError> {
-    let mut challenged = false;
-    loop {
-        let answer: [u8; ACCEPT_LEN] = read_array(control).map_err(|e| {
-            let what = "waiting for the receiver to accept the offer";
-            TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
-        })?;
-        match [answer[0], answer[1], answer[2], answer[3]] {
-            ACCEPT_MAGIC => {
-                AcceptInfo::decode(&answer).map_err(|e| {
-                    TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
-                })?;
-                return Ok(());
-            }
-            REJECT_MAGIC => {
-                return Err(match RejectReason::decode(&answer) {
-                    Some(reason) => TransferError::Rejected(reason),
-                    None => TransferError::Protocol(format!("{label} sent an invalid reject")),
-                })
-            }
-            CHALLENGE_MAGIC if !challenged => {
-                challenged = true;
-                let challenge = Challenge::decode(&answer).map_err(|e| {
-                    TransferError::Protocol(format!("{label} sent an invalid key challenge: {e}"))
-                })?;
-                let Some(key) = &cfg.key else {
-                    return Err(TransferError::Protocol(format!(
-                        "{label} serves only senders with its key: give this sender the same --key-file"
-                    )));
-                };
-                let proof = Proof {
-                    tag: key.prove(offer, &challenge.nonce),
-                };
-                control.write_all(&proof.encode()).map_err(|e| {
-                    TransferError::Protocol(format!(
-                        "{label}: {}",
-                        socket::why(&e, cfg.timeout, "sending the proof of the key")
-                    ))
-                })?;
-            }
-            _ => {
-                return Err(TransferError::NotFramed {
-                    peer: label.to_string(),
-                    why: "its answer to the offer is neither accept nor reject".into(),
-                })
-            }
-        }
-    }
 }
 
 /// After a failed write: the receiver's reason, if it ended the transfer with a "too
@@ -299,7 +271,7 @@ fn settle(
     plan: &ChunkPlan,
     cfg: &TcpSendConfig,
     label: &str,
-) -> Result<(Ack, Integrity), TransferError> {
+) -> Result<(Ack, Integrity, f64), TransferError> {
     let opts = &cfg.payload;
     let protocol = |what: String| TransferError::Protocol(format!("{label}: {what}"));
     let waiting = |e: io::Error| {
@@ -312,8 +284,17 @@ fn settle(
     let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
     let mut still_failed: Vec<u32> = Vec::new();
     let mut rounds = 0u8;
+    let mut missing_rounds = 0u32;
+    // From the first missing-chunk request to the reply after the last one.
+    let mut missing_since: Option<Instant> = None;
+    let mut missing_seconds = 0.0;
     let ack = loop {
         let prefix: [u8; REPLY_PREFIX_LEN] = read_array(control).map_err(waiting)?;
+        let missing_reply = Resend::decode_head(&prefix, plan.count()).is_ok_and(|(_, f, _)| f.1);
+        if let (Some(t), false) = (missing_since, missing_reply) {
+            missing_seconds = t.elapsed().as_secs_f64();
+            missing_since = None;
+        }
         match [prefix[0], prefix[1], prefix[2], prefix[3]] {
             ACK_MAGIC => {
                 let mut bytes = [0u8; ACK_LEN];
@@ -325,16 +306,36 @@ fn settle(
                     TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
                 })?;
             }
-            RESEND_MAGIC if opts.verify.checksum() => {
+            RESEND_MAGIC if opts.verify.checksum() || wire.dispatch().striped() => {
                 let invalid = |e: crate::transfer::WireError| {
                     protocol(format!("invalid resend request: {e}"))
                 };
-                let (round, last, count) =
-                    Resend::decode_prefix(&prefix, plan.count()).map_err(invalid)?;
+                let (round, (last, missing), count) =
+                    Resend::decode_head(&prefix, plan.count()).map_err(invalid)?;
                 let mut body = vec![0u8; count as usize * 4];
                 control.read_exact(&mut body).map_err(waiting)?;
                 let resend = Resend::decode_chunks(round, last, count, &body, plan.count())
                     .map_err(invalid)?;
+                if missing {
+                    // Chunks written into a rail that failed, never arrived: sent again
+                    // on the rails left (as first sendings, for the fault injector).
+                    missing_since.get_or_insert_with(Instant::now);
+                    missing_rounds += 1;
+                    if !wire.dispatch().striped() || missing_rounds > MAX_MISSING_ROUNDS {
+                        return Err(protocol(format!(
+                            "missing-chunk round {missing_rounds} (at most {MAX_MISSING_ROUNDS}, striped transfers only)"
+                        )));
+                    }
+                    send_again(wire, source, plan, &resend.chunks, 0, cfg.timeout, label)?;
+                    wire.end_pass()
+                        .map_err(|e| wire_error(e, label, plan.total()))?;
+                    continue;
+                }
+                if !opts.verify.checksum() {
+                    return Err(protocol(
+                        "a resend of corrupt chunks, though this sender sent no checksums".into(),
+                    ));
+                }
                 if last {
                     still_failed = resend.chunks;
                     continue;
@@ -355,6 +356,8 @@ fn settle(
                     cfg.timeout,
                     label,
                 )?;
+                wire.end_pass()
+                    .map_err(|e| wire_error(e, label, plan.total()))?;
                 for &c in &resend.chunks {
                     *attempts.entry(c as u64).or_insert(1) += 1;
                 }
@@ -401,7 +404,7 @@ fn settle(
         store_error: None,
         fault_injection: opts.faults.map(|f| format!("1/{}", f.one_in)),
     };
-    Ok((ack, integrity))
+    Ok((ack, integrity, missing_seconds))
 }
 
 /// Send `chunks` again from `source`, in batches of copies of at most
@@ -443,6 +446,78 @@ fn send_again(
         }
     }
     Ok(())
+}
+
+/// A wire error as the transfer's.
+fn wire_error(e: WireError, label: &str, total: u64) -> TransferError {
+    match e {
+        WireError::Broken(why) => TransferError::Broken {
+            peer: label.to_string(),
+            done: 0,
+            total,
+            why,
+        },
+        WireError::Other(e) => e,
+    }
+}
+
+/// What each rail of a striped transfer carried, and the cooldown bookkeeping: a rail
+/// that failed rests, one that carried the transfer to its end is cleared.
+#[allow(clippy::too_many_arguments)]
+fn rail_reports(
+    wire: &TcpWire<'_>,
+    missing_seconds: f64,
+    all: &[Rail],
+    connected: &[usize],
+    left_out: &[(usize, String)],
+    start: Instant,
+    cooldowns: &Cooldowns,
+) -> Vec<RailReport> {
+    let dispatch = wire.dispatch();
+    let mut out: Vec<RailReport> = all
+        .iter()
+        .enumerate()
+        .map(|(k, rail)| RailReport {
+            rail: k,
+            local: rail.local.map(|ip| ip.to_string()),
+            remote: rail.remote.to_string(),
+            bytes: 0,
+            chunks: 0,
+            resends: 0,
+            failures: 0,
+            failed: None,
+            failed_after_seconds: None,
+            moved_chunks: 0,
+            stall_beyond_detection_seconds: None,
+            left_out: left_out
+                .iter()
+                .find(|(i, _)| *i == k)
+                .map(|(_, why)| why.clone()),
+        })
+        .collect();
+    for (r, &k) in connected.iter().enumerate() {
+        let carried = dispatch.carried(r);
+        let report = &mut out[k];
+        report.bytes = carried.bytes;
+        report.chunks = carried.chunks;
+        report.resends = carried.resends;
+        match wire.failures().iter().find(|f| f.rail == r) {
+            Some(f) => {
+                report.failures = 1;
+                report.failed = Some(f.why.clone());
+                report.failed_after_seconds =
+                    Some(f.at.saturating_duration_since(start).as_secs_f64());
+                report.moved_chunks = f.moved;
+                let resumed = f.resumed.unwrap_or_default().as_secs_f64();
+                report.stall_beyond_detection_seconds = Some(resumed + missing_seconds);
+                cooldowns.failed(&all[k].label(), f.at);
+            }
+            None if dispatch.failure(r).is_none() => cooldowns.worked(&all[k].label()),
+            // Failed in an earlier transfer of this connection: reported there.
+            None => report.left_out = Some("failed earlier on this connection".into()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

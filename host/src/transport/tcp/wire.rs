@@ -1,8 +1,12 @@
 //! The sender's [`ChunkWire`] over TCP: one writer thread per stream writes each chunk
 //! handed to it (a [`Frame`] header, then the bytes) straight from the source's memory;
-//! chunk `i` goes to stream `i % N`, and chunks are reported done in order once every
-//! chunk before them has been written too. "Done" means handed to the kernel, which
-//! copied the bytes: the source may reuse them then, as after a NIC's send completion.
+//! the streams are grouped into rails, and `dispatch` says which stream takes each chunk
+//! (one rail: chunk `i` on stream `i % N`; striped: the rail with the fewest in flight)
+//! and when a rail has failed, whose chunks in flight then go to the other rails.
+//! Chunks are reported done in order once every chunk before them has been written too.
+//! "Done" means handed to the kernel, which copied the bytes: the source may reuse them
+//! then, as after a NIC's send completion. Striped, every pass ends with an end marker on
+//! each live stream ([`TcpWire::end_pass`]).
 //!
 //! With checksums (`--verify checksum|both`) each frame carries the chunk's CRC32C: the
 //! one the GPU kernel computed where the data lives ([`TcpWire::next_transfer`]), or the
@@ -10,29 +14,32 @@
 //! transfer's digest and for chunks sent again ([`TcpWire::resend`]). The test-only
 //! fault injector flips a bit in a copy of the bytes after the checksum was taken.
 
-use super::frames::{stream_of, Frame};
+use super::dispatch::Dispatch;
+use super::frames::Frame;
 use super::socket;
 use crate::memory::{Registrable, RegistrationTarget};
 use crate::rdma::Deadline;
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::plan::Chunk;
 use crate::transfer::schedule::{ChunkWire, Posted, WireError};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 /// Where a job's bytes are.
+#[derive(Clone)]
 enum Bytes {
     /// In the source's memory, from this offset (the schedule's chunks).
     Source { from: usize },
     /// A copy of its own (a chunk sent again).
-    Owned(Vec<u8>),
+    Owned(Arc<[u8]>),
 }
 
 /// One chunk for a writer thread.
+#[derive(Clone)]
 struct Job {
     bytes: Bytes,
     len: usize,
@@ -44,6 +51,17 @@ struct Job {
     crc: Option<u32>,
     /// 0 for the first sending, round `r` of resends for `r`.
     attempt: u32,
+    /// A second sending (failover, or a chunk the receiver missed or found corrupt).
+    resend: bool,
+}
+
+/// What a writer thread is given.
+enum Work {
+    Chunk(Job),
+    /// The end of a pass (striped): an end marker naming the failed rails.
+    End {
+        failed_rails: u32,
+    },
 }
 
 /// What the wire checks: CRC32C per chunk, and the test-only fault injector.
@@ -53,10 +71,55 @@ pub struct WireChecks {
     pub faults: Option<FaultInjector>,
 }
 
-/// A writer's report: the chunk written and the CRC32C its frame carried.
-type Written = Result<(u64, u32), String>;
+/// A writer's report.
+enum Report {
+    /// Chunk `index` written, with the CRC32C its frame carried.
+    Written {
+        stream: usize,
+        index: u64,
+        crc: u32,
+    },
+    Failed {
+        stream: usize,
+        why: String,
+    },
+    /// The writer thread is leaving: it reads nothing of the source any more.
+    Exited {
+        stream: usize,
+    },
+}
 
-/// The source's base address, for the writer threads.
+/// How the streams are grouped: `rails[r]` lists rail `r`'s streams; `rail_timeout` is
+/// `Some` for a striped transfer (any chunk on any rail, failover).
+#[derive(Debug, Clone)]
+pub struct WireRails {
+    pub rails: Vec<Vec<usize>>,
+    pub rail_timeout: Option<Duration>,
+}
+
+impl WireRails {
+    /// One rail of `streams` streams, chunks fixed round-robin (an unstriped transfer).
+    pub fn single(streams: usize) -> WireRails {
+        WireRails {
+            rails: vec![(0..streams).collect()],
+            rail_timeout: None,
+        }
+    }
+}
+
+/// A rail the wire gave up on, for the report.
+#[derive(Debug, Clone)]
+pub struct RailFailed {
+    pub rail: usize,
+    pub why: String,
+    pub at: Instant,
+    /// Its chunks in flight, handed to the other rails.
+    pub moved: u64,
+    /// From `at` until the transfer's chunks were done in order again (the pass's stall
+    /// beyond the detection); `None` if none was done after it in the pass.
+    pub resumed: Option<Duration>,
+}
+
 #[derive(Clone, Copy)]
 struct SourceBase(*const u8);
 
@@ -71,31 +134,40 @@ unsafe impl Send for SourceBase {}
 /// [`MemcpyWire`](crate::transfer::memcpy_wire::MemcpyWire), no wire can be leaked with
 /// its threads still reading the source. `'w` brands one scope's wire.
 pub struct TcpWire<'w> {
-    jobs: Vec<mpsc::Sender<Job>>,
-    done: mpsc::Receiver<Written>,
+    /// Each stream's job queue; `None` once its rail failed.
+    jobs: Vec<Option<mpsc::Sender<Work>>>,
+    done: mpsc::Receiver<Report>,
     checks: WireChecks,
     /// This transfer's chunk CRC32Cs: the GPU's, or filled in as the writers report.
     crcs: Vec<u32>,
     /// The GPU computed `crcs` before the transfer (the frames carry them as they are).
     precomputed: bool,
-    /// Clones of the streams, to break blocked writes off when the transfer fails.
+    /// Clones of the streams, to break blocked writes off (a failed rail, or a failed
+    /// transfer).
     shutters: Vec<TcpStream>,
     source_len: usize,
+    dispatch: Dispatch,
+    /// The chunks handed out and not yet written, to hand to another rail if theirs fails.
+    in_flight: BTreeMap<u64, Job>,
     /// Chunks written beyond `next_done`.
     written: BTreeSet<u64>,
     /// The lowest chunk index not yet known written.
     next_done: u64,
+    /// Rails given up on during this transfer.
+    failures: Vec<RailFailed>,
     failed: bool,
     _scope: PhantomData<fn(&'w ()) -> &'w ()>,
 }
 
 impl TcpWire<'_> {
     /// Run `f` with a wire reading from `source` (host memory: a host buffer, a staging
-    /// ring, mapped memory) and writing to `streams` (each cloned for its writer thread);
-    /// every writer thread has ended when this returns.
+    /// ring, mapped memory) and writing to `streams` (each cloned for its writer thread),
+    /// grouped into rails as `rails` says; every writer thread has ended when this
+    /// returns.
     pub fn scope<R>(
         source: &dyn Registrable,
         streams: &[TcpStream],
+        rails: WireRails,
         timeout: Duration,
         checks: WireChecks,
         f: impl for<'w> FnOnce(&mut TcpWire<'w>) -> R,
@@ -116,60 +188,26 @@ impl TcpWire<'_> {
                 precomputed: false,
                 shutters: Vec::new(),
                 source_len: len,
+                dispatch: Dispatch::new(rails.rails, rails.rail_timeout, Instant::now()),
+                in_flight: BTreeMap::new(),
                 written: BTreeSet::new(),
                 next_done: 0,
+                failures: Vec::new(),
                 failed: false,
                 _scope: PhantomData,
             };
             for (i, stream) in streams.iter().enumerate() {
-                let mut stream = stream.try_clone()?;
+                let stream = stream.try_clone()?;
                 wire.shutters.push(stream.try_clone()?);
-                let (jobs, rx) = mpsc::channel::<Job>();
+                let (jobs, rx) = mpsc::channel::<Work>();
                 let tx = tx.clone();
                 std::thread::Builder::new()
                     .name(format!("tcp-writer-{i}"))
                     .spawn_scoped(scope, move || {
-                        let base = base;
-                        for job in rx {
-                            let bytes: &[u8] = match &job.bytes {
-                                // SAFETY: post() checked that [from, from + len) lies
-                                // inside the source; the poster keeps those bytes valid
-                                // and unmodified until we report the chunk written, and
-                                // this thread ends inside `scope`, while the source is
-                                // borrowed.
-                                Bytes::Source { from } => unsafe {
-                                    std::slice::from_raw_parts(base.0.add(*from), job.len)
-                                },
-                                Bytes::Owned(v) => v,
-                            };
-                            let crc = match (job.crc, checks.checksum) {
-                                (Some(crc), _) => crc,
-                                (None, true) => crate::integrity::crc32c(bytes),
-                                (None, false) => 0,
-                            };
-                            let corrupted = checks.faults.and_then(|f| {
-                                let mut copy = bytes.to_vec();
-                                f.corrupt(&mut copy, job.index, job.attempt).then_some(copy)
-                            });
-                            let bytes = corrupted.as_deref().unwrap_or(bytes);
-                            let frame = Frame {
-                                offset: job.offset,
-                                len: job.len as u32,
-                                crc,
-                            };
-                            let result = stream
-                                .write_all(&frame.encode())
-                                .and_then(|()| stream.write_all(bytes));
-                            let report = result.map(|()| (job.index, crc)).map_err(|e| {
-                                socket::why(&e, timeout, &format!("writing chunk {}", job.index))
-                            });
-                            let stop = report.is_err();
-                            if tx.send(report).is_err() || stop {
-                                break;
-                            }
-                        }
+                        write_stream(i, stream, rx, &tx, base, checks, timeout);
+                        let _ = tx.send(Report::Exited { stream: i });
                     })?;
-                wire.jobs.push(jobs);
+                wire.jobs.push(Some(jobs));
             }
             // The wire's Drop (here, or while unwinding from a panic in `f`) closes the
             // job channels and breaks blocked writes off; the scope then joins the
@@ -182,6 +220,9 @@ impl TcpWire<'_> {
     /// `chunks` chunks), with the chunks' CRC32Cs if the GPU computed them already.
     pub fn next_transfer(&mut self, chunks: u64, precomputed: Option<Vec<u32>>) {
         self.written.clear();
+        self.in_flight.clear();
+        self.failures.clear();
+        self.dispatch.next_transfer();
         self.next_done = 0;
         self.precomputed = precomputed.is_some();
         self.crcs = precomputed.unwrap_or_else(|| {
@@ -199,48 +240,174 @@ impl TcpWire<'_> {
         &self.crcs
     }
 
-    /// Send `chunks` again, each with its bytes (copied out of the source) on its own
-    /// stream, in order, as round `round` of resends; wait until all are written, each
-    /// within `timeout` of the last.
+    /// The rails' bookkeeping (what each carried, which failed).
+    pub fn dispatch(&self) -> &Dispatch {
+        &self.dispatch
+    }
+
+    /// The rails given up on during this transfer.
+    pub fn failures(&self) -> &[RailFailed] {
+        &self.failures
+    }
+
+    /// Send `chunks` again, each with its bytes (copied out of the source), as round
+    /// `round` of resends; wait until all are written, each within `timeout` of the
+    /// last (a rail failing meanwhile hands its share to the others).
     pub fn resend(
         &mut self,
         chunks: Vec<(Chunk, Vec<u8>)>,
         round: u32,
         timeout: Duration,
     ) -> Result<(), WireError> {
-        let count = chunks.len();
+        let mut waiting = BTreeSet::new();
         for (chunk, bytes) in chunks {
             let crc = self.crcs.get(chunk.index as usize).copied();
             if bytes.len() as u64 != chunk.len || (self.checks.checksum && crc.is_none()) {
                 return Err(self.broken(format!("chunk {} cannot be sent again", chunk.index)));
             }
-            let stream = stream_of(chunk.index, self.jobs.len() as u16);
+            waiting.insert(chunk.index);
             let job = Job {
                 len: bytes.len(),
-                bytes: Bytes::Owned(bytes),
+                bytes: Bytes::Owned(bytes.into()),
                 offset: chunk.offset,
                 index: chunk.index,
                 crc,
                 attempt: round,
+                resend: true,
             };
-            if self.jobs[stream].send(job).is_err() {
-                return Err(self.broken(format!("the writer of stream {stream} is gone")));
-            }
+            self.hand_out(job)?;
         }
-        for _ in 0..count {
-            match self.done.recv_timeout(timeout) {
-                Ok(Ok(_)) => {}
-                Ok(Err(why)) => return Err(self.broken(why)),
-                Err(_) => {
-                    let e = format!(
-                        "chunks sent again were not written within {}",
-                        crate::rdma::format_duration(timeout)
-                    );
-                    return Err(self.broken(e));
-                }
+        let mut deadline = Deadline::after(timeout);
+        while !waiting.is_empty() {
+            let written = self.next_reports(&deadline, "chunks sent again to be written")?;
+            if !written.is_empty() {
+                deadline = Deadline::after(timeout);
+            }
+            for index in written {
+                waiting.remove(&index);
             }
         }
         Ok(())
+    }
+
+    /// Striped: mark the end of a pass on every stream of the rails still alive (after
+    /// the chunks queued there), naming the rails given up on. Nothing otherwise.
+    pub fn end_pass(&mut self) -> Result<(), WireError> {
+        if !self.dispatch.striped() {
+            return Ok(());
+        }
+        let failed_rails = self.dispatch.failed_mask();
+        for s in self.dispatch.live_streams() {
+            if let Some(jobs) = &self.jobs[s] {
+                // A writer that is gone failed, and says so in its report.
+                let _ = jobs.send(Work::End { failed_rails });
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand `job` to a stream of a live rail; a stream whose writer is gone fails its
+    /// rail, and the job goes to another.
+    fn hand_out(&mut self, job: Job) -> Result<(), WireError> {
+        loop {
+            let now = Instant::now();
+            let Some(stream) = self.dispatch.assign(job.index, now) else {
+                return Err(self.broken(format!("no rail is left to carry chunk {}", job.index)));
+            };
+            self.in_flight.insert(job.index, job.clone());
+            let sent = match &self.jobs[stream] {
+                Some(jobs) => jobs.send(Work::Chunk(job.clone())).is_ok(),
+                None => false,
+            };
+            if sent {
+                return Ok(());
+            }
+            let rail = self.dispatch.rail_of(stream);
+            self.fail_rail(rail, format!("the writer of stream {stream} is gone"), now)?;
+        }
+    }
+
+    /// Give rail `rail` up: shut its sockets (a blocked write returns at once), stop its
+    /// writers, and hand its chunks in flight to the other rails.
+    fn fail_rail(&mut self, rail: usize, why: String, now: Instant) -> Result<(), WireError> {
+        let lost = self.dispatch.fail(rail, why.clone(), now);
+        for &s in self.dispatch.streams_of(rail) {
+            let _ = self.shutters[s].shutdown(Shutdown::Both);
+            self.jobs[s] = None;
+        }
+        if !self.dispatch.any_live() {
+            return Err(self.broken(why));
+        }
+        self.failures.push(RailFailed {
+            rail,
+            why,
+            at: now,
+            moved: lost.len() as u64,
+            resumed: None,
+        });
+        for index in lost {
+            if let Some(mut job) = self.in_flight.remove(&index) {
+                job.resend = true;
+                self.hand_out(job)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until `deadline` for writer reports (at most a tenth of the rail timeout at a
+    /// time, so a quiet rail is noticed), handle them and fail the rails that are overdue;
+    /// the chunks newly written.
+    fn next_reports(&mut self, deadline: &Deadline, what: &str) -> Result<Vec<u64>, WireError> {
+        let tick = self
+            .dispatch
+            .rail_timeout()
+            .map_or(Duration::MAX, |t| (t / 10).max(Duration::from_millis(1)));
+        let first = match self.done.recv_timeout(deadline.remaining().min(tick)) {
+            Ok(r) => Some(r),
+            Err(mpsc::RecvTimeoutError::Timeout) if !deadline.remaining().is_zero() => None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let e = deadline.timeout_error(what);
+                return Err(self.broken(e.to_string()));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.broken("the writer threads are gone".into()))
+            }
+        };
+        let reports: Vec<Report> = first.into_iter().chain(self.done.try_iter()).collect();
+        let mut written = Vec::new();
+        for r in reports {
+            let now = Instant::now();
+            match r {
+                Report::Written { stream, index, crc } => {
+                    let Some(job) = self.in_flight.get(&index) else {
+                        continue;
+                    };
+                    let (len, resend) = (job.len as u64, job.resend);
+                    if !self.dispatch.written(stream, index, len, resend, now) {
+                        continue;
+                    }
+                    self.in_flight.remove(&index);
+                    if let Some(slot) = self.crcs.get_mut(index as usize) {
+                        *slot = crc;
+                    }
+                    written.push(index);
+                }
+                Report::Failed { stream, why } => {
+                    let rail = self.dispatch.rail_of(stream);
+                    self.fail_rail(rail, why, now)?;
+                }
+                Report::Exited { stream } => self.dispatch.writer_exited(stream),
+            }
+        }
+        let now = Instant::now();
+        for (rail, quiet) in self.dispatch.overdue(now) {
+            let why = format!(
+                "no chunk written for {} while it had chunks in flight (--rail-timeout)",
+                crate::rdma::format_duration(quiet)
+            );
+            self.fail_rail(rail, why, now)?;
+        }
+        Ok(written)
     }
 
     fn broken(&mut self, why: String) -> WireError {
@@ -249,8 +416,80 @@ impl TcpWire<'_> {
     }
 }
 
-// SAFETY: a chunk is reported done only once every chunk up to it was written to its
-// socket (the kernel copied the bytes), and a writer reads nothing of a chunk after that.
+/// A writer thread: write each chunk handed to stream `i` (a frame header, then the
+/// bytes), report it, stop at the first error.
+fn write_stream(
+    i: usize,
+    mut stream: TcpStream,
+    rx: mpsc::Receiver<Work>,
+    tx: &mpsc::Sender<Report>,
+    base: SourceBase,
+    checks: WireChecks,
+    timeout: Duration,
+) {
+    for work in rx {
+        let job = match work {
+            Work::Chunk(job) => job,
+            Work::End { failed_rails } => {
+                if let Err(e) = stream.write_all(&Frame::end(failed_rails).encode()) {
+                    let why = socket::why(&e, timeout, "ending a pass");
+                    let _ = tx.send(Report::Failed { stream: i, why });
+                    return;
+                }
+                continue;
+            }
+        };
+        let bytes: &[u8] = match &job.bytes {
+            // SAFETY: post() checked that [from, from + len) lies inside the source; the
+            // poster keeps those bytes valid and unmodified until the wire reports the
+            // chunk done, which it does only after this thread reported it written, or,
+            // when this stream's rail failed, after this thread has exited; and this
+            // thread ends inside `scope`, while the source is borrowed.
+            Bytes::Source { from } => unsafe {
+                std::slice::from_raw_parts(base.0.add(*from), job.len)
+            },
+            Bytes::Owned(v) => v,
+        };
+        let crc = match (job.crc, checks.checksum) {
+            (Some(crc), _) => crc,
+            (None, true) => crate::integrity::crc32c(bytes),
+            (None, false) => 0,
+        };
+        let corrupted = checks.faults.and_then(|f| {
+            let mut copy = bytes.to_vec();
+            f.corrupt(&mut copy, job.index, job.attempt).then_some(copy)
+        });
+        let bytes = corrupted.as_deref().unwrap_or(bytes);
+        let frame = Frame {
+            offset: job.offset,
+            len: job.len as u32,
+            crc,
+        };
+        let result = stream
+            .write_all(&frame.encode())
+            .and_then(|()| stream.write_all(bytes));
+        let report = match result {
+            Ok(()) => Report::Written {
+                stream: i,
+                index: job.index,
+                crc,
+            },
+            Err(e) => Report::Failed {
+                stream: i,
+                why: socket::why(&e, timeout, &format!("writing chunk {}", job.index)),
+            },
+        };
+        let stop = matches!(report, Report::Failed { .. });
+        if tx.send(report).is_err() || stop {
+            return;
+        }
+    }
+}
+
+// SAFETY: a chunk is reported done only once every chunk up to it was written to a
+// socket of a live rail (the kernel copied the bytes) and no writer of a failed rail
+// that had it may still read it (held until those writers exited); a writer reads
+// nothing of a chunk after reporting it.
 unsafe impl ChunkWire for TcpWire<'_> {
     fn batch(&self) -> usize {
         1
@@ -267,7 +506,6 @@ unsafe impl ChunkWire for TcpWire<'_> {
                     p.chunk.index, p.bytes
                 )));
             }
-            let stream = stream_of(p.chunk.index, self.jobs.len() as u16);
             let crc = match self.precomputed {
                 true => self.crcs.get(p.chunk.index as usize).copied(),
                 false => None,
@@ -281,40 +519,25 @@ unsafe impl ChunkWire for TcpWire<'_> {
                 index: p.chunk.index,
                 crc,
                 attempt: 0,
+                resend: false,
             };
-            if self.jobs[stream].send(job).is_err() {
-                return Err(self.broken(format!("the writer of stream {stream} is gone")));
-            }
+            self.hand_out(job)?;
         }
         Ok(())
     }
 
     fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, WireError> {
-        let first = match self.done.recv_timeout(deadline.remaining()) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let e = deadline.timeout_error("chunks to be written to the receiver");
-                return Err(self.broken(e.to_string()));
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(self.broken("the writer threads are gone".into()))
-            }
-        };
-        let reports: Vec<_> = std::iter::once(first).chain(self.done.try_iter()).collect();
-        for r in reports {
-            match r {
-                Ok((index, crc)) => {
-                    if let Some(slot) = self.crcs.get_mut(index as usize) {
-                        *slot = crc;
-                    }
-                    self.written.insert(index);
-                }
-                Err(why) => return Err(self.broken(why)),
-            }
-        }
+        let written = self.next_reports(deadline, "chunks to be written to the receiver")?;
+        self.written.extend(written);
         let before = self.next_done;
-        while self.written.remove(&self.next_done) {
+        while !self.dispatch.held(self.next_done) && self.written.remove(&self.next_done) {
             self.next_done += 1;
+        }
+        if self.next_done > before {
+            let now = Instant::now();
+            for f in self.failures.iter_mut().filter(|f| f.resumed.is_none()) {
+                f.resumed = Some(now.saturating_duration_since(f.at));
+            }
         }
         Ok((self.next_done > before).then(|| self.next_done - 1))
     }
