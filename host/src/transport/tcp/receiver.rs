@@ -956,9 +956,18 @@ fn repair(
             *repairs.attempts.entry(c).or_insert(1) += 1;
         }
         let which = Which::Only(&failed);
+        // Every byte has arrived by now, so "got N of N bytes" alone would read as done:
+        // say that the transfer broke while chunks were being sent again.
         receive_which(
             mode, control, landing, streams, plan, which, limits, got, checks,
-        )?;
+        )
+        .map_err(|stop| match stop {
+            Stop::Broken(why) => Stop::Broken(format!(
+                "in resend round {round}, {} chunk(s) asked again: {why}",
+                failed.len()
+            )),
+            too_slow => too_slow,
+        })?;
         failed = landing
             .failed_chunks(plan, Which::Only(&failed), checks)
             .map_err(checking)?;
