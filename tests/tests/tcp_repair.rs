@@ -242,3 +242,115 @@ fn a_name_shorter_than_its_length_is_ended_by_the_handshake_deadline() {
     assert!(files_in(&out).is_empty());
     next_sender_is_served(&r, &out, "after lying names");
 }
+
+// --- a receiver that misbehaves in the repair rounds ------------------------------------
+
+/// A hand-written receiver on loopback: takes one offer of `CHUNKS` chunks on one stream,
+/// accepts it, reads the data, then writes `replies` (encoded messages) as long as the
+/// sender reads them, at most `times` times, and reads whatever comes until the sender
+/// hangs up. Its port, and how many times it wrote `replies`.
+fn lying_receiver(replies: Vec<u8>, times: usize) -> (u16, std::thread::JoinHandle<usize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serve = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut offer = [0u8; 32 + 20];
+        s.read_exact(&mut offer).unwrap();
+        let header = Header::decode(&offer[..32]).unwrap();
+        let accept = AcceptInfo {
+            addr: 0,
+            rkey: 0,
+            len: header.total_bytes,
+        };
+        s.write_all(&accept.encode()).unwrap();
+        let mut data = vec![0u8; (CHUNKS * (16 + CHUNK)) as usize];
+        s.read_exact(&mut data).unwrap();
+        let written = (0..times)
+            .take_while(|_| s.write_all(&replies).is_ok())
+            .count();
+        // Take what the sender sends again until it hangs up (within the read timeout).
+        let mut sink = [0u8; 1 << 16];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        written
+    });
+    (port, serve)
+}
+
+fn small_input(tag: &str) -> PathBuf {
+    let input = out_dir(tag).join("three-chunks.bin");
+    std::fs::write(&input, vec![7u8; (CHUNKS * CHUNK) as usize]).unwrap();
+    input
+}
+
+#[test]
+fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever() {
+    let last = Resend {
+        round: 4,
+        last: true,
+        missing: false,
+        chunks: vec![1],
+    }
+    .encode();
+    let (port, serve) = lying_receiver(last, 1_000_000);
+    let input = small_input("repeated-last");
+    let t0 = Instant::now();
+    let out = send(
+        port,
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--chunk",
+            "4KiB",
+            "--streams",
+            "1",
+        ],
+        Duration::from_secs(20),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("a second final resend list"), "{stderr}");
+    eprintln!(
+        "MEASURED repeated final resend lists: sender ended after {:?}, {} lists written",
+        t0.elapsed(),
+        serve.join().unwrap()
+    );
+}
+
+#[test]
+fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
+    // Every round asks for every chunk; round 4 is one more than --max-resends 3.
+    let replies: Vec<u8> = (1..=4)
+        .flat_map(|round| {
+            Resend {
+                round,
+                last: false,
+                missing: false,
+                chunks: vec![0, 1, 2],
+            }
+            .encode()
+        })
+        .collect();
+    let (port, serve) = lying_receiver(replies, 1);
+    let input = small_input("extra-round");
+    let out = send(
+        port,
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--chunk",
+            "4KiB",
+            "--streams",
+            "1",
+        ],
+        Duration::from_secs(20),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("resend round 4 after 3, beyond this sender's --max-resends 3"),
+        "{stderr}"
+    );
+    serve.join().unwrap();
+}

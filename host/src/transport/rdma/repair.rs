@@ -236,6 +236,10 @@ pub struct Requests {
     attempts: BTreeMap<u64, u32>,
     given_up: Vec<u32>,
     rounds: u8,
+    /// The last chunk asked for in the current round: a round's list may come in several
+    /// messages, each continuing above the previous one, so a round asks for each chunk
+    /// at most once (else a receiver could repeat a round's first part for ever).
+    round_reached: Option<u32>,
 }
 
 impl Requests {
@@ -247,15 +251,23 @@ impl Requests {
             attempts: BTreeMap::new(),
             given_up: Vec::new(),
             rounds: 0,
+            round_reached: None,
         }
     }
 
     /// A `Resend` from the receiver: the chunks to send again (empty for a `last` one,
     /// which only names chunks), or why the request is not believed.
     pub fn take(&mut self, r: &Resend) -> Result<Vec<u32>, String> {
+        let Some(&first) = r.chunks.first() else {
+            return Err("the receiver sent an empty resend list".into());
+        };
         if r.last {
-            if (self.given_up.len() + r.chunks.len()) as u64 > self.chunks {
-                return Err("the receiver gave up on more chunks than the transfer has".into());
+            // Each part continues above the one before: no chunk named twice.
+            let above = self.given_up.last().is_none_or(|&g| first > g);
+            if !above || (self.given_up.len() + r.chunks.len()) as u64 > self.chunks {
+                return Err(
+                    "the receiver gave up on chunks twice or on more than the transfer has".into(),
+                );
             }
             self.given_up.extend(&r.chunks);
             return Ok(Vec::new());
@@ -274,7 +286,15 @@ impl Requests {
                 self.rounds
             ));
         }
+        let continues = round == self.rounds as u32
+            && self.round_reached.is_some_and(|reached| first > reached);
+        if round == self.rounds as u32 && !continues {
+            return Err(format!(
+                "the receiver asked again for chunks of round {round} it had asked for"
+            ));
+        }
         self.rounds = round as u8;
+        self.round_reached = r.chunks.last().copied();
         for &c in &r.chunks {
             *self.attempts.entry(c as u64).or_insert(1) += 1;
         }
@@ -543,6 +563,12 @@ mod tests {
         };
         assert_eq!(s.take(&ask(1, vec![1, 4])).unwrap(), [1, 4]);
         assert_eq!(s.take(&ask(1, vec![9])).unwrap(), [9], "a round in parts");
+        // A part that does not continue above the last one repeats the round.
+        assert!(s
+            .take(&ask(1, vec![9]))
+            .unwrap_err()
+            .contains("asked again for chunks of round 1"));
+        assert!(s.take(&ask(1, vec![2])).is_err());
         assert_eq!(s.take(&ask(2, vec![4])).unwrap(), [4]);
         assert!(s
             .take(&ask(3, vec![4]))
@@ -563,6 +589,9 @@ mod tests {
         assert!(s.take(&last(vec![4])).unwrap().is_empty());
         assert!(s.take(&last(vec![20, 21])).unwrap().is_empty());
         assert_eq!(s.given_up(), [4, 20, 21]);
+        // The final list repeated: not believed.
+        assert!(s.take(&last(vec![4])).is_err());
+        assert!(s.take(&last(vec![21])).is_err());
         assert_eq!(s.repaired().collect::<Vec<_>>(), [(1, 2), (9, 2)]);
         // More given up than the transfer has: not believed.
         let mut small = Requests::new(0, 2);

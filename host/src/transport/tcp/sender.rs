@@ -337,6 +337,14 @@ fn settle(
                     ));
                 }
                 if last {
+                    // One final list, then the ack: a receiver that kept sending final
+                    // lists would hold this sender in the loop for ever.
+                    if !still_failed.is_empty() {
+                        return Err(protocol(
+                            "a second final resend list (after the last, only the ack may come)"
+                                .into(),
+                        ));
+                    }
                     still_failed = resend.chunks;
                     continue;
                 }
