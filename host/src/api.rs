@@ -63,6 +63,10 @@ pub struct Options {
     pub key: Option<Key>,
     /// `--max-bytes` (receiving).
     pub max_bytes: u64,
+    /// `--min-rate` (receiving): a transfer of N bytes must be done within
+    /// `timeout + N / min_rate`, so a sender that trickles cannot hold
+    /// [`Listener::receive_one`] for ever. 0 turns the rule off.
+    pub min_rate: u64,
 }
 
 impl Default for Options {
@@ -77,6 +81,7 @@ impl Default for Options {
             name: None,
             key: None,
             max_bytes: 1 << 30,
+            min_rate: 1 << 20,
         }
     }
 }
@@ -179,7 +184,9 @@ impl Listener {
     }
 
     /// Serve until one transfer was accepted; its bytes if every check passed (the
-    /// receiver's report says what was checked and repaired).
+    /// receiver's report says what was checked and repaired). Like
+    /// [`TcpListener::accept`] it waits for a sender as long as none comes; once one
+    /// has, every wait is bounded by `timeout` and the transfer by `min_rate`.
     pub fn receive_one(self) -> Result<Received> {
         let (to, from) = std::sync::mpsc::channel();
         let cfg = TcpRecvConfig {
@@ -189,7 +196,7 @@ impl Listener {
             timeout: self.opts.timeout,
             max_connections: 1,
             max_memory: self.opts.max_bytes,
-            min_rate: 0,
+            min_rate: self.opts.min_rate,
             max_per_peer: 1,
             allow: AllowList::default(),
             key: self.opts.key.clone(),
@@ -221,5 +228,111 @@ impl Listener {
             Some(RecvOutcome::Failed { peer, error }) => bail!("transfer from {peer}: {error}"),
             other => bail!("no transfer was received ({other:?})"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A caller's mistakes, made through the safe API: each is an error, none a panic
+    //! or a wait without end.
+    use super::*;
+    use std::io::Write as _;
+    use std::time::Instant;
+
+    fn listener(opts: &Options) -> (SocketAddr, std::thread::JoinHandle<Result<Received>>) {
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = l.local_addr();
+        (addr, std::thread::spawn(move || l.receive_one()))
+    }
+
+    #[test]
+    fn options_out_of_range_are_errors_before_anything_is_sent() {
+        let data = HostBuffer::zeroed(4096).unwrap();
+        // Nobody listens on port 1 of loopback: an option that passed its check would
+        // fail on the connection instead, with another message.
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let bad = [
+            Options {
+                chunk: 0,
+                ..Options::default()
+            },
+            Options {
+                streams: 0,
+                ..Options::default()
+            },
+            Options {
+                depth: 0,
+                ..Options::default()
+            },
+            Options {
+                max_resends: 200,
+                ..Options::default()
+            },
+            Options {
+                name: Some("../escape".into()),
+                ..Options::default()
+            },
+        ];
+        let unreachable = send_host(nowhere, &data, &Options::default())
+            .unwrap_err()
+            .to_string();
+        for opts in bad {
+            let e = send_host(nowhere, &data, &opts).unwrap_err().to_string();
+            assert_ne!(e, unreachable, "{opts:?} reached the network");
+            eprintln!("{e}");
+        }
+    }
+
+    #[test]
+    fn an_empty_buffer_is_refused_before_anything_is_sent() {
+        let data = HostBuffer::zeroed(0).unwrap();
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let e = send_host(nowhere, &data, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "nothing to transfer (size 0)");
+    }
+
+    #[test]
+    fn a_sender_that_trickles_cannot_hold_receive_one() {
+        // 1 MiB offered at a --min-rate of 1 MiB/s, --timeout 1 s: over within ~2 s.
+        let opts = Options {
+            timeout: Duration::from_secs(1),
+            ..Options::default()
+        };
+        let (addr, receiving) = listener(&opts);
+        let header = crate::transfer::Header::of(
+            crate::transfer::Op::Send,
+            1 << 20,
+            1 << 20,
+            16,
+            Payload::Opaque,
+        )
+        .unwrap();
+        let hello = tcp::frames::Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 1,
+        };
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
+            .unwrap();
+        let t0 = Instant::now();
+        // A byte every 0.5 s: no single wait reaches --timeout.
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(500));
+                if s.write_all(&[0]).is_err() {
+                    break;
+                }
+            }
+        });
+        let got = receiving.join().unwrap();
+        let took = t0.elapsed();
+        assert!(got.is_err(), "a trickled transfer verified?");
+        assert!(took < Duration::from_secs(4), "held for {took:?}");
+        assert!(format!("{:#}", got.unwrap_err()).contains("too slow"));
+        trickle.join().unwrap();
     }
 }
