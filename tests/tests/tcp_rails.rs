@@ -11,8 +11,11 @@
 //!   again, plus the rounds of asking for the chunks it lost; the whole transfer's time
 //!   is printed beside a single rail's); the link back up, the next transfer uses both
 //!   rails again.
+//! - `host bench rails` (1 round, 8 MiB) prints JSON with each rail's rate, the striped
+//!   rate and a finite positive ratio; it fails when a transfer is not verified;
 //! - `rails_bench` (ignored; `cargo test --test tcp_rails -- --ignored --nocapture`):
-//!   1 rail and 2 rails interleaved, the ratio to the sum of single-rail rates.
+//!   `host bench rails` with its defaults (5 rounds of 256 MiB, each rail alone and both
+//!   striped, interleaved) between the namespaces, its JSON printed.
 //!
 //! Needs root (network namespaces). Where `ip netns add` is refused (EPERM), each test
 //! says so and passes without running.
@@ -151,6 +154,22 @@ impl Rails {
             ],
         );
         verified(finish(child, Duration::from_secs(60)), "striped")
+    }
+
+    /// `host bench rails` in the sender's namespace over both rails, with `extra`.
+    fn spawn_bench(&self, port: u16, extra: &[&str]) -> std::process::Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.sender_ns])
+            .arg(host_bin())
+            .args(["bench", "rails", "10.71.1.2,10.71.2.2", &port.to_string()])
+            .args(["--bind-interfaces", "10.71.1.1,10.71.2.1"])
+            .args(["--rail-timeout", &RAIL_TIMEOUT.to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting host bench rails")
     }
 
     /// Rail `k` (1 or 2) alone, 256 MiB.
@@ -437,33 +456,99 @@ fn one_bind_interface_is_one_rail_from_that_address() {
     );
 }
 
+/// `host bench rails` over loopback: two local addresses are two rails.
+fn bench_over_loopback(receiver: &Receiver, extra: &[&str]) -> Output {
+    Command::new(host_bin())
+        .args(["bench", "rails", "127.0.0.1,127.0.0.2"])
+        .arg(receiver.port.to_string())
+        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running host bench rails")
+}
+
+#[test]
+fn bench_rails_prints_each_rail_the_striped_rate_and_a_positive_ratio() {
+    // Between the namespaces where they can be made (the links the benchmark is for),
+    // else over loopback: the JSON's shape is the same.
+    let rails = Rails::new();
+    let receiver = match &rails {
+        Some(r) => r.receiver(),
+        None => Receiver::start_bound(None, "0.0.0.0", &[]),
+    };
+    let extra = ["--rounds", "1", "--size", "8MiB"];
+    let out = match &rails {
+        Some(r) => finish(
+            r.spawn_bench(receiver.port, &extra),
+            Duration::from_secs(60),
+        ),
+        None => bench_over_loopback(&receiver, &extra),
+    };
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
+    let single = json["single_rail"].as_array().expect("single_rail");
+    assert_eq!(single.len(), 2, "{json}");
+    for r in single {
+        assert_eq!(
+            r["rounds_gb_per_s"].as_array().map(Vec::len),
+            Some(1),
+            "{json}"
+        );
+        assert!(r["median_gb_per_s"].as_f64().unwrap() > 0.0, "{json}");
+    }
+    assert!(
+        json["striped"]["median_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{json}"
+    );
+    assert!(
+        json["sum_of_single_rail_medians_gb_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{json}"
+    );
+    let ratio = json["ratio_striped_to_sum"].as_f64().expect("a ratio");
+    assert!(ratio.is_finite() && ratio > 0.0, "{json}");
+    assert_eq!(
+        (json["rounds"].as_u64(), json["bytes"].as_u64()),
+        (Some(1), Some(8 << 20))
+    );
+    println!("{json}");
+}
+
+#[test]
+fn bench_rails_fails_when_a_transfer_is_not_verified() {
+    // The receiver refuses offers above 1 MiB: the first transfer fails, so does the run.
+    let receiver = Receiver::start_bound(None, "0.0.0.0", &["--max-bytes", "1MiB"]);
+    let out = bench_over_loopback(&receiver, &["--rounds", "1", "--size", "4MiB"]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.is_empty(), "no JSON for a failed run: {stdout}");
+    assert!(stderr.contains("rail 0 (127.0.0.1) alone"), "{stderr}");
+}
+
 #[test]
 #[ignore = "a benchmark: cargo test --test tcp_rails -- --ignored --nocapture"]
 fn rails_bench() {
     let Some(rails) = Rails::new() else { return };
     let receiver = rails.receiver();
-    let rate = |json: &serde_json::Value| json["iterations"][0]["gb_per_s"].as_f64().unwrap();
-    let (mut one, mut two, mut both) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..5 {
-        one.push(rate(&rails.single(receiver.port, 1).0));
-        two.push(rate(&rails.single(receiver.port, 2).0));
-        both.push(rate(&rails.striped(receiver.port).0));
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (a, b, s) = (median(&mut one), median(&mut two), median(&mut both));
-    println!(
-        "{}",
-        serde_json::json!({
-            "rate_per_link": RATE,
-            "size": "256MiB",
-            "rounds": 5,
-            "rail_1_gb_per_s": a,
-            "rail_2_gb_per_s": b,
-            "striped_gb_per_s": s,
-            "ratio_to_sum": s / (a + b),
-        })
+    // `host bench rails`'s defaults: 5 rounds of 256 MiB.
+    let out = finish(
+        rails.spawn_bench(receiver.port, &[]),
+        Duration::from_secs(600),
     );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    println!("rate per link: {RATE}\n{stdout}");
 }
