@@ -403,6 +403,13 @@ pub struct SendArgs {
     /// on stderr and in the JSON; never use it for real data.
     #[arg(long, value_name = "1/N", help_heading = "Testing")]
     pub test_inject_faults: Option<String>,
+
+    /// TEST ONLY, striped TCP: rail K (0-based, among the rails that connected) writes no
+    /// end marker after its chunks, as if its link had died silently (no FIN) right after
+    /// its last chunk, to show how long the receiver waits for it. Says so on stderr;
+    /// never use it for real data.
+    #[arg(long, value_name = "K", help_heading = "Testing")]
+    pub test_silent_rail: Option<usize>,
 }
 
 /// `host recv`.

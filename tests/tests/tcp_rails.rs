@@ -11,6 +11,9 @@
 //!   again, plus the rounds of asking for the chunks it lost; the whole transfer's time
 //!   is printed beside a single rail's); the link back up, the next transfer uses both
 //!   rails again.
+//! - a rail that writes its chunks and no end marker (`--test-silent-rail`, a link dead
+//!   without a FIN after its last chunk) costs the receiver about a second, not its
+//!   `--timeout`;
 //! - `host bench rails` (1 round, 8 MiB) prints JSON with each rail's rate, the striped
 //!   rate and a finite positive ratio; it fails when a transfer is not verified;
 //! - `rails_bench` (ignored; `cargo test --test tcp_rails -- --ignored --nocapture`):
@@ -243,6 +246,20 @@ fn verified(out: Output, what: &str) -> (serde_json::Value, String) {
     (json, stderr)
 }
 
+/// The receiver's last `rails: ...` line (printed), once its log says `start`.
+fn receivers_rails_line(receiver: &Receiver, start: &str) -> String {
+    receiver.wait_for_log(start, Duration::from_secs(10));
+    let log = receiver.log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("rails: "))
+        .unwrap_or_default()
+        .to_string();
+    println!("receiver: {line}");
+    line
+}
+
 fn chunks_per_rail(json: &serde_json::Value) -> Vec<u64> {
     json["iterations"][0]["rails"]
         .as_array()
@@ -329,14 +346,7 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
 
     // The receiver's line for the connection names what came over each rail (and, where
     // rail 1's streams had joined, why they stopped).
-    receiver.wait_for_log("rails: rail 0 from 10.71.1.1", Duration::from_secs(10));
-    let log = receiver.log();
-    let line = log
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("rails: "))
-        .unwrap();
-    println!("receiver: {line}");
+    receivers_rails_line(&receiver, "rails: rail 0 from 10.71.1.1");
 
     rails.link(2, "up");
     std::thread::sleep(Duration::from_millis(300));
@@ -391,32 +401,11 @@ fn a_rail_that_does_not_connect_is_left_out_and_rests_for_the_next_transfers() {
 fn a_striped_transfer_with_checksums_repairs_corrupt_chunks_over_loopback() {
     // Two local addresses of the loopback interface are two rails without namespaces.
     let receiver = Receiver::start_bound(None, "0.0.0.0", &[]);
-    let child = std::process::Command::new(host_bin())
-        .args(["127.0.0.1,127.0.0.2", &receiver.port.to_string()])
-        .args([
-            "--transport",
-            "tcp",
-            "--gpu",
-            "none",
-            "--json",
-            "--size",
-            "64MiB",
-        ])
-        .args([
-            "--chunk",
-            "256KiB",
-            "--streams",
-            "2",
-            "--verify",
-            "checksum",
-        ])
-        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
-        .args(["--test-inject-faults", "1/20"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_over_loopback(
+        receiver.port,
+        &["--size", "64MiB", "--chunk", "256KiB", "--streams", "2"],
+        &["--verify", "checksum", "--test-inject-faults", "1/20"],
+    );
     let (json, _) = verified(
         finish(child, Duration::from_secs(60)),
         "striped with faults",
@@ -454,6 +443,54 @@ fn one_bind_interface_is_one_rail_from_that_address() {
         !receiver.log().contains("rails:"),
         "one rail is not striped"
     );
+}
+
+#[test]
+fn a_rail_silent_after_its_last_chunk_costs_the_receiver_about_a_second_not_its_timeout() {
+    // Rail 1 writes its chunks but no end marker (--test-silent-rail 1): a link that
+    // died without a FIN right after its last chunk. Every chunk lands; the receiver
+    // used to wait its --timeout (10 s here) on rail 1's stream for the marker. Now it
+    // waits at most 1 s of silence after the last chunk landed, shuts that stream and
+    // ends the transfer. Over two loopback addresses (no namespaces needed).
+    let receiver = Receiver::start_bound(None, "0.0.0.0", &["--timeout", "10"]);
+    let t0 = Instant::now();
+    let child = spawn_over_loopback(
+        receiver.port,
+        &["--size", "64MiB", "--timeout", "10"],
+        &["--test-silent-rail", "1"],
+    );
+    let (json, stderr) = verified(finish(child, Duration::from_secs(60)), "silent rail");
+    let took = t0.elapsed().as_secs_f64();
+    let chunks = chunks_per_rail(&json);
+    println!(
+        "silent rail 1: verified in {took:.3} s (sender's whole run); chunks per rail {chunks:?}"
+    );
+    assert!(stderr.contains("TEST SILENT RAIL"), "{stderr}");
+    assert!(
+        chunks[1] > 0,
+        "rail 1 carried no chunk, so this tests nothing: {chunks:?}"
+    );
+    assert!(
+        took < 5.0,
+        "{took:.3} s: the receiver waited for the silent rail's end marker"
+    );
+    let line = receivers_rails_line(&receiver, "rails: rail 0 from");
+    assert!(line.contains("no end marker"), "{line}");
+}
+
+/// A striped sender (JSON) over loopback: two local addresses are two rails.
+fn spawn_over_loopback(port: u16, sizes: &[&str], extra: &[&str]) -> std::process::Child {
+    Command::new(host_bin())
+        .args(["127.0.0.1,127.0.0.2", &port.to_string()])
+        .args(["--transport", "tcp", "--gpu", "none", "--json"])
+        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+        .args(sizes)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the sender")
 }
 
 /// `host bench rails` over loopback: two local addresses are two rails.

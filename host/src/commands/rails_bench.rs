@@ -102,6 +102,7 @@ fn transfer(args: &RailsBenchArgs, source: &HostBuffer, rails: &[Rail]) -> Resul
         payload: host::transfer::PayloadOptions::default(),
         rails: rails.to_vec(),
         rail_timeout: args.rail_timeout,
+        test_silent_rail: None,
     };
     let mut reports = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
     let report = reports.pop().context("the sender reported no transfer")?;

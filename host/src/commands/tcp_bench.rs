@@ -111,6 +111,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         payload: host::transfer::PayloadOptions::default(),
         rails: Vec::new(),
         rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+        test_silent_rail: None,
     };
     let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;
