@@ -25,7 +25,7 @@
 //! over). The control stream is never cut: the transfer's conversation goes on there.
 
 use super::frames::{Frame, FRAME_LEN};
-use super::landing::{ChunkChecks, ReadLimits, Stop, Which};
+use super::landing::{ReadLimits, Reads, Stop, Which};
 use super::socket::{self, ReadStop};
 use crate::transfer::plan::ChunkPlan;
 use std::net::{Shutdown, TcpStream};
@@ -149,7 +149,7 @@ struct Round<'a, 'b> {
     slots: Vec<Mutex<Slot<'b>>>,
     limits: ReadLimits,
     got: &'a AtomicU64,
-    checks: &'a ChunkChecks,
+    checks: &'a super::landing::ChunkChecks,
     /// Bit `r`: rail `r` given up by the sender (from the end markers).
     failed_rails: AtomicU32,
     /// Bytes of copies dropped in this round.
@@ -176,18 +176,20 @@ enum Ended {
     Dead(String),
 }
 
-/// Read one round of `which` chunks of `plan` into `bytes` from the live `streams`;
-/// the chunks of `which` that did not arrive.
-#[allow(clippy::too_many_arguments)]
+/// Read one round of `which` chunks of `reads.plan` into `bytes` from the live streams
+/// of `state`; the chunks of `which` that did not arrive.
 pub fn receive_round(
     bytes: &mut [u8],
     state: &mut Streams,
-    plan: &ChunkPlan,
+    reads: Reads<'_>,
     which: Which<'_>,
-    limits: ReadLimits,
-    got: &AtomicU64,
-    checks: &ChunkChecks,
 ) -> Result<Vec<u32>, Stop> {
+    let Reads {
+        plan,
+        limits,
+        got,
+        checks,
+    } = reads;
     let chunk = usize::try_from(plan.chunk_bytes()).map_err(|e| Stop::Broken(e.to_string()))?;
     let mut wanted = match which {
         Which::All => None,
@@ -533,6 +535,7 @@ fn fatal(round: &Round<'_, '_>, stop: Stop) -> Ended {
 
 #[cfg(test)]
 mod tests {
+    use super::super::landing::ChunkChecks;
     use super::*;
     use std::io::Write;
     use std::net::TcpListener;
@@ -592,16 +595,13 @@ mod tests {
         let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0, 0, 1]);
         let checks = ChunkChecks::new(true, plan.count());
         let got = AtomicU64::new(0);
-        let missing = receive_round(
-            &mut buf,
-            &mut state,
-            &plan,
-            Which::All,
-            limits(),
-            &got,
-            &checks,
-        )
-        .unwrap();
+        let reads = Reads {
+            plan: &plan,
+            limits: limits(),
+            got: &got,
+            checks: &checks,
+        };
+        let missing = receive_round(&mut buf, &mut state, reads, Which::All).unwrap();
         writer.join().unwrap();
         assert_eq!(missing, [2]);
         assert_eq!(&buf[300..400], &[3u8; 100][..], "the first copy stays");
@@ -617,16 +617,7 @@ mod tests {
             .unwrap();
         senders[1].write_all(&Frame::end(0b10).encode()).unwrap();
         senders[0].write_all(&Frame::end(0b10).encode()).unwrap();
-        let missing = receive_round(
-            &mut buf,
-            &mut state,
-            &plan,
-            Which::Only(&[2]),
-            limits(),
-            &got,
-            &checks,
-        )
-        .unwrap();
+        let missing = receive_round(&mut buf, &mut state, reads, Which::Only(&[2])).unwrap();
         assert!(missing.is_empty());
         let summary = state.summary();
         assert_eq!(summary.rails.len(), 2);
@@ -653,19 +644,16 @@ mod tests {
         let mut buf = vec![0xeeu8; 200];
         let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0, 1, 1]);
         let t0 = Instant::now();
-        let missing = receive_round(
-            &mut buf,
-            &mut state,
-            &plan,
-            Which::All,
-            ReadLimits {
+        let reads = Reads {
+            plan: &plan,
+            limits: ReadLimits {
                 timeout: Duration::from_secs(20),
                 deadline: None,
             },
-            &AtomicU64::new(0),
-            &ChunkChecks::new(false, 2),
-        )
-        .unwrap();
+            got: &AtomicU64::new(0),
+            checks: &ChunkChecks::new(false, 2),
+        };
+        let missing = receive_round(&mut buf, &mut state, reads, Which::All).unwrap();
         let took = t0.elapsed();
         assert!(missing.is_empty());
         assert!(
@@ -700,16 +688,14 @@ mod tests {
             let (mut senders, readers) = pairs(1);
             senders[0].write_all(&bad.encode()).unwrap();
             let mut buf = vec![0u8; 400];
-            let e = receive_round(
-                &mut buf,
-                &mut Streams::new(readers.into_iter().map(Some).collect(), vec![0]),
-                &plan,
-                Which::All,
-                limits(),
-                &AtomicU64::new(0),
-                &ChunkChecks::new(false, 4),
-            )
-            .unwrap_err();
+            let reads = Reads {
+                plan: &plan,
+                limits: limits(),
+                got: &AtomicU64::new(0),
+                checks: &ChunkChecks::new(false, 4),
+            };
+            let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0]);
+            let e = receive_round(&mut buf, &mut state, reads, Which::All).unwrap_err();
             assert!(
                 matches!(e, Stop::Broken(ref w) if w.contains("protocol error")),
                 "{e:?}"
