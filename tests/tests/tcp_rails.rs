@@ -129,19 +129,26 @@ impl Rails {
         Receiver::start_bound(Some(wrapper), "0.0.0.0", &[])
     }
 
-    /// A sender in the sender's namespace to `to` (a comma list) with `extra`.
-    fn spawn_sender(&self, to: &str, port: u16, extra: &[&str]) -> std::process::Child {
+    /// `host` with `args`, then `--rail-timeout` and `extra`, in the sender's namespace.
+    fn spawn_host(&self, args: &[&str], extra: &[&str]) -> std::process::Child {
         Command::new("ip")
             .args(["netns", "exec", &self.sender_ns])
             .arg(host_bin())
-            .args([to, &port.to_string(), "--transport", "tcp", "--gpu", "none"])
-            .args(["--json", "--rail-timeout", &RAIL_TIMEOUT.to_string()])
+            .args(args)
+            .args(["--rail-timeout", &RAIL_TIMEOUT.to_string()])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("starting the sender")
+            .expect("starting host in the sender's namespace")
+    }
+
+    /// A sender in the sender's namespace to `to` (a comma list) with `extra`.
+    fn spawn_sender(&self, to: &str, port: u16, extra: &[&str]) -> std::process::Child {
+        let port = port.to_string();
+        let args = [to, &port, "--transport", "tcp", "--gpu", "none", "--json"];
+        self.spawn_host(&args, extra)
     }
 
     /// Both rails, 256 MiB; its JSON and stderr.
@@ -161,18 +168,10 @@ impl Rails {
 
     /// `host bench rails` in the sender's namespace over both rails, with `extra`.
     fn spawn_bench(&self, port: u16, extra: &[&str]) -> std::process::Child {
-        Command::new("ip")
-            .args(["netns", "exec", &self.sender_ns])
-            .arg(host_bin())
-            .args(["bench", "rails", "10.71.1.2,10.71.2.2", &port.to_string()])
-            .args(["--bind-interfaces", "10.71.1.1,10.71.2.1"])
-            .args(["--rail-timeout", &RAIL_TIMEOUT.to_string()])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting host bench rails")
+        let port = port.to_string();
+        let args = ["bench", "rails", "10.71.1.2,10.71.2.2", &port];
+        let both = ["--bind-interfaces", "10.71.1.1,10.71.2.1"];
+        self.spawn_host(&args, &[&both[..], extra].concat())
     }
 
     /// Rail `k` (1 or 2) alone, 256 MiB.
