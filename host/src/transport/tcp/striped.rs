@@ -64,6 +64,9 @@ pub struct Streams {
     dead: Vec<Option<String>>,
     /// Per stream, over the connection: what landed from it, and copies it dropped.
     counts: Vec<Counts>,
+    /// Each stream's peer address, read when it joined (a socket shut or reset later
+    /// may no longer tell it, and the report names it then).
+    from: Vec<Option<String>>,
     /// Chunks asked for again because they were missing after a pass.
     pub asked_again: u64,
 }
@@ -84,7 +87,15 @@ impl Streams {
             .map(|s| s.is_none().then(|| "it did not join in time".to_string()))
             .collect();
         let counts = (0..sockets.len()).map(|_| Counts::default()).collect();
+        let from = sockets
+            .iter()
+            .map(|s| {
+                let peer = s.as_ref()?.peer_addr().ok()?;
+                Some(peer.ip().to_string())
+            })
+            .collect();
         Streams {
+            from,
             sockets,
             rails,
             dead,
@@ -123,10 +134,7 @@ impl Streams {
             r.chunks += c.chunks.load(Ordering::Relaxed);
             r.copies_dropped += c.dropped.load(Ordering::Relaxed);
             if r.from.is_none() {
-                r.from = self.sockets[s]
-                    .as_ref()
-                    .and_then(|s| s.peer_addr().ok())
-                    .map(|a| a.ip().to_string());
+                r.from = self.from[s].clone();
             }
             if let (None, Some(why)) = (&r.stopped, &self.dead[s]) {
                 r.stopped = Some(why.clone());
