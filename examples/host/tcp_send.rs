@@ -95,6 +95,7 @@ fn run() -> Result<()> {
         payload: Default::default(),
         rails: Vec::new(),
         rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+        test_silent_rail: None,
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.
     let reports = tcp::send_repeated(&cfg, &buffer, &AttemptLog::default(), 1)?;

@@ -108,6 +108,7 @@ impl Options {
             },
             rails: Vec::new(),
             rail_timeout: crate::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+            test_silent_rail: None,
         }
     }
 }

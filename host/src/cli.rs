@@ -176,6 +176,50 @@ pub enum BenchCommand {
         #[arg(long, value_name = "N", default_value_t = 5)]
         rounds: u32,
     },
+    /// TCP rails: the same transfer over each rail alone and over all of them striped,
+    /// rounds interleaved, to a running `host recv`; the striped rate against the sum of
+    /// the single-rail rates. Every transfer is verified. Prints JSON.
+    Rails(RailsBenchArgs),
+}
+
+/// `host bench rails`: the sender's addressing of a striped send, and the rounds.
+#[derive(Debug, Args)]
+pub struct RailsBenchArgs {
+    /// The receiver's addresses, a comma list (one per rail), or one for all rails.
+    pub ip: String,
+
+    /// The receiver's port.
+    pub port: u16,
+
+    /// The local address of each rail, comma-separated (as for a striped send); at least
+    /// two rails in all, from these or from the receiver's addresses.
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
+    pub bind_interfaces: Vec<IpAddr>,
+
+    /// Bytes per transfer.
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_transfer_size)]
+    pub size: u64,
+
+    /// Bytes per chunk (frame).
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
+    pub chunk: u64,
+
+    /// Sockets per rail.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
+    pub streams: u16,
+
+    /// Rounds; each sends over every rail alone, then over all rails striped.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rounds: u32,
+
+    /// Seconds any single wait may take (as for a send); fractions allowed.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
+    pub timeout: Duration,
+
+    /// A striped rail with chunks in flight that writes none for this long has failed
+    /// (as for a send; a round in which a rail failed is an error here).
+    #[arg(long, value_name = "SECS", default_value = "0.5", value_parser = parse_timeout)]
+    pub rail_timeout: Duration,
 }
 
 /// `host <ip> <port>`: send.
@@ -359,6 +403,13 @@ pub struct SendArgs {
     /// on stderr and in the JSON; never use it for real data.
     #[arg(long, value_name = "1/N", help_heading = "Testing")]
     pub test_inject_faults: Option<String>,
+
+    /// TEST ONLY, striped TCP: rail K (0-based, among the rails that connected) writes no
+    /// end marker after its chunks, as if its link had died silently (no FIN) right after
+    /// its last chunk, to show how long the receiver waits for it. Says so on stderr;
+    /// never use it for real data.
+    #[arg(long, value_name = "K", help_heading = "Testing")]
+    pub test_silent_rail: Option<usize>,
 }
 
 /// `host recv`.

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
             streams,
             rounds,
         })) => commands::tcp_bench::run(*size, *chunk, *streams, *rounds),
+        Some(Command::Bench(BenchCommand::Rails(args))) => commands::rails_bench::run(args),
         Some(Command::Completions { shell }) => completions(*shell),
         Some(Command::Man { dir }) => man(dir.as_deref()),
     };

@@ -11,8 +11,14 @@
 //!   again, plus the rounds of asking for the chunks it lost; the whole transfer's time
 //!   is printed beside a single rail's); the link back up, the next transfer uses both
 //!   rails again.
+//! - a rail that writes its chunks and no end marker (`--test-silent-rail`, a link dead
+//!   without a FIN after its last chunk) costs the receiver about a second, not its
+//!   `--timeout`;
+//! - `host bench rails` (1 round, 8 MiB) prints JSON with each rail's rate, the striped
+//!   rate and a finite positive ratio; it fails when a transfer is not verified;
 //! - `rails_bench` (ignored; `cargo test --test tcp_rails -- --ignored --nocapture`):
-//!   1 rail and 2 rails interleaved, the ratio to the sum of single-rail rates.
+//!   `host bench rails` with its defaults (5 rounds of 256 MiB, each rail alone and both
+//!   striped, interleaved) between the namespaces, its JSON printed.
 //!
 //! Needs root (network namespaces). Where `ip netns add` is refused (EPERM), each test
 //! says so and passes without running.
@@ -123,19 +129,26 @@ impl Rails {
         Receiver::start_bound(Some(wrapper), "0.0.0.0", &[])
     }
 
-    /// A sender in the sender's namespace to `to` (a comma list) with `extra`.
-    fn spawn_sender(&self, to: &str, port: u16, extra: &[&str]) -> std::process::Child {
+    /// `host` with `args`, then `--rail-timeout` and `extra`, in the sender's namespace.
+    fn spawn_host(&self, args: &[&str], extra: &[&str]) -> std::process::Child {
         Command::new("ip")
             .args(["netns", "exec", &self.sender_ns])
             .arg(host_bin())
-            .args([to, &port.to_string(), "--transport", "tcp", "--gpu", "none"])
-            .args(["--json", "--rail-timeout", &RAIL_TIMEOUT.to_string()])
+            .args(args)
+            .args(["--rail-timeout", &RAIL_TIMEOUT.to_string()])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("starting the sender")
+            .expect("starting host in the sender's namespace")
+    }
+
+    /// A sender in the sender's namespace to `to` (a comma list) with `extra`.
+    fn spawn_sender(&self, to: &str, port: u16, extra: &[&str]) -> std::process::Child {
+        let port = port.to_string();
+        let args = [to, &port, "--transport", "tcp", "--gpu", "none", "--json"];
+        self.spawn_host(&args, extra)
     }
 
     /// Both rails, 256 MiB; its JSON and stderr.
@@ -151,6 +164,14 @@ impl Rails {
             ],
         );
         verified(finish(child, Duration::from_secs(60)), "striped")
+    }
+
+    /// `host bench rails` in the sender's namespace over both rails, with `extra`.
+    fn spawn_bench(&self, port: u16, extra: &[&str]) -> std::process::Child {
+        let port = port.to_string();
+        let args = ["bench", "rails", "10.71.1.2,10.71.2.2", &port];
+        let both = ["--bind-interfaces", "10.71.1.1,10.71.2.1"];
+        self.spawn_host(&args, &[&both[..], extra].concat())
     }
 
     /// Rail `k` (1 or 2) alone, 256 MiB.
@@ -222,6 +243,20 @@ fn verified(out: Output, what: &str) -> (serde_json::Value, String) {
         .unwrap_or_else(|e| panic!("{what}: not JSON ({e}):\n{stdout}\n{stderr}"));
     assert_eq!(json["ok"], true, "{what}: {json}");
     (json, stderr)
+}
+
+/// The receiver's last `rails: ...` line (printed), once its log says `start`.
+fn receivers_rails_line(receiver: &Receiver, start: &str) -> String {
+    receiver.wait_for_log(start, Duration::from_secs(10));
+    let log = receiver.log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("rails: "))
+        .unwrap_or_default()
+        .to_string();
+    println!("receiver: {line}");
+    line
 }
 
 fn chunks_per_rail(json: &serde_json::Value) -> Vec<u64> {
@@ -310,14 +345,7 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
 
     // The receiver's line for the connection names what came over each rail (and, where
     // rail 1's streams had joined, why they stopped).
-    receiver.wait_for_log("rails: rail 0 from 10.71.1.1", Duration::from_secs(10));
-    let log = receiver.log();
-    let line = log
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("rails: "))
-        .unwrap();
-    println!("receiver: {line}");
+    receivers_rails_line(&receiver, "rails: rail 0 from 10.71.1.1");
 
     rails.link(2, "up");
     std::thread::sleep(Duration::from_millis(300));
@@ -372,32 +400,11 @@ fn a_rail_that_does_not_connect_is_left_out_and_rests_for_the_next_transfers() {
 fn a_striped_transfer_with_checksums_repairs_corrupt_chunks_over_loopback() {
     // Two local addresses of the loopback interface are two rails without namespaces.
     let receiver = Receiver::start_bound(None, "0.0.0.0", &[]);
-    let child = std::process::Command::new(host_bin())
-        .args(["127.0.0.1,127.0.0.2", &receiver.port.to_string()])
-        .args([
-            "--transport",
-            "tcp",
-            "--gpu",
-            "none",
-            "--json",
-            "--size",
-            "64MiB",
-        ])
-        .args([
-            "--chunk",
-            "256KiB",
-            "--streams",
-            "2",
-            "--verify",
-            "checksum",
-        ])
-        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
-        .args(["--test-inject-faults", "1/20"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_over_loopback(
+        receiver.port,
+        &["--size", "64MiB", "--chunk", "256KiB", "--streams", "2"],
+        &["--verify", "checksum", "--test-inject-faults", "1/20"],
+    );
     let (json, _) = verified(
         finish(child, Duration::from_secs(60)),
         "striped with faults",
@@ -438,32 +445,146 @@ fn one_bind_interface_is_one_rail_from_that_address() {
 }
 
 #[test]
+fn a_rail_silent_after_its_last_chunk_costs_the_receiver_about_a_second_not_its_timeout() {
+    // Rail 1 writes its chunks but no end marker (--test-silent-rail 1): a link that
+    // died without a FIN right after its last chunk. Every chunk lands; the receiver
+    // used to wait its --timeout (10 s here) on rail 1's stream for the marker. Now it
+    // waits at most 1 s of silence after the last chunk landed, shuts that stream and
+    // ends the transfer. Over two loopback addresses (no namespaces needed).
+    let receiver = Receiver::start_bound(None, "0.0.0.0", &["--timeout", "10"]);
+    let t0 = Instant::now();
+    let child = spawn_over_loopback(
+        receiver.port,
+        &["--size", "64MiB", "--timeout", "10"],
+        &["--test-silent-rail", "1"],
+    );
+    let (json, stderr) = verified(finish(child, Duration::from_secs(60)), "silent rail");
+    let took = t0.elapsed().as_secs_f64();
+    let chunks = chunks_per_rail(&json);
+    println!(
+        "silent rail 1: verified in {took:.3} s (sender's whole run); chunks per rail {chunks:?}"
+    );
+    assert!(stderr.contains("TEST SILENT RAIL"), "{stderr}");
+    assert!(
+        chunks[1] > 0,
+        "rail 1 carried no chunk, so this tests nothing: {chunks:?}"
+    );
+    assert!(
+        took < 5.0,
+        "{took:.3} s: the receiver waited for the silent rail's end marker"
+    );
+    let line = receivers_rails_line(&receiver, "rails: rail 0 from");
+    assert!(line.contains("no end marker"), "{line}");
+}
+
+/// A striped sender (JSON) over loopback: two local addresses are two rails.
+fn spawn_over_loopback(port: u16, sizes: &[&str], extra: &[&str]) -> std::process::Child {
+    Command::new(host_bin())
+        .args(["127.0.0.1,127.0.0.2", &port.to_string()])
+        .args(["--transport", "tcp", "--gpu", "none", "--json"])
+        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+        .args(sizes)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the sender")
+}
+
+/// `host bench rails` over loopback: two local addresses are two rails.
+fn bench_over_loopback(receiver: &Receiver, extra: &[&str]) -> Output {
+    Command::new(host_bin())
+        .args(["bench", "rails", "127.0.0.1,127.0.0.2"])
+        .arg(receiver.port.to_string())
+        .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running host bench rails")
+}
+
+#[test]
+fn bench_rails_prints_each_rail_the_striped_rate_and_a_positive_ratio() {
+    // Between the namespaces where they can be made (the links the benchmark is for),
+    // else over loopback: the JSON's shape is the same.
+    let rails = Rails::new();
+    let receiver = match &rails {
+        Some(r) => r.receiver(),
+        None => Receiver::start_bound(None, "0.0.0.0", &[]),
+    };
+    let extra = ["--rounds", "1", "--size", "8MiB"];
+    let out = match &rails {
+        Some(r) => finish(
+            r.spawn_bench(receiver.port, &extra),
+            Duration::from_secs(60),
+        ),
+        None => bench_over_loopback(&receiver, &extra),
+    };
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
+    let single = json["single_rail"].as_array().expect("single_rail");
+    assert_eq!(single.len(), 2, "{json}");
+    for r in single {
+        assert_eq!(
+            r["rounds_gb_per_s"].as_array().map(Vec::len),
+            Some(1),
+            "{json}"
+        );
+        assert!(r["median_gb_per_s"].as_f64().unwrap() > 0.0, "{json}");
+    }
+    assert!(
+        json["striped"]["median_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{json}"
+    );
+    assert!(
+        json["sum_of_single_rail_medians_gb_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{json}"
+    );
+    let ratio = json["ratio_striped_to_sum"].as_f64().expect("a ratio");
+    assert!(ratio.is_finite() && ratio > 0.0, "{json}");
+    assert_eq!(
+        (json["rounds"].as_u64(), json["bytes"].as_u64()),
+        (Some(1), Some(8 << 20))
+    );
+    println!("{json}");
+}
+
+#[test]
+fn bench_rails_fails_when_a_transfer_is_not_verified() {
+    // The receiver refuses offers above 1 MiB: the first transfer fails, so does the run.
+    let receiver = Receiver::start_bound(None, "0.0.0.0", &["--max-bytes", "1MiB"]);
+    let out = bench_over_loopback(&receiver, &["--rounds", "1", "--size", "4MiB"]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.is_empty(), "no JSON for a failed run: {stdout}");
+    assert!(stderr.contains("rail 0 (127.0.0.1) alone"), "{stderr}");
+}
+
+#[test]
 #[ignore = "a benchmark: cargo test --test tcp_rails -- --ignored --nocapture"]
 fn rails_bench() {
     let Some(rails) = Rails::new() else { return };
     let receiver = rails.receiver();
-    let rate = |json: &serde_json::Value| json["iterations"][0]["gb_per_s"].as_f64().unwrap();
-    let (mut one, mut two, mut both) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..5 {
-        one.push(rate(&rails.single(receiver.port, 1).0));
-        two.push(rate(&rails.single(receiver.port, 2).0));
-        both.push(rate(&rails.striped(receiver.port).0));
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (a, b, s) = (median(&mut one), median(&mut two), median(&mut both));
-    println!(
-        "{}",
-        serde_json::json!({
-            "rate_per_link": RATE,
-            "size": "256MiB",
-            "rounds": 5,
-            "rail_1_gb_per_s": a,
-            "rail_2_gb_per_s": b,
-            "striped_gb_per_s": s,
-            "ratio_to_sum": s / (a + b),
-        })
+    // `host bench rails`'s defaults: 5 rounds of 256 MiB.
+    let out = finish(
+        rails.spawn_bench(receiver.port, &[]),
+        Duration::from_secs(600),
     );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    println!("rate per link: {RATE}\n{stdout}");
 }

@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod info;
 mod output;
 mod rails;
+pub mod rails_bench;
 pub mod recv;
 pub mod send;
 mod tcp;

@@ -55,6 +55,9 @@ pub fn send(
     transfers: u32,
 ) -> Result<Vec<SendReport>> {
     let (source, log) = tcp::choose_source(memory)?;
+    if let Some(k) = args.test_silent_rail {
+        eprintln!("warning: TEST SILENT RAIL: rail {k} writes no end marker after its chunks (--test-silent-rail), as a link that died silently; the receiver has to notice");
+    }
     let tcfg = TcpSendConfig {
         peer: cfg.peer,
         bytes: cfg.bytes,
@@ -68,6 +71,7 @@ pub fn send(
         payload: payload.clone(),
         rails: rails(args, cfg.peer)?,
         rail_timeout: args.rail_timeout,
+        test_silent_rail: args.test_silent_rail,
     };
     if args.reuse_connection {
         return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);

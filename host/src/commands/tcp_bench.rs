@@ -51,7 +51,8 @@ pub fn run(size: u64, chunk: u64, streams: u16, rounds: u32) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-fn stats(v: &[f64]) -> serde_json::Value {
+/// Median, min, max and every round (also `bench rails`').
+pub(super) fn stats(v: &[f64]) -> serde_json::Value {
     json!({
         "median_gb_per_s": median(v),
         "min_gb_per_s": v.iter().copied().fold(f64::INFINITY, f64::min),
@@ -60,7 +61,7 @@ fn stats(v: &[f64]) -> serde_json::Value {
     })
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s.get((s.len().max(1) - 1) / 2).copied().unwrap_or(0.0)
@@ -110,6 +111,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         payload: host::transfer::PayloadOptions::default(),
         rails: Vec::new(),
         rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+        test_silent_rail: None,
     };
     let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;

@@ -265,23 +265,7 @@ mod tests {
             "no class dir: no rails"
         );
         f.pci_device("pci0000:00/0000:00:02.0/0000:02:00.0", 0);
-        f.nic("mlx5_10", Some("pci0000:00/0000:00:02.0/0000:02:00.0"));
-        f.ib_port(
-            "mlx5_10",
-            1,
-            "4: ACTIVE",
-            Some("400 Gb/sec (4X NDR)"),
-            "InfiniBand",
-        );
-        f.ib_port("mlx5_10", 2, "1: DOWN", None, "InfiniBand");
-        f.nic("rxe0", None);
-        f.ib_port(
-            "rxe0",
-            1,
-            "4: ACTIVE",
-            Some("2.5 Gb/sec (1X SDR)"),
-            "Ethernet",
-        );
+        f.mlx5_and_rxe("mlx5_10", "pci0000:00/0000:00:02.0/0000:02:00.0");
         f.nic("mlx5_9", None); // no ports directory: no rails
         let rails = gather(f.root()).unwrap();
         let ids: Vec<String> = rails.iter().map(|r| r.id().to_string()).collect();

@@ -65,23 +65,7 @@ mod tests {
         let sw = "pci0000:00/0000:00:01.0/0000:01:00.0";
         f.pci_device(&format!("{sw}/0000:02:00.0/0000:03:00.0"), 0);
         f.pci_device(&format!("{sw}/0000:02:01.0/0000:04:00.0"), 0);
-        f.nic("mlx5_0", Some(&format!("{sw}/0000:02:01.0/0000:04:00.0")));
-        f.ib_port(
-            "mlx5_0",
-            1,
-            "4: ACTIVE",
-            Some("400 Gb/sec (4X NDR)"),
-            "InfiniBand",
-        );
-        f.ib_port("mlx5_0", 2, "1: DOWN", None, "InfiniBand");
-        f.nic("rxe0", None);
-        f.ib_port(
-            "rxe0",
-            1,
-            "4: ACTIVE",
-            Some("2.5 Gb/sec (1X SDR)"),
-            "Ethernet",
-        );
+        f.mlx5_and_rxe("mlx5_0", &format!("{sw}/0000:02:01.0/0000:04:00.0"));
         let gpu = gpu_function(f.root(), "0000:03:00.0").unwrap();
         let rails = gather(f.root()).unwrap();
         assert_eq!(

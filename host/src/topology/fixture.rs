@@ -83,6 +83,19 @@ impl Fixture {
         }
         self.file(&format!("{dir}/link_layer"), &format!("{layer}\n"));
     }
+
+    /// The two RDMA devices the rails tests read: `mlx5` on the PCI device at `chain`
+    /// (port 1 ACTIVE at 400 Gb/s NDR, port 2 DOWN with no rate, InfiniBand) and
+    /// Soft-RoCE `rxe0` (no PCI function; port 1 ACTIVE at 2.5 Gb/s, Ethernet).
+    pub fn mlx5_and_rxe(&self, mlx5: &str, chain: &str) {
+        self.nic(mlx5, Some(chain));
+        let (state, rate) = NDR_ACTIVE;
+        self.ib_port(mlx5, 1, state, Some(rate), "InfiniBand");
+        self.ib_port(mlx5, 2, "1: DOWN", None, "InfiniBand");
+        self.nic("rxe0", None);
+        let rate = "2.5 Gb/sec (1X SDR)";
+        self.ib_port("rxe0", 1, "4: ACTIVE", Some(rate), "Ethernet");
+    }
 }
 
 /// A whole machine as a fixture tree: its GPUs' bus ids, in the order CUDA numbers them.

@@ -106,22 +106,29 @@ pub enum Stop {
 /// 1 GiB would otherwise be 2^28 entries, ~10 GiB, built before any data).
 const BATCH_CHUNKS: u64 = 1 << 15;
 
+/// What every read of one transfer's chunks is given, whoever reads them (a landing's
+/// fixed streams, or a striped round): the plan, each read's bounds, the count of the
+/// bytes that arrived (for the error of an incomplete transfer) and the frames' CRC32Cs
+/// (and, in host memory, the chunks whose bytes do not match them).
+#[derive(Clone, Copy)]
+pub struct Reads<'a> {
+    pub plan: &'a ChunkPlan,
+    pub limits: ReadLimits,
+    pub got: &'a AtomicU64,
+    pub checks: &'a ChunkChecks,
+}
+
 /// A receive buffer of one connection.
 pub trait Landing {
     /// Fill with the poison (nothing verifies before data arrives); before each transfer.
     fn poison(&mut self) -> anyhow::Result<()>;
-    /// Read the chunks `which` of `plan` into place: chunk `i` from stream `i % N`, in
-    /// increasing order on each stream. `got` counts the bytes that arrived (for the
-    /// error of an incomplete transfer); `checks` records each frame's CRC32C (and, in
-    /// host memory, the chunks whose bytes do not match it).
+    /// Read the chunks `which` of `reads.plan` into place: chunk `i` from stream `i % N`,
+    /// in increasing order on each stream.
     fn receive(
         &mut self,
         streams: &[TcpStream],
-        plan: &ChunkPlan,
+        reads: Reads<'_>,
         which: Which<'_>,
-        limits: ReadLimits,
-        got: &AtomicU64,
-        checks: &ChunkChecks,
     ) -> Result<(), Stop>;
     /// After a receive: the chunks among `which` whose bytes, where they landed, do not
     /// match their frame's CRC32C.
@@ -221,12 +228,15 @@ impl Landing for HostLanding {
     fn receive(
         &mut self,
         streams: &[TcpStream],
-        plan: &ChunkPlan,
+        reads: Reads<'_>,
         which: Which<'_>,
-        limits: ReadLimits,
-        got: &AtomicU64,
-        checks: &ChunkChecks,
     ) -> Result<(), Stop> {
+        let Reads {
+            plan,
+            limits,
+            got,
+            checks,
+        } = reads;
         let broken = |e: String| Stop::Broken(e);
         let total = usize::try_from(plan.total()).map_err(|e| broken(e.to_string()))?;
         let chunk_bytes = usize::try_from(plan.chunk_bytes()).map_err(|e| broken(e.to_string()))?;
@@ -410,12 +420,15 @@ impl Landing for DeviceLanding {
     fn receive(
         &mut self,
         streams: &[TcpStream],
-        plan: &ChunkPlan,
+        reads: Reads<'_>,
         which: Which<'_>,
-        limits: ReadLimits,
-        got: &AtomicU64,
-        checks: &ChunkChecks,
     ) -> Result<(), Stop> {
+        let Reads {
+            plan,
+            limits,
+            got,
+            checks,
+        } = reads;
         let n = streams.len().max(1);
         let shut = || {
             for s in streams {

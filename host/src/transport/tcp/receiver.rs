@@ -31,7 +31,7 @@
 //! counted by the same admission.
 
 use super::frames::Hello;
-use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Stop, Which};
+use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Reads, Stop, Which};
 use super::routes::Routes;
 use super::socket;
 use crate::memory::select::AttemptLog;
@@ -565,31 +565,28 @@ enum Mode {
     Striped(super::striped::Streams),
 }
 
-/// Read the chunks `which` into place. Striped: round after round, asking for the
-/// chunks that did not arrive (written into a rail that failed) with a missing-chunk
-/// [`Resend`], until all are in or the rounds are used up.
-#[allow(clippy::too_many_arguments)]
+/// Read the chunks `which` into place: on the fixed streams, the landing reads them;
+/// striped, round after round, asking for the chunks that did not arrive (written into
+/// a rail that failed) with a missing-chunk [`Resend`], until all are in or the rounds
+/// are used up.
 fn receive_which(
     mode: &mut Mode,
     control: &mut TcpStream,
     landing: &mut dyn Landing,
     streams: &[TcpStream],
-    plan: &ChunkPlan,
+    reads: Reads<'_>,
     which: Which<'_>,
-    limits: ReadLimits,
-    got: &AtomicU64,
-    checks: &ChunkChecks,
 ) -> Result<(), Stop> {
     let state = match mode {
-        Mode::Fixed => return landing.receive(streams, plan, which, limits, got, checks),
+        Mode::Fixed => return landing.receive(streams, reads, which),
         Mode::Striped(state) => state,
     };
+    let (plan, limits) = (reads.plan, reads.limits);
     let len = plan.total() as usize;
     let Some(bytes) = landing.host_bytes(len) else {
         return Err(Stop::Broken("a striped transfer needs host memory".into()));
     };
-    let mut missing =
-        super::striped::receive_round(bytes, state, plan, which, limits, got, checks)?;
+    let mut missing = super::striped::receive_round(bytes, state, reads, which)?;
     let mut round = 0u32;
     while !missing.is_empty() {
         round += 1;
@@ -611,15 +608,7 @@ fn receive_which(
         control.write_all(&request.encode()).map_err(|e| {
             Stop::Broken(socket::why(&e, limits.timeout, "asking for missing chunks"))
         })?;
-        missing = super::striped::receive_round(
-            bytes,
-            state,
-            plan,
-            Which::Only(&missing),
-            limits,
-            got,
-            checks,
-        )?;
+        missing = super::striped::receive_round(bytes, state, reads, Which::Only(&missing))?;
     }
     Ok(())
 }
@@ -748,16 +737,19 @@ fn receive_all(
         let got = AtomicU64::new(0);
         let start = Instant::now();
         let checks = ChunkChecks::new(header.verify.checksum(), plan.count());
+        let reads = Reads {
+            plan,
+            limits,
+            got: &got,
+            checks: &checks,
+        };
         let received = receive_which(
             &mut mode,
             control,
             landing.as_mut(),
             streams,
-            plan,
+            reads,
             Which::All,
-            limits,
-            &got,
-            &checks,
         )
         .and_then(|()| {
             repair(
@@ -765,10 +757,7 @@ fn receive_all(
                 control,
                 landing.as_mut(),
                 streams,
-                plan,
-                limits,
-                &got,
-                &checks,
+                reads,
                 header.max_resends,
             )
         });
@@ -918,18 +907,20 @@ struct Repairs {
 /// Ask for the chunks whose CRC32C failed where they landed, up to `max_resends`
 /// rounds, reading each round's chunks into their places; after the last round the
 /// chunks still failing are named in a final [`Resend`] (an ack saying so follows).
-#[allow(clippy::too_many_arguments)]
 fn repair(
     mode: &mut Mode,
     control: &mut TcpStream,
     landing: &mut dyn Landing,
     streams: &[TcpStream],
-    plan: &ChunkPlan,
-    limits: ReadLimits,
-    got: &AtomicU64,
-    checks: &ChunkChecks,
+    reads: Reads<'_>,
     max_resends: u8,
 ) -> Result<Repairs, Stop> {
+    let Reads {
+        plan,
+        limits,
+        checks,
+        ..
+    } = reads;
     let checking = |e: anyhow::Error| Stop::Broken(format!("checking the chunks: {e:#}"));
     let mut repairs = Repairs::default();
     let mut failed = landing
@@ -958,16 +949,15 @@ fn repair(
         let which = Which::Only(&failed);
         // Every byte has arrived by now, so "got N of N bytes" alone would read as done:
         // say that the transfer broke while chunks were being sent again.
-        receive_which(
-            mode, control, landing, streams, plan, which, limits, got, checks,
-        )
-        .map_err(|stop| match stop {
-            Stop::Broken(why) => Stop::Broken(format!(
-                "in resend round {round}, {} chunk(s) asked again: {why}",
-                failed.len()
-            )),
-            too_slow => too_slow,
-        })?;
+        receive_which(mode, control, landing, streams, reads, which).map_err(
+            |stop| match stop {
+                Stop::Broken(why) => Stop::Broken(format!(
+                    "in resend round {round}, {} chunk(s) asked again: {why}",
+                    failed.len()
+                )),
+                too_slow => too_slow,
+            },
+        )?;
         failed = landing
             .failed_chunks(plan, Which::Only(&failed), checks)
             .map_err(checking)?;
@@ -1020,16 +1010,8 @@ mod tests {
         fn poison(&mut self) -> anyhow::Result<()> {
             Ok(())
         }
-        fn receive(
-            &mut self,
-            _: &[TcpStream],
-            _: &ChunkPlan,
-            _: Which<'_>,
-            _: ReadLimits,
-            got: &AtomicU64,
-            _: &ChunkChecks,
-        ) -> Result<(), Stop> {
-            got.store(4096, Ordering::Relaxed);
+        fn receive(&mut self, _: &[TcpStream], reads: Reads<'_>, _: Which<'_>) -> Result<(), Stop> {
+            reads.got.store(4096, Ordering::Relaxed);
             Ok(())
         }
         fn failed_chunks(
@@ -1123,16 +1105,8 @@ mod tests {
             fn poison(&mut self) -> anyhow::Result<()> {
                 self.0.poison()
             }
-            fn receive(
-                &mut self,
-                s: &[TcpStream],
-                p: &ChunkPlan,
-                w: Which<'_>,
-                l: ReadLimits,
-                got: &AtomicU64,
-                c: &ChunkChecks,
-            ) -> Result<(), Stop> {
-                self.0.receive(s, p, w, l, got, c)
+            fn receive(&mut self, s: &[TcpStream], r: Reads<'_>, w: Which<'_>) -> Result<(), Stop> {
+                self.0.receive(s, r, w)
             }
             fn failed_chunks(
                 &mut self,

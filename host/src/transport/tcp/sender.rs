@@ -45,6 +45,10 @@ pub struct TcpSendConfig {
     pub rails: Vec<Rail>,
     /// A striped rail with chunks in flight that writes none for this long has failed.
     pub rail_timeout: Duration,
+    /// TEST ONLY (`--test-silent-rail K`): rail K (0-based, among the rails that
+    /// connected) writes no end marker after its chunks, as a rail whose link died
+    /// silently right after its last chunk.
+    pub test_silent_rail: Option<usize>,
 }
 
 /// `--rail-timeout`'s default.
@@ -160,6 +164,7 @@ pub fn send_repeated(
     let checks = WireChecks {
         checksum: opts.verify.checksum(),
         faults: opts.faults,
+        silent_rail: cfg.test_silent_rail,
     };
     let n = cfg.streams as usize;
     let wire_rails = WireRails {

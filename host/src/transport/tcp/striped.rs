@@ -15,19 +15,33 @@
 //! transfer's size per round, more is a protocol error). The chunks still missing when
 //! the round ends (written into a rail that failed) are what the round returns: the
 //! caller asks for them with a missing-chunk `Resend`.
+//!
+//! A rail can die after its last chunk and before its end marker. Broken (an error, an
+//! EOF), its readers end at once. Silently (a link down, no FIN), nothing would end
+//! them before `--timeout`, although nothing is missing. So once every chunk the round
+//! expects has landed, a stream other than the control stream that brings no byte for
+//! [`SILENT_AFTER_LANDED`] is shut and counted dead, and the round ends without it (the
+//! sender, if its rail is alive after all, finds its next write refused and fails it
+//! over). The control stream is never cut: the transfer's conversation goes on there.
 
 use super::frames::{Frame, FRAME_LEN};
-use super::landing::{ChunkChecks, ReadLimits, Stop, Which};
+use super::landing::{ReadLimits, Reads, Stop, Which};
 use super::socket::{self, ReadStop};
 use crate::transfer::plan::ChunkPlan;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Most chunks a striped transfer may have: the slot table is one entry per chunk.
 pub const MAX_STRIPED_CHUNKS: u64 = 1 << 20;
 /// The rail of a stream that never joined (its hello, which names it, did not come).
 pub const UNKNOWN_RAIL: u16 = u16::MAX;
+/// Once every chunk of a round has landed, how long a stream may bring nothing before
+/// it is taken for dead (at most `--timeout`). Its end marker is 12 bytes behind its
+/// last chunk, or behind copies that flow at the link's rate: a live link shows
+/// progress well within this; the sender's own `--rail-timeout` is 0.5 s by default.
+pub const SILENT_AFTER_LANDED: Duration = Duration::from_secs(1);
 
 /// A chunk's place, as a round sees it.
 enum Slot<'b> {
@@ -50,6 +64,9 @@ pub struct Streams {
     dead: Vec<Option<String>>,
     /// Per stream, over the connection: what landed from it, and copies it dropped.
     counts: Vec<Counts>,
+    /// Each stream's peer address, read when it joined (a socket shut or reset later
+    /// may no longer tell it, and the report names it then).
+    from: Vec<Option<String>>,
     /// Chunks asked for again because they were missing after a pass.
     pub asked_again: u64,
 }
@@ -70,7 +87,15 @@ impl Streams {
             .map(|s| s.is_none().then(|| "it did not join in time".to_string()))
             .collect();
         let counts = (0..sockets.len()).map(|_| Counts::default()).collect();
+        let from = sockets
+            .iter()
+            .map(|s| {
+                let peer = s.as_ref()?.peer_addr().ok()?;
+                Some(peer.ip().to_string())
+            })
+            .collect();
         Streams {
+            from,
             sockets,
             rails,
             dead,
@@ -109,10 +134,7 @@ impl Streams {
             r.chunks += c.chunks.load(Ordering::Relaxed);
             r.copies_dropped += c.dropped.load(Ordering::Relaxed);
             if r.from.is_none() {
-                r.from = self.sockets[s]
-                    .as_ref()
-                    .and_then(|s| s.peer_addr().ok())
-                    .map(|a| a.ip().to_string());
+                r.from = self.from[s].clone();
             }
             if let (None, Some(why)) = (&r.stopped, &self.dead[s]) {
                 r.stopped = Some(why.clone());
@@ -135,13 +157,25 @@ struct Round<'a, 'b> {
     slots: Vec<Mutex<Slot<'b>>>,
     limits: ReadLimits,
     got: &'a AtomicU64,
-    checks: &'a ChunkChecks,
+    checks: &'a super::landing::ChunkChecks,
     /// Bit `r`: rail `r` given up by the sender (from the end markers).
     failed_rails: AtomicU32,
     /// Bytes of copies dropped in this round.
     dropped: AtomicU64,
     /// The first error that ends the whole round (a protocol error, the deadline).
     fatal: Mutex<Option<Stop>>,
+    /// Chunks this round expects that have not landed yet.
+    open: AtomicU64,
+    /// When each stream last brought bytes (ms since `start`), whether its reader has
+    /// ended, and whether it was shut for silence after every chunk had landed.
+    start: Instant,
+    last_seen: Vec<AtomicU64>,
+    ended: Vec<AtomicBool>,
+    cut: Vec<AtomicBool>,
+    /// Readers still running; the watcher waits on it (notified when a reader ends or
+    /// the last chunk lands).
+    running: Mutex<usize>,
+    changed: Condvar,
 }
 
 /// How one stream's part of a round ended.
@@ -150,32 +184,36 @@ enum Ended {
     Dead(String),
 }
 
-/// Read one round of `which` chunks of `plan` into `bytes` from the live `streams`;
-/// the chunks of `which` that did not arrive.
-#[allow(clippy::too_many_arguments)]
+/// Read one round of `which` chunks of `reads.plan` into `bytes` from the live streams
+/// of `state`; the chunks of `which` that did not arrive.
 pub fn receive_round(
     bytes: &mut [u8],
     state: &mut Streams,
-    plan: &ChunkPlan,
+    reads: Reads<'_>,
     which: Which<'_>,
-    limits: ReadLimits,
-    got: &AtomicU64,
-    checks: &ChunkChecks,
 ) -> Result<Vec<u32>, Stop> {
+    let Reads {
+        plan,
+        limits,
+        got,
+        checks,
+    } = reads;
     let chunk = usize::try_from(plan.chunk_bytes()).map_err(|e| Stop::Broken(e.to_string()))?;
     let mut wanted = match which {
         Which::All => None,
         Which::Only(list) => Some(list.iter().peekable()),
     };
+    let mut open = 0u64;
     let slots: Vec<Mutex<Slot<'_>>> = bytes
         .chunks_mut(chunk.max(1))
         .enumerate()
         .map(|(i, place)| {
-            let open = match &mut wanted {
+            let is_open = match &mut wanted {
                 None => true,
                 Some(list) => list.next_if(|&&w| w as usize == i).is_some(),
             };
-            Mutex::new(if open {
+            Mutex::new(if is_open {
+                open += 1;
                 Slot::Open(place)
             } else {
                 Slot::Closed
@@ -183,6 +221,8 @@ pub fn receive_round(
         })
         .collect();
     let streams = &state.sockets;
+    let live = state.dead.iter().filter(|d| d.is_none()).count();
+    let flags = || (0..streams.len()).map(|_| AtomicBool::new(false)).collect();
     let round = Round {
         streams,
         counts: &state.counts,
@@ -195,15 +235,30 @@ pub fn receive_round(
         failed_rails: AtomicU32::new(0),
         dropped: AtomicU64::new(0),
         fatal: Mutex::new(None),
+        open: AtomicU64::new(open),
+        start: Instant::now(),
+        last_seen: (0..streams.len()).map(|_| AtomicU64::new(0)).collect(),
+        ended: flags(),
+        cut: flags(),
+        running: Mutex::new(live),
+        changed: Condvar::new(),
     };
     let ended: Vec<Option<Ended>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..streams.len())
             .map(|s| {
                 let live = state.dead[s].is_none();
                 let round = &round;
-                live.then(|| scope.spawn(move || read_stream(round, s)))
+                live.then(|| {
+                    scope.spawn(move || {
+                        let ended = read_stream(round, s);
+                        reader_ended(round, s);
+                        ended
+                    })
+                })
             })
             .collect();
+        let round = &round;
+        scope.spawn(move || cut_silent_streams(round, SILENT_AFTER_LANDED.min(limits.timeout)));
         handles
             .into_iter()
             .map(|h| {
@@ -249,6 +304,11 @@ fn read_stream(round: &Round<'_, '_>, s: usize) -> Ended {
         Ended::Dead(_) if given_up(round, s) => {
             Ended::Dead("the sender gave its rail up (an end marker said so)".into())
         }
+        // Shut here for its silence: say that.
+        Ended::Dead(_) if round.cut[s].load(Ordering::Relaxed) => Ended::Dead(format!(
+            "no end marker, nor any byte, for {} after every chunk had landed (its link may be down)",
+            crate::rdma::format_duration(SILENT_AFTER_LANDED.min(round.limits.timeout))
+        )),
         ended => ended,
     }
 }
@@ -271,6 +331,7 @@ fn read_frames(round: &Round<'_, '_>, s: usize) -> Ended {
         {
             return ended_by(round, e, "reading a frame");
         }
+        seen(round, s);
         let frame = Frame::decode(&head);
         if let Some(mask) = frame.end_mask() {
             give_up(round, mask);
@@ -296,7 +357,7 @@ fn read_frames(round: &Round<'_, '_>, s: usize) -> Ended {
             }
         };
         let Some(place) = place else {
-            if let Err(e) = drop_copy(round, stream, frame.len as usize) {
+            if let Err(e) = drop_copy(round, s, frame.len as usize) {
                 return e;
             }
             round.counts[s].dropped.fetch_add(1, Ordering::Relaxed);
@@ -315,6 +376,10 @@ fn read_frames(round: &Round<'_, '_>, s: usize) -> Ended {
                 counts.bytes.fetch_add(frame.len as u64, Ordering::Relaxed);
                 counts.chunks.fetch_add(1, Ordering::Relaxed);
                 *round.slots[index].lock().unwrap_or_else(|p| p.into_inner()) = Slot::Landed;
+                seen(round, s);
+                if round.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    notify(round);
+                }
             }
             Err(e) => {
                 // Half a chunk: its place is open again for a copy on another stream.
@@ -338,7 +403,10 @@ fn chunk_of(plan: &ChunkPlan, frame: &Frame) -> Option<usize> {
 
 /// Read and drop a copy of `len` bytes (a chunk that landed already), within the round's
 /// bound on copies.
-fn drop_copy(round: &Round<'_, '_>, stream: &TcpStream, len: usize) -> Result<(), Ended> {
+fn drop_copy(round: &Round<'_, '_>, s: usize, len: usize) -> Result<(), Ended> {
+    let Some(stream) = &round.streams[s] else {
+        return Err(Ended::Dead("it did not join in time".into()));
+    };
     let dropped = round.dropped.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
     if dropped > round.plan.total() {
         return Err(fatal(
@@ -356,9 +424,80 @@ fn drop_copy(round: &Round<'_, '_>, stream: &TcpStream, len: usize) -> Result<()
         let limits = round.limits;
         socket::read_exact_within(stream, &mut scratch[..n], limits.timeout, limits.deadline)
             .map_err(|e| ended_by(round, e, "reading a chunk that had arrived already"))?;
+        seen(round, s);
         left -= n;
     }
     Ok(())
+}
+
+/// Stream `s` brought bytes now.
+fn seen(round: &Round<'_, '_>, s: usize) {
+    let ms = round.start.elapsed().as_millis() as u64;
+    round.last_seen[s].store(ms, Ordering::Relaxed);
+}
+
+/// Wake the watcher (under its lock, so that no wake-up falls between its check and its
+/// wait).
+fn notify(round: &Round<'_, '_>) {
+    let _running = round.running.lock().unwrap_or_else(|p| p.into_inner());
+    round.changed.notify_all();
+}
+
+/// Stream `s`'s reader is done with this round.
+fn reader_ended(round: &Round<'_, '_>, s: usize) {
+    round.ended[s].store(true, Ordering::Relaxed);
+    let mut running = round.running.lock().unwrap_or_else(|p| p.into_inner());
+    *running = running.saturating_sub(1);
+    round.changed.notify_all();
+}
+
+/// The watcher of a round: once every expected chunk has landed, shut each stream but
+/// the control stream that has brought nothing for `grace` (since the last chunk landed
+/// or its own last bytes, whichever is later); its reader then ends, and the round with
+/// it. Ends when every reader has ended, or when only the control stream's is left.
+/// Every wait is bounded by `grace` (readers end within `--timeout` or the deadline).
+fn cut_silent_streams(round: &Round<'_, '_>, grace: Duration) {
+    let mut running = round.running.lock().unwrap_or_else(|p| p.into_inner());
+    let mut landed_at: Option<u64> = None;
+    loop {
+        let others_left = (1..round.streams.len()).any(|s| {
+            round.streams[s].is_some()
+                && !round.ended[s].load(Ordering::Relaxed)
+                && !round.cut[s].load(Ordering::Relaxed)
+        });
+        if *running == 0 || !others_left {
+            return;
+        }
+        let now = round.start.elapsed().as_millis() as u64;
+        if landed_at.is_none() && round.open.load(Ordering::Relaxed) == 0 {
+            landed_at = Some(now);
+        }
+        let mut wait = grace;
+        if let Some(landed) = landed_at {
+            let grace_ms = grace.as_millis() as u64;
+            for s in 1..round.streams.len() {
+                let Some(stream) = &round.streams[s] else {
+                    continue;
+                };
+                if round.ended[s].load(Ordering::Relaxed) || round.cut[s].load(Ordering::Relaxed) {
+                    continue;
+                }
+                let quiet_since = landed.max(round.last_seen[s].load(Ordering::Relaxed));
+                let quiet = now.saturating_sub(quiet_since);
+                if quiet >= grace_ms {
+                    round.cut[s].store(true, Ordering::Relaxed);
+                    let _ = stream.shutdown(Shutdown::Both);
+                } else {
+                    wait = wait.min(Duration::from_millis(grace_ms - quiet));
+                }
+            }
+        }
+        running = round
+            .changed
+            .wait_timeout(running, wait.max(Duration::from_millis(1)))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
 }
 
 /// The sender gave up the rails of `mask`: shut their streams here (their readers end
@@ -404,6 +543,7 @@ fn fatal(round: &Round<'_, '_>, stop: Stop) -> Ended {
 
 #[cfg(test)]
 mod tests {
+    use super::super::landing::ChunkChecks;
     use super::*;
     use std::io::Write;
     use std::net::TcpListener;
@@ -463,16 +603,13 @@ mod tests {
         let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0, 0, 1]);
         let checks = ChunkChecks::new(true, plan.count());
         let got = AtomicU64::new(0);
-        let missing = receive_round(
-            &mut buf,
-            &mut state,
-            &plan,
-            Which::All,
-            limits(),
-            &got,
-            &checks,
-        )
-        .unwrap();
+        let reads = Reads {
+            plan: &plan,
+            limits: limits(),
+            got: &got,
+            checks: &checks,
+        };
+        let missing = receive_round(&mut buf, &mut state, reads, Which::All).unwrap();
         writer.join().unwrap();
         assert_eq!(missing, [2]);
         assert_eq!(&buf[300..400], &[3u8; 100][..], "the first copy stays");
@@ -488,16 +625,7 @@ mod tests {
             .unwrap();
         senders[1].write_all(&Frame::end(0b10).encode()).unwrap();
         senders[0].write_all(&Frame::end(0b10).encode()).unwrap();
-        let missing = receive_round(
-            &mut buf,
-            &mut state,
-            &plan,
-            Which::Only(&[2]),
-            limits(),
-            &got,
-            &checks,
-        )
-        .unwrap();
+        let missing = receive_round(&mut buf, &mut state, reads, Which::Only(&[2])).unwrap();
         assert!(missing.is_empty());
         let summary = state.summary();
         assert_eq!(summary.rails.len(), 2);
@@ -509,6 +637,40 @@ mod tests {
         assert!(summary.rails[1].stopped.is_some());
         assert_eq!(&buf[100..200], &[1u8; 100][..]);
         assert_eq!(&buf[200..300], &[2u8; 100][..]);
+    }
+
+    #[test]
+    fn a_stream_silent_after_every_chunk_landed_is_cut_after_the_grace_not_the_timeout() {
+        let plan = ChunkPlan::new(2 * 100, 100).unwrap();
+        let (mut senders, readers) = pairs(3);
+        // Stream 0 (control, rail 0): chunk 0 and its end. Stream 1 (rail 1): chunk 1,
+        // then nothing (its link died silently). Stream 2 (rail 1): its end only.
+        senders[0].write_all(&frame(&plan, 0, 0)).unwrap();
+        senders[0].write_all(&Frame::end(0).encode()).unwrap();
+        senders[1].write_all(&frame(&plan, 1, 1)).unwrap();
+        senders[2].write_all(&Frame::end(0).encode()).unwrap();
+        let mut buf = vec![0xeeu8; 200];
+        let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0, 1, 1]);
+        let t0 = Instant::now();
+        let reads = Reads {
+            plan: &plan,
+            limits: ReadLimits {
+                timeout: Duration::from_secs(20),
+                deadline: None,
+            },
+            got: &AtomicU64::new(0),
+            checks: &ChunkChecks::new(false, 2),
+        };
+        let missing = receive_round(&mut buf, &mut state, reads, Which::All).unwrap();
+        let took = t0.elapsed();
+        assert!(missing.is_empty());
+        assert!(
+            took >= SILENT_AFTER_LANDED && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        assert!(state.dead[1].as_deref().unwrap().contains("no end marker"));
+        assert!(state.dead[0].is_none() && state.dead[2].is_none());
+        assert_eq!(&buf[100..], &[1u8; 100][..]);
     }
 
     #[test]
@@ -534,16 +696,14 @@ mod tests {
             let (mut senders, readers) = pairs(1);
             senders[0].write_all(&bad.encode()).unwrap();
             let mut buf = vec![0u8; 400];
-            let e = receive_round(
-                &mut buf,
-                &mut Streams::new(readers.into_iter().map(Some).collect(), vec![0]),
-                &plan,
-                Which::All,
-                limits(),
-                &AtomicU64::new(0),
-                &ChunkChecks::new(false, 4),
-            )
-            .unwrap_err();
+            let reads = Reads {
+                plan: &plan,
+                limits: limits(),
+                got: &AtomicU64::new(0),
+                checks: &ChunkChecks::new(false, 4),
+            };
+            let mut state = Streams::new(readers.into_iter().map(Some).collect(), vec![0]);
+            let e = receive_round(&mut buf, &mut state, reads, Which::All).unwrap_err();
             assert!(
                 matches!(e, Stop::Broken(ref w) if w.contains("protocol error")),
                 "{e:?}"

@@ -58,17 +58,23 @@ struct Job {
 /// What a writer thread is given.
 enum Work {
     Chunk(Job),
-    /// The end of a pass (striped): an end marker naming the failed rails.
+    /// The end of a pass (striped): an end marker naming the failed rails; `silent`
+    /// (tests only): write nothing, as a link that died silently.
     End {
         failed_rails: u32,
+        silent: bool,
     },
 }
 
-/// What the wire checks: CRC32C per chunk, and the test-only fault injector.
+/// What the wire checks: CRC32C per chunk, and the test-only fault injector and silent
+/// rail.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WireChecks {
     pub checksum: bool,
     pub faults: Option<FaultInjector>,
+    /// Tests only: this rail's streams leave out their end markers (a link that died
+    /// silently after the rail's last chunk).
+    pub silent_rail: Option<usize>,
 }
 
 /// A writer's report.
@@ -298,9 +304,13 @@ impl TcpWire<'_> {
         }
         let failed_rails = self.dispatch.failed_mask();
         for s in self.dispatch.live_streams() {
+            let silent = self.checks.silent_rail == Some(self.dispatch.rail_of(s));
             if let Some(jobs) = &self.jobs[s] {
                 // A writer that is gone failed, and says so in its report.
-                let _ = jobs.send(Work::End { failed_rails });
+                let _ = jobs.send(Work::End {
+                    failed_rails,
+                    silent,
+                });
             }
         }
         Ok(())
@@ -430,7 +440,8 @@ fn write_stream(
     for work in rx {
         let job = match work {
             Work::Chunk(job) => job,
-            Work::End { failed_rails } => {
+            Work::End { silent: true, .. } => continue,
+            Work::End { failed_rails, .. } => {
                 if let Err(e) = stream.write_all(&Frame::end(failed_rails).encode()) {
                     let why = socket::why(&e, timeout, "ending a pass");
                     let _ = tx.send(Report::Failed { stream: i, why });
