@@ -47,6 +47,20 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
+/// The receiver serves on after a failure: a new sender's random file of `len` bytes,
+/// written as `inputs/name`, is verified and becomes the only file in `stored`.
+fn next_file_arrives(r: &Receiver, inputs: &Path, name: &str, len: u64, stored: &Path) {
+    let file = inputs.join(name);
+    random_file(&file, len);
+    let after = format!("{name}, after the failure");
+    assert_verified(
+        &send(r.port, &["--input", file.to_str().unwrap()], T),
+        &after,
+    );
+    assert_eq!(names(stored), [name]);
+    assert_eq!(sha256(&stored.join(name)), sha256(&file));
+}
+
 /// The files in `d`, sorted.
 fn names(d: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(d)
@@ -166,14 +180,7 @@ fn a_sender_killed_mid_transfer_leaves_no_file_under_the_final_name() {
         "no kill landed mid-transfer; receiver log:\n{}",
         r.log()
     );
-    // The receiver serves on, and the next sender's file arrives whole.
-    let small = d.join("next.bin");
-    random_file(&small, 100_000);
-    assert_verified(
-        &send(r.port, &["--input", small.to_str().unwrap()], T),
-        "after the kill",
-    );
-    assert_eq!(names(&out), ["next.bin"]);
+    next_file_arrives(&r, &d, "next.bin", 100_000, &out);
     std::fs::remove_file(&input).unwrap();
 }
 
@@ -216,14 +223,7 @@ fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
     let inside =
         PathBuf::from(format!("/proc/{}/root", r.pid())).join(mount.strip_prefix("/").unwrap());
     assert!(names(&inside).is_empty(), "{:?}", names(&inside));
-    let small = inputs.join("small.bin");
-    random_file(&small, 200_000);
-    assert_verified(
-        &send(r.port, &["--input", small.to_str().unwrap()], T),
-        "after the full disk",
-    );
-    assert_eq!(names(&inside), ["small.bin"]);
-    assert_eq!(sha256(&inside.join("small.bin")), sha256(&small));
+    next_file_arrives(&r, &inputs, "small.bin", 200_000, &inside);
 }
 
 /// The chunks the injector corrupts on their first sending, as the sender computes it.

@@ -278,10 +278,23 @@ fn lying_receiver(replies: Vec<u8>, times: usize) -> (u16, std::thread::JoinHand
     (port, serve)
 }
 
-fn small_input(tag: &str) -> PathBuf {
+/// Send `CHUNKS` chunks of a file to a lying receiver on `port`: the sender's error,
+/// which there must be.
+fn sender_error(port: u16, tag: &str) -> String {
     let input = out_dir(tag).join("three-chunks.bin");
     std::fs::write(&input, vec![7u8; (CHUNKS * CHUNK) as usize]).unwrap();
-    input
+    let args = ["--chunk", "4KiB", "--streams", "1", "--input"];
+    let input = input.to_str().unwrap();
+    let out = send(
+        port,
+        &[&args[..], &[input]].concat(),
+        Duration::from_secs(20),
+    );
+    assert!(
+        !out.status.success(),
+        "the sender believed a lying receiver"
+    );
+    text(&out).1
 }
 
 #[test]
@@ -294,22 +307,8 @@ fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever(
     }
     .encode();
     let (port, serve) = lying_receiver(last, 1_000_000);
-    let input = small_input("repeated-last");
     let t0 = Instant::now();
-    let out = send(
-        port,
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--chunk",
-            "4KiB",
-            "--streams",
-            "1",
-        ],
-        Duration::from_secs(20),
-    );
-    let (_, stderr) = text(&out);
-    assert!(!out.status.success());
+    let stderr = sender_error(port, "repeated-last");
     assert!(stderr.contains("a second final resend list"), "{stderr}");
     eprintln!(
         "MEASURED repeated final resend lists: sender ended after {:?}, {} lists written",
@@ -333,21 +332,7 @@ fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
         })
         .collect();
     let (port, serve) = lying_receiver(replies, 1);
-    let input = small_input("extra-round");
-    let out = send(
-        port,
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--chunk",
-            "4KiB",
-            "--streams",
-            "1",
-        ],
-        Duration::from_secs(20),
-    );
-    let (_, stderr) = text(&out);
-    assert!(!out.status.success());
+    let stderr = sender_error(port, "extra-round");
     assert!(
         stderr.contains("resend round 4 after 3, beyond this sender's --max-resends 3"),
         "{stderr}"
