@@ -429,9 +429,10 @@ pub struct RecvArgs {
 
     /// Write each verified transfer out: to a file (replaced, atomically, by each
     /// transfer), into a directory (a file per transfer, named by the sender's --name or
-    /// after the peer and a counter), or to standard output (`-`). A transfer reaches its
-    /// final name only once every byte verified: it is written under a temporary name in
-    /// the same directory, flushed, then renamed.
+    /// after the peer and a counter; a name taken gets .1, .2, ...: nothing there is
+    /// replaced), or to standard output (`-`). A transfer reaches its final name only
+    /// once every byte verified: it is written under a temporary name in the same
+    /// directory, flushed, then renamed (a directory: hard-linked).
     #[arg(long, value_name = "PATH|-")]
     pub output: Option<String>,
 

@@ -7,8 +7,12 @@
 //! `PATH` names a file (each transfer replaces it, atomically) or an existing directory:
 //! one file per transfer, named after the sender's `--name` (checked by
 //! [`checked_name`]: it cannot leave the directory) or, without one, after the peer and
-//! a counter. `-` is standard output (no atomicity there: whatever reads it sees the
-//! bytes as they are written, after they verified).
+//! a counter. In a directory nothing is ever replaced: the name is the sender's, so a
+//! sender could otherwise overwrite any file there; a name taken gets `.1`, `.2`, ...
+//! as wget does (the file is hard-linked under the new name, which fails if the name
+//! exists, so two transfers of one name cannot both win). `-` is standard output (no
+//! atomicity there: whatever reads it sees the bytes as they are written, after they
+//! verified).
 
 use crate::transfer::header::checked_name;
 use anyhow::{bail, Context, Result};
@@ -105,8 +109,11 @@ impl Output {
         };
         let mut pending = Pending::create(&path)?;
         fill(&mut pending.file).with_context(|| format!("writing {}", pending.tmp.display()))?;
-        pending.commit()?;
-        Ok(path.display().to_string())
+        let stored = match self {
+            Output::Dir(_) => pending.commit_new()?,
+            _ => pending.commit()?,
+        };
+        Ok(stored.display().to_string())
     }
 }
 
@@ -143,12 +150,10 @@ impl Pending {
         })
     }
 
-    /// Flush to the disk, rename into place, and flush the directory (so the rename
-    /// itself survives a crash).
-    fn commit(mut self) -> Result<()> {
-        self.file
-            .sync_all()
-            .with_context(|| format!("flushing {}", self.tmp.display()))?;
+    /// Flush to the disk, rename into place (replacing a file of that name), and flush
+    /// the directory (so the rename itself survives a crash). Where it went.
+    fn commit(mut self) -> Result<PathBuf> {
+        self.flush()?;
         fs::rename(&self.tmp, &self.final_path).with_context(|| {
             format!(
                 "renaming {} to {}",
@@ -157,19 +162,68 @@ impl Pending {
             )
         })?;
         self.committed = true;
-        if let Some(dir) = self.final_path.parent() {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
+        self.flush_directory();
+        Ok(self.final_path.clone())
+    }
+
+    /// As [`commit`](Pending::commit), but never replacing a file: under the final name
+    /// if it is free, else the first free of `NAME.1` ... `NAME.999`. A hard link
+    /// fails if its name exists, which is what makes "if free" hold against a second
+    /// transfer storing the same name at the same moment.
+    fn commit_new(self) -> Result<PathBuf> {
+        self.flush()?;
+        for k in 0..MAX_SUFFIX {
+            let candidate = match k {
+                0 => self.final_path.clone(),
+                k => {
+                    let mut name = self.final_path.clone().into_os_string();
+                    name.push(format!(".{k}"));
+                    PathBuf::from(name)
+                }
             };
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
+            match fs::hard_link(&self.tmp, &candidate) {
+                Ok(()) => {
+                    // The temporary name goes on drop; the data stays under `candidate`.
+                    self.flush_directory();
+                    return Ok(candidate);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "linking {} to {} (the output directory's file system must allow hard links)",
+                            self.tmp.display(),
+                            candidate.display()
+                        )
+                    })
+                }
             }
         }
-        Ok(())
+        bail!(
+            "{} and {MAX_SUFFIX} numbered names after it are taken",
+            self.final_path.display()
+        )
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("flushing {}", self.tmp.display()))
+    }
+
+    fn flush_directory(&self) {
+        let dir = match self.final_path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
     }
 }
+
+/// Names tried for one transfer in a directory: `NAME` and `NAME.1` to `NAME.999`.
+const MAX_SUFFIX: u32 = 1000;
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -241,6 +295,53 @@ mod tests {
             ["10.0.0.1_5000-1.bin", "___1__7-2.bin", "weights.bin"]
         );
         assert!(!dir.parent().unwrap().join("escape").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn in_a_directory_a_taken_name_is_numbered_never_replaced() {
+        let dir = temp_dir("taken");
+        let out = Output::parse(dir.to_str().unwrap()).unwrap();
+        fs::write(dir.join("notes.txt"), b"the user's own file").unwrap();
+        let store = |bytes: &'static [u8]| {
+            out.store_numbered(Some("notes.txt"), "p", 0, |w| Ok(w.write_all(bytes)?))
+                .unwrap()
+        };
+        assert!(store(b"first").ends_with("notes.txt.1"));
+        assert!(store(b"second").ends_with("notes.txt.2"));
+        assert_eq!(
+            fs::read(dir.join("notes.txt")).unwrap(),
+            b"the user's own file"
+        );
+        assert_eq!(fs::read(dir.join("notes.txt.1")).unwrap(), b"first");
+        assert_eq!(fs::read(dir.join("notes.txt.2")).unwrap(), b"second");
+        // No temporary file left behind.
+        assert_eq!(names(&dir), ["notes.txt", "notes.txt.1", "notes.txt.2"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn same_name_stored_at_once_from_many_threads_loses_nothing() {
+        let dir = temp_dir("race");
+        let out = Output::parse(dir.to_str().unwrap()).unwrap();
+        let stored: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8u8)
+                .map(|i| {
+                    let out = &out;
+                    s.spawn(move || {
+                        out.store_numbered(Some("same.bin"), "p", 0, |w| Ok(w.write_all(&[i])?))
+                            .unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut contents: Vec<u8> = names(&dir)
+            .iter()
+            .map(|n| fs::read(dir.join(n)).unwrap()[0])
+            .collect();
+        contents.sort();
+        assert_eq!(contents, (0..8).collect::<Vec<u8>>(), "{stored:?}");
         fs::remove_dir_all(&dir).unwrap();
     }
 
