@@ -57,9 +57,13 @@
 
 mod checks;
 mod conn;
+pub mod rails;
 pub mod receiver;
 mod repair;
 pub mod sender;
+mod striped;
+mod striped_recv;
 
 pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
-pub use sender::{send, send_raw, send_repeated, SendConfig};
+pub use sender::{send, send_raw, send_repeated, RailTarget, SendConfig};
+pub use striped::why_not_striped;
