@@ -94,13 +94,13 @@ impl RailBook {
             .map(|(r, _)| r)
     }
 
-    /// Chunk `index` (`bytes` long) was posted on `rail`; `again`: it had been posted on
-    /// another rail before.
-    pub fn posted(&mut self, rail: usize, index: u64, bytes: u64, again: bool) {
+    /// Chunk `index` (`bytes` long) was posted on `rail` at `now`; `again`: it had been
+    /// posted on another rail before.
+    pub fn posted(&mut self, rail: usize, index: u64, bytes: u64, again: bool, now: Instant) {
         let b = &mut self.rails[rail];
         if b.in_flight.is_empty() {
             // A rail that was idle has not been stalling.
-            b.last_progress = Instant::now().max(b.last_progress);
+            b.last_progress = now.max(b.last_progress);
         }
         b.in_flight.insert(index);
         b.bytes += bytes;
@@ -347,10 +347,10 @@ mod tests {
         let t0 = Instant::now();
         let mut book = RailBook::new(2, 8, t0);
         assert_eq!(book.pick(), Some(0));
-        book.posted(0, 0, 10, false);
+        book.posted(0, 0, 10, false, t0);
         assert_eq!(book.pick(), Some(1));
-        book.posted(1, 1, 10, false);
-        book.posted(0, 2, 10, false);
+        book.posted(1, 1, 10, false, t0);
+        book.posted(0, 2, 10, false, t0);
         // Rail 1 completes faster: it takes the next ones.
         assert!(book.completed(1, 1, at(1, t0)));
         assert_eq!(book.pick(), Some(1));
@@ -367,7 +367,7 @@ mod tests {
         let mut book = RailBook::new(2, 6, t0);
         for i in 0..6 {
             let r = book.pick().unwrap();
-            book.posted(r, i, 1, false);
+            book.posted(r, i, 1, false, t0);
         }
         assert!(book.completed(1, 1, at(1, t0)));
         // Rail 1 had 1, 3, 5; 1 is done.
@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(book.pick(), Some(0), "a failed rail takes nothing");
         assert!(book.fail(1, "again".into(), at(11, t0)).is_empty());
         for &i in &moved {
-            book.posted(0, i, 1, true);
+            book.posted(0, i, 1, true, t0);
         }
         assert_eq!(book.carried(0).resends, 2);
         book.completed(0, 3, at(20, t0));
@@ -399,12 +399,12 @@ mod tests {
     fn a_rail_is_overdue_only_while_another_progresses() {
         let t0 = Instant::now();
         let mut book = RailBook::new(2, 4, t0);
-        book.posted(0, 0, 1, false);
-        book.posted(1, 1, 1, false);
+        book.posted(0, 0, 1, false, t0);
+        book.posted(1, 1, 1, false, t0);
         let timeout = Duration::from_millis(100);
         assert_eq!(book.overdue(at(500, t0), timeout), None, "both silent");
         book.completed(0, 0, at(400, t0));
-        book.posted(0, 2, 1, false);
+        book.posted(0, 2, 1, false, t0);
         assert_eq!(book.overdue(at(500, t0), timeout), Some(1));
         assert_eq!(book.overdue(at(50, t0), timeout), None, "too early");
     }

@@ -436,7 +436,7 @@ impl<'r> StripedWire<'_, 'r> {
                 solicited: false,
             });
             self.book
-                .posted(r, p.chunk.index, p.bytes.len() as u64, again);
+                .posted(r, p.chunk.index, p.bytes.len() as u64, again, Instant::now());
             self.posted.insert(p.chunk.index, p.clone());
         }
         for r in 0..self.wrs.len() {
