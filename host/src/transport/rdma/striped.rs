@@ -269,11 +269,13 @@ fn attempt(
             rail: j as u8,
             rails: rails as u8,
         };
-        let joined =
-            connect(&o.id, o.target.peer, &join.encode(), cfg.timeout, false).and_then(|data| {
-                AcceptInfo::decode(&data)
-                    .map_err(|e| TransferError::Protocol(format!("its accept: {e}")))
-            });
+        // Bounded apart from --timeout: the receiver's wait for data runs meanwhile, and a
+        // rail that cannot join is left out, not worth the whole transfer.
+        let wait = cfg.timeout.min(JOIN_WAIT);
+        let joined = connect(&o.id, o.target.peer, &join.encode(), wait, false).and_then(|data| {
+            AcceptInfo::decode(&data)
+                .map_err(|e| TransferError::Protocol(format!("its accept: {e}")))
+        });
         match joined {
             Ok(a) if a.len >= cfg.bytes => accepts.push(Some(a)),
             Ok(a) => {
@@ -376,6 +378,8 @@ fn attempt(
     Ok(report)
 }
 
+/// The longest a further rail's join may take (at most --timeout).
+const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// How long a further rail's close waits for the receiver's DISCONNECTED.
 const RAIL_CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long the wire sleeps when no rail had news (it polls them in turn).
@@ -435,8 +439,13 @@ impl<'r> StripedWire<'_, 'r> {
                 inline: false,
                 solicited: false,
             });
-            self.book
-                .posted(r, p.chunk.index, p.bytes.len() as u64, again, Instant::now());
+            self.book.posted(
+                r,
+                p.chunk.index,
+                p.bytes.len() as u64,
+                again,
+                Instant::now(),
+            );
             self.posted.insert(p.chunk.index, p.clone());
         }
         for r in 0..self.wrs.len() {

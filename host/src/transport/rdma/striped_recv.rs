@@ -151,14 +151,18 @@ pub(super) fn receive(
                 continue;
             };
             match join(cfg, &request, sink, recv_depth, total) {
-                Ok((conn, mr, res)) => joined.push(JoinedRail {
-                    conn,
-                    _mr: mr,
-                    _res: res,
-                    rail,
-                    from: super::receiver::peer_label(request.peer),
-                    stopped: None,
-                }),
+                Ok((conn, mr, res)) => {
+                    // A rail joining is progress: the data starts once all have.
+                    progress = true;
+                    joined.push(JoinedRail {
+                        conn,
+                        _mr: mr,
+                        _res: res,
+                        rail,
+                        from: super::receiver::peer_label(request.peer),
+                        stopped: None,
+                    })
+                }
                 Err(reason) => {
                     let _ = request.id.reject(&reason.encode());
                 }
