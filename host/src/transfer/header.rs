@@ -772,7 +772,7 @@ impl Join {
         let rail = r.u8();
         let rails = r.u8();
         let token = r.u64();
-        if rails < 2 || rails > MAX_VERBS_RAILS || rail == 0 || rail >= rails {
+        if !(2..=MAX_VERBS_RAILS).contains(&rails) || rail == 0 || rail >= rails {
             return Err(WireError::Inconsistent {
                 what: "a join's rail must be 1..rails, with 2..8 rails",
             });
