@@ -2317,7 +2317,10 @@ fn rails_back_up_the_next_transfer_uses_both_rails() {
     let joined = first["rails"][1]["left_out"].is_null();
     c.check(
         joined || rail_chunks(&first, 0) == first["chunks"].as_u64().unwrap_or(0),
-        &format!("`first`: rail 0 carried what rail 1 did not: {}", first["rails"]),
+        &format!(
+            "`first`: rail 0 carried what rail 1 did not: {}",
+            first["rails"]
+        ),
     );
     note(&format!(
         "rails/back_up: right after the port came back, rail 1 {}",
