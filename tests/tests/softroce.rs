@@ -2370,3 +2370,18 @@ fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
         &["uses the first rail only"],
     );
 }
+
+#[test]
+fn rails_a_key_covers_the_striped_transfer() {
+    let Some(run) = rails("rails_a_key_covers_the_striped_transfer") else {
+        return;
+    };
+    let c = run.case('a', "key");
+    let t = striped_transfer(c, "keyed");
+    for rail in 0..2 {
+        c.check(
+            rail_chunks(&t, rail) > 0,
+            &format!("rail {rail} carried chunks under the key: {}", t["rails"]),
+        );
+    }
+}

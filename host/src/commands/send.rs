@@ -368,8 +368,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )
-                } else if r.rails.len() > 1 {
-                    format!("{} over {} rails", op.to_uppercase(), r.rails.len())
+                } else if r.rails.iter().filter(|x| x.chunks > 0).count() > 1 {
+                    let carrying = r.rails.iter().filter(|x| x.chunks > 0).count();
+                    format!("{} over {carrying} rails", op.to_uppercase())
                 } else {
                     op.to_uppercase()
                 },

@@ -123,13 +123,24 @@ case_one_rail_unchanged() {
   stop receiver
 }
 
+# A receiver with --key-file: rail 0 proves the key; the other rails join by the token
+# rail 0 was given.
+case_key() {
+  head -c 32 /dev/urandom > /tmp/rails.key
+  start receiver host recv --gpu none --transport rdma --timeout 10 --json --key-file /tmp/rails.key
+  wait_for receiver "receiver: listening" 30
+  run keyed 120 striped --size 64MiB --key-file /tmp/rails.key
+  wait_outcomes receiver 2 30
+  stop receiver
+}
+
 if second_rail; then
   echo "@@VAL second_rail=rxe1@@"
 else
   echo "@@VAL second_rail=failed@@"
   $RDMA link show 2>&1
 fi
-ALL="striped failover back_up one_rail_unchanged"
+ALL="striped failover back_up one_rail_unchanged key"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

@@ -20,7 +20,8 @@
 //! 5. The receiver verifies once every chunk has landed and acks on rail 0.
 //!
 //! Only what the whole pass keeps in place may be striped: a staging ring reuses a
-//! slot once its chunk is reported done, and a failed rail might still read the slot.
+//! slot once its chunk is reported done, and a failed rail might still read the slot;
+//! such a transfer goes over rail 0 alone, the other rails reported left out.
 //! Only pattern checks (or none): the checksum rounds of `repair.rs` are not striped.
 
 use super::conn::{
@@ -35,6 +36,7 @@ use crate::memory::SendMemory;
 use crate::rdma::{
     self, CmId, Completion, Deadline, EventChannel, MemoryRegion, QpCaps, RdmaError, SendOp, SendWr,
 };
+use crate::server::key::NONCE_LEN;
 use crate::transfer::header::{
     AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, MAX_VERBS_RAILS,
 };
@@ -88,24 +90,56 @@ fn cooldown_label(t: &RailTarget) -> String {
 
 /// A striped transfer (write mode, one transfer): see the module documentation.
 pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
-    match attempt(cfg, memory, None) {
-        Err(TransferError::Rejected(RejectReason::KeyChallenge { nonce })) => {
-            let Some(key) = &cfg.key else {
-                return Err(TransferError::Rejected(RejectReason::KeyChallenge {
-                    nonce,
-                }));
-            };
-            // The proof covers rail 0's header; the same rails as in the first attempt.
-            let header = striped_offer(cfg, rails_now(cfg).0.len())?
-                .encode_with_version(cfg.protocol_version);
-            let proof = VerbsProof {
-                nonce_id: VerbsProof::nonce_id(&nonce),
-                tag: key.prove_truncated(&header, &nonce),
-            };
-            attempt(cfg, memory, Some(proof))
+    let striped = match attempt(cfg, memory, None) {
+        // A receiver with a key answered with a nonce: connect again, proving the key
+        // over it (once), as an unstriped sender does.
+        Err(TransferError::Rejected(RejectReason::KeyChallenge { nonce })) if cfg.key.is_some() => {
+            attempt(cfg, memory, Some(nonce))?
         }
-        other => other,
+        other => other?,
+    };
+    match striped {
+        Striped::Done(report) => Ok(report),
+        Striped::Ring => one_rail(cfg, memory),
     }
+}
+
+/// How [`attempt`] ended: the transfer, or a memory path that cannot be striped.
+// The report is much larger than the other variant, but there is one of it per transfer.
+#[allow(clippy::large_enum_variant)]
+enum Striped {
+    Done(SendReport),
+    /// The source stages its data through a ring (`--mem staged`): not striped.
+    Ring,
+}
+
+/// Why a staging ring is not striped (see the module documentation).
+const RING_WHY: &str =
+    "not striped: the memory path stages the data through a ring (striping needs it in place)";
+
+/// The transfer over rail 0 alone, unstriped; the other rails reported left out.
+fn one_rail(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    let mut single = cfg.clone();
+    single.rails.clear();
+    single.peer = cfg.rails[0].peer;
+    single.nic = cfg.rails[0].nic.clone();
+    let mut report = super::sender::send(&single, memory)?;
+    report.rails = cfg
+        .rails
+        .iter()
+        .enumerate()
+        .map(|(k, t)| match k {
+            0 => RailReport {
+                bytes: report.bytes,
+                chunks: report.chunks,
+                left_out: None,
+                local: report.device.clone(),
+                ..left_out(0, t, String::new())
+            },
+            _ => left_out(k, t, RING_WHY.into()),
+        })
+        .collect();
+    Ok(report)
 }
 
 fn striped_offer(
@@ -153,11 +187,12 @@ fn left_out(rail: usize, t: &RailTarget, why: String) -> RailReport {
     }
 }
 
+/// One striped attempt; with `nonce`, proving the key over it after rail 0's header.
 fn attempt(
     cfg: &SendConfig,
     memory: &mut SendMemory,
-    proof: Option<VerbsProof>,
-) -> Result<SendReport, TransferError> {
+    nonce: Option<[u8; NONCE_LEN]>,
+) -> Result<Striped, TransferError> {
     let t0 = Instant::now();
     let plan = ChunkPlan::new(cfg.bytes, cfg.chunk).map_err(TransferError::Protocol)?;
     rdma::ensure_device()?;
@@ -203,9 +238,8 @@ fn attempt(
     let making_before = memory.making_time();
     let (source, memory_log, making) = choose_source(&opened[0].res, memory, making_before)?;
     if source.max_chunks_in_flight().is_some() {
-        return Err(TransferError::Protocol(
-            "striping over verbs needs the data in place for the whole pass (host or GPU memory the NIC reads); this memory path stages it through a ring: use one rail, or --mem host/device".into(),
-        ));
+        // Nothing was connected yet: rail 0 carries the transfer alone.
+        return Ok(Striped::Ring);
     }
     let mut mrs: Vec<MemoryRegion> = Vec::new();
     let mut kept: Vec<Opened> = Vec::new();
@@ -236,7 +270,16 @@ fn attempt(
     let rails = opened.len();
     let header = striped_offer(cfg, rails)?;
     let header_bytes = header.encode_with_version(cfg.protocol_version);
-    let with_proof = proof.map(|p| p.private_data(&header_bytes));
+    let with_proof = match (nonce, &cfg.key) {
+        (Some(nonce), Some(key)) => Some(
+            VerbsProof {
+                nonce_id: VerbsProof::nonce_id(&nonce),
+                tag: key.prove_truncated(&header_bytes, &nonce),
+            }
+            .private_data(&header_bytes),
+        ),
+        _ => None,
+    };
     let private_data: &[u8] = match &with_proof {
         Some(data) => data,
         None => &header_bytes,
@@ -375,7 +418,7 @@ fn attempt(
         ..Integrity::default()
     };
     report.rails = reports;
-    Ok(report)
+    Ok(Striped::Done(report))
 }
 
 /// The longest a further rail's join may take (at most --timeout).
