@@ -254,11 +254,14 @@ pub struct SendArgs {
     pub gpu: GpuSelection,
 
     /// The rails to send through, comma-separated: RDMA devices (`mlx5_0`: its active
-    /// ports) or ports (`mlx5_0:1`); `host info` lists them, ranked for each GPU. Today a
-    /// transfer uses only the first rail of the set (striping over several rails is not
-    /// built yet; a note says so when more are given): that device's facts (dma-buf
-    /// probe, distance to the GPU) decide the memory path, and the route to the receiver
-    /// must leave through it. Without --nic and --rails, with a GPU, the memory path is
+    /// ports) or ports (`mlx5_0:1`); `host info` lists them, ranked for each GPU. With
+    /// one receiver address per rail (`<IP>` a comma list, rail k to the k-th) and
+    /// `--op write`, the transfer is striped over them (chunks to the rail with the
+    /// fewest in flight; a failed rail's chunks move to the others, see
+    /// --rail-timeout); otherwise only the first rail carries it (a note says so). The
+    /// first device's facts (dma-buf probe, distance to the GPU) decide the memory
+    /// path, and the route to each rail's receiver address must leave through its
+    /// device. Without --nic and --rails, with a GPU, the memory path is
     /// decided for the device the route to the receiver leaves through (as the RDMA CM
     /// resolves it), else for the one nearest to the GPU; the connection itself always
     /// goes where the route goes.
@@ -268,10 +271,10 @@ pub struct SendArgs {
     /// Take the first N rails of the GPU's ranking (`host info` shows it: active ports
     /// first, then the PCIe distance class, then speed; GPUs with equal rails take turns
     /// at its head). The GPU's default set, which `host info` marks, is every active rail
-    /// at its best distance class. Today a transfer uses only the first rail of the set
-    /// (striping over several rails is not built yet; a note says so when N > 1), and the
-    /// route to the receiver must leave through it. More rails than can carry traffic
-    /// is an error.
+    /// at its best distance class. Striped as --nic says (one receiver address per
+    /// rail, --op write); otherwise the first rail carries the transfer (a note says so
+    /// when N > 1), and the route to the receiver must leave through it. More rails than
+    /// can carry traffic is an error.
     #[arg(long, value_name = "N", conflicts_with = "nic", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub rails: Option<u32>,
 
@@ -359,8 +362,9 @@ pub struct SendArgs {
     #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
     pub bind_interfaces: Vec<IpAddr>,
 
-    /// TCP, striped: a rail with chunks in flight that writes none for this long has
-    /// failed (its chunks go to the other rails); fractions allowed.
+    /// Striped (TCP or RDMA): a rail with chunks in flight that completes none for this
+    /// long (TCP: writes none; RDMA: while another rail completes) has failed (its
+    /// chunks go to the other rails); fractions allowed.
     #[arg(long, value_name = "SECS", default_value = "0.5", value_parser = parse_timeout)]
     pub rail_timeout: Duration,
 

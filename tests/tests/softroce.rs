@@ -98,6 +98,13 @@ const CHECKSUMS: Spec = Spec {
     timeout_s: 600,
     extra: &[],
 };
+const RAILS: Spec = Spec {
+    what: "topology one, a verbs transfer striped over two rails (rxe0, rxe1) and failing over",
+    topology: "one",
+    script: "rails.sh",
+    timeout_s: 600,
+    extra: &[],
+};
 const FILES: Spec = Spec {
     what: "topology one, the user's files over verbs (a guest of 6 GiB)",
     topology: "one",
@@ -193,6 +200,11 @@ fn admission(test: &str) -> Option<&'static Run> {
 fn checksums(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&CHECKSUMS)))
+}
+
+fn rails(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&RAILS)))
 }
 
 fn files(test: &str) -> Option<&'static Run> {
@@ -2164,4 +2176,212 @@ fn files_of_any_length_arrive_over_verbs_with_the_same_sha256() {
         );
     }
     c.still_serving("receiver");
+}
+
+// --- rails.sh: striping over verbs rails, and failover (issue 19) -----------------------
+
+/// A striped sender's one transfer: verified, with a report for each of two rails.
+fn striped_transfer(c: &Case, label: &str) -> serde_json::Value {
+    c.rc(label, 0);
+    c.ended_by_itself(label);
+    c.no_error(label);
+    let it = c.iterations(label);
+    c.check(it.len() == 1, &format!("`{label}`: one transfer"));
+    let t = it[0].clone();
+    c.check(
+        t["receiver"]["status"] == "verified",
+        &format!("`{label}`: {}", t["receiver"]),
+    );
+    let rails = t["rails"].as_array().cloned().unwrap_or_default();
+    c.check(
+        rails.len() == 2,
+        &format!("`{label}`: two rails: {}", t["rails"]),
+    );
+    let chunks: u64 = rails.iter().filter_map(|r| r["chunks"].as_u64()).sum();
+    c.check(
+        chunks >= t["chunks"].as_u64().unwrap_or(u64::MAX),
+        &format!("`{label}`: the rails carried every chunk: {}", t["rails"]),
+    );
+    t
+}
+
+fn rail_chunks(t: &serde_json::Value, rail: usize) -> u64 {
+    t["rails"][rail]["chunks"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn rails_a_write_striped_over_two_rails_uses_both() {
+    let Some(run) = rails("rails_a_write_striped_over_two_rails_uses_both") else {
+        return;
+    };
+    let c = run.case('a', "striped");
+    let t = striped_transfer(c, "striped");
+    c.check(t["bytes"] == 256u64 << 20, "256 MiB");
+    for rail in 0..2 {
+        c.check(
+            rail_chunks(&t, rail) > 0 && t["rails"][rail]["failures"] == 0,
+            &format!(
+                "rail {rail} carried chunks and did not fail: {}",
+                t["rails"]
+            ),
+        );
+    }
+    c.find("striped", 0, "256 MiB to ", &["by WRITE over 2 rails"]);
+    c.find(
+        "striped",
+        0,
+        "rails: rail 0 (rxe0:1): ",
+        &["rail 1 (rxe1:1): "],
+    );
+    // The receiver counted the same per rail.
+    c.still_serving("receiver");
+    let got = c
+        .json("receiver")
+        .into_iter()
+        .find(|d| d["event"] == "completed")
+        .unwrap_or_else(|| c.fail("the receiver reported no completed transfer"));
+    let r = &got["report"]["striped"]["rails"];
+    for rail in 0..2 {
+        c.check(
+            r[rail]["chunks"].as_u64() == Some(rail_chunks(&t, rail)),
+            &format!("receiver's rail {rail}: {r}"),
+        );
+    }
+    note(&format!(
+        "rails/striped: 256 MiB over rxe0 + rxe1 at {:.3} GB/s, chunks {} + {}",
+        t["gb_per_s"].as_f64().unwrap_or(0.0),
+        rail_chunks(&t, 0),
+        rail_chunks(&t, 1)
+    ));
+}
+
+#[test]
+fn rails_a_rail_that_goes_down_fails_over_to_rail_0() {
+    let Some(run) = rails("rails_a_rail_that_goes_down_fails_over_to_rail_0") else {
+        return;
+    };
+    let c = run.case('a', "failover");
+    c.check(
+        c.vals.get("rxe1_state_after_down").map(String::as_str) == Some("DOWN"),
+        "rxe1's port went DOWN with veth2",
+    );
+    let t = striped_transfer(c, "sender");
+    let failed = &t["rails"][1];
+    c.check(
+        failed["failures"] == 1 && failed["failed"].is_string(),
+        &format!("rail 1 failed, with a reason: {failed}"),
+    );
+    c.check(
+        t["rails"][0]["failures"] == 0,
+        "rail 0 (the control rail) did not fail",
+    );
+    let stall = failed["stall_beyond_detection_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| c.fail(&format!("no stall measured: {failed}")));
+    c.check(
+        stall <= 1.0,
+        &format!("stall beyond detection {stall} s > 1 s"),
+    );
+    c.check(
+        t["rails"][0]["resends"].as_u64() == failed["moved_chunks"].as_u64(),
+        &format!("rail 0 took the moved chunks: {}", t["rails"]),
+    );
+    c.find(
+        "sender",
+        0,
+        "failover: rail 1 (rxe1:1) failed after ",
+        &["stalled "],
+    );
+    c.still_serving("receiver");
+    note(&format!(
+        "rails/failover: rail 1 failed after {:.3} s ({}), {} chunks moved, stall beyond detection {stall:.3} s",
+        failed["failed_after_seconds"].as_f64().unwrap_or(0.0),
+        failed["failed"].as_str().unwrap_or("?"),
+        failed["moved_chunks"]
+    ));
+}
+
+#[test]
+fn rails_back_up_the_next_transfer_uses_both_rails() {
+    let Some(run) = rails("rails_back_up_the_next_transfer_uses_both_rails") else {
+        return;
+    };
+    let c = run.case('a', "back_up");
+    c.check(
+        c.vals.get("rxe1_active").map(String::as_str) == Some("yes"),
+        "rxe1 ACTIVE again, with its GID",
+    );
+    // Right after the port came back, Soft-RoCE may not answer rail 1's join: then rail
+    // 0 carries the transfer alone and the report says why rail 1 did not.
+    let first = striped_transfer(c, "first");
+    let joined = first["rails"][1]["left_out"].is_null();
+    c.check(
+        joined || rail_chunks(&first, 0) == first["chunks"].as_u64().unwrap_or(0),
+        &format!(
+            "`first`: rail 0 carried what rail 1 did not: {}",
+            first["rails"]
+        ),
+    );
+    note(&format!(
+        "rails/back_up: right after the port came back, rail 1 {}",
+        if joined {
+            "joined".to_string()
+        } else {
+            format!("was left out: {}", first["rails"][1]["left_out"])
+        }
+    ));
+    c.check(
+        c.vals.get("rxe1_anew").map(String::as_str) == Some("yes"),
+        "rxe1 made anew, with its GID",
+    );
+    let t = striped_transfer(c, "again");
+    for rail in 0..2 {
+        c.check(
+            rail_chunks(&t, rail) > 0,
+            &format!("rail {rail} carried chunks again: {}", t["rails"]),
+        );
+    }
+}
+
+#[test]
+fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
+    let Some(run) = rails("rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail")
+    else {
+        return;
+    };
+    let c = run.case('a', "one_rail_unchanged");
+    for label in ["one", "send_op"] {
+        c.rc(label, 0);
+        c.no_error(label);
+        let it = c.iterations(label);
+        c.check(
+            it.len() == 1 && it[0]["receiver"]["status"] == "verified",
+            &format!("`{label}` verified"),
+        );
+        c.check(
+            it[0]["rails"].as_array().is_some_and(Vec::is_empty),
+            &format!("`{label}`: no rails report: {}", it[0]["rails"]),
+        );
+    }
+    c.find(
+        "send_op",
+        0,
+        "note: 2 rails given, but striping over verbs needs --op write",
+        &["uses the first rail only"],
+    );
+}
+
+#[test]
+fn rails_a_key_covers_the_striped_transfer() {
+    let Some(run) = rails("rails_a_key_covers_the_striped_transfer") else {
+        return;
+    };
+    let c = run.case('a', "key");
+    let t = striped_transfer(c, "keyed");
+    for rail in 0..2 {
+        c.check(
+            rail_chunks(&t, rail) > 0,
+            &format!("rail {rail} carried chunks under the key: {}", t["rails"]),
+        );
+    }
 }

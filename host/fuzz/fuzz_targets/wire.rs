@@ -5,7 +5,8 @@
 
 use host::transfer::header::{
     checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header,
-    Proof, RejectReason, Resend, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN, REPLY_PREFIX_LEN,
+    Join, Proof, RejectReason, Resend, StripedAccept, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN,
+    REPLY_PREFIX_LEN,
 };
 use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -16,6 +17,13 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(accept) = AcceptInfo::decode(data) {
         assert_eq!(AcceptInfo::decode(&accept.encode()), Ok(accept));
+    }
+    // Striped verbs transfers: rail 0's accept with its token, a further rail's join.
+    if let Ok(accept) = StripedAccept::decode(data) {
+        assert_eq!(StripedAccept::decode(&accept.encode()), Ok(accept));
+    }
+    if let Ok(join) = Join::decode(data) {
+        assert_eq!(Join::decode(&join.encode()), Ok(join));
     }
     if let Some(reason) = RejectReason::decode(data) {
         assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));

@@ -34,27 +34,24 @@ pub fn order_for(selection: GpuSelection, rails: &[Rail]) -> Vec<RankedRail> {
     }
 }
 
-/// The device a sender's transfer goes through when it named its rails (`--nic` or
-/// `--rails`), with a note when the set has more than one rail; none when it named
-/// neither (then the route decides, as it always did) or when TCP carries the data.
-pub fn sender_device(args: &SendArgs, tcp: bool) -> Result<Option<String>> {
+/// The rails a sender named (`--nic` or `--rails`), in order; none when it named neither
+/// (then the route decides, as it always did) or when TCP carries the data. The caller
+/// stripes over them or says in one line that only the first carries the transfer
+/// ([`rails::several_rails_note`]).
+pub fn sender_rails(args: &SendArgs, tcp: bool) -> Result<Vec<rails::RailId>> {
     if args.nic.is_none() && args.rails.is_none() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     if tcp {
         eprintln!(
             "note: --nic and --rails choose RDMA rails; over TCP the data goes where the IP route goes"
         );
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let rails = rails::sysfs::here().map_err(anyhow::Error::msg)?;
-    let set = match &args.nic {
+    match &args.nic {
         Some(list) => rails::resolve_nic_list(list, &rails),
         None => rails::take_rails(&order_for(args.gpu, &rails), args.rails),
     }
-    .map_err(anyhow::Error::msg)?;
-    if let Some(note) = rails::several_rails_note(&set) {
-        eprintln!("note: {note}");
-    }
-    Ok(set.first().map(|r| r.device.clone()))
+    .map_err(anyhow::Error::msg)
 }

@@ -12,7 +12,7 @@ use host::transfer::faults::FaultInjector;
 use host::transfer::header::{checked_name, Payload, VerifyMode};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, PayloadOptions, SendReport};
-use host::transport::rdma::{self, SendConfig};
+use host::transport::rdma::{self, RailTarget, SendConfig};
 use host::transport::{self, TransportKind};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -124,6 +124,7 @@ fn measure(
     chosen: &transport::Chosen,
     peer: SocketAddr,
     rail: Option<&str>,
+    stripe: &[RailTarget],
     user_data: Option<HostBuffer>,
 ) -> Result<(Vec<SendReport>, SendMemory)> {
     let bytes = user_data.as_ref().map_or(bytes, |d| d.len() as u64);
@@ -174,7 +175,20 @@ fn measure(
             .map(host::server::Key::from_file)
             .transpose()?,
         payload: payload.clone(),
+        rails: stripe.to_vec(),
+        rail_timeout: args.rail_timeout,
     };
+    let mut cfg = cfg;
+    if let Some(why) = rdma::why_not_striped(&cfg, args.reuse_connection, args.raw) {
+        if cfg.rails.len() > 1 {
+            eprintln!(
+                "note: {} rails given, but {why}: this transfer uses the first rail only (to {})",
+                cfg.rails.len(),
+                cfg.peer
+            );
+            cfg.rails.clear();
+        }
+    }
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {
         format!(
@@ -214,6 +228,35 @@ fn measure(
     Ok((measured, memory))
 }
 
+/// The rails of a verbs transfer: rail k from the k-th device of `--nic`/`--rails` (if
+/// named) to the k-th receiver address of `<IP>` (a comma list). Fewer than two
+/// addresses: not striped, and a set of several rails is said in one line to carry the
+/// transfer on its first.
+fn verbs_rails(ip: &str, port: u16, set: &[host::rails::RailId]) -> Result<Vec<RailTarget>> {
+    let addrs = resolve_all(ip, port)?;
+    if addrs.len() < 2 {
+        if let Some(note) = host::rails::several_rails_note(set) {
+            eprintln!("note: {note}");
+        }
+        return Ok(Vec::new());
+    }
+    if !set.is_empty() && set.len() != addrs.len() {
+        bail!(
+            "{} receiver addresses and {} rails (--nic/--rails): rail k goes from the k-th device to the k-th address; give as many of each",
+            addrs.len(),
+            set.len()
+        );
+    }
+    Ok(addrs
+        .into_iter()
+        .enumerate()
+        .map(|(k, peer)| RailTarget {
+            peer,
+            nic: set.get(k).map(|r| r.device.clone()),
+        })
+        .collect())
+}
+
 /// A rate for people: GB/s (10^9 bytes/s), or Gb/s (10^9 bits/s) with --report-gbits.
 fn rate_words(gb_per_s: f64, gbits: bool) -> String {
     if gbits {
@@ -238,19 +281,33 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     let tcp = chosen.kind == TransportKind::Tcp;
     if tcp {
         super::tcp::check_send_options(args, chosen.note.as_deref())?;
-    } else if !args.bind_interfaces.is_empty() || ip.contains(',') {
-        bail!("--bind-interfaces and a list of receiver addresses stripe a transfer over TCP rails; striping over RDMA is not built (use --nic for the RDMA device): add --transport tcp, or give one address");
+    } else if !args.bind_interfaces.is_empty() {
+        bail!("--bind-interfaces stripes a transfer over TCP rails; RDMA rails are --nic a,b with one receiver address each (<IP> a comma list): add --transport tcp, or drop it");
     }
-    let rail = super::rails::sender_device(args, tcp)?;
+    let set = super::rails::sender_rails(args, tcp)?;
+    let rail = set.first().map(|r| r.device.clone());
+    let stripe = if tcp {
+        Vec::new()
+    } else {
+        verbs_rails(ip, port, &set)?
+    };
     if let Some(sweep) = args.sweep {
-        return run_sweep(args, sweep, &chosen, peer, rail.as_deref(), &human);
+        return run_sweep(args, sweep, &chosen, peer, rail.as_deref(), &stripe, &human);
     }
     let user_data = args
         .input
         .as_deref()
         .map(transfer::input::read_input)
         .transpose()?;
-    let (reports, memory) = measure(args, args.size, &chosen, peer, rail.as_deref(), user_data)?;
+    let (reports, memory) = measure(
+        args,
+        args.size,
+        &chosen,
+        peer,
+        rail.as_deref(),
+        &stripe,
+        user_data,
+    )?;
     if args.warmup > 0 {
         human.line(format!(
             "warm-up: {} transfer{} made and verified first, not counted below",
@@ -311,6 +368,9 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
                         args.streams,
                         if args.streams == 1 { "" } else { "s" }
                     )
+                } else if r.rails.iter().filter(|x| x.chunks > 0).count() > 1 {
+                    let carrying = r.rails.iter().filter(|x| x.chunks > 0).count();
+                    format!("{} over {carrying} rails", op.to_uppercase())
                 } else {
                     op.to_uppercase()
                 },
@@ -487,6 +547,7 @@ fn run_sweep(
     chosen: &transport::Chosen,
     peer: SocketAddr,
     rail: Option<&str>,
+    stripe: &[RailTarget],
     human: &Human,
 ) -> Result<ExitCode> {
     let sizes = sweep_sizes(min, max);
@@ -498,7 +559,7 @@ fn run_sweep(
     let mut rows = Vec::new();
     let mut verified = true;
     for bytes in sizes {
-        let (reports, _memory) = measure(args, bytes, chosen, peer, rail, None)
+        let (reports, _memory) = measure(args, bytes, chosen, peer, rail, stripe, None)
             .with_context(|| format!("--sweep at {}", format_bytes(bytes)))?;
         verified &= reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
         let total: u64 = reports.iter().map(|r| r.bytes).sum();

@@ -8,8 +8,9 @@
 //! gatherer are pure functions, tested on fixture trees of a DGX-like and a
 //! GB200-like machine ([`fixtures`]).
 //!
-//! Not built here: striping one transfer over several rails, and failing over to
-//! another rail; a transfer uses the first rail of its set.
+//! Striping one transfer over the set, and failing over, are the transports' (verbs:
+//! `transport::rdma::striped`, write mode with one receiver address per rail; TCP:
+//! `transport::tcp`); otherwise a transfer uses the first rail of its set.
 
 pub mod pairing;
 pub mod rank;

@@ -183,14 +183,14 @@ pub fn take_rails(order: &[RankedRail], n: Option<u32>) -> Result<Vec<RailId>, S
     }
 }
 
-/// The one-line note for a set of more than one rail (none for one): only the first
-/// carries the transfer today.
+/// The one-line note for a set of more than one rail (none for one) when the transfer
+/// cannot be striped over them: only the first carries it.
 pub fn several_rails_note(set: &[RailId]) -> Option<String> {
     let (first, _) = set.split_first()?;
     (set.len() > 1).then(|| {
         let names: Vec<String> = set.iter().map(ToString::to_string).collect();
         format!(
-            "{} rails selected ({}); striping over several rails is not built yet: this transfer uses {first}",
+            "{} rails selected ({}); striping over them needs --op write and one receiver address per rail (<IP> a comma list): this transfer uses {first}",
             set.len(),
             names.join(", ")
         )
@@ -333,7 +333,7 @@ mod tests {
         assert_eq!(several_rails_note(&[]), None);
         assert_eq!(
             several_rails_note(&take_rails(&order, Some(2)).unwrap()).unwrap(),
-            "2 rails selected (mlx5_0:1, mlx5_1:1); striping over several rails is not built yet: this transfer uses mlx5_0:1"
+            "2 rails selected (mlx5_0:1, mlx5_1:1); striping over them needs --op write and one receiver address per rail (<IP> a comma list): this transfer uses mlx5_0:1"
         );
     }
 }

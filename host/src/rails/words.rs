@@ -49,7 +49,7 @@ pub fn rail_line(r: &Rail) -> String {
 }
 
 /// The heading of a GPU's ranking: how to read it.
-pub const ORDER_HEADING: &str = "rails, best first (active before down, then distance class, then speed; GPUs with equal rails take turns at the head; --rails N takes the first N, a transfer today uses the first):";
+pub const ORDER_HEADING: &str = "rails, best first (active before down, then distance class, then speed; GPUs with equal rails take turns at the head; --rails N takes the first N, a transfer uses the first unless striped):";
 
 #[cfg(test)]
 mod tests {

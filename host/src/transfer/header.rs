@@ -95,6 +95,12 @@ pub const HEADER_FLAG_NAMED: u8 = 0x02;
 /// [`Resend::missing`] (see `transport::tcp::frames`). A receiver that predates it
 /// rejects the offer ("unknown flags").
 pub const HEADER_FLAG_STRIPED: u8 = 0x04;
+/// Most rails of one striped verbs transfer (the rail count is a byte; 8 covers the NICs
+/// of a GPU server).
+pub const MAX_VERBS_RAILS: u8 = 8;
+pub const JOIN_MAGIC: [u8; 4] = *b"GRDJ";
+pub const JOIN_LEN: usize = 16;
+pub const STRIPED_ACCEPT_LEN: usize = ACCEPT_LEN + 8;
 /// Header hint: the sender marks solicited events (see the module documentation).
 pub const HINT_SOLICITED: u8 = 0x01;
 /// Most transfers one connection may carry.
@@ -405,6 +411,10 @@ pub struct Header {
     pub named: bool,
     /// TCP: striped over several rails ([`HEADER_FLAG_STRIPED`]).
     pub striped: bool,
+    /// Verbs, striped: the rails the sender will open (rail 0 is this connection; the
+    /// others [`Join`] it). Carried at byte 24 with flag 0x04 and without flag 0x01;
+    /// 0 where not said (TCP says it in its hello).
+    pub rails: u8,
 }
 
 impl Header {
@@ -445,6 +455,7 @@ impl Header {
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
             striped: false,
+            rails: 0,
         };
         header.validate()?;
         Ok(header)
@@ -482,6 +493,17 @@ impl Header {
             striped: true,
             ..self
         }
+    }
+
+    /// The same offer, striped over `rails` verbs rails (one transfer on the connection).
+    pub fn with_rails(self, rails: u8) -> Result<Header, WireError> {
+        let header = Header {
+            striped: true,
+            rails,
+            ..self
+        };
+        header.validate()?;
+        Ok(header)
     }
 
     /// The same offer, promising solicited events ([`HINT_SOLICITED`]).
@@ -539,6 +561,11 @@ impl Header {
                 count: self.transfers,
             });
         }
+        if self.rails > 0 && (!self.striped || self.repeats() || self.rails > MAX_VERBS_RAILS) {
+            return Err(WireError::Inconsistent {
+                what: "a rail count needs the striped flag, one transfer, and at most 8 rails",
+            });
+        }
         Ok(())
     }
 
@@ -565,6 +592,8 @@ impl Header {
         out[20..24].copy_from_slice(&self.depth.to_le_bytes());
         if self.repeats() {
             out[24..28].copy_from_slice(&self.transfers.to_le_bytes());
+        } else if self.rails > 0 {
+            out[24..28].copy_from_slice(&(self.rails as u32).to_le_bytes());
         }
         if self.solicited_events {
             out[28] = HINT_SOLICITED;
@@ -600,13 +629,20 @@ impl Header {
         let code = r.u8();
         let verify = VerifyMode::from_code(code).ok_or(WireError::UnknownVerify { code })?;
         let max_resends = r.u8();
-        let transfers = if flags & HEADER_FLAG_REPEAT != 0 {
+        let striped = flags & HEADER_FLAG_STRIPED != 0;
+        let (transfers, rails) = if flags & HEADER_FLAG_REPEAT != 0 {
             if transfers < 2 {
                 return Err(WireError::BadTransferCount { count: transfers });
             }
-            transfers
+            (transfers, 0)
+        } else if striped {
+            // Verbs: the rail count (validate bounds it; 0 from a TCP sender).
+            let rails = u8::try_from(transfers).map_err(|_| WireError::Inconsistent {
+                what: "a rail count needs the striped flag, one transfer, and at most 8 rails",
+            })?;
+            (1, rails)
         } else {
-            1
+            (1, 0)
         };
         let header = Header {
             op,
@@ -619,7 +655,8 @@ impl Header {
             verify,
             max_resends,
             named: flags & HEADER_FLAG_NAMED != 0,
-            striped: flags & HEADER_FLAG_STRIPED != 0,
+            striped,
+            rails,
         };
         header.validate()?;
         Ok(header)
@@ -665,6 +702,87 @@ impl AcceptInfo {
             });
         }
         Ok(AcceptInfo { addr, rkey, len })
+    }
+}
+
+/// The accept of a striped verbs transfer's rail 0 ([`HEADER_FLAG_STRIPED`] with a rail
+/// count): where to write, as [`AcceptInfo`] (rail 0's rkey), then at byte 28 the token
+/// (u64, never 0) that the other rails' [`Join`]s name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripedAccept {
+    pub info: AcceptInfo,
+    pub token: u64,
+}
+
+impl StripedAccept {
+    pub fn encode(&self) -> [u8; STRIPED_ACCEPT_LEN] {
+        let mut out = [0u8; STRIPED_ACCEPT_LEN];
+        out[..ACCEPT_LEN].copy_from_slice(&self.info.encode());
+        out[ACCEPT_LEN..].copy_from_slice(&self.token.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<StripedAccept, WireError> {
+        let info = AcceptInfo::decode(buf)?;
+        let token = buf
+            .get(ACCEPT_LEN..STRIPED_ACCEPT_LEN)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or(WireError::Short {
+                got: buf.len(),
+                need: STRIPED_ACCEPT_LEN,
+            })?;
+        if token == 0 {
+            return Err(WireError::Inconsistent {
+                what: "a striped accept without a token",
+            });
+        }
+        Ok(StripedAccept { info, token })
+    }
+}
+
+/// A further rail of a striped verbs transfer: the connect request's private data,
+/// instead of a [`Header`]. Layout: `0` magic "GRDJ", `4` version u16, `6` rail u8
+/// (1..rails), `7` rails u8, `8` token u64 (from rail 0's [`StripedAccept`]).
+/// The receiver routes it to the transfer whose token it names, which accepts it with
+/// this rail's [`AcceptInfo`] (the same buffer registered on this rail's device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Join {
+    pub token: u64,
+    pub rail: u8,
+    pub rails: u8,
+}
+
+impl Join {
+    pub fn encode(&self) -> [u8; JOIN_LEN] {
+        let mut out = [0u8; JOIN_LEN];
+        out[0..4].copy_from_slice(&JOIN_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[6] = self.rail;
+        out[7] = self.rails;
+        out[8..16].copy_from_slice(&self.token.to_le_bytes());
+        out
+    }
+
+    /// Checked for what the join alone can tell: rail 0 never joins, the rail is below
+    /// the count, the count is a striped one, the token is not 0. Whether a transfer
+    /// with that token and count exists is the receiver's to check.
+    pub fn decode(buf: &[u8]) -> Result<Join, WireError> {
+        let mut r = open(buf, JOIN_MAGIC, JOIN_LEN)?;
+        let rail = r.u8();
+        let rails = r.u8();
+        let token = r.u64();
+        if !(2..=MAX_VERBS_RAILS).contains(&rails) || rail == 0 || rail >= rails {
+            return Err(WireError::Inconsistent {
+                what: "a join's rail must be 1..rails, with 2..8 rails",
+            });
+        }
+        if token == 0 {
+            return Err(WireError::Inconsistent {
+                what: "a join without a token",
+            });
+        }
+        Ok(Join { token, rail, rails })
     }
 }
 
@@ -722,6 +840,13 @@ pub enum RejectReason {
     /// [`VerbsProof`] over this nonce after its header.
     #[error("it serves only senders with its key: give this sender the same --key-file")]
     KeyChallenge { nonce: [u8; NONCE_LEN] },
+    /// A [`Join`] named a token no transfer of this receiver holds (it ended, or never
+    /// was).
+    #[error("no transfer here has this rail's join token (it ended, or was never accepted)")]
+    UnknownJoin,
+    /// A [`Join`] for a rail its transfer does not have, or one that joined already.
+    #[error("rail {rail} does not fit this transfer of {rails} rails (or joined already)")]
+    BadJoin { rail: u64, rails: u64 },
     /// The receiver predates this protocol version (its reject says which it speaks).
     #[error("it speaks protocol version {speaks} and this sender version {VERSION}: run the same release on both ends (or --raw)")]
     OldPeer { speaks: u16 },
@@ -754,6 +879,8 @@ impl RejectReason {
                 let half = |h: &[u8]| u64::from_le_bytes(h.try_into().unwrap_or([0; 8]));
                 (15, 0, half(a), half(b))
             }
+            RejectReason::UnknownJoin => (16, 0, 0, 0),
+            RejectReason::BadJoin { rail, rails } => (17, 0, rail, rails),
             // What that older receiver sent: "version VERSION is not supported", in its
             // own version.
             RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
@@ -824,6 +951,8 @@ impl RejectReason {
                 nonce[8..].copy_from_slice(&b.to_le_bytes());
                 RejectReason::KeyChallenge { nonce }
             }
+            16 => RejectReason::UnknownJoin,
+            17 => RejectReason::BadJoin { rail: a, rails: b },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -1638,6 +1767,7 @@ mod tests {
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
             striped: false,
+            rails: 0,
         }
         .encode()
     }
@@ -2000,5 +2130,83 @@ mod tests {
             Ack::decode(&RAW_REPLY),
             Err(WireError::BadMagic { .. })
         ));
+    }
+
+    #[test]
+    fn a_striped_verbs_header_carries_its_rail_count() {
+        let h = seed_header().with_rails(3).unwrap();
+        let bytes = h.encode();
+        assert_eq!(bytes[7] & HEADER_FLAG_STRIPED, HEADER_FLAG_STRIPED);
+        assert_eq!(bytes[24], 3);
+        assert_eq!(Header::decode(&bytes), Ok(h));
+        // A TCP striped header says no count (0), as before.
+        let tcp = seed_header().with_striped();
+        assert_eq!(Header::decode(&tcp.encode()).unwrap().rails, 0);
+        // Lies: too many rails, a count with several transfers, a count above a byte.
+        assert!(seed_header().with_rails(MAX_VERBS_RAILS + 1).is_err());
+        let mut bytes = h.encode();
+        bytes[24..28].copy_from_slice(&300u32.to_le_bytes());
+        assert!(Header::decode(&bytes).is_err());
+        bytes[24..28].copy_from_slice(&9u32.to_le_bytes());
+        assert!(Header::decode(&bytes).is_err());
+        assert!(seed_header()
+            .with_transfers(2)
+            .unwrap()
+            .with_rails(2)
+            .is_err());
+    }
+
+    #[test]
+    fn joins_round_trip_and_lying_joins_are_refused() {
+        let j = Join {
+            token: 0xfeed_beef,
+            rail: 2,
+            rails: 3,
+        };
+        assert_eq!(Join::decode(&j.encode()), Ok(j));
+        // Padded by the CM: trailing zeros are fine.
+        let mut padded = j.encode().to_vec();
+        padded.extend([0u8; 40]);
+        assert_eq!(Join::decode(&padded), Ok(j));
+        for lie in [
+            Join { rail: 0, ..j },
+            Join { rail: 3, ..j },
+            Join {
+                rails: 1,
+                rail: 1,
+                ..j
+            },
+            Join { rails: 9, ..j },
+            Join { token: 0, ..j },
+        ] {
+            assert!(Join::decode(&lie.encode()).is_err(), "{lie:?}");
+        }
+        assert!(Join::decode(&j.encode()[..10]).is_err());
+        // A header is not a join, and a join not a header.
+        assert!(Join::decode(&seed_header().encode()).is_err());
+        assert!(Header::decode(&j.encode()).is_err());
+    }
+
+    #[test]
+    fn a_striped_accept_carries_a_token() {
+        let a = StripedAccept {
+            info: AcceptInfo {
+                addr: 0x1000,
+                rkey: 7,
+                len: 4096,
+            },
+            token: 42,
+        };
+        assert_eq!(StripedAccept::decode(&a.encode()), Ok(a));
+        assert!(StripedAccept::decode(&a.info.encode()).is_err(), "no token");
+        let mut zero = a.encode();
+        zero[ACCEPT_LEN..].fill(0);
+        assert!(StripedAccept::decode(&zero).is_err());
+        for r in [
+            RejectReason::UnknownJoin,
+            RejectReason::BadJoin { rail: 4, rails: 2 },
+        ] {
+            assert_eq!(RejectReason::decode(&r.encode()), Some(r));
+        }
     }
 }

@@ -147,6 +147,24 @@ impl<'r> Connection<'r> {
         }
     }
 
+    /// Without waiting: a port or device failure the device reported (as
+    /// `RdmaError::DeviceFault`), or whether the peer disconnected. For striped
+    /// transfers, which poll several connections in turn instead of sleeping on one.
+    pub fn poll_events(&self) -> Result<bool, RdmaError> {
+        if let Some(fault) = self.device_fault()? {
+            return Err(RdmaError::DeviceFault(fault));
+        }
+        if self.disconnected.get() {
+            return Ok(true);
+        }
+        while let Some(event) = self.id.channel().try_get_event()? {
+            if self.note_event(&event)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// A port or device failure the device reports within `grace` (a failed work
     /// request can overtake the event that explains it): the better reason to give.
     pub fn device_fault_within(&self, grace: Duration) -> Option<String> {

@@ -52,14 +52,24 @@
 //! doorbell each; Soft-RoCE does its protocol work in that system call), and the receiver
 //! sends its ack inline where the device allows, so the ack buffer is free at once.
 //!
+//! **Striped over several rails** (`--op write`, `--nic a,b` with one receiver address
+//! per rail): one connection per rail; rail 0 carries the offer and the ack, the others
+//! join it by a token; every chunk is a WRITE_WITH_IMM on the rail with the fewest in
+//! flight, and a failed rail's chunks move to the others. See `striped.rs` (sender),
+//! `striped_recv.rs` (receiver) and `rails.rs` (their bookkeeping).
+//!
 //! `--raw` is the seed's wire behaviour instead: no header, one `SEND_WITH_IMM` of the
 //! whole buffer with immediate `0x1234`, a 16-byte reply.
 
 mod checks;
 mod conn;
+pub mod rails;
 pub mod receiver;
 mod repair;
 pub mod sender;
+mod striped;
+mod striped_recv;
 
 pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
-pub use sender::{send, send_raw, send_repeated, SendConfig};
+pub use sender::{send, send_raw, send_repeated, RailTarget, SendConfig};
+pub use striped::why_not_striped;

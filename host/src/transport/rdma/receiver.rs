@@ -26,19 +26,20 @@ use super::conn::{
     is_data, next_event, tag, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, TAG_NAME,
     WR_ACK, WR_REPLY,
 };
+use super::rails::Joins;
 use super::repair::{self, Receive, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{RecvSink, SinkFactory, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
     self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
-    MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr,
+    MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr, SendableRequest,
 };
 use crate::server::admission::{Admission, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
-    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Op, Payload,
+    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
     RejectReason, VerbsProof, VerifyMode, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
     NAME_PREFIX_LEN, RAW_REPLY,
 };
@@ -54,9 +55,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Receives kept posted at least (if the transfer has that many chunks).
-const MIN_RECEIVES: u64 = 64;
+pub(super) const MIN_RECEIVES: u64 = 64;
 /// "Receiver not ready" retry delay asked of senders: IB encoding 12 = 0.64 ms.
-const MIN_RNR_TIMER: u8 = 12;
+pub(super) const MIN_RNR_TIMER: u8 = 12;
 
 /// Everything the receiver needs to know, built by the CLI.
 #[derive(Debug, Clone)]
@@ -141,6 +142,8 @@ pub fn serve_with(
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
     // Nonces handed out with `--key-file`, each good once, for --timeout.
     let mut nonces = Nonces::new(cfg.timeout, MAX_NONCES);
+    // The striped transfers being served, for their further rails' joins.
+    let joins: Arc<Joins<SendableRequest>> = Arc::new(Joins::default());
     loop {
         for finished in done_rx.try_iter() {
             report(&finished.outcome);
@@ -171,6 +174,13 @@ pub fn serve_with(
             }
         };
         let peer = peer_label(request.peer);
+        if let Ok(join) = Join::decode(&request.private_data) {
+            // A further rail of a striped transfer: it rides on that transfer's lease.
+            if let Some(outcome) = route_join(cfg, &joins, request, join, peer) {
+                report(&outcome);
+            }
+            continue;
+        }
         let lease = match admit(cfg, admission, &mut nonces, &request) {
             Ok(lease) => lease,
             Err(reason) => {
@@ -191,12 +201,14 @@ pub fn serve_with(
             }
         };
         let (cfg_for_thread, maker, done) = (cfg.clone(), make_sinks.clone(), done_tx.clone());
+        let joins = joins.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("recv {peer}"))
             .spawn(move || {
                 let request = request.into_inner();
                 let accepted = Cell::new(false);
-                let outcome = serve_connection(&cfg_for_thread, request, maker.as_ref(), &accepted);
+                let outcome =
+                    serve_connection(&cfg_for_thread, request, maker.as_ref(), &accepted, &joins);
                 // Its share is free before the listener hears of the end.
                 drop(lease);
                 // The listener may be gone (--once ended): nothing left to tell.
@@ -210,6 +222,50 @@ pub fn serve_with(
                 peer,
                 error: format!("starting a thread for the connection: {e}"),
             });
+        }
+    }
+}
+
+/// Hand a further rail's join to the thread serving its transfer: only from an address
+/// the allow-list admits (no bytes reserved: the join shares its transfer's lease, and a
+/// transfer takes at most 8 rails). A join with an unknown token, a rail past the count
+/// or one that joined already is rejected by name; the outcome to report then.
+fn route_join(
+    cfg: &RecvConfig,
+    joins: &Joins<SendableRequest>,
+    request: ConnectRequest,
+    join: Join,
+    peer: String,
+) -> Option<RecvOutcome> {
+    let ip = request
+        .peer
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+    if !cfg.allow.is_empty() && (request.peer.is_none() || !cfg.allow.permits(ip)) {
+        return Some(conclude(
+            &request.id,
+            peer,
+            Err(Failure::Refuse(RejectReason::NotAllowed, None)),
+        ));
+    }
+    let sendable = match request.into_sendable() {
+        Ok(s) => s,
+        Err(request) => {
+            let e = internal("the join request is still referenced elsewhere");
+            return Some(conclude(&request.id, peer, Err(e)));
+        }
+    };
+    match joins.route(&join, sendable) {
+        Ok(()) => None,
+        Err((reason, sendable)) => {
+            let request = sendable.into_inner();
+            Some(conclude(
+                &request.id,
+                peer,
+                Err(Failure::Refuse(
+                    reason,
+                    Some(format!("rail {} of a striped transfer", join.rail)),
+                )),
+            ))
         }
     }
 }
@@ -290,23 +346,24 @@ fn serve_connection(
     request: ConnectRequest,
     make_sinks: &SinkFactoryMaker,
     accepted: &Cell<bool>,
+    joins: &Arc<Joins<SendableRequest>>,
 ) -> RecvOutcome {
     let peer = peer_label(request.peer);
     let result = match make_sinks() {
         Ok(sinks) if cfg.raw => raw(cfg, &request, &peer, &sinks, accepted),
-        Ok(sinks) => framed(cfg, &request, &peer, &sinks, accepted),
+        Ok(sinks) => framed(cfg, &request, &peer, &sinks, accepted, joins),
         Err(e) => Err(internal(format!("{e:#}"))),
     };
     conclude(&request.id, peer, result)
 }
 
-fn peer_label(peer: Option<SocketAddr>) -> String {
+pub(super) fn peer_label(peer: Option<SocketAddr>) -> String {
     peer.map_or_else(|| "an unknown peer".into(), |p| p.to_string())
 }
 
 /// How serving a connection ended badly: refused before the accept (the peer is told
 /// why), or broken after it.
-enum Failure {
+pub(super) enum Failure {
     Refuse(RejectReason, Option<String>),
     Broken(TransferError),
     /// The sender stayed below `--min-rate` (a [`TransferError::TooSlow`]): it is told
@@ -326,14 +383,14 @@ impl From<RdmaError> for Failure {
     }
 }
 
-fn internal(e: impl std::fmt::Display) -> Failure {
+pub(super) fn internal(e: impl std::fmt::Display) -> Failure {
     Failure::Refuse(RejectReason::Internal, Some(e.to_string()))
 }
 
 /// Setting up the connection's QP failed: `EINVAL` here means the request's id is no
 /// longer connectable (the sender gave up or died before we accepted); anything else is
 /// our problem, and the sender is told.
-fn setup_failed(peer: &str, e: RdmaError) -> Failure {
+pub(super) fn setup_failed(peer: &str, e: RdmaError) -> Failure {
     if e.errno() == Some(libc::EINVAL) {
         return Failure::Broken(TransferError::Protocol(format!(
             "the connection request from {peer} was withdrawn before it could be accepted ({e})"
@@ -369,9 +426,13 @@ fn framed(
     peer: &str,
     sinks: &SinkFactory,
     accepted: &Cell<bool>,
+    joins: &Arc<Joins<SendableRequest>>,
 ) -> Result<RecvReport, Failure> {
     let header = Header::decode(&request.private_data)
         .map_err(|e| Failure::Refuse(RejectReason::BadHeader(e), None))?;
+    if header.striped {
+        super::striped_recv::check_offer(&header)?;
+    }
     let total = header.total_bytes;
     if total > cfg.max_bytes {
         return Err(Failure::Refuse(
@@ -404,13 +465,24 @@ fn framed(
             None,
         ));
     }
+    if header.striped {
+        return super::striped_recv::receive(
+            cfg,
+            &request.id,
+            peer,
+            header,
+            sinks,
+            accepted,
+            joins,
+        );
+    }
     receive_framed(cfg, &request.id, peer, header, sinks, accepted)
 }
 
 /// Walk the receiver's memory plan on this connection's protection domain: make a
 /// buffer for the first method and trial-register it; a refusal (the NIC takes no GPU
 /// memory, say) moves on to the next. Nothing that works is a refusal of its own.
-fn choose_sink(
+pub(super) fn choose_sink(
     res: &Resources,
     sinks: &SinkFactory,
     len: u64,
@@ -447,7 +519,7 @@ fn choose_sink(
 /// With `remote_write`, the caller drops the region before `sink` and never leaks it, as
 /// [`MemoryRegion::register_remote_writable`] requires (a [`RecvSink`] reads its memory
 /// only by copies, the other half of that contract).
-unsafe fn register_sink<'m>(
+pub(super) unsafe fn register_sink<'m>(
     res: &Resources,
     sink: &'m dyn RecvSink,
     remote_write: bool,
@@ -572,7 +644,10 @@ fn slot_sge(ctrl: &MessageBuffer, slot: u64) -> Result<rdma::Sge<'_>, RdmaError>
 /// The connection's queue pair, asking for inline sends big enough for the ack (the ack
 /// buffer may then be rewritten right after posting); without them where the device
 /// refuses.
-fn receiver_connection<'r>(res: &Resources, recv_depth: u32) -> Result<Connection<'r>, RdmaError> {
+pub(super) fn receiver_connection<'r>(
+    res: &Resources,
+    recv_depth: u32,
+) -> Result<Connection<'r>, RdmaError> {
     let caps = receiver_caps(recv_depth);
     match Connection::new(res, caps) {
         Ok(conn) => Ok(conn),
@@ -586,7 +661,7 @@ fn receiver_connection<'r>(res: &Resources, recv_depth: u32) -> Result<Connectio
     }
 }
 
-fn receiver_caps(recv_depth: u32) -> QpCaps {
+pub(super) fn receiver_caps(recv_depth: u32) -> QpCaps {
     QpCaps {
         max_send_wr: 4,
         max_recv_wr: recv_depth,
@@ -1144,7 +1219,7 @@ fn receive_transfer(
 }
 
 /// Wait for ESTABLISHED on a connection we accepted.
-fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Failure> {
+pub(super) fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Failure> {
     let deadline = Deadline::after(timeout);
     let event = next_event(
         id,
@@ -1168,7 +1243,7 @@ fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Fail
 
 /// SEND the first `len` bytes of `buf` and wait for the completion. `Ok(false)` if the
 /// peer disconnected first (the message may not have arrived).
-fn send_and_wait<'r>(
+pub(super) fn send_and_wait<'r>(
     conn: &Connection<'r>,
     buf: &'r MessageBuffer,
     wr_id: u64,

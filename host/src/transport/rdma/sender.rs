@@ -58,13 +58,28 @@ pub struct SendConfig {
     /// `--test-inject-faults` (one bit flipped in a copy of a chunk, never in the
     /// source). `name` is not carried over verbs (no room in the connect request).
     pub payload: PayloadOptions,
+    /// Striped over these rails (`<IP>` a comma list, `--nic a,b`): rail k from its
+    /// device to its address; rail 0 is `peer` and carries the control messages. Fewer
+    /// than two: not striped (see `striped.rs`).
+    pub rails: Vec<RailTarget>,
+    /// Striped: a rail with chunks in flight and no completion for this long, while
+    /// another rail completes, has failed (`--rail-timeout`).
+    pub rail_timeout: Duration,
+}
+
+/// One rail of a striped verbs transfer: the receiver's address on it, and the local
+/// RDMA device the route must leave through (`--nic`'s k-th), if named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailTarget {
+    pub peer: SocketAddr,
+    pub nic: Option<String>,
 }
 
 /// Extra time given to the CM to report its own timeout.
 const CM_GRACE: Duration = Duration::from_millis(500);
 
 /// Resolve `peer`'s address and route on `id`, each step bounded by `timeout`.
-fn resolve(id: &CmId, peer: SocketAddr, timeout: Duration) -> Result<(), TransferError> {
+pub(super) fn resolve(id: &CmId, peer: SocketAddr, timeout: Duration) -> Result<(), TransferError> {
     let label = peer.to_string();
     id.resolve_addr(peer, timeout)?;
     // A little longer than the CM's own timeout, so that its ADDR_ERROR (with the
@@ -129,7 +144,7 @@ pub fn reachable(peer: SocketAddr, timeout: Duration) -> Result<Option<String>, 
 const IB_CM_REJ_INVALID_SERVICE_ID: i32 = 8;
 
 /// Connect with `private_data` and wait for ESTABLISHED; returns the accept's private data.
-fn connect(
+pub(super) fn connect(
     id: &CmId,
     peer: SocketAddr,
     private_data: &[u8],
@@ -176,7 +191,7 @@ fn connect(
 }
 
 /// The device's largest message, checked against what one work request carries.
-fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferError> {
+pub(super) fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferError> {
     let port = id.port_info()?;
     if bytes > port.max_msg_sz as u64 {
         return Err(TransferError::Protocol(format!(
@@ -191,6 +206,9 @@ fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferE
 
 /// One framed transfer of `memory`'s data to `cfg.peer`.
 pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    if cfg.rails.len() > 1 {
+        return super::striped::send(cfg, memory);
+    }
     let mut reports = send_repeated(cfg, memory, 1)?;
     reports
         .pop()
@@ -228,7 +246,7 @@ pub fn send_repeated(
 }
 
 /// The header this sender offers for `transfers` transfers.
-fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
+pub(super) fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
     let plan = ChunkPlan::new(cfg.bytes, cfg.chunk).map_err(TransferError::Protocol)?;
     let cannot = |e: WireError| TransferError::Protocol(format!("cannot offer this transfer: {e}"));
     let chunk_bytes = u32::try_from(plan.chunk_bytes()).map_err(|_| {
@@ -250,7 +268,9 @@ fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, TransferError> {
         max_resends: cfg.payload.max_resends,
         // The name follows the accept as a message of its own (`encode_name`).
         named: cfg.payload.name.is_some(),
-        striped: false, // rails over verbs are not built
+        // Striped over verbs: `striped.rs` sets it with the rail count.
+        striped: false,
+        rails: 0,
     };
     header
         .with_payload(
@@ -559,13 +579,17 @@ fn check_digest(
 /// The receives a sender keeps posted for the receiver's replies after the data (the
 /// ack; with checksums also its resend requests), each in a slot of its own, reposted
 /// as soon as it has been read.
-struct Replies {
+pub(super) struct Replies {
     buf: MessageBuffer,
     slot_len: usize,
 }
 
 impl Replies {
-    fn new(res: &Resources, slots: u32, checksums: bool) -> Result<Replies, TransferError> {
+    pub(super) fn new(
+        res: &Resources,
+        slots: u32,
+        checksums: bool,
+    ) -> Result<Replies, TransferError> {
         let slot_len = if checksums { CONTROL_SLOT } else { 64 };
         Ok(Replies {
             buf: MessageBuffer::new(&res.pd, slots as usize * slot_len)?,
@@ -573,7 +597,11 @@ impl Replies {
         })
     }
 
-    fn post<'r>(&'r self, conn: &Connection<'r>, slot: u32) -> Result<(), TransferError> {
+    pub(super) fn post<'r>(
+        &'r self,
+        conn: &Connection<'r>,
+        slot: u32,
+    ) -> Result<(), TransferError> {
         let at = slot as usize * self.slot_len;
         let sge = self.buf.sge_at(at..at + self.slot_len)?;
         // SAFETY: the slot is read only after this receive's completion was polled, and
@@ -600,7 +628,7 @@ impl Replies {
 /// Wait for the receiver's ack (whose receive is posted; among `pending` if it already
 /// came with the data's completions) and decode it; also its completion, whose slot the
 /// caller posts again.
-fn await_ack(
+pub(super) fn await_ack(
     conn: &Connection,
     pending: &mut VecDeque<Completion>,
     replies: &Replies,
@@ -1154,14 +1182,22 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
 const POST_BATCH: usize = 16;
 
 /// With `--nic`, the route to the peer must leave through that device.
-fn check_nic(id: &CmId, cfg: &SendConfig) -> Result<(), TransferError> {
-    let Some(wanted) = cfg.nic.as_deref() else {
+pub(super) fn check_nic(id: &CmId, cfg: &SendConfig) -> Result<(), TransferError> {
+    check_device(id, cfg.nic.as_deref(), cfg.peer)
+}
+
+/// The route to `peer` must leave through `wanted`, if one is named.
+pub(super) fn check_device(
+    id: &CmId,
+    wanted: Option<&str>,
+    peer: SocketAddr,
+) -> Result<(), TransferError> {
+    let Some(wanted) = wanted else {
         return Ok(());
     };
     match id.device_name() {
         Some(bound) if bound != wanted => Err(TransferError::Protocol(format!(
-            "the route to {} leaves through RDMA device {bound}, not --nic {wanted}: give the receiver an address reached through {wanted}, or drop --nic",
-            cfg.peer
+            "the route to {peer} leaves through RDMA device {bound}, not --nic {wanted}: give the receiver an address reached through {wanted}, or drop --nic"
         ))),
         _ => Ok(()),
     }
@@ -1172,7 +1208,7 @@ fn check_nic(id: &CmId, cfg: &SendConfig) -> Result<(), TransferError> {
 /// at once; the transfer registers the memory again for itself). A refusal (no dma-buf in
 /// the NIC's driver, no peermem, a BAR1 too small) moves on to the next method.
 /// Also returns the time spent making sources in the walk (since `making_before`).
-fn choose_source<'m>(
+pub(super) fn choose_source<'m>(
     res: &Resources,
     memory: &'m mut SendMemory,
     making_before: Duration,
@@ -1195,7 +1231,7 @@ fn choose_source<'m>(
 
 /// Register the source's memory for the NIC to read. When the NIC refuses GPU memory
 /// (no dma-buf support in its driver, no peermem), say what to use instead.
-fn register_source<'s>(
+pub(super) fn register_source<'s>(
     res: &Resources,
     source: &'s dyn SendSource,
 ) -> Result<MemoryRegion<'s>, TransferError> {
@@ -1212,7 +1248,7 @@ fn register_source<'s>(
 }
 
 /// How long a failed work request waits for a device event that explains it.
-const DEVICE_EVENT_GRACE: Duration = Duration::from_millis(200);
+pub(super) const DEVICE_EVENT_GRACE: Duration = Duration::from_millis(200);
 
 /// How long a raw sender waits for the optional reply.
 const RAW_REPLY_WAIT: Duration = Duration::from_secs(1);

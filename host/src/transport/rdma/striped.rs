@@ -1,0 +1,626 @@
+//! The sender of a transfer striped over several verbs rails (write mode).
+//!
+//! 1. Each rail gets its own event channel, CM id (resolved to its receiver address and
+//!    checked against its `--nic`), PD and CQ; the source's memory is registered on
+//!    every rail's PD (the same memory: for GPU memory the same dma-buf, which the source
+//!    exports once and every registration borrows).
+//! 2. Rail 0 connects with the header (striped flag, rail count) and gets a
+//!    [`StripedAccept`]: the buffer, its rkey there, and a token. Every further rail
+//!    connects with a [`Join`] (token, rail index) and gets that rail's [`AcceptInfo`]:
+//!    the same buffer, registered on the receiver's device of that rail.
+//! 3. The chunks go through the same [`Schedule`] as an unstriped transfer, over a wire
+//!    that posts each chunk on the live rail with the fewest in flight ([`RailBook`]) as
+//!    an RDMA WRITE_WITH_IMM (imm = chunk index + 1, signaled), so the receiver knows per
+//!    chunk what landed, whichever rail carried it.
+//! 4. A rail that fails (a failed completion, a port-down event of its device, or no
+//!    completion for `--rail-timeout` while another rail completes) is disconnected, its
+//!    chunks in flight are posted again on the others, and it rests ([`Cooldowns`], as
+//!    TCP's rails). Rail 0 carries the control (the accept, the ack): its failure ends the
+//!    transfer (a known gap).
+//! 5. The receiver verifies once every chunk has landed and acks on rail 0.
+//!
+//! Only what the whole pass keeps in place may be striped: a staging ring reuses a
+//! slot once its chunk is reported done, and a failed rail might still read the slot;
+//! such a transfer goes over rail 0 alone, the other rails reported left out.
+//! Only pattern checks (or none): the checksum rounds of `repair.rs` are not striped.
+
+use super::conn::{
+    is_data, tag, Connection, Resources, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA, WR_ACK,
+};
+use super::rails::RailBook;
+use super::sender::{
+    await_ack, check_device, check_message_size, choose_source, connect, offer, register_source,
+    resolve, RailTarget, Replies, SendConfig,
+};
+use crate::memory::SendMemory;
+use crate::rdma::{
+    self, CmId, Completion, Deadline, EventChannel, MemoryRegion, QpCaps, RdmaError, SendOp, SendWr,
+};
+use crate::server::key::NONCE_LEN;
+use crate::transfer::header::{
+    AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, MAX_VERBS_RAILS,
+};
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::{Framed, Integrity, RailReport};
+use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
+use crate::transfer::{SendReport, TransferError};
+use crate::transport::tcp::rails::Cooldowns;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Why a transfer with several rails cannot be striped, if it cannot (it then goes over
+/// the first rail, and the CLI says so in one line).
+pub fn why_not_striped(cfg: &SendConfig, reuse_connection: bool, raw: bool) -> Option<String> {
+    let why = if cfg.op != Op::Write {
+        "striping over verbs needs --op write"
+    } else if raw {
+        "--raw sends one message"
+    } else if reuse_connection {
+        "--reuse-connection is not striped over verbs"
+    } else if cfg.payload.verify.checksum() || cfg.payload.faults.is_some() {
+        "--verify checksum is not striped over verbs (pattern checks only)"
+    } else if cfg.payload.name.is_some() {
+        "--name/--input is not striped over verbs"
+    } else if cfg.rails.len() > MAX_VERBS_RAILS as usize {
+        "more than 8 rails"
+    } else {
+        return None;
+    };
+    Some(why.to_string())
+}
+
+/// One rail's objects before its queue pair: resolved and with its PD and CQ.
+struct Opened {
+    /// Its place in the sender's list.
+    rail: usize,
+    target: RailTarget,
+    id: Rc<CmId>,
+    res: Resources,
+    label: String,
+}
+
+/// The name a rail rests under (its device, else its address).
+fn cooldown_label(t: &RailTarget) -> String {
+    format!(
+        "rdma {}",
+        t.nic.clone().unwrap_or_else(|| t.peer.ip().to_string())
+    )
+}
+
+/// A striped transfer (write mode, one transfer): see the module documentation.
+pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    let striped = match attempt(cfg, memory, None) {
+        // A receiver with a key answered with a nonce: connect again, proving the key
+        // over it (once), as an unstriped sender does.
+        Err(TransferError::Rejected(RejectReason::KeyChallenge { nonce })) if cfg.key.is_some() => {
+            attempt(cfg, memory, Some(nonce))?
+        }
+        other => other?,
+    };
+    match striped {
+        Striped::Done(report) => Ok(report),
+        Striped::Ring => one_rail(cfg, memory),
+    }
+}
+
+/// How [`attempt`] ended: the transfer, or a memory path that cannot be striped.
+// The report is much larger than the other variant, but there is one of it per transfer.
+#[allow(clippy::large_enum_variant)]
+enum Striped {
+    Done(SendReport),
+    /// The source stages its data through a ring (`--mem staged`): not striped.
+    Ring,
+}
+
+/// Why a staging ring is not striped (see the module documentation).
+const RING_WHY: &str =
+    "not striped: the memory path stages the data through a ring (striping needs it in place)";
+
+/// The transfer over rail 0 alone, unstriped; the other rails reported left out.
+fn one_rail(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    let mut single = cfg.clone();
+    single.rails.clear();
+    single.peer = cfg.rails[0].peer;
+    single.nic = cfg.rails[0].nic.clone();
+    let mut report = super::sender::send(&single, memory)?;
+    report.rails = cfg
+        .rails
+        .iter()
+        .enumerate()
+        .map(|(k, t)| match k {
+            0 => RailReport {
+                bytes: report.bytes,
+                chunks: report.chunks,
+                left_out: None,
+                local: report.device.clone(),
+                ..left_out(0, t, String::new())
+            },
+            _ => left_out(k, t, RING_WHY.into()),
+        })
+        .collect();
+    Ok(report)
+}
+
+fn striped_offer(
+    cfg: &SendConfig,
+    rails: usize,
+) -> Result<crate::transfer::header::Header, TransferError> {
+    offer(cfg, 1)?
+        .with_rails(rails as u8)
+        .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))
+}
+
+/// The rails that may carry chunks now (rail 0 always: it carries the control), and the
+/// reports of those resting after a failure.
+fn rails_now(cfg: &SendConfig) -> (Vec<usize>, Vec<RailReport>) {
+    let now = Instant::now();
+    let mut usable = Vec::new();
+    let mut resting = Vec::new();
+    for (k, t) in cfg.rails.iter().enumerate() {
+        match Cooldowns::global().resting(&cooldown_label(t), now) {
+            Some(left) if k > 0 => resting.push(left_out(
+                k,
+                t,
+                format!("resting {:.1} s more after a failure", left.as_secs_f64()),
+            )),
+            _ => usable.push(k),
+        }
+    }
+    (usable, resting)
+}
+
+fn left_out(rail: usize, t: &RailTarget, why: String) -> RailReport {
+    RailReport {
+        rail,
+        local: t.nic.clone(),
+        remote: t.peer.to_string(),
+        bytes: 0,
+        chunks: 0,
+        resends: 0,
+        failures: 0,
+        failed: None,
+        failed_after_seconds: None,
+        moved_chunks: 0,
+        stall_beyond_detection_seconds: None,
+        left_out: Some(why),
+    }
+}
+
+/// One striped attempt; with `nonce`, proving the key over it after rail 0's header.
+fn attempt(
+    cfg: &SendConfig,
+    memory: &mut SendMemory,
+    nonce: Option<[u8; NONCE_LEN]>,
+) -> Result<Striped, TransferError> {
+    let t0 = Instant::now();
+    let plan = ChunkPlan::new(cfg.bytes, cfg.chunk).map_err(TransferError::Protocol)?;
+    rdma::ensure_device()?;
+    let (usable, mut reports) = rails_now(cfg);
+
+    // --- each rail: resolve, check its device, PD and CQ ------------------------------
+    let caps = QpCaps {
+        max_send_wr: cfg.depth + 1,
+        max_recv_wr: 2,
+        max_inline_data: 0,
+    };
+    let mut opened: Vec<Opened> = Vec::new();
+    for &k in &usable {
+        let target = cfg.rails[k].clone();
+        let open = || -> Result<(Rc<CmId>, Resources), TransferError> {
+            let channel = EventChannel::new()?;
+            let id = CmId::new(&channel)?;
+            resolve(&id, target.peer, cfg.timeout)?;
+            check_message_size(&id, plan.chunk_bytes(), "a chunk (--chunk)")?;
+            check_device(&id, target.nic.as_deref(), target.peer)?;
+            let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
+            Ok((id, res))
+        };
+        match open() {
+            Ok((id, res)) => {
+                let device = id.device_name().unwrap_or_else(|| "?".into());
+                let port = id.port_info().map(|p| p.port_num).unwrap_or(1);
+                opened.push(Opened {
+                    rail: k,
+                    target: target.clone(),
+                    id,
+                    res,
+                    label: format!("{device}:{port}"),
+                });
+            }
+            // Rail 0 carries the control: without it there is no transfer.
+            Err(e) if k == 0 => return Err(e),
+            Err(e) => reports.push(left_out(k, &target, format!("not opened: {e}"))),
+        }
+    }
+
+    // --- the memory: chosen on rail 0's device, registered on every rail's -----------
+    let making_before = memory.making_time();
+    let (source, memory_log, making) = choose_source(&opened[0].res, memory, making_before)?;
+    if source.max_chunks_in_flight().is_some() {
+        // Nothing was connected yet: rail 0 carries the transfer alone.
+        return Ok(Striped::Ring);
+    }
+    let mut mrs: Vec<MemoryRegion> = Vec::new();
+    let mut kept: Vec<Opened> = Vec::new();
+    for o in opened {
+        match register_source(&o.res, source) {
+            Ok(mr) => {
+                mrs.push(mr);
+                kept.push(o);
+            }
+            Err(e) if o.rail == 0 => return Err(e),
+            Err(e) => reports.push(left_out(o.rail, &o.target, format!("not registered: {e}"))),
+        }
+    }
+    let opened = kept;
+    let schedule = {
+        let mut s = Schedule::new(plan, cfg.depth, source, cfg.timeout);
+        s.progress = cfg.progress;
+        s
+    };
+    let replies = Replies::new(&opened[0].res, 1, false)?;
+    let conns: Vec<Connection> = opened
+        .iter()
+        .map(|o| Connection::new(&o.res, caps))
+        .collect::<Result<_, _>>()?;
+    replies.post(&conns[0], 0)?;
+
+    // --- rail 0: the offer; then the joins --------------------------------------------
+    let rails = opened.len();
+    let header = striped_offer(cfg, rails)?;
+    let header_bytes = header.encode_with_version(cfg.protocol_version);
+    let with_proof = match (nonce, &cfg.key) {
+        (Some(nonce), Some(key)) => Some(
+            VerbsProof {
+                nonce_id: VerbsProof::nonce_id(&nonce),
+                tag: key.prove_truncated(&header_bytes, &nonce),
+            }
+            .private_data(&header_bytes),
+        ),
+        _ => None,
+    };
+    let private_data: &[u8] = match &with_proof {
+        Some(data) => data,
+        None => &header_bytes,
+    };
+    let accept_data = connect(
+        &opened[0].id,
+        opened[0].target.peer,
+        private_data,
+        cfg.timeout,
+        false,
+    )?;
+    let first = StripedAccept::decode(&accept_data).map_err(|e| {
+        conns[0].close(true, DISCONNECT_GRACE);
+        TransferError::Protocol(format!(
+            "the receiver at {} did not accept a striped transfer as one ({e}); is it an older `host recv`?",
+            opened[0].target.peer
+        ))
+    })?;
+    if first.info.len < cfg.bytes {
+        return Err(TransferError::Protocol(format!(
+            "the receiver offered a {}-byte buffer for a {}-byte transfer",
+            first.info.len, cfg.bytes
+        )));
+    }
+    // Rails that joined: their place among `opened`, and where they write.
+    let mut accepts: Vec<Option<AcceptInfo>> = vec![Some(first.info)];
+    for (j, o) in opened.iter().enumerate().skip(1) {
+        let join = Join {
+            token: first.token,
+            rail: j as u8,
+            rails: rails as u8,
+        };
+        // Bounded apart from --timeout: the receiver's wait for data runs meanwhile, and a
+        // rail that cannot join is left out, not worth the whole transfer.
+        let wait = cfg.timeout.min(JOIN_WAIT);
+        let joined = connect(&o.id, o.target.peer, &join.encode(), wait, false).and_then(|data| {
+            AcceptInfo::decode(&data)
+                .map_err(|e| TransferError::Protocol(format!("its accept: {e}")))
+        });
+        match joined {
+            Ok(a) if a.len >= cfg.bytes => accepts.push(Some(a)),
+            Ok(a) => {
+                accepts.push(None);
+                reports.push(left_out(
+                    o.rail,
+                    &o.target,
+                    format!("offered {} bytes", a.len),
+                ));
+            }
+            Err(e) => {
+                accepts.push(None);
+                reports.push(left_out(o.rail, &o.target, format!("did not join: {e}")));
+            }
+        }
+    }
+    let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
+
+    // --- the data ----------------------------------------------------------------------
+    let label = cfg.peer.to_string();
+    let start = Instant::now();
+    let mut wire = StripedWire {
+        conns: &conns,
+        mrs: &mrs,
+        accepts: &accepts,
+        book: RailBook::new(rails, plan.count(), start),
+        posted: HashMap::new(),
+        rail_timeout: cfg.rail_timeout,
+        comps: Vec::new(),
+        seen: VecDeque::new(),
+        wrs: vec![Vec::new(); rails],
+    };
+    for (j, a) in accepts.iter().enumerate() {
+        if a.is_none() {
+            wire.book.fail(j, "did not join".into(), start);
+        }
+    }
+    let ran = schedule.run(source, &mut wire, &label);
+    let mut pending = std::mem::take(&mut wire.seen);
+    let book = wire.book;
+    let seconds = ran?.as_secs_f64();
+    let (ack, _) = await_ack(&conns[0], &mut pending, &replies, cfg.timeout, &label)?;
+    ack.check_counts(cfg.bytes)
+        .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
+    let round_trip_seconds = start.elapsed().as_secs_f64();
+    for conn in conns.iter().skip(1) {
+        conn.close(true, RAIL_CLOSE_GRACE);
+    }
+    conns[0].close(true, DISCONNECT_GRACE);
+
+    // --- the report --------------------------------------------------------------------
+    for (j, o) in opened.iter().enumerate() {
+        if accepts[j].is_none() {
+            continue; // reported above
+        }
+        let c = book.carried(j);
+        let name = cooldown_label(&o.target);
+        match &c.failed {
+            Some(f) => {
+                Cooldowns::global().failed(&name, f.at);
+            }
+            None => Cooldowns::global().worked(&name),
+        }
+        reports.push(RailReport {
+            rail: o.rail,
+            local: Some(o.label.clone()),
+            remote: o.target.peer.to_string(),
+            bytes: c.bytes,
+            chunks: c.chunks,
+            resends: c.resends,
+            failures: c.failed.is_some() as u32,
+            failed_after_seconds: c
+                .failed
+                .as_ref()
+                .map(|f| f.at.saturating_duration_since(start).as_secs_f64()),
+            failed: c.failed.map(|f| f.why),
+            moved_chunks: c.moved,
+            stall_beyond_detection_seconds: c.stall.map(|d| d.as_secs_f64()),
+            left_out: None,
+        });
+    }
+    reports.sort_by_key(|r| r.rail);
+    let framed = Framed {
+        peer: &label,
+        device: opened[0].id.device_name(),
+        op: cfg.op.name(),
+        plan: &plan,
+        in_flight: schedule.window as u32,
+        connect_seconds,
+        path: source.path(),
+        memory: &memory_log,
+    };
+    let mut report = framed.report(0, seconds, round_trip_seconds, &ack);
+    report.integrity = Integrity {
+        verify: Some(cfg.payload.verify),
+        payload: Some(cfg.payload.payload),
+        ..Integrity::default()
+    };
+    report.rails = reports;
+    Ok(Striped::Done(report))
+}
+
+/// The longest a further rail's join may take (at most --timeout).
+const JOIN_WAIT: Duration = Duration::from_secs(2);
+/// How long a further rail's close waits for the receiver's DISCONNECTED.
+const RAIL_CLOSE_GRACE: Duration = Duration::from_millis(500);
+/// How long the wire sleeps when no rail had news (it polls them in turn).
+const IDLE_NAP: Duration = Duration::from_micros(100);
+
+/// The schedule's wire over several rails.
+struct StripedWire<'a, 'r> {
+    conns: &'a [Connection<'r>],
+    mrs: &'r [MemoryRegion<'r>],
+    /// Where each rail writes (`None`: it did not join).
+    accepts: &'a [Option<AcceptInfo>],
+    book: RailBook,
+    /// Every chunk handed over and not yet done, to post again on a failover.
+    posted: HashMap<u64, Posted>,
+    rail_timeout: Duration,
+    comps: Vec<Completion>,
+    /// Rail 0's replies that came with the data's completions (an early ack).
+    seen: VecDeque<Completion>,
+    /// Work requests per rail, posted as one list each.
+    wrs: Vec<Vec<SendWr<'r>>>,
+}
+
+impl<'r> StripedWire<'_, 'r> {
+    /// Post `chunks` (`again`: a failed rail's) on the live rails.
+    ///
+    /// # Safety
+    /// As [`ChunkWire::post`] says for the chunks' bytes.
+    unsafe fn post_on_rails(
+        &mut self,
+        chunks: &[Posted],
+        again: bool,
+    ) -> Result<(), schedule::WireError> {
+        for p in chunks {
+            let Some(r) = self.book.pick() else {
+                return Err(schedule::WireError::Broken(format!(
+                    "every rail failed (rail 0: {})",
+                    self.book
+                        .carried(0)
+                        .failed
+                        .map_or_else(|| "?".into(), |f| f.why)
+                )));
+            };
+            let Some(accept) = self.accepts[r] else {
+                continue; // not reached: a rail that did not join is failed
+            };
+            self.wrs[r].push(SendWr {
+                wr_id: TAG_DATA | p.chunk.index,
+                sge: self.mrs[r].sge(p.bytes.clone())?,
+                op: SendOp::WriteWithImm {
+                    remote_addr: accept.addr + p.chunk.offset,
+                    rkey: accept.rkey,
+                    // Chunks through this one, as every repair path does (n < 2^32).
+                    imm: (p.chunk.index + 1) as u32,
+                },
+                // Each chunk's completion says which rail finished it.
+                signaled: true,
+                inline: false,
+                solicited: false,
+            });
+            self.book.posted(
+                r,
+                p.chunk.index,
+                p.bytes.len() as u64,
+                again,
+                Instant::now(),
+            );
+            self.posted.insert(p.chunk.index, p.clone());
+        }
+        for r in 0..self.wrs.len() {
+            let wrs = std::mem::take(&mut self.wrs[r]);
+            if wrs.is_empty() {
+                continue;
+            }
+            // SAFETY: every SGE lies in rail r's registration of the source's memory (the
+            // region checked the range); the caller keeps those bytes unmodified until we
+            // report them done, and the source is no staging ring (checked at the start),
+            // so a failed rail's late read finds the same bytes.
+            let posted = unsafe { self.conns[r].qp.post_send_list(&wrs) };
+            if let Err(e) = posted {
+                self.fail(r, format!("posting failed: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rail `r` failed: disconnect it and post its chunks in flight on the others. Rail 0
+    /// carries the control: its failure ends the transfer.
+    fn fail(&mut self, r: usize, why: String) -> Result<(), schedule::WireError> {
+        if r == 0 {
+            return Err(schedule::WireError::Broken(format!(
+                "rail 0 (the control rail) failed: {why}"
+            )));
+        }
+        if self.book.is_failed(r) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let moved = self.book.fail(r, why, now);
+        let _ = self.conns[r].id.disconnect();
+        let again: Vec<Posted> = moved
+            .iter()
+            .filter_map(|i| self.posted.get(i).cloned())
+            .collect();
+        // SAFETY: these chunks were handed to us and are not reported done yet: the
+        // schedule keeps their bytes.
+        unsafe { self.post_on_rails(&again, true) }
+    }
+
+    /// Take what the rails have to say; true if a chunk completed.
+    fn poll(&mut self) -> Result<bool, schedule::WireError> {
+        let mut progress = false;
+        let now = Instant::now();
+        for r in 0..self.conns.len() {
+            if self.accepts[r].is_none() {
+                continue;
+            }
+            self.comps.clear();
+            self.conns[r].cq.poll(&mut self.comps)?;
+            let comps = std::mem::take(&mut self.comps);
+            for c in &comps {
+                if r == 0 && tag(c.wr_id) == WR_ACK {
+                    // The receiver's ack (or an early one: too slow) with the data.
+                    self.seen.push_back(*c);
+                    continue;
+                }
+                if !is_data(c.wr_id) {
+                    continue;
+                }
+                let index = c.wr_id & INDEX_MASK;
+                if !c.is_ok() {
+                    if !self.book.is_failed(r) {
+                        let why = self.conns[r]
+                            .device_fault_within(Duration::ZERO)
+                            .unwrap_or_else(|| {
+                                format!("RDMA_WRITE_WITH_IMM of chunk {index}: {}", c.status_str())
+                            });
+                        self.fail(r, why)?;
+                    }
+                    continue;
+                }
+                if self.book.completed(r, index, now) {
+                    self.posted.remove(&index);
+                    progress = true;
+                }
+            }
+            self.comps = comps;
+            if self.book.is_failed(r) {
+                continue;
+            }
+            match self.conns[r].poll_events() {
+                Ok(false) => {}
+                Ok(true) => self.fail(r, "the receiver closed this rail".into())?,
+                Err(RdmaError::DeviceFault(fault)) => self.fail(r, fault)?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(r) = self.book.overdue(Instant::now(), self.rail_timeout) {
+            let why = format!(
+                "no completion for {} with {} chunks in flight while another rail completed",
+                rdma::format_duration(self.rail_timeout),
+                self.book.in_flight(r)
+            );
+            self.fail(r, why)?;
+        }
+        Ok(progress)
+    }
+}
+
+// SAFETY: a chunk is reported done only once a completion for it came on some rail (the
+// NIC of that rail finished reading it); a copy still in flight on a failed rail reads
+// the same unchanged bytes (the source is no staging ring, see `attempt`), and the
+// source's memory stays registered until every queue pair is destroyed.
+unsafe impl ChunkWire for StripedWire<'_, '_> {
+    fn batch(&self) -> usize {
+        16
+    }
+
+    /// # Safety
+    /// As [`ChunkWire::post`] says.
+    unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), schedule::WireError> {
+        // SAFETY: the caller's promise.
+        unsafe { self.post_on_rails(chunks, false) }
+    }
+
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
+        loop {
+            if self.poll()? {
+                return Ok(self.book.done_through());
+            }
+            // An ack seen here may have overtaken the last data completions of another
+            // rail (the receiver acks once every chunk landed): those still come. One
+            // that ends the transfer early comes with a disconnect, which ends it here.
+            if deadline.expired() {
+                return Err(schedule::WireError::Broken(
+                    deadline.timeout_error("the data's completions").to_string(),
+                ));
+            }
+            std::thread::sleep(IDLE_NAP);
+        }
+    }
+}
