@@ -140,6 +140,32 @@ pub struct RailReport {
     pub left_out: Option<String>,
 }
 
+impl RailReport {
+    /// A rail before it carried anything: nothing sent, nothing failed; `left_out` says
+    /// why it will carry nothing, if it will not.
+    pub fn idle(
+        rail: usize,
+        local: Option<String>,
+        remote: String,
+        left_out: Option<String>,
+    ) -> RailReport {
+        RailReport {
+            rail,
+            local,
+            remote,
+            bytes: 0,
+            chunks: 0,
+            resends: 0,
+            failures: 0,
+            failed: None,
+            failed_after_seconds: None,
+            moved_chunks: 0,
+            stall_beyond_detection_seconds: None,
+            left_out,
+        }
+    }
+}
+
 /// What every framed transfer of one connection reports alike, whatever carried it (the
 /// verbs sender in `transport::rdma`, the TCP sender in `transport::tcp`).
 pub(crate) struct Framed<'a> {

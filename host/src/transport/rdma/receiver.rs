@@ -509,6 +509,14 @@ pub(super) fn choose_sink(
         )
     })?;
     sinks.settle(walked.method);
+    // The peer will write up to `len` bytes into what this returns: a shorter sink
+    // would be a bug of the factory, never the peer's to find.
+    if (walked.value.len() as u64) < len {
+        return Err(internal(format!(
+            "the sink has {} bytes for a {len}-byte transfer",
+            walked.value.len()
+        )));
+    }
     Ok((walked.value, walked.log))
 }
 
@@ -700,12 +708,6 @@ fn receive_framed(
     let remote_write = header.op == Op::Write;
     let (sink, memory_log) = choose_sink(&res, sinks, total, remote_write)?;
     let sink = sink.as_ref();
-    if (sink.len() as u64) < total {
-        return Err(internal(format!(
-            "the sink has {} bytes for a {total}-byte transfer",
-            sink.len()
-        )));
-    }
     // SAFETY: `mr` is a local of this function, declared after `sink` and never moved out
     // or leaked, so it is dropped (deregistered) before the sink; the sink reads its
     // memory only by copies (RecvSink's contract).

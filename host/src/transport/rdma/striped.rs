@@ -171,20 +171,7 @@ fn rails_now(cfg: &SendConfig) -> (Vec<usize>, Vec<RailReport>) {
 }
 
 fn left_out(rail: usize, t: &RailTarget, why: String) -> RailReport {
-    RailReport {
-        rail,
-        local: t.nic.clone(),
-        remote: t.peer.to_string(),
-        bytes: 0,
-        chunks: 0,
-        resends: 0,
-        failures: 0,
-        failed: None,
-        failed_after_seconds: None,
-        moved_chunks: 0,
-        stall_beyond_detection_seconds: None,
-        left_out: Some(why),
-    }
+    RailReport::idle(rail, t.nic.clone(), t.peer.to_string(), Some(why))
 }
 
 /// One striped attempt; with `nonce`, proving the key over it after rail 0's header.

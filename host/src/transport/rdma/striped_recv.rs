@@ -96,12 +96,6 @@ pub(super) fn receive(
     .map_err(|e| setup_failed(peer, e))?;
     let (sink, memory_log) = choose_sink(&res, sinks, total, true)?;
     let sink = sink.as_ref();
-    if (sink.len() as u64) < total {
-        return Err(internal(format!(
-            "the sink has {} bytes for a {total}-byte transfer",
-            sink.len()
-        )));
-    }
     // SAFETY: `mr` is a local declared after `sink`, never moved out or leaked: it is
     // deregistered before the sink is dropped; the sink reads its memory only by copies.
     let mr = unsafe { register_sink(&res, sink, true) }.map_err(|e| {

@@ -490,22 +490,14 @@ fn rail_reports(
     let mut out: Vec<RailReport> = all
         .iter()
         .enumerate()
-        .map(|(k, rail)| RailReport {
-            rail: k,
-            local: rail.local.map(|ip| ip.to_string()),
-            remote: rail.remote.to_string(),
-            bytes: 0,
-            chunks: 0,
-            resends: 0,
-            failures: 0,
-            failed: None,
-            failed_after_seconds: None,
-            moved_chunks: 0,
-            stall_beyond_detection_seconds: None,
-            left_out: left_out
-                .iter()
-                .find(|(i, _)| *i == k)
-                .map(|(_, why)| why.clone()),
+        .map(|(k, rail)| {
+            let why = left_out.iter().find(|(i, _)| *i == k);
+            RailReport::idle(
+                k,
+                rail.local.map(|ip| ip.to_string()),
+                rail.remote.to_string(),
+                why.map(|(_, why)| why.clone()),
+            )
         })
         .collect();
     for (r, &k) in connected.iter().enumerate() {
