@@ -55,7 +55,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Receives kept posted at least (if the transfer has that many chunks).
-pub(super) const MIN_RECEIVES: u64 = 64;
+const MIN_RECEIVES: u64 = 64;
 /// "Receiver not ready" retry delay asked of senders: IB encoding 12 = 0.64 ms.
 pub(super) const MIN_RNR_TIMER: u8 = 12;
 
@@ -479,6 +479,17 @@ fn framed(
     receive_framed(cfg, &request.id, peer, header, sinks, accepted)
 }
 
+/// Receives a receiver keeps posted for a transfer of `chunks` chunks: more than the
+/// sender keeps in flight (twice, and at least 64), since a receive is reposted only a
+/// moment after its completion and a sender that finds the queue empty must back off
+/// ("receiver not ready"); never more than the chunks, nor than twice the deepest offer.
+pub(super) fn recv_depth(header: &Header, chunks: u64) -> u32 {
+    (header.depth as u64 * 2)
+        .max(MIN_RECEIVES)
+        .min(chunks)
+        .min(2 * MAX_DEPTH as u64) as u32
+}
+
 /// Walk the receiver's memory plan on this connection's protection domain: make a
 /// buffer for the first method and trial-register it; a refusal (the NIC takes no GPU
 /// memory, say) moves on to the next. Nothing that works is a refusal of its own.
@@ -689,13 +700,7 @@ fn receive_framed(
     let plan = ChunkPlan::new(total, header.chunk_bytes as u64).map_err(internal)?;
     let n = plan.count();
     let transfers = header.transfers as u64;
-    // More receives than the sender keeps in flight (twice, and at least 64): a receive is
-    // reposted only a moment after its completion, and a sender that finds the queue empty
-    // must back off ("receiver not ready").
-    let recv_depth = (header.depth as u64 * 2)
-        .max(MIN_RECEIVES)
-        .min(n)
-        .min(2 * MAX_DEPTH as u64) as u32;
+    let recv_depth = recv_depth(&header, n);
     // One more receive, first of all, for the sender's name (header flag 0x02).
     let named = header.named as u32;
     let res = Resources::new(

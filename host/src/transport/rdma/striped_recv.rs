@@ -15,8 +15,8 @@
 use super::conn::{is_data, Connection, Resources, INDEX_MASK, TAG_DATA};
 use super::rails::{JoinSlot, Joins, Landed};
 use super::receiver::{
-    choose_sink, internal, receiver_caps, receiver_connection, register_sink, send_and_wait,
-    setup_failed, wait_established, Failure, RecvConfig, MIN_RECEIVES, MIN_RNR_TIMER,
+    choose_sink, internal, receiver_caps, receiver_connection, recv_depth, register_sink,
+    send_and_wait, setup_failed, wait_established, Failure, RecvConfig, MIN_RNR_TIMER,
 };
 use crate::memory::{RecvSink, SinkFactory};
 use crate::rdma::{
@@ -25,7 +25,6 @@ use crate::rdma::{
 };
 use crate::transfer::header::{
     AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
-    MAX_DEPTH,
 };
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, RecvRail, StripedRecv};
@@ -83,11 +82,8 @@ pub(super) fn receive(
     let n = plan.count();
     let rails = header.rails as usize;
     // Every chunk consumes a receive on the rail it came on, and any rail may carry the
-    // whole window.
-    let recv_depth = (header.depth as u64 * 2)
-        .max(MIN_RECEIVES)
-        .min(n)
-        .min(2 * MAX_DEPTH as u64) as u32;
+    // whole window: each rail posts as many as an unstriped receiver.
+    let recv_depth = recv_depth(&header, n);
     let res = Resources::new(
         id,
         Resources::cq_entries(receiver_caps(recv_depth)),
