@@ -2302,8 +2302,10 @@ fn rails_a_rail_that_goes_down_fails_over_to_rail_0() {
 }
 
 #[test]
-fn rails_back_up_the_next_transfer_uses_both_rails() {
-    let Some(run) = rails("rails_back_up_the_next_transfer_uses_both_rails") else {
+fn rails_back_up_verifies_and_both_rails_carry_again_once_rxe1_is_made_anew() {
+    let Some(run) =
+        rails("rails_back_up_verifies_and_both_rails_carry_again_once_rxe1_is_made_anew")
+    else {
         return;
     };
     let c = run.case('a', "back_up");
