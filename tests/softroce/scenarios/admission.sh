@@ -30,9 +30,14 @@ case_reuse_rate() {
   local pid i=0
   start receiver host recv --gpu none --timeout 3 --min-rate 8MiB
   wait_for receiver "receiver: listening" 30
+  local base
+  base=$(recvs)
   start slow host "$A" 7471 --gpu none --size 1MiB --iters 100000 --reuse-connection --timeout 30
   pid=$(pid_of slow)
-  sleep 3
+  # Stall once 16 transfers have landed, not after a fixed time: a fast guest banks
+  # rate credit at full speed meanwhile (3 s at ~80 MiB/s outlasted all 15 cycles in a
+  # quiet CI run), and the test is of the average falling, not of how fast rxe is.
+  wait_data "$base" 16 30
   mark stalls_started
   while [ $i -lt 15 ] && alive "$pid"; do
     kill -STOP "$pid" 2>/dev/null
