@@ -176,9 +176,9 @@ pub enum BenchCommand {
         #[arg(long, value_name = "N", default_value_t = 5)]
         rounds: u32,
     },
-    /// TCP rails: the same transfer over each rail alone and over all of them striped,
-    /// rounds interleaved, to a running `host recv`; the striped rate against the sum of
-    /// the single-rail rates. Every transfer is verified. Prints JSON.
+    /// Rails (TCP, or RDMA with --nic): the same transfer over each rail alone and over
+    /// all of them striped, rounds interleaved, to a running `host recv`; the striped rate
+    /// against the sum of the single-rail rates. Every transfer is verified. Prints JSON.
     Rails(RailsBenchArgs),
 }
 
@@ -191,10 +191,25 @@ pub struct RailsBenchArgs {
     /// The receiver's port.
     pub port: u16,
 
-    /// The local address of each rail, comma-separated (as for a striped send); at least
-    /// two rails in all, from these or from the receiver's addresses.
-    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
+    /// TCP rails: the local address of each rail, comma-separated (as for a striped
+    /// send); at least two rails in all, from these or from the receiver's addresses.
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        conflicts_with = "nic"
+    )]
     pub bind_interfaces: Vec<IpAddr>,
+
+    /// RDMA rails instead of TCP: the RDMA device of each rail (`host info` lists them),
+    /// one per receiver address, as for a striped send (`--op write`, host memory, rail
+    /// k from the k-th device to the k-th address).
+    #[arg(long, value_name = "NAME[,NAME...]", value_parser = crate::rails::parse_nic_list)]
+    pub nic: Option<NicList>,
+
+    /// RDMA: work requests kept in flight (as for a send).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
+    pub depth: u32,
 
     /// Bytes per transfer.
     #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_transfer_size)]
@@ -204,7 +219,7 @@ pub struct RailsBenchArgs {
     #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_chunk_size)]
     pub chunk: u64,
 
-    /// Sockets per rail.
+    /// TCP: sockets per rail.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
     pub streams: u16,
 

@@ -1,4 +1,4 @@
-//! `host bench rails`: the same transfer over each TCP rail alone and over all rails
+//! `host bench rails`: the same transfer over each rail alone and over all rails
 //! striped, to a running `host recv`, rounds interleaved (each round: rail 0 alone,
 //! rail 1 alone, ..., then all striped), so that a drift of the machine or the links
 //! reaches every variant alike. The reference is the sum of the single-rail medians:
@@ -6,41 +6,49 @@
 //! and a striped round in which a rail failed or was left out is an error, since its
 //! rate would not be a striped rate.
 //!
+//! The rails are TCP's (`--bind-interfaces` or several receiver addresses) or, with
+//! `--nic`, RDMA's (rail k from the k-th device to the k-th address, `--op write`).
 //! The source is the pattern written by the CPU into host memory, so that the GPU (or
 //! its absence) plays no part: this measures the rails.
 
 use super::tcp_bench::{median, stats};
 use anyhow::{bail, Context, Result};
 use host::cli::RailsBenchArgs;
-use host::memory::select::AttemptLog;
-use host::memory::HostBuffer;
-use host::transfer::SendReport;
+use host::memory::select::{AttemptLog, Method, Plan};
+use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
+use host::rails::NicList;
+use host::transfer::{Op, SendReport};
+use host::transport::rdma::{self, RailTarget};
 use host::transport::tcp::rails::{rails_of, Rail};
 use host::transport::tcp::{self, TcpSendConfig};
 use serde_json::json;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
 pub fn run(args: &RailsBenchArgs) -> Result<ExitCode> {
     let remotes = super::send::resolve_all(&args.ip, args.port)?;
-    let rails = rails_of(&remotes, &args.bind_interfaces).map_err(anyhow::Error::msg)?;
-    if rails.len() < 2 {
-        bail!(
-            "one rail: give several receiver addresses (a comma list) or several --bind-interfaces"
-        );
-    }
-    let source = HostBuffer::with_pattern(usize::try_from(args.size)?)?;
-    let mut alone: Vec<Vec<f64>> = vec![Vec::new(); rails.len()];
+    let mut transport: Box<dyn RailsTransport> = match &args.nic {
+        Some(list) => Box::new(Verbs::new(args, list, &remotes)?),
+        None => Box::new(Tcp::new(args, &remotes)?),
+    };
+    let names = transport.rails();
+    let mut alone: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut striped = Vec::new();
     let mut striped_chunks = Vec::new();
     for round in 1..=args.rounds {
-        for (k, rail) in rails.iter().enumerate() {
-            let r = transfer(args, &source, std::slice::from_ref(rail))
-                .with_context(|| format!("round {round}: rail {k} ({}) alone", rail.label()))?;
+        for (k, name) in names.iter().enumerate() {
+            let r = transport
+                .transfer(&[k])
+                .and_then(verified)
+                .with_context(|| format!("round {round}: rail {k} ({}) alone", name.local))?;
             alone[k].push(r.gbps);
         }
-        let r = transfer(args, &source, &rails)
+        let all: Vec<usize> = (0..names.len()).collect();
+        let r = transport
+            .transfer(&all)
+            .and_then(verified)
+            .and_then(every_rail_carried)
             .with_context(|| format!("round {round}: all rails striped"))?;
-        check_every_rail_carried(&r).with_context(|| format!("round {round}: striped"))?;
         striped_chunks.push(r.rails.iter().map(|x| x.chunks).collect::<Vec<_>>());
         striped.push(r.gbps);
     }
@@ -49,63 +57,61 @@ pub fn run(args: &RailsBenchArgs) -> Result<ExitCode> {
     if !ratio.is_finite() || ratio <= 0.0 {
         bail!("the ratio of the striped rate to the sum of the single-rail rates is {ratio}: no rate was measured");
     }
-    let per_rail: Vec<_> = rails
+    let per_rail: Vec<_> = names
         .iter()
         .zip(&alone)
         .enumerate()
-        .map(|(k, (rail, rates))| {
+        .map(|(k, (name, rates))| {
             let mut s = stats(rates);
             s["rail"] = json!(k);
-            s["local"] = json!(rail.local.map(|ip| ip.to_string()));
-            s["remote"] = json!(rail.remote.to_string());
+            s["local"] = json!(name.local);
+            s["remote"] = json!(name.remote);
             s
         })
         .collect();
     let mut striped_stats = stats(&striped);
     striped_stats["chunks_per_rail_rounds"] = json!(striped_chunks);
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&json!({
-            "benchmark": "tcp rails: each rail alone and all rails striped, to a running receiver, rounds interleaved",
-            "receiver": args.ip,
-            "port": args.port,
-            "bind_interfaces": args.bind_interfaces.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
-            "bytes": args.size,
-            "chunk_bytes": args.chunk.min(args.size),
-            "streams_per_rail": args.streams,
-            "rounds": args.rounds,
-            "timeout_seconds": args.timeout.as_secs_f64(),
-            "rail_timeout_seconds": args.rail_timeout.as_secs_f64(),
-            "unit": "GB/s (10^9 bytes/s), as the sender reports it: first chunk out to last chunk written; every transfer verified by the receiver",
-            "single_rail": per_rail,
-            "sum_of_single_rail_medians_gb_per_s": sum,
-            "striped": striped_stats,
-            "ratio_striped_to_sum": ratio,
-        }))?
-    );
+    let mut out = json!({
+        "benchmark": transport.describe(),
+        "receiver": args.ip,
+        "port": args.port,
+        "bytes": args.size,
+        "chunk_bytes": args.chunk.min(args.size),
+        "rounds": args.rounds,
+        "timeout_seconds": args.timeout.as_secs_f64(),
+        "rail_timeout_seconds": args.rail_timeout.as_secs_f64(),
+        "unit": "GB/s (10^9 bytes/s), as the sender reports it: first chunk out to last chunk written (TCP) or completed (RDMA); every transfer verified by the receiver",
+        "single_rail": per_rail,
+        "sum_of_single_rail_medians_gb_per_s": sum,
+        "striped": striped_stats,
+        "ratio_striped_to_sum": ratio,
+    });
+    for (key, value) in transport.settings() {
+        out[key] = value;
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
 }
 
-/// One transfer of `source` over `rails` (one: that rail alone, bound to its local
-/// address; several: striped), verified by the receiver, or why not.
-fn transfer(args: &RailsBenchArgs, source: &HostBuffer, rails: &[Rail]) -> Result<SendReport> {
-    let cfg = TcpSendConfig {
-        peer: rails[0].remote,
-        bytes: args.size,
-        chunk: args.chunk.min(args.size),
-        depth: 16,
-        streams: args.streams,
-        timeout: args.timeout,
-        progress: false,
-        protocol_version: host::transfer::header::VERSION,
-        key: None,
-        payload: host::transfer::PayloadOptions::default(),
-        rails: rails.to_vec(),
-        rail_timeout: args.rail_timeout,
-        test_silent_rail: None,
-    };
-    let mut reports = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
-    let report = reports.pop().context("the sender reported no transfer")?;
+/// One rail's two ends, for the JSON and the errors.
+struct RailName {
+    /// TCP: the local address (or "route" when the route picks it); RDMA: the device.
+    local: String,
+    remote: String,
+}
+
+/// How the rails are driven: TCP sockets or RDMA queue pairs.
+trait RailsTransport {
+    fn rails(&self) -> Vec<RailName>;
+    /// One transfer over the rails `which` (one: that rail alone; several: striped).
+    fn transfer(&mut self, which: &[usize]) -> Result<SendReport>;
+    fn describe(&self) -> &'static str;
+    /// The transport's own settings for the JSON.
+    fn settings(&self) -> Vec<(&'static str, serde_json::Value)>;
+}
+
+/// The receiver verified the transfer, or why not.
+fn verified(report: SendReport) -> Result<SendReport> {
     match &report.receiver {
         Some(v) if v.ok() => Ok(report),
         Some(v) => bail!("the receiver did not verify the transfer: {:?}", v.status),
@@ -114,7 +120,7 @@ fn transfer(args: &RailsBenchArgs, source: &HostBuffer, rails: &[Rail]) -> Resul
 }
 
 /// A striped transfer counts only if every rail took part to the end.
-fn check_every_rail_carried(report: &SendReport) -> Result<()> {
+fn every_rail_carried(report: SendReport) -> Result<SendReport> {
     for r in &report.rails {
         if let Some(why) = &r.left_out {
             bail!("rail {} ({}) was left out: {why}", r.rail, r.remote);
@@ -122,6 +128,169 @@ fn check_every_rail_carried(report: &SendReport) -> Result<()> {
         if let Some(why) = &r.failed {
             bail!("rail {} ({}) failed: {why}", r.rail, r.remote);
         }
+        if r.chunks == 0 {
+            bail!("rail {} ({}) carried no chunk", r.rail, r.remote);
+        }
     }
-    Ok(())
+    Ok(report)
+}
+
+/// TCP rails: one socket set per local interface.
+struct Tcp<'a> {
+    args: &'a RailsBenchArgs,
+    rails: Vec<Rail>,
+    source: HostBuffer,
+}
+
+impl<'a> Tcp<'a> {
+    fn new(args: &'a RailsBenchArgs, remotes: &[SocketAddr]) -> Result<Self> {
+        let rails = rails_of(remotes, &args.bind_interfaces).map_err(anyhow::Error::msg)?;
+        if rails.len() < 2 {
+            bail!("one rail: give several receiver addresses (a comma list) or several --bind-interfaces (TCP), or --nic a,b with two addresses (RDMA)");
+        }
+        let source = HostBuffer::with_pattern(usize::try_from(args.size)?)?;
+        Ok(Tcp {
+            args,
+            rails,
+            source,
+        })
+    }
+}
+
+impl RailsTransport for Tcp<'_> {
+    fn rails(&self) -> Vec<RailName> {
+        self.rails
+            .iter()
+            .map(|r| RailName {
+                local: r.label(),
+                remote: r.remote.to_string(),
+            })
+            .collect()
+    }
+
+    fn transfer(&mut self, which: &[usize]) -> Result<SendReport> {
+        let args = self.args;
+        let rails: Vec<Rail> = which.iter().map(|&k| self.rails[k]).collect();
+        let cfg = TcpSendConfig {
+            peer: rails[0].remote,
+            bytes: args.size,
+            chunk: args.chunk.min(args.size),
+            depth: 16,
+            streams: args.streams,
+            timeout: args.timeout,
+            progress: false,
+            protocol_version: host::transfer::header::VERSION,
+            key: None,
+            payload: host::transfer::PayloadOptions::default(),
+            rails,
+            rail_timeout: args.rail_timeout,
+            test_silent_rail: None,
+        };
+        let mut reports = tcp::send_repeated(&cfg, &self.source, &AttemptLog::default(), 1)?;
+        reports.pop().context("the sender reported no transfer")
+    }
+
+    fn describe(&self) -> &'static str {
+        "tcp rails: each rail alone and all rails striped, to a running receiver, rounds interleaved"
+    }
+
+    fn settings(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let bind: Vec<String> = self
+            .args
+            .bind_interfaces
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        vec![
+            ("bind_interfaces", json!(bind)),
+            ("streams_per_rail", json!(self.args.streams)),
+        ]
+    }
+}
+
+/// RDMA rails: one queue pair per device, the same host memory registered on each.
+struct Verbs<'a> {
+    args: &'a RailsBenchArgs,
+    targets: Vec<RailTarget>,
+    memory: SendMemory,
+}
+
+impl<'a> Verbs<'a> {
+    fn new(args: &'a RailsBenchArgs, nics: &NicList, remotes: &[SocketAddr]) -> Result<Self> {
+        if nics.0.len() < 2 || nics.0.len() != remotes.len() {
+            bail!(
+                "--nic names {} device(s) and <IP> {} address(es): RDMA rails need two or more of each, as many of one as of the other (rail k goes from the k-th device to the k-th address)",
+                nics.0.len(),
+                remotes.len()
+            );
+        }
+        // The same check a striped send makes: each device is there, with its port.
+        let here = host::rails::sysfs::here().map_err(anyhow::Error::msg)?;
+        let ids = host::rails::resolve_nic_list(nics, &here).map_err(anyhow::Error::msg)?;
+        let targets = ids
+            .iter()
+            .zip(remotes)
+            .map(|(id, &peer)| RailTarget {
+                peer,
+                nic: Some(id.device.clone()),
+            })
+            .collect();
+        let size = usize::try_from(args.size)?;
+        let chunk = usize::try_from(args.chunk.min(args.size))?;
+        // Host memory read in place: striping takes it, and no GPU plays a part.
+        let plan = Plan {
+            attempts: vec![Method::Host],
+            left_out: Vec::new(),
+        };
+        let gpu = GpuChoice::open(GpuSelection::None, host::memory::select::MemKind::Host)?;
+        Ok(Verbs {
+            args,
+            targets,
+            memory: SendMemory::new(plan, gpu, size, chunk),
+        })
+    }
+}
+
+impl RailsTransport for Verbs<'_> {
+    fn rails(&self) -> Vec<RailName> {
+        self.targets
+            .iter()
+            .map(|t| RailName {
+                local: t.nic.clone().unwrap_or_default(),
+                remote: t.peer.to_string(),
+            })
+            .collect()
+    }
+
+    fn transfer(&mut self, which: &[usize]) -> Result<SendReport> {
+        let args = self.args;
+        let rails: Vec<RailTarget> = which.iter().map(|&k| self.targets[k].clone()).collect();
+        let cfg = rdma::SendConfig {
+            peer: rails[0].peer,
+            op: Op::Write,
+            bytes: args.size,
+            nic: rails[0].nic.clone(),
+            chunk: args.chunk,
+            depth: args.depth,
+            timeout: args.timeout,
+            busy_poll: false,
+            progress: false,
+            protocol_version: host::transfer::header::VERSION,
+            key: None,
+            payload: host::transfer::PayloadOptions::default(),
+            // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.
+            rails: if rails.len() > 1 { rails } else { Vec::new() },
+            rail_timeout: args.rail_timeout,
+        };
+        Ok(rdma::send(&cfg, &mut self.memory)?)
+    }
+
+    fn describe(&self) -> &'static str {
+        "rdma rails: each rail alone and all rails striped (RDMA WRITE_WITH_IMM from host memory), to a running receiver, rounds interleaved"
+    }
+
+    fn settings(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let nics: Vec<String> = self.targets.iter().filter_map(|t| t.nic.clone()).collect();
+        vec![("nic", json!(nics)), ("depth", json!(self.args.depth))]
+    }
 }

@@ -120,7 +120,10 @@ pub struct RailReport {
     /// The local address its sockets start from (or the route's, unnamed).
     pub local: Option<String>,
     pub remote: String,
-    /// Bytes and chunks written to its sockets in this transfer.
+    /// Bytes and chunks this rail carried in this transfer: over TCP, written to its
+    /// sockets; over verbs, chunks whose completion on this rail was the first (so the
+    /// rails add up to the transfer, and a failed rail is not credited with the chunks
+    /// it handed back).
     pub bytes: u64,
     pub chunks: u64,
     /// Of those chunks, second sendings: a failed rail's chunks in flight, chunks the

@@ -72,6 +72,15 @@ case_striped() {
   stop receiver
 }
 
+# host bench rails over the two verbs rails: each alone, then both striped, interleaved;
+# every transfer verified (in the guest the rate is rxe's CPU, not a NIC's: informational).
+case_bench() {
+  receiver
+  run bench 240 host bench rails "$A,$B" 7471 --nic rxe0,rxe1 --size 64MiB --rounds 2 --timeout 10
+  wait_outcomes receiver 6 30
+  stop receiver
+}
+
 # veth2 goes down in the middle: rail 1 fails (the port-down event), its chunks in flight
 # go to rail 0, the transfer verifies.
 case_failover() {
@@ -140,7 +149,7 @@ else
   echo "@@VAL second_rail=failed@@"
   $RDMA link show 2>&1
 fi
-ALL="striped failover back_up one_rail_unchanged key"
+ALL="striped bench failover back_up one_rail_unchanged key"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

@@ -14,9 +14,12 @@
 //!   sources without a staging ring).
 //! - **Stall beyond detection**: from the failure's detection until the last of the
 //!   chunks it moved completed on another rail.
+//! - **Credit.** A chunk counts for the rail whose completion made it done, not for every
+//!   rail it was posted on: the per-rail chunks and bytes add up to the transfer, and a
+//!   failed rail is not credited with the chunks it handed back.
 
 use crate::transfer::header::{Join, RejectReason};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,18 +33,28 @@ pub struct RailFailure {
 /// One rail as the sender sees it in one transfer.
 #[derive(Debug)]
 struct Book {
-    in_flight: BTreeSet<u64>,
+    /// Chunks posted here and not completed, by index.
+    in_flight: BTreeMap<u64, Flight>,
     last_progress: Instant,
     failed: Option<RailFailure>,
+    /// Chunks this rail completed first, and their bytes.
     bytes: u64,
     chunks: u64,
-    /// Of `chunks`, ones another rail had carried before (moved here).
+    /// Of `chunks`, ones another rail had been given before (moved here).
     resends: u64,
     moved: u64,
-    /// The failure's moved chunks not yet completed elsewhere, and the stall once they all
-    /// did.
-    moved_left: BTreeSet<u64>,
+    /// The failure's moved chunks (with their lengths) not yet completed anywhere, and the
+    /// stall once they all did.
+    moved_left: BTreeMap<u64, Flight>,
     stall: Option<Duration>,
+}
+
+/// One chunk posted on a rail.
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    bytes: u64,
+    /// Posted on another rail before.
+    again: bool,
 }
 
 /// The sender's rails of one transfer.
@@ -56,8 +69,11 @@ pub struct RailBook {
 /// What one rail carried, for the report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Carried {
+    /// Chunks (and their bytes) this rail's completion made done: over all rails they add
+    /// up to the transfer.
     pub bytes: u64,
     pub chunks: u64,
+    /// Of `chunks`, ones another rail failed with before.
     pub resends: u64,
     pub moved: u64,
     pub failed: Option<RailFailure>,
@@ -67,14 +83,14 @@ pub struct Carried {
 impl RailBook {
     pub fn new(rails: usize, chunks: u64, now: Instant) -> RailBook {
         let book = || Book {
-            in_flight: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
             last_progress: now,
             failed: None,
             bytes: 0,
             chunks: 0,
             resends: 0,
             moved: 0,
-            moved_left: BTreeSet::new(),
+            moved_left: BTreeMap::new(),
             stall: None,
         };
         RailBook {
@@ -102,16 +118,18 @@ impl RailBook {
             // A rail that was idle has not been stalling.
             b.last_progress = now.max(b.last_progress);
         }
-        b.in_flight.insert(index);
-        b.bytes += bytes;
-        b.chunks += 1;
-        b.resends += again as u64;
+        b.in_flight.insert(index, Flight { bytes, again });
     }
 
-    /// Chunk `index` completed on `rail` at `now`; true if it was not done before.
+    /// Chunk `index` completed on `rail` at `now`; true if it was not done before (then
+    /// `rail` is credited with it).
     pub fn completed(&mut self, rail: usize, index: u64, now: Instant) -> bool {
         let b = &mut self.rails[rail];
-        b.in_flight.remove(&index);
+        // A failed rail's late completion: the chunk is among those it handed back.
+        let flight = b
+            .in_flight
+            .remove(&index)
+            .or_else(|| b.moved_left.get(&index).copied());
         b.last_progress = now;
         let Some(slot) = self.done.get_mut(index as usize) else {
             return false;
@@ -119,11 +137,19 @@ impl RailBook {
         if std::mem::replace(slot, true) {
             return false;
         }
+        let b = &mut self.rails[rail];
+        b.chunks += 1;
+        // A completion of a chunk never posted here would be the caller's bug: the chunk
+        // is done all the same, with no bytes to credit.
+        if let Some(f) = flight {
+            b.bytes += f.bytes;
+            b.resends += f.again as u64;
+        }
         while self.done.get(self.through as usize) == Some(&true) {
             self.through += 1;
         }
         for b in &mut self.rails {
-            if b.moved_left.remove(&index) && b.moved_left.is_empty() {
+            if b.moved_left.remove(&index).is_some() && b.moved_left.is_empty() {
                 if let Some(f) = &b.failed {
                     b.stall = Some(now.saturating_duration_since(f.at));
                 }
@@ -140,16 +166,15 @@ impl RailBook {
             return Vec::new();
         }
         b.failed = Some(RailFailure { why, at: now });
-        let moved: Vec<u64> = std::mem::take(&mut b.in_flight)
+        b.moved_left = std::mem::take(&mut b.in_flight)
             .into_iter()
-            .filter(|&i| !self.done.get(i as usize).copied().unwrap_or(true))
+            .filter(|&(i, _)| !self.done.get(i as usize).copied().unwrap_or(true))
             .collect();
-        b.moved = moved.len() as u64;
-        b.moved_left = moved.iter().copied().collect();
-        if moved.is_empty() {
+        b.moved = b.moved_left.len() as u64;
+        if b.moved_left.is_empty() {
             b.stall = Some(Duration::ZERO);
         }
-        moved
+        b.moved_left.keys().copied().collect()
     }
 
     /// A live rail that has had chunks in flight and no completion for `timeout` while
@@ -358,7 +383,8 @@ mod tests {
         assert!(book.completed(0, 0, at(2, t0)));
         assert_eq!(book.done_through(), Some(1));
         assert!(!book.completed(0, 0, at(3, t0)), "a copy is not news");
-        assert_eq!(book.carried(0).chunks, 2);
+        assert_eq!(book.carried(0).chunks, 1, "chunk 2 is still in flight");
+        assert_eq!(book.carried(1).bytes, 10);
     }
 
     #[test]
@@ -378,7 +404,6 @@ mod tests {
         for &i in &moved {
             book.posted(0, i, 1, true, t0);
         }
-        assert_eq!(book.carried(0).resends, 2);
         book.completed(0, 3, at(20, t0));
         assert_eq!(book.carried(1).stall, None, "chunk 5 is still out");
         // A late completion on the failed rail counts as done too.
@@ -389,7 +414,20 @@ mod tests {
         for i in [0, 2, 4] {
             book.completed(0, i, at(30, t0));
         }
+        assert!(
+            !book.completed(0, 5, at(31, t0)),
+            "the moved copy lands second"
+        );
         assert_eq!(book.done_through(), Some(5));
+        // Credit goes to the completion that made a chunk done: rail 1 finished 1 and 5,
+        // rail 0 the rest, and the moved chunk 3; the counts add up to the transfer.
+        let (c0, c1) = (book.carried(0), book.carried(1));
+        assert_eq!((c0.chunks, c1.chunks), (4, 2));
+        assert_eq!(c0.bytes + c1.bytes, 6);
+        assert_eq!(
+            c0.resends, 1,
+            "of the two moved here, only chunk 3 landed first here"
+        );
         let mut lone = RailBook::new(1, 1, t0);
         lone.fail(0, "x".into(), t0);
         assert_eq!(lone.pick(), None, "no rail left");
