@@ -30,6 +30,11 @@
 #                        when a guest falls behind, so its MTU defaults to
 #                        1500 (with 9000, rxe's retransmissions never catch up).
 #   --mtu N              MTU of the rxe netdev (default 9000; 1500 for udp).
+#   --nics 1|2           (two only, stream link) virtio NICs per guest: with 2,
+#                        eth1 of a and eth1 of b are joined by a second Unix
+#                        stream socket, a link of their own (a second rail).
+#                        The guests only see eth1 appear: SCRIPT configures it
+#                        (see scenarios/rails-two.sh).
 #   --kill-b-after SECS  (two only) SIGKILL guest b's QEMU SECS seconds after
 #                        its SCRIPT started: a receiver host that vanishes.
 #   --log-dir DIR        keep the raw console logs here (a.log, b.log, and
@@ -78,7 +83,7 @@ say() { echo "$ME: $*" >&2; }
 # =============================================================================
 # Arguments
 # =============================================================================
-TOPOLOGY=one TIMEOUT=300 MEM="" SMP="" MTU="" LINK=stream
+TOPOLOGY=one TIMEOUT=300 MEM="" SMP="" MTU="" LINK=stream NICS=1
 KILL_B_AFTER="" LOG_DIR="" QUIET=0
 BINS=() ENVS=() QEMU_EXTRA=()
 need_value() { [[ $# -ge 2 ]] || die_usage "$1 needs a value"; }
@@ -92,6 +97,7 @@ while [[ $# -gt 0 ]]; do
     --smp)          need_value "$@"; SMP=$2; shift 2 ;;
     --link)         need_value "$@"; LINK=$2; shift 2 ;;
     --mtu)          need_value "$@"; MTU=$2; shift 2 ;;
+    --nics)         need_value "$@"; NICS=$2; shift 2 ;;
     --kill-b-after) need_value "$@"; KILL_B_AFTER=$2; shift 2 ;;
     --log-dir)      need_value "$@"; LOG_DIR=$2; shift 2 ;;
     --qemu-arg)     need_value "$@"; QEMU_EXTRA+=("$2"); shift 2 ;;
@@ -112,6 +118,10 @@ if [[ -z $MTU ]]; then
   if [[ $TOPOLOGY == two && $LINK == udp ]]; then MTU=1500; else MTU=9000; fi
 fi
 [[ $MTU =~ ^[0-9]+$ ]] || die_usage "--mtu needs a number"
+[[ $NICS == 1 || $NICS == 2 ]] || die_usage "--nics must be 1 or 2"
+if [[ $NICS == 2 ]]; then
+  [[ $TOPOLOGY == two && $LINK == stream ]] || die_usage "--nics 2 needs --topology two (and --link stream)"
+fi
 if [[ -n $KILL_B_AFTER ]]; then
   [[ $TOPOLOGY == two ]] || die_usage "--kill-b-after needs --topology two"
   [[ $KILL_B_AFTER =~ ^[0-9]+$ ]] || die_usage "--kill-b-after needs whole seconds"
@@ -332,6 +342,13 @@ start_guest() {
       # host_mtu lets the guest use MTU > 1500; romfile= skips the iPXE ROM.
       -device "virtio-net-pci,netdev=n0,mac=$mac,host_mtu=$MTU,romfile="
     )
+    if [[ $NICS == 2 ]]; then
+      # The second link, like the first: a listens, b connects.
+      args+=(
+        -netdev "stream,id=n1,server=$server,addr.type=unix,addr.path=$WORK/link2.sock"
+        -device "virtio-net-pci,netdev=n1,mac=${mac%:*}:1${mac##*:0},host_mtu=$MTU,romfile="
+      )
+    fi
   fi
 
   : > "$LOG_DIR/$g.log"
@@ -365,7 +382,7 @@ elif [[ $LINK == stream ]]; then
   start_guest a
   # b connects to a's socket, so a must be listening first (bounded wait).
   for ((i = 0; i < 100; i++)); do
-    [[ -S $WORK/link.sock ]] && break
+    [[ -S $WORK/link.sock ]] && { [[ $NICS == 1 ]] || [[ -S $WORK/link2.sock ]]; } && break
     kill -0 "${QPID[a]}" 2>/dev/null || break
     sleep 0.1
   done

@@ -105,6 +105,13 @@ const RAILS: Spec = Spec {
     timeout_s: 600,
     extra: &[],
 };
+const RAILS_TWO: Spec = Spec {
+    what: "topology two with two links, verbs rails between two guests",
+    topology: "two",
+    script: "rails-two.sh",
+    timeout_s: 600,
+    extra: &["--nics", "2"],
+};
 const FILES: Spec = Spec {
     what: "topology one, the user's files over verbs (a guest of 6 GiB)",
     topology: "one",
@@ -205,6 +212,11 @@ fn checksums(test: &str) -> Option<&'static Run> {
 fn rails(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&RAILS)))
+}
+
+fn rails_two(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(test, RUN.get_or_init(|| run(&RAILS_TWO)))
 }
 
 fn files(test: &str) -> Option<&'static Run> {
@@ -2188,6 +2200,13 @@ fn striped_transfer(c: &Case, label: &str) -> serde_json::Value {
     let it = c.iterations(label);
     c.check(it.len() == 1, &format!("`{label}`: one transfer"));
     let t = it[0].clone();
+    check_striped(c, label, &t);
+    t
+}
+
+/// One transfer `t` of a sender with two rails: verified, a report for each rail, and
+/// the rails' chunks and bytes adding up to the transfer.
+fn check_striped(c: &Case, label: &str, t: &serde_json::Value) {
     c.check(
         t["receiver"]["status"] == "verified",
         &format!("`{label}`: {}", t["receiver"]),
@@ -2207,7 +2226,6 @@ fn striped_transfer(c: &Case, label: &str) -> serde_json::Value {
             t["chunks"], t["rails"]
         ),
     );
-    t
 }
 
 fn rail_chunks(t: &serde_json::Value, rail: usize) -> u64 {
@@ -2420,6 +2438,197 @@ fn rails_back_up_verifies_and_both_rails_carry_again_once_rxe1_is_made_anew() {
             &format!("rail {rail} carried chunks again: {}", t["rails"]),
         );
     }
+}
+
+// --- rails-two.sh: verbs rails between two guests, a link each (issue 19) ---------------
+
+/// Both rails of transfer `t` carried chunks.
+fn both_rails_carried(c: &Case, label: &str, t: &serde_json::Value) {
+    for rail in 0..2 {
+        c.check(
+            rail_chunks(t, rail) > 0 && t["rails"][rail]["failures"] == 0,
+            &format!("`{label}`: rail {rail} carried chunks: {}", t["rails"]),
+        );
+    }
+}
+
+/// Rail 1 of transfer `t` was left out, for a reason containing `why`, and rail 0
+/// carried every chunk.
+fn rail_1_left_out(c: &Case, label: &str, t: &serde_json::Value, why: &str) {
+    let reason = t["rails"][1]["left_out"].as_str().unwrap_or("");
+    c.check(
+        reason.contains(why),
+        &format!("`{label}`: rail 1 left out ({why}): {}", t["rails"]),
+    );
+    c.check(
+        Some(rail_chunks(t, 0)) == t["chunks"].as_u64(),
+        &format!("`{label}`: rail 0 carried it all: {}", t["rails"]),
+    );
+}
+
+#[test]
+fn rails_two_guests_a_transfer_is_striped_over_both_links() {
+    let Some(run) = rails_two("rails_two_guests_a_transfer_is_striped_over_both_links") else {
+        return;
+    };
+    let c = run.case('a', "striped");
+    let t = striped_transfer(c, "sender");
+    c.check(t["bytes"] == 256u64 << 20, "256 MiB");
+    both_rails_carried(c, "sender", &t);
+    let b = run.case('b', "striped");
+    b.still_serving("receiver");
+    let got = b
+        .json("receiver")
+        .into_iter()
+        .find(|d| d["event"] == "completed")
+        .unwrap_or_else(|| b.fail("the receiver reported no completed transfer"));
+    let r = &got["report"]["striped"]["rails"];
+    for rail in 0..2 {
+        b.check(
+            r[rail]["chunks"].as_u64() == Some(rail_chunks(&t, rail)),
+            &format!("the receiver counted the sender's chunks on rail {rail}: {r}"),
+        );
+    }
+    note(&format!(
+        "rails-two/striped: 256 MiB over two links at {:.3} GB/s, chunks {} + {}",
+        t["gb_per_s"].as_f64().unwrap_or(0.0),
+        rail_chunks(&t, 0),
+        rail_chunks(&t, 1)
+    ));
+}
+
+#[test]
+fn rails_two_guests_a_link_down_under_traffic_fails_over_and_the_next_transfer_takes_rail_0() {
+    let Some(run) = rails_two(
+        "rails_two_guests_a_link_down_under_traffic_fails_over_and_the_next_transfer_takes_rail_0",
+    ) else {
+        return;
+    };
+    let c = run.case('a', "failover");
+    c.check(
+        c.vals.get("rxe1_state_after_down").map(String::as_str) == Some("1: DOWN"),
+        "a's rxe1 port went DOWN with eth1",
+    );
+    c.rc("sender", 0);
+    c.ended_by_itself("sender");
+    c.no_error("sender");
+    let it = c.iterations("sender");
+    c.check(it.len() == 2, "two transfers (--iters 2)");
+    let (first, second) = (&it[0], &it[1]);
+    check_striped(c, "sender", first);
+    let failed = &first["rails"][1];
+    c.check(
+        failed["failures"] == 1 && failed["failed"].is_string(),
+        &format!("rail 1 failed, with a reason: {failed}"),
+    );
+    let stall = failed["stall_beyond_detection_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| c.fail(&format!("no stall measured: {failed}")));
+    c.check(
+        stall <= 1.0,
+        &format!("stall beyond detection {stall} s > 1 s"),
+    );
+    c.find(
+        "sender",
+        0,
+        "iteration 1/2: failover: rail 1 (rxe1:1) failed after ",
+        &["stalled "],
+    );
+    // The same process, the next transfer: rail 1 rests or its link is down; rail 0
+    // carries it unstriped (a receiver refuses a striped offer of one rail).
+    check_striped(c, "sender", second);
+    let reason = second["rails"][1]["left_out"].as_str().unwrap_or("");
+    c.check(
+        reason.starts_with("resting") || reason.starts_with("not opened"),
+        &format!("the second transfer left rail 1 out: {}", second["rails"]),
+    );
+    rail_1_left_out(c, "sender", second, "");
+    let b = run.case('b', "failover");
+    b.still_serving("receiver");
+    note(&format!(
+        "rails-two/failover: rail 1 failed after {:.3} s ({}), {} chunks moved, stall beyond detection {stall:.3} s; the next transfer: rail 1 {reason}",
+        failed["failed_after_seconds"].as_f64().unwrap_or(0.0),
+        failed["failed"].as_str().unwrap_or("?"),
+        failed["moved_chunks"]
+    ));
+}
+
+#[test]
+fn rails_two_guests_after_the_link_is_back_both_rails_carry_again() {
+    let Some(run) = rails_two("rails_two_guests_after_the_link_is_back_both_rails_carry_again")
+    else {
+        return;
+    };
+    let c = run.case('a', "back_up");
+    c.check(
+        c.vals.get("rail1_back").map(String::as_str) == Some("yes"),
+        "a's rxe1 ACTIVE again, with its GID, and b's second address answers",
+    );
+    // Soft-RoCE: an rxe whose link went down under traffic receives nothing after it is
+    // back (its counters show it), so rail 1 may not join: then rail 0 carries the
+    // transfer, saying why.
+    let first = striped_transfer(c, "first");
+    let joined = first["rails"][1]["left_out"].is_null();
+    if joined {
+        both_rails_carried(c, "first", &first);
+    } else {
+        rail_1_left_out(c, "first", &first, "did not join");
+        c.check(
+            c.val("rxe1_rcvd_first") == 0.0 && c.val("rxe1_sent_first") > 0.0,
+            "rail 1 did not join, and a's rxe1 sent its request but received nothing",
+        );
+    }
+    note(&format!(
+        "rails-two/back_up: right after the link came back, rail 1 {}",
+        if joined {
+            "joined".to_string()
+        } else {
+            format!(
+                "did not join (a's rxe1: {} packets sent, {} received)",
+                c.val("rxe1_sent_first"),
+                c.val("rxe1_rcvd_first")
+            )
+        }
+    ));
+    c.check(
+        c.vals.get("rxe1_anew").map(String::as_str) == Some("yes"),
+        "rxe1 made anew, with its GID",
+    );
+    let again = striped_transfer(c, "again");
+    both_rails_carried(c, "again", &again);
+    run.case('b', "back_up").still_serving("receiver");
+}
+
+#[test]
+fn rails_two_guests_an_idle_link_flap_leaves_rail_1_out_and_then_in() {
+    let Some(run) = rails_two("rails_two_guests_an_idle_link_flap_leaves_rail_1_out_and_then_in")
+    else {
+        return;
+    };
+    let c = run.case('a', "down_then_up");
+    c.check(
+        c.vals.get("rxe1_state_down").map(String::as_str) == Some("1: DOWN"),
+        "a's rxe1 port DOWN with eth1",
+    );
+    // Naming a device that is down is an error before anything is sent.
+    c.rc("refused", 1);
+    c.one_error("refused", "error: --nic rxe1: no port of it is ACTIVE");
+    // Routes pick the devices: rail 1's cannot be resolved; rail 0 carries it.
+    let down = striped_transfer(c, "while_down");
+    rail_1_left_out(c, "while_down", &down, "not opened");
+    c.check(
+        c.vals.get("rail1_back").map(String::as_str) == Some("yes"),
+        "a's rxe1 ACTIVE again, with its GID",
+    );
+    let up = striped_transfer(c, "after_up");
+    both_rails_carried(c, "after_up", &up);
+    run.case('b', "down_then_up").still_serving("receiver");
+    note(&format!(
+        "rails-two/down_then_up: while down, rail 1 {}; after up, chunks {} + {}",
+        down["rails"][1]["left_out"].as_str().unwrap_or("?"),
+        rail_chunks(&up, 0),
+        rail_chunks(&up, 1)
+    ));
 }
 
 #[test]

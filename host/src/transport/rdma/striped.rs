@@ -100,46 +100,55 @@ pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, Tra
     };
     match striped {
         Striped::Done(report) => Ok(report),
-        Striped::Ring => one_rail(cfg, memory),
+        Striped::OneRail(others) => one_rail(cfg, memory, others),
     }
 }
 
-/// How [`attempt`] ended: the transfer, or a memory path that cannot be striped.
+/// How [`attempt`] ended: the transfer, or a reason to send over rail 0 alone.
 // The report is much larger than the other variant, but there is one of it per transfer.
 #[allow(clippy::large_enum_variant)]
 enum Striped {
     Done(SendReport),
-    /// The source stages its data through a ring (`--mem staged`): not striped.
-    Ring,
+    /// Not striped, with the report of every other rail (why it is left out): the source
+    /// stages its data through a ring (`--mem staged`), or no other rail could be
+    /// opened, registered or taken (resting after a failure). A striped offer names two
+    /// rails at least; a receiver refuses one of one rail.
+    OneRail(Vec<RailReport>),
 }
 
 /// Why a staging ring is not striped (see the module documentation).
 const RING_WHY: &str =
     "not striped: the memory path stages the data through a ring (striping needs it in place)";
 
-/// The transfer over rail 0 alone, unstriped; the other rails reported left out.
-fn one_rail(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+/// The transfer over rail 0 alone, unstriped; `others`: the other rails, left out.
+fn one_rail(
+    cfg: &SendConfig,
+    memory: &mut SendMemory,
+    mut others: Vec<RailReport>,
+) -> Result<SendReport, TransferError> {
     let mut single = cfg.clone();
     single.rails.clear();
     single.peer = cfg.rails[0].peer;
     single.nic = cfg.rails[0].nic.clone();
     let mut report = super::sender::send(&single, memory)?;
-    report.rails = cfg
-        .rails
-        .iter()
-        .enumerate()
-        .map(|(k, t)| match k {
-            0 => RailReport {
-                bytes: report.bytes,
-                chunks: report.chunks,
-                left_out: None,
-                local: report.device.clone(),
-                ..left_out(0, t, String::new())
-            },
-            _ => left_out(k, t, RING_WHY.into()),
-        })
-        .collect();
+    let first = RailReport {
+        bytes: report.bytes,
+        chunks: report.chunks,
+        left_out: None,
+        local: report.device.clone(),
+        ..left_out(0, &cfg.rails[0], String::new())
+    };
+    others.retain(|r| r.rail != 0);
+    others.push(first);
+    others.sort_by_key(|r| r.rail);
+    report.rails = others;
     Ok(report)
+}
+
+/// Every rail but rail 0, left out for `why`.
+fn all_but_rail_0(cfg: &SendConfig, why: &str) -> Vec<RailReport> {
+    let rails = cfg.rails.iter().enumerate().skip(1);
+    rails.map(|(k, t)| left_out(k, t, why.into())).collect()
 }
 
 fn striped_offer(
@@ -221,12 +230,16 @@ fn attempt(
         }
     }
 
+    if opened.len() < 2 {
+        // Nothing was connected yet: rail 0 carries the transfer alone.
+        return Ok(Striped::OneRail(reports));
+    }
+
     // --- the memory: chosen on rail 0's device, registered on every rail's -----------
     let making_before = memory.making_time();
     let (source, memory_log, making) = choose_source(&opened[0].res, memory, making_before)?;
     if source.max_chunks_in_flight().is_some() {
-        // Nothing was connected yet: rail 0 carries the transfer alone.
-        return Ok(Striped::Ring);
+        return Ok(Striped::OneRail(all_but_rail_0(cfg, RING_WHY)));
     }
     let mut mrs: Vec<MemoryRegion> = Vec::new();
     let mut kept: Vec<Opened> = Vec::new();
@@ -239,6 +252,9 @@ fn attempt(
             Err(e) if o.rail == 0 => return Err(e),
             Err(e) => reports.push(left_out(o.rail, &o.target, format!("not registered: {e}"))),
         }
+    }
+    if kept.len() < 2 {
+        return Ok(Striped::OneRail(reports));
     }
     let opened = kept;
     let schedule = {
