@@ -2632,6 +2632,43 @@ fn rails_two_guests_an_idle_link_flap_leaves_rail_1_out_and_then_in() {
 }
 
 #[test]
+fn rails_two_guests_a_silent_far_end_fails_rail_1_by_the_rail_timeout() {
+    let Some(run) = rails_two("rails_two_guests_a_silent_far_end_fails_rail_1_by_the_rail_timeout")
+    else {
+        return;
+    };
+    let c = run.case('a', "far_end_down");
+    let t = striped_transfer(c, "sender");
+    let failed = &t["rails"][1];
+    // b's link went down: a's rxe1 got no event, only silence.
+    let why = failed["failed"].as_str().unwrap_or("");
+    c.check(
+        failed["failures"] == 1 && why.starts_with("no completion for 0.500 s"),
+        &format!("rail 1 failed by the rail timeout: {failed}"),
+    );
+    let stall = failed["stall_beyond_detection_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| c.fail(&format!("no stall measured: {failed}")));
+    c.check(
+        stall <= 1.0,
+        &format!("stall beyond detection {stall} s > 1 s"),
+    );
+    let b = run.case('b', "far_end_down");
+    b.still_serving("receiver");
+    b.find(
+        "receiver",
+        0,
+        "rails: rail 0 from ",
+        &["stopped: port 1 of RDMA device rxe1 went down"],
+    );
+    note(&format!(
+        "rails-two/far_end_down: rail 1 failed after {:.3} s ({why}), {} chunks moved, stall beyond detection {stall:.3} s",
+        failed["failed_after_seconds"].as_f64().unwrap_or(0.0),
+        failed["moved_chunks"]
+    ));
+}
+
+#[test]
 fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
     let Some(run) = rails("rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail")
     else {

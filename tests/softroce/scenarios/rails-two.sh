@@ -157,6 +157,28 @@ case_down_then_up() {
   fi
 }
 
+# b's eth1 goes down in the middle of a 256 MiB transfer: a's rxe1 stays ACTIVE and gets
+# no event; its packets go out and nothing comes back. a learns it only from silence:
+# rail 1 fails by --rail-timeout (0.5 s without a completion while rail 0 completes),
+# before rxe's own retries would end in an error. Last: b's rxe1 is not trusted after.
+case_far_end_down() {
+  if [ "$ROLE" = b ]; then
+    local base
+    base=$(rcvd1)
+    receiver 7486
+    until [ $(($(rcvd1) - base)) -ge 4096 ] || ! alive "$(pid_of receiver)"; do sleep 0.01; done
+    mark down_at
+    val rail1_packets_before_down $(($(rcvd1) - base))
+    $IP link set eth1 down
+    wait_outcomes receiver 2 240
+    stop receiver
+  else
+    send_retry ready 90 host "$PEER_ADDR" 7486 --gpu none --transport rdma --size 1MiB --timeout 10
+    run sender 180 host "$RAILS" 7486 --nic rxe0,rxe1 --op write --gpu none --transport rdma \
+      --timeout 10 --json --size 256MiB --chunk 256KiB --rail-timeout 0.5
+  fi
+}
+
 if second_rail; then
   val second_rail rxe1
 else
@@ -164,7 +186,7 @@ else
   $RDMA link show 2>&1
   $IP addr show eth1 2>&1
 fi
-ALL="striped failover back_up down_then_up"
+ALL="striped failover back_up down_then_up far_end_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"
