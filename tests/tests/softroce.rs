@@ -2669,6 +2669,52 @@ fn rails_two_guests_a_silent_far_end_fails_rail_1_by_the_rail_timeout() {
 }
 
 #[test]
+fn rails_two_guests_rail_0_going_down_fails_over_like_any_rail_and_the_ack_comes_on_rail_1() {
+    let Some(run) = rails_two(
+        "rails_two_guests_rail_0_going_down_fails_over_like_any_rail_and_the_ack_comes_on_rail_1",
+    ) else {
+        return;
+    };
+    let c = run.case('a', "control_rail_down");
+    c.check(
+        c.vals.get("rxe0_state_after_down").map(String::as_str) == Some("1: DOWN"),
+        "a's rxe0 port went DOWN with eth0",
+    );
+    // Rail 0 carried the offer and the accept; the verdict had to come on rail 1.
+    let t = striped_transfer(c, "sender");
+    let failed = &t["rails"][0];
+    c.check(
+        failed["failures"] == 1 && failed["failed"].is_string(),
+        &format!("rail 0 failed, with a reason: {failed}"),
+    );
+    c.check(
+        t["rails"][1]["failures"] == 0 && rail_chunks(&t, 1) > 0,
+        &format!("rail 1 carried on: {}", t["rails"]),
+    );
+    let stall = failed["stall_beyond_detection_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| c.fail(&format!("no stall measured: {failed}")));
+    c.check(
+        stall <= 1.0,
+        &format!("stall beyond detection {stall} s > 1 s"),
+    );
+    c.find(
+        "sender",
+        0,
+        "failover: rail 0 (rxe0:1) failed after ",
+        &["stalled "],
+    );
+    let b = run.case('b', "control_rail_down");
+    b.still_serving("receiver");
+    note(&format!(
+        "rails-two/control_rail_down: rail 0 failed after {:.3} s ({}), {} chunks moved, stall beyond detection {stall:.3} s; verified with the ack on rail 1",
+        failed["failed_after_seconds"].as_f64().unwrap_or(0.0),
+        failed["failed"].as_str().unwrap_or("?"),
+        failed["moved_chunks"]
+    ));
+}
+
+#[test]
 fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
     let Some(run) = rails("rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail")
     else {

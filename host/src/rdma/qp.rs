@@ -241,6 +241,47 @@ impl<'r> QueuePair<'r> {
         Ok(())
     }
 
+    /// Post a signaled SEND of `data` inline (`IBV_SEND_INLINE`): the provider copies the
+    /// bytes into the send queue before it returns, so the NIC never reads `data` later,
+    /// no region is named, and nothing outlives this call: safe, unlike
+    /// [`post_send`](Self::post_send). At most the QP's `max_inline_data` bytes.
+    pub fn post_send_inline(&self, wr_id: u64, data: &[u8]) -> Result<(), RdmaError> {
+        if data.len() > self.caps.max_inline_data as usize {
+            return Err(RdmaError::InvalidArgument(format!(
+                "{} bytes inline exceed the queue pair's {}",
+                data.len(),
+                self.caps.max_inline_data
+            )));
+        }
+        // SAFETY: the QP's context is valid while self lives; `ops` is the provider's table.
+        let post = unsafe { (*(*self.raw.as_ptr()).context).ops.post_send }.ok_or(
+            RdmaError::Unsupported {
+                what: "ibv_post_send",
+            },
+        )?;
+        let mut sge = ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        // SAFETY: ibv_send_wr is plain data (pointers and integers); all-zero is valid.
+        let mut raw: ibv_send_wr = unsafe { std::mem::zeroed() };
+        raw.wr_id = wr_id;
+        raw.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        raw.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0 | ibv_send_flags::IBV_SEND_INLINE.0;
+        raw.sg_list = &mut sge;
+        raw.num_sge = 1;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; `raw` and `sge` live across the call; with IBV_SEND_INLINE the
+        // provider copies `data` (no longer than max_inline_data, checked) during the call
+        // and ignores the lkey, so nothing is read after it returns.
+        let ret = unsafe { post(self.raw.as_ptr(), &mut raw, &mut bad) };
+        if ret != 0 {
+            return Err(RdmaError::verb("ibv_post_send", "SEND (inline)", ret));
+        }
+        Ok(())
+    }
+
     /// Everything of one request but its links (SGE list and next).
     fn fill_send_wr(&self, wr: &SendWr, raw: &mut ibv_send_wr) -> Result<(), RdmaError> {
         raw.wr_id = wr.wr_id;

@@ -46,7 +46,8 @@ second_rail() {
   until_true 60 reaches_peer
 }
 
-# rxe1's packet counters: sent (rail 1's chunks, at the sender) and received.
+# Packet counters: rxe0's and rxe1's sent (a rail's chunks, at the sender), rxe1's received.
+sent0() { local n; read -r n < /sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts; echo "$n"; }
 sent1() { local n; read -r n < /sys/class/infiniband/rxe1/ports/1/hw_counters/sent_pkts; echo "$n"; }
 rcvd1() { local n; read -r n < /sys/class/infiniband/rxe1/ports/1/hw_counters/rcvd_pkts; echo "$n"; }
 
@@ -157,10 +158,34 @@ case_down_then_up() {
   fi
 }
 
+# a's eth0 (rail 0's link: the rail that carried the offer and the accept) goes down in
+# the middle of a 256 MiB transfer: rail 0 fails like any rail, its chunks move to rail
+# 1, and b's ack comes on rail 1 (b sends it on every rail it has up). Last: a's rxe0
+# is not trusted after.
+case_control_rail_down() {
+  if [ "$ROLE" = b ]; then
+    receiver 7487
+    wait_outcomes receiver 2 240
+    stop receiver
+  else
+    local base
+    send_retry ready 90 host "$PEER_ADDR" 7487 --gpu none --transport rdma --size 1MiB --timeout 10
+    base=$(sent0)
+    start sender host "$RAILS" 7487 --nic rxe0,rxe1 --op write --gpu none --transport rdma \
+      --timeout 10 --json --size 256MiB --chunk 256KiB
+    until [ $(($(sent0) - base)) -ge 4096 ] || ! alive "$(pid_of sender)"; do sleep 0.01; done
+    mark down_at
+    $IP link set eth0 down
+    val rxe0_state_after_down "$(cat /sys/class/infiniband/rxe0/ports/1/state)"
+    finish sender 180
+  fi
+}
+
 # b's eth1 goes down in the middle of a 256 MiB transfer: a's rxe1 stays ACTIVE and gets
 # no event; its packets go out and nothing comes back. a learns it only from silence:
 # rail 1 fails by --rail-timeout (0.5 s without a completion while rail 0 completes),
-# before rxe's own retries would end in an error. Last: b's rxe1 is not trusted after.
+# before rxe's own retries would end in an error. Then b's eth1 is up again and its rxe1
+# made anew (it went down under traffic), for the next case.
 case_far_end_down() {
   if [ "$ROLE" = b ]; then
     local base
@@ -172,6 +197,13 @@ case_far_end_down() {
     $IP link set eth1 down
     wait_outcomes receiver 2 240
     stop receiver
+    $IP link set eth1 up
+    $IP addr del "$MINE/24" dev eth1
+    $RDMA link delete rxe1
+    $RDMA link add rxe1 type rxe netdev eth1
+    until_true 30 active
+    $IP addr add "$MINE/24" dev eth1
+    if until_true 30 has_gid && until_true 30 reaches_peer; then val rxe1_anew yes; else val rxe1_anew no; fi
   else
     send_retry ready 90 host "$PEER_ADDR" 7486 --gpu none --transport rdma --size 1MiB --timeout 10
     run sender 180 host "$RAILS" 7486 --nic rxe0,rxe1 --op write --gpu none --transport rdma \
@@ -186,7 +218,7 @@ else
   $RDMA link show 2>&1
   $IP addr show eth1 2>&1
 fi
-ALL="striped failover back_up down_then_up far_end_down"
+ALL="striped failover back_up down_then_up far_end_down control_rail_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

@@ -615,6 +615,12 @@ impl Replies {
         self.post(conn, (c.wr_id & INDEX_MASK) as u32)
     }
 
+    /// The ack in `c`'s slot.
+    pub(super) fn ack(&self, c: &Completion) -> Result<Ack, TransferError> {
+        Ack::decode(&self.read(c)[..(c.byte_len as usize).min(ACK_LEN)])
+            .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))
+    }
+
     /// The reply in `c`'s slot.
     fn read(&self, c: &Completion) -> Vec<u8> {
         let slot = (c.wr_id & INDEX_MASK) as usize;
@@ -636,9 +642,7 @@ pub(super) fn await_ack(
     label: &str,
 ) -> Result<(Ack, Completion), TransferError> {
     let c = next_reply(conn, pending, timeout, label)?;
-    let ack = Ack::decode(&replies.read(&c)[..(c.byte_len as usize).min(ACK_LEN)])
-        .map_err(|e| TransferError::Protocol(format!("the receiver's ack is invalid: {e}")))?;
-    Ok((ack, c))
+    Ok((replies.ack(&c)?, c))
 }
 
 /// The next reply from the receiver: the first of `pending`, or the next to complete.

@@ -15,9 +15,12 @@
 //! 4. A rail that fails (a failed completion, a port-down event of its device, or no
 //!    completion for `--rail-timeout` while another rail completes) is disconnected, its
 //!    chunks in flight are posted again on the others, and it rests ([`Cooldowns`], as
-//!    TCP's rails). Rail 0 carries the control (the accept, the ack): its failure ends the
-//!    transfer (a known gap).
-//! 5. The receiver verifies once every chunk has landed and acks on rail 0.
+//!    TCP's rails). Rail 0 too, once the accept is in: the offer and the accept need it,
+//!    the ack does not. Only when no rail is left (or the receiver has already acked and
+//!    closed rail 0: it ended the transfer) does a failure end the transfer.
+//! 5. The receiver verifies once every chunk has landed and sends the ack on every rail
+//!    still up; the sender keeps a receive for it posted on every rail and takes the
+//!    first.
 //!
 //! Only what the whole pass keeps in place may be striped: a staging ring reuses a
 //! slot once its chunk is reported done, and a failed rail might still read the slot;
@@ -29,8 +32,8 @@ use super::conn::{
 };
 use super::rails::RailBook;
 use super::sender::{
-    await_ack, check_device, check_message_size, choose_source, connect, offer, register_source,
-    resolve, RailTarget, Replies, SendConfig,
+    check_device, check_message_size, choose_source, connect, offer, register_source, resolve,
+    RailTarget, Replies, SendConfig,
 };
 use crate::memory::SendMemory;
 use crate::rdma::{
@@ -262,12 +265,18 @@ fn attempt(
         s.progress = cfg.progress;
         s
     };
-    let replies = Replies::new(&opened[0].res, 1, false)?;
+    // A receive for the ack on every rail: the receiver sends it on each rail still up.
+    let replies: Vec<Replies> = opened
+        .iter()
+        .map(|o| Replies::new(&o.res, 1, false))
+        .collect::<Result<_, _>>()?;
     let conns: Vec<Connection> = opened
         .iter()
         .map(|o| Connection::new(&o.res, caps))
         .collect::<Result<_, _>>()?;
-    replies.post(&conns[0], 0)?;
+    for (conn, replies) in conns.iter().zip(&replies) {
+        replies.post(conn, 0)?;
+    }
 
     // --- rail 0: the offer; then the joins --------------------------------------------
     let rails = opened.len();
@@ -360,17 +369,27 @@ fn attempt(
         }
     }
     let ran = schedule.run(source, &mut wire, &label);
-    let mut pending = std::mem::take(&mut wire.seen);
+    let pending = std::mem::take(&mut wire.seen);
     let book = wire.book;
     let seconds = ran?.as_secs_f64();
-    let (ack, _) = await_ack(&conns[0], &mut pending, &replies, cfg.timeout, &label)?;
+    let live: Vec<bool> = (0..conns.len())
+        .map(|j| accepts[j].is_some() && !book.is_failed(j))
+        .collect();
+    let ack = await_any_ack(&conns, &live, &replies, pending, cfg.timeout, &label)?;
     ack.check_counts(cfg.bytes)
         .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
     let round_trip_seconds = start.elapsed().as_secs_f64();
     for conn in conns.iter().skip(1) {
         conn.close(true, RAIL_CLOSE_GRACE);
     }
-    conns[0].close(true, DISCONNECT_GRACE);
+    conns[0].close(
+        true,
+        if live[0] {
+            DISCONNECT_GRACE
+        } else {
+            RAIL_CLOSE_GRACE
+        },
+    );
 
     // --- the report --------------------------------------------------------------------
     for (j, o) in opened.iter().enumerate() {
@@ -427,6 +446,56 @@ fn attempt(
 /// The longest a further rail's join may take (at most --timeout).
 const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// How long a further rail's close waits for the receiver's DISCONNECTED.
+/// The receiver's ack from whichever rail of `live` brings it first (`pending`: those
+/// that came with the data's completions). A failed receive (a flushed rail) is skipped;
+/// the end is the deadline, or every live rail closed with no ack.
+fn await_any_ack(
+    conns: &[Connection],
+    live: &[bool],
+    replies: &[Replies],
+    mut pending: VecDeque<(usize, Completion)>,
+    timeout: Duration,
+    label: &str,
+) -> Result<crate::transfer::Ack, TransferError> {
+    let deadline = Deadline::after(timeout);
+    let mut comps = Vec::new();
+    loop {
+        while let Some((r, c)) = pending.pop_front() {
+            if c.is_ok() {
+                return replies[r].ack(&c);
+            }
+        }
+        let mut open = 0;
+        for (r, conn) in conns.iter().enumerate().filter(|(r, _)| live[*r]) {
+            comps.clear();
+            conn.cq.poll(&mut comps)?;
+            pending.extend(
+                comps
+                    .iter()
+                    .filter(|c| tag(c.wr_id) == WR_ACK)
+                    .map(|c| (r, *c)),
+            );
+            if !matches!(conn.poll_events(), Ok(true) | Err(_)) {
+                open += 1;
+            }
+        }
+        if !pending.is_empty() {
+            continue;
+        }
+        if open == 0 {
+            return Err(TransferError::Protocol(format!(
+                "the receiver at {label} closed every rail without reporting its verification"
+            )));
+        }
+        if deadline.expired() {
+            return Err(deadline
+                .timeout_error(format!("the verification result from {label}"))
+                .into());
+        }
+        std::thread::sleep(IDLE_NAP);
+    }
+}
+
 const RAIL_CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long the wire sleeps when no rail had news (it polls them in turn).
 const IDLE_NAP: Duration = Duration::from_micros(100);
@@ -442,8 +511,9 @@ struct StripedWire<'a, 'r> {
     posted: HashMap<u64, Posted>,
     rail_timeout: Duration,
     comps: Vec<Completion>,
-    /// Rail 0's replies that came with the data's completions (an early ack).
-    seen: VecDeque<Completion>,
+    /// Replies (acks) that came with the data's completions, with their rail: the ack of
+    /// a receiver that verified before the last completions came in, or an early one.
+    seen: VecDeque<(usize, Completion)>,
     /// Work requests per rail, posted as one list each.
     wrs: Vec<Vec<SendWr<'r>>>,
 }
@@ -511,16 +581,17 @@ impl<'r> StripedWire<'_, 'r> {
         Ok(())
     }
 
-    /// Rail `r` failed: disconnect it and post its chunks in flight on the others. Rail 0
-    /// carries the control: its failure ends the transfer.
+    /// Rail `r` failed: disconnect it and post its chunks in flight on the others. The
+    /// transfer ends when no other rail is left, and when rail 0 closes after an ack came
+    /// (the receiver ended the transfer early: its ack says why).
     fn fail(&mut self, r: usize, why: String) -> Result<(), schedule::WireError> {
-        if r == 0 {
-            return Err(schedule::WireError::Broken(format!(
-                "rail 0 (the control rail) failed: {why}"
-            )));
-        }
         if self.book.is_failed(r) {
             return Ok(());
+        }
+        let others_live = (0..self.conns.len())
+            .any(|k| k != r && self.accepts[k].is_some() && !self.book.is_failed(k));
+        if r == 0 && (!others_live || !self.seen.is_empty()) {
+            return Err(schedule::WireError::Broken(format!("rail 0 failed: {why}")));
         }
         let now = Instant::now();
         let moved = self.book.fail(r, why, now);
@@ -546,9 +617,9 @@ impl<'r> StripedWire<'_, 'r> {
             self.conns[r].cq.poll(&mut self.comps)?;
             let comps = std::mem::take(&mut self.comps);
             for c in &comps {
-                if r == 0 && tag(c.wr_id) == WR_ACK {
+                if tag(c.wr_id) == WR_ACK {
                     // The receiver's ack (or an early one: too slow) with the data.
-                    self.seen.push_back(*c);
+                    self.seen.push_back((r, *c));
                     continue;
                 }
                 if !is_data(c.wr_id) {

@@ -8,20 +8,22 @@
 //! with that rail's rkey. Every chunk is an RDMA WRITE_WITH_IMM (imm = index + 1), so
 //! the receiver keeps receives posted on every rail and marks, per completion, which
 //! chunk landed ([`Landed`]); a copy (a failover's resend) is counted and dropped. A
-//! further rail that breaks (its port goes down, its peer disconnects it) is noted and
-//! the transfer goes on; rail 0 breaking ends it. Once every chunk has landed the data
-//! is verified and the ack goes back on rail 0.
+//! rail that breaks (its port goes down, its peer disconnects it) is noted and the
+//! transfer goes on while another rail lives; rail 0 too, once a further rail has joined.
+//! Once every chunk has landed the data is verified and the ack goes out on every rail
+//! still up at once: the first that delivers it is enough, so a rail whose far end went
+//! silent (no event here) cannot hold the verdict back.
 
-use super::conn::{is_data, Connection, Resources, INDEX_MASK, TAG_DATA};
+use super::conn::{is_data, Connection, Resources, INDEX_MASK, TAG_DATA, WR_ACK};
 use super::rails::{JoinSlot, Joins, Landed};
 use super::receiver::{
     choose_sink, internal, receiver_caps, receiver_connection, recv_depth, register_sink,
-    send_and_wait, setup_failed, wait_established, Failure, RecvConfig, MIN_RNR_TIMER,
+    setup_failed, wait_established, Failure, RecvConfig, MIN_RNR_TIMER,
 };
 use crate::memory::{RecvSink, SinkFactory};
 use crate::rdma::{
-    format_duration, CmId, Completion, ConnParams, ConnectRequest, Deadline, MemoryRegion,
-    MessageBuffer, RdmaError, SendableRequest,
+    format_duration, CmId, Completion, CompletionQueue, ConnParams, ConnectRequest, Deadline,
+    MemoryRegion, MessageBuffer, RdmaError, SendOp, SendWr, SendableRequest,
 };
 use crate::transfer::header::{
     AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
@@ -124,6 +126,7 @@ pub(super) fn receive(
     let mut bytes = vec![0u64; rails];
     let mut comps: Vec<Completion> = Vec::with_capacity(64);
     let mut deadline = Deadline::after(cfg.timeout);
+    let mut rail0_stopped: Option<String> = None;
     let incomplete = |landed: &Landed, why: String| {
         Failure::Broken(TransferError::Incomplete {
             peer: peer.to_string(),
@@ -158,53 +161,28 @@ pub(super) fn receive(
                 }
             }
         }
-        // Rail 0: its failure ends the transfer.
-        comps.clear();
-        conn.cq.poll(&mut comps)?;
-        for c in &comps {
-            if let Some(index) = landing(c).map_err(|why| incomplete(&landed, why))? {
-                land(&mut landed, &mut bytes, &plan, index, 0)
-                    .map_err(|why| Failure::Broken(TransferError::Protocol(why)))?;
-                post_receive(&conn, index as u64).map_err(internal)?;
-                progress = true;
+        // Every rail, rail 0 first: a rail that breaks stops; the transfer goes on while
+        // another lives.
+        if rail0_stopped.is_none() {
+            match poll_rail(&conn, 0, &mut landed, &mut bytes, &plan, &mut comps)? {
+                Ok(news) => progress |= news,
+                Err(why) => rail0_stopped = Some(why),
             }
         }
-        match conn.poll_events() {
-            Ok(false) => {}
-            Ok(true) => {
-                return Err(incomplete(
-                    &landed,
-                    "peer disconnected rail 0 (the control rail)".into(),
-                ))
-            }
-            Err(RdmaError::DeviceFault(fault)) => return Err(incomplete(&landed, fault)),
-            Err(e) => return Err(e.into()),
-        }
-        // The further rails: a failure stops only that rail.
         for j in joined.iter_mut().filter(|j| j.stopped.is_none()) {
-            comps.clear();
-            if let Err(e) = j.conn.cq.poll(&mut comps) {
-                j.stopped = Some(e.to_string());
-                continue;
+            match poll_rail(&j.conn, j.rail, &mut landed, &mut bytes, &plan, &mut comps)? {
+                Ok(news) => progress |= news,
+                Err(why) => j.stopped = Some(why),
             }
-            for c in &comps {
-                match landing(c) {
-                    Ok(Some(index)) => {
-                        land(&mut landed, &mut bytes, &plan, index, j.rail)
-                            .map_err(|why| Failure::Broken(TransferError::Protocol(why)))?;
-                        if let Err(e) = post_receive(&j.conn, index as u64) {
-                            j.stopped = Some(format!("reposting a receive: {e}"));
-                        }
-                        progress = true;
-                    }
-                    Ok(None) => {}
-                    Err(why) => j.stopped = Some(why),
-                }
-            }
-            match j.conn.poll_events() {
-                Ok(false) => {}
-                Ok(true) => j.stopped = Some("the sender disconnected it".into()),
-                Err(e) => j.stopped = Some(e.to_string()),
+        }
+        if let Some(why) = &rail0_stopped {
+            if joined.iter().all(|j| j.stopped.is_some()) {
+                let others = joined.iter().filter_map(|j| {
+                    let why = j.stopped.as_deref()?;
+                    Some(format!("; rail {}: {why}", j.rail))
+                });
+                let others: String = others.collect();
+                return Err(incomplete(&landed, format!("rail 0: {why}{others}")));
             }
         }
         if progress {
@@ -236,20 +214,28 @@ pub(super) fn receive(
         true => Ack::new(total, verification),
         false => Ack::checked(total, None, None, 0),
     };
-    ack_buf.write(&ack.encode())?;
-    let reply_delivered = send_and_wait(
-        &conn,
-        &ack_buf,
-        super::conn::WR_ACK,
-        ACK_LEN,
-        inline_ack,
-        cfg.timeout,
-        "the ack",
-    )?;
+    let rail0 = rail0_stopped
+        .is_none()
+        .then_some((&conn, &ack_buf, inline_ack));
+    let others: Vec<&Connection<'static>> = joined
+        .iter()
+        .filter(|j| j.stopped.is_none())
+        .map(|j| &j.conn)
+        .collect();
+    let delivered = deliver_ack(rail0, &others, &ack.encode(), cfg.timeout)?;
+    let reply_delivered = delivered.is_some();
     for j in &joined {
         j.conn.close(false, RAIL_CLOSE_GRACE);
     }
-    conn.close(false, cfg.timeout);
+    // Rail 0's close waits for the sender's disconnect, which follows its reading the ack
+    // there; an ack delivered elsewhere says rail 0 may be gone without a word.
+    conn.close(
+        false,
+        match delivered {
+            Some(true) => cfg.timeout,
+            _ => RAIL_CLOSE_GRACE,
+        },
+    );
 
     let mut report_rails = vec![RecvRail {
         rail: 0,
@@ -257,7 +243,7 @@ pub(super) fn receive(
         bytes: bytes[0],
         chunks: landed.chunks[0],
         copies_dropped: landed.copies[0],
-        stopped: None,
+        stopped: rail0_stopped.clone(),
     }];
     report_rails.extend(joined.iter().map(|j| RecvRail {
         rail: j.rail as u16,
@@ -300,6 +286,115 @@ pub(super) fn receive(
 const RAIL_CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long the loop sleeps when no rail had news (it polls them in turn).
 const IDLE_NAP: Duration = Duration::from_micros(100);
+
+/// Take what rail `rail` has to say: chunks that landed (`Ok(true)`: some did), or why
+/// it broke (the inner `Err`). The outer `Err` ends the transfer: an immediate that no
+/// chunk of the plan has is a lying sender, not a broken rail.
+fn poll_rail(
+    conn: &Connection,
+    rail: usize,
+    landed: &mut Landed,
+    bytes: &mut [u64],
+    plan: &ChunkPlan,
+    comps: &mut Vec<Completion>,
+) -> Result<Result<bool, String>, Failure> {
+    comps.clear();
+    if let Err(e) = conn.cq.poll(comps) {
+        return Ok(Err(e.to_string()));
+    }
+    let mut progress = false;
+    let mut broke = None;
+    for c in comps.iter() {
+        match landing(c) {
+            Ok(Some(index)) => {
+                land(landed, bytes, plan, index, rail)
+                    .map_err(|why| Failure::Broken(TransferError::Protocol(why)))?;
+                progress = true;
+                if broke.is_none() {
+                    if let Err(e) = post_receive(conn, index as u64) {
+                        broke = Some(format!("reposting a receive: {e}"));
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(why) => broke = broke.or(Some(why)),
+        }
+    }
+    if let Some(why) = broke {
+        return Ok(Err(why));
+    }
+    match conn.poll_events() {
+        Ok(false) => Ok(Ok(progress)),
+        Ok(true) => Ok(Err("the sender disconnected it".into())),
+        Err(RdmaError::DeviceFault(fault)) => Ok(Err(fault)),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// Send `ack` on rail 0 (`rail0`: its connection, a buffer registered on its PD, and
+/// whether it sends inline; `None` when it stopped) and on every joined rail in `others`
+/// (inline) at once. Returns which delivered it first (its send completed: the sender's
+/// NIC has it): `Some(true)` rail 0, `Some(false)` another rail, `None` when none did
+/// within `timeout` (every send failed, or nothing came back). The sender takes the
+/// first ack on any rail.
+fn deliver_ack<'r>(
+    rail0: Option<(&Connection<'r>, &'r MessageBuffer, bool)>,
+    others: &[&Connection<'static>],
+    ack: &[u8],
+    timeout: Duration,
+) -> Result<Option<bool>, Failure> {
+    // Each rail the ack went out on: whether it is rail 0, and its CQ.
+    let mut waiting: Vec<(bool, &CompletionQueue)> = Vec::new();
+    if let Some((conn, buf, inline)) = rail0 {
+        if !conn.is_disconnected() {
+            buf.write(ack)?;
+            // SAFETY: the buffer is registered on rail 0's PD (lkey in the SGE), outlives
+            // the connection's use of it (the caller keeps it until after close), and is
+            // not written again.
+            let posted = unsafe {
+                conn.qp.post_send(&SendWr {
+                    wr_id: WR_ACK,
+                    sge: buf.sge(ack.len()),
+                    op: SendOp::Send,
+                    signaled: true,
+                    inline,
+                    solicited: false,
+                })
+            };
+            if posted.is_ok() {
+                waiting.push((true, &conn.cq));
+            }
+        }
+    }
+    for conn in others {
+        // A rail that cannot send inline is left out: rail 0 or another rail carries it.
+        if !conn.is_disconnected() && conn.qp.post_send_inline(WR_ACK, ack).is_ok() {
+            waiting.push((false, &conn.cq));
+        }
+    }
+    let deadline = Deadline::after(timeout);
+    let mut comps = Vec::new();
+    while !waiting.is_empty() && !deadline.expired() {
+        let mut failed = Vec::new();
+        for (k, (is_rail0, cq)) in waiting.iter().enumerate() {
+            comps.clear();
+            if cq.poll(&mut comps).is_err() {
+                failed.push(k);
+                continue;
+            }
+            match comps.iter().find(|c| c.wr_id == WR_ACK) {
+                Some(c) if c.is_ok() => return Ok(Some(*is_rail0)),
+                Some(_) => failed.push(k),
+                None => {}
+            }
+        }
+        for k in failed.into_iter().rev() {
+            waiting.remove(k);
+        }
+        std::thread::sleep(IDLE_NAP);
+    }
+    Ok(None)
+}
 
 /// Post receive `p` (for an immediate only: no SGE).
 fn post_receive(conn: &Connection, p: u64) -> Result<(), RdmaError> {
