@@ -53,9 +53,10 @@
 //! sends its ack inline where the device allows, so the ack buffer is free at once.
 //!
 //! **Striped over several rails** (`--op write`, `--nic a,b` with one receiver address
-//! per rail): one connection per rail; rail 0 carries the offer and the ack, the others
-//! join it by a token; every chunk is a WRITE_WITH_IMM on the rail with the fewest in
-//! flight, and a failed rail's chunks move to the others. See `striped.rs` (sender),
+//! per rail): one connection per rail; rail 0 carries the offer, the others join it by a
+//! token; every chunk is a WRITE_WITH_IMM on the rail with the fewest in flight, a failed
+//! rail's chunks (rail 0's too) move to the others, and the ack comes on every rail still
+//! up. See `striped.rs` (sender),
 //! `striped_recv.rs` (receiver) and `rails.rs` (their bookkeeping).
 //!
 //! `--raw` is the seed's wire behaviour instead: no header, one `SEND_WITH_IMM` of the
