@@ -2681,14 +2681,20 @@ fn rails_two_guests_rail_0_going_down_fails_over_like_any_rail_and_the_ack_comes
         "a's rxe0 port went DOWN with eth0",
     );
     // Rail 0 carried the offer and the accept; the verdict had to come on rail 1.
-    let t = striped_transfer(c, "sender");
+    c.rc("sender", 0);
+    c.ended_by_itself("sender");
+    c.no_error("sender");
+    let it = c.iterations("sender");
+    c.check(it.len() == 2, "two transfers (--iters 2)");
+    let t = &it[0];
+    check_striped(c, "sender", t);
     let failed = &t["rails"][0];
     c.check(
         failed["failures"] == 1 && failed["failed"].is_string(),
         &format!("rail 0 failed, with a reason: {failed}"),
     );
     c.check(
-        t["rails"][1]["failures"] == 0 && rail_chunks(&t, 1) > 0,
+        t["rails"][1]["failures"] == 0 && rail_chunks(t, 1) > 0,
         &format!("rail 1 carried on: {}", t["rails"]),
     );
     let stall = failed["stall_beyond_detection_seconds"]
@@ -2701,13 +2707,26 @@ fn rails_two_guests_rail_0_going_down_fails_over_like_any_rail_and_the_ack_comes
     c.find(
         "sender",
         0,
-        "failover: rail 0 (rxe0:1) failed after ",
+        "iteration 1/2: failover: rail 0 (rxe0:1) failed after ",
         &["stalled "],
+    );
+    // The next transfer of the process: rail 0 rests or is down; rail 1 carries it
+    // alone, the offer included.
+    let second = &it[1];
+    check_striped(c, "sender", second);
+    let reason = second["rails"][0]["left_out"].as_str().unwrap_or("");
+    c.check(
+        (reason.starts_with("resting") || reason.starts_with("not opened"))
+            && Some(rail_chunks(second, 1)) == second["chunks"].as_u64(),
+        &format!(
+            "the second transfer went over rail 1 alone: {}",
+            second["rails"]
+        ),
     );
     let b = run.case('b', "control_rail_down");
     b.still_serving("receiver");
     note(&format!(
-        "rails-two/control_rail_down: rail 0 failed after {:.3} s ({}), {} chunks moved, stall beyond detection {stall:.3} s; verified with the ack on rail 1",
+        "rails-two/control_rail_down: rail 0 failed after {:.3} s ({}), {} chunks moved, stall beyond detection {stall:.3} s; verified with the ack on rail 1; the next transfer over rail 1 alone (rail 0 {reason})",
         failed["failed_after_seconds"].as_f64().unwrap_or(0.0),
         failed["failed"].as_str().unwrap_or("?"),
         failed["moved_chunks"]

@@ -160,24 +160,25 @@ case_down_then_up() {
 
 # a's eth0 (rail 0's link: the rail that carried the offer and the accept) goes down in
 # the middle of a 256 MiB transfer: rail 0 fails like any rail, its chunks move to rail
-# 1, and b's ack comes on rail 1 (b sends it on every rail it has up). Last: a's rxe0
-# is not trusted after.
+# 1, and b's ack comes on rail 1 (b sends it on every rail it has up). The same
+# process's second transfer (--iters 2) finds rail 0 resting or down and goes over rail
+# 1 alone. Last: a's rxe0 is not trusted after.
 case_control_rail_down() {
   if [ "$ROLE" = b ]; then
     receiver 7487
-    wait_outcomes receiver 2 240
+    wait_outcomes receiver 3 240
     stop receiver
   else
     local base
     send_retry ready 90 host "$PEER_ADDR" 7487 --gpu none --transport rdma --size 1MiB --timeout 10
     base=$(sent0)
     start sender host "$RAILS" 7487 --nic rxe0,rxe1 --op write --gpu none --transport rdma \
-      --timeout 10 --json --size 256MiB --chunk 256KiB
+      --timeout 10 --json --size 256MiB --chunk 256KiB --iters 2
     until [ $(($(sent0) - base)) -ge 4096 ] || ! alive "$(pid_of sender)"; do sleep 0.01; done
     mark down_at
     $IP link set eth0 down
     val rxe0_state_after_down "$(cat /sys/class/infiniband/rxe0/ports/1/state)"
-    finish sender 180
+    finish sender 300
   fi
 }
 

@@ -4,7 +4,8 @@
 //!    checked against its `--nic`), PD and CQ; the source's memory is registered on
 //!    every rail's PD (the same memory: for GPU memory the same dma-buf, which the source
 //!    exports once and every registration borrows).
-//! 2. Rail 0 connects with the header (striped flag, rail count) and gets a
+//! 2. The first rail that opened (rail 0, unless its route is down or it rests after a
+//!    failure) connects with the header (striped flag, rail count) and gets a
 //!    [`StripedAccept`]: the buffer, its rkey there, and a token. Every further rail
 //!    connects with a [`Join`] (token, rail index) and gets that rail's [`AcceptInfo`]:
 //!    the same buffer, registered on the receiver's device of that rail.
@@ -103,54 +104,59 @@ pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, Tra
     };
     match striped {
         Striped::Done(report) => Ok(report),
-        Striped::OneRail(others) => one_rail(cfg, memory, others),
+        Striped::OneRail { via, others } => one_rail(cfg, memory, via, others),
     }
 }
 
-/// How [`attempt`] ended: the transfer, or a reason to send over rail 0 alone.
+/// How [`attempt`] ended: the transfer, or a reason to send over one rail alone.
 // The report is much larger than the other variant, but there is one of it per transfer.
 #[allow(clippy::large_enum_variant)]
 enum Striped {
     Done(SendReport),
-    /// Not striped, with the report of every other rail (why it is left out): the source
-    /// stages its data through a ring (`--mem staged`), or no other rail could be
-    /// opened, registered or taken (resting after a failure). A striped offer names two
-    /// rails at least; a receiver refuses one of one rail.
-    OneRail(Vec<RailReport>),
+    /// Not striped: over rail `via` (the first that opened), with the report of every
+    /// other rail (why it is left out). The source stages its data through a ring
+    /// (`--mem staged`), or no other rail could be opened, registered or taken (resting
+    /// after a failure). A striped offer names two rails at least; a receiver refuses
+    /// one of one rail.
+    OneRail {
+        via: usize,
+        others: Vec<RailReport>,
+    },
 }
 
 /// Why a staging ring is not striped (see the module documentation).
 const RING_WHY: &str =
     "not striped: the memory path stages the data through a ring (striping needs it in place)";
 
-/// The transfer over rail 0 alone, unstriped; `others`: the other rails, left out.
+/// The transfer over rail `via` alone, unstriped; `others`: the other rails, left out.
 fn one_rail(
     cfg: &SendConfig,
     memory: &mut SendMemory,
+    via: usize,
     mut others: Vec<RailReport>,
 ) -> Result<SendReport, TransferError> {
     let mut single = cfg.clone();
     single.rails.clear();
-    single.peer = cfg.rails[0].peer;
-    single.nic = cfg.rails[0].nic.clone();
+    single.peer = cfg.rails[via].peer;
+    single.nic = cfg.rails[via].nic.clone();
     let mut report = super::sender::send(&single, memory)?;
     let first = RailReport {
         bytes: report.bytes,
         chunks: report.chunks,
         left_out: None,
         local: report.device.clone(),
-        ..left_out(0, &cfg.rails[0], String::new())
+        ..left_out(via, &cfg.rails[via], String::new())
     };
-    others.retain(|r| r.rail != 0);
+    others.retain(|r| r.rail != via);
     others.push(first);
     others.sort_by_key(|r| r.rail);
     report.rails = others;
     Ok(report)
 }
 
-/// Every rail but rail 0, left out for `why`.
-fn all_but_rail_0(cfg: &SendConfig, why: &str) -> Vec<RailReport> {
-    let rails = cfg.rails.iter().enumerate().skip(1);
+/// Every rail but rail `via`, left out for `why`.
+fn all_but(cfg: &SendConfig, via: usize, why: &str) -> Vec<RailReport> {
+    let rails = cfg.rails.iter().enumerate().filter(|(k, _)| *k != via);
     rails.map(|(k, t)| left_out(k, t, why.into())).collect()
 }
 
@@ -163,21 +169,25 @@ fn striped_offer(
         .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))
 }
 
-/// The rails that may carry chunks now (rail 0 always: it carries the control), and the
-/// reports of those resting after a failure.
+/// The rails that may carry chunks now, and the reports of those resting after a
+/// failure; when every rail rests, all of them are tried (resting is a preference, not
+/// a reason to send nothing).
 fn rails_now(cfg: &SendConfig) -> (Vec<usize>, Vec<RailReport>) {
     let now = Instant::now();
     let mut usable = Vec::new();
     let mut resting = Vec::new();
     for (k, t) in cfg.rails.iter().enumerate() {
         match Cooldowns::global().resting(&cooldown_label(t), now) {
-            Some(left) if k > 0 => resting.push(left_out(
+            Some(left) => resting.push(left_out(
                 k,
                 t,
                 format!("resting {:.1} s more after a failure", left.as_secs_f64()),
             )),
-            _ => usable.push(k),
+            None => usable.push(k),
         }
+    }
+    if usable.is_empty() {
+        return ((0..cfg.rails.len()).collect(), Vec::new());
     }
     (usable, resting)
 }
@@ -203,7 +213,9 @@ fn attempt(
         max_recv_wr: 2,
         max_inline_data: 0,
     };
+    // The first rail that opens carries the offer (rail 0 unless it cannot).
     let mut opened: Vec<Opened> = Vec::new();
+    let mut first_error: Option<TransferError> = None;
     for &k in &usable {
         let target = cfg.rails[k].clone();
         let open = || -> Result<(Rc<CmId>, Resources), TransferError> {
@@ -227,37 +239,56 @@ fn attempt(
                     label: format!("{device}:{port}"),
                 });
             }
-            // Rail 0 carries the control: without it there is no transfer.
-            Err(e) if k == 0 => return Err(e),
-            Err(e) => reports.push(left_out(k, &target, format!("not opened: {e}"))),
+            Err(e) => {
+                reports.push(left_out(k, &target, format!("not opened: {e}")));
+                first_error.get_or_insert(e);
+            }
         }
     }
-
-    if opened.len() < 2 {
-        // Nothing was connected yet: rail 0 carries the transfer alone.
-        return Ok(Striped::OneRail(reports));
+    match (opened.first(), first_error) {
+        (None, Some(e)) => return Err(e),
+        (None, None) => {
+            return Err(TransferError::Protocol("no rail to open".into()));
+        }
+        // Nothing was connected yet: the one rail that opened carries it alone.
+        (Some(o), _) if opened.len() < 2 => {
+            return Ok(Striped::OneRail {
+                via: o.rail,
+                others: reports,
+            })
+        }
+        _ => {}
     }
 
     // --- the memory: chosen on rail 0's device, registered on every rail's -----------
     let making_before = memory.making_time();
     let (source, memory_log, making) = choose_source(&opened[0].res, memory, making_before)?;
     if source.max_chunks_in_flight().is_some() {
-        return Ok(Striped::OneRail(all_but_rail_0(cfg, RING_WHY)));
+        let via = opened[0].rail;
+        return Ok(Striped::OneRail {
+            via,
+            others: all_but(cfg, via, RING_WHY),
+        });
     }
     let mut mrs: Vec<MemoryRegion> = Vec::new();
     let mut kept: Vec<Opened> = Vec::new();
+    let control = opened[0].rail;
     for o in opened {
         match register_source(&o.res, source) {
             Ok(mr) => {
                 mrs.push(mr);
                 kept.push(o);
             }
-            Err(e) if o.rail == 0 => return Err(e),
+            // The memory was chosen on this rail's device: it must register there.
+            Err(e) if o.rail == control => return Err(e),
             Err(e) => reports.push(left_out(o.rail, &o.target, format!("not registered: {e}"))),
         }
     }
     if kept.len() < 2 {
-        return Ok(Striped::OneRail(reports));
+        return Ok(Striped::OneRail {
+            via: control,
+            others: reports,
+        });
     }
     let opened = kept;
     let schedule = {
