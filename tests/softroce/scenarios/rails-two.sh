@@ -6,6 +6,13 @@
 # back: what a NIC's cable does. Guest b runs the receivers, guest a the senders; both
 # run the cases in the same order, each case on a port of its own. Run by
 # tests/tests/softroce.rs; output format: lib.sh.
+#
+# failover (with back_up after it), far_end_down and control_rail_down each leave a
+# device Soft-RoCE cannot use again: an rxe whose link went down under traffic receives
+# nothing afterwards, and making it anew (rdma link delete/add) on a virtio NIC once
+# panicked a guest's kernel in rxe_skb_tx_dtor (a CI run), where rails.sh's veth never
+# did. So the tests boot the guests once per group: striped down_then_up far_end_down
+# (the default), failover back_up, and control_rail_down.
 . /opt/bin/lib.sh || exit 2
 IP=/usr/bin/ip
 RDMA=/usr/bin/rdma
@@ -104,11 +111,11 @@ case_failover() {
 # Soft-RoCE's rxe1, whose netdev went down under traffic, sent rail 1's connection
 # request but received nothing more (counters below; an idle link flap does not do
 # this, see down_then_up): rail 1 then does not join and rail 0 carries the transfer,
-# saying why. Then rxe1 is made anew, and the next transfer uses both rails.
+# saying why. (In one guest, on veth, rails.sh makes rxe1 anew and both rails carry.)
 case_back_up() {
   if [ "$ROLE" = b ]; then
     receiver 7483
-    wait_outcomes receiver 2 300
+    wait_outcomes receiver 1 300
     stop receiver
   else
     local s0 r0
@@ -123,13 +130,6 @@ case_back_up() {
     striped first 7483 --size 256MiB
     val rxe1_sent_first "$(($(sent1) - s0))"
     val rxe1_rcvd_first "$(($(rcvd1) - r0))"
-    $IP addr del "$MINE/24" dev eth1
-    $RDMA link delete rxe1
-    $RDMA link add rxe1 type rxe netdev eth1
-    until_true 30 active
-    $IP addr add "$MINE/24" dev eth1
-    if until_true 30 has_gid && until_true 30 reaches_peer; then val rxe1_anew yes; else val rxe1_anew no; fi
-    striped again 7483 --size 256MiB
   fi
 }
 
@@ -162,7 +162,7 @@ case_down_then_up() {
 # the middle of a 256 MiB transfer: rail 0 fails like any rail, its chunks move to rail
 # 1, and b's ack comes on rail 1 (b sends it on every rail it has up). The same
 # process's second transfer (--iters 2) finds rail 0 resting or down and goes over rail
-# 1 alone. Last: a's rxe0 is not trusted after.
+# 1 alone. Alone in its boot: a's rxe0 is not trusted after.
 case_control_rail_down() {
   if [ "$ROLE" = b ]; then
     receiver 7487
@@ -185,8 +185,8 @@ case_control_rail_down() {
 # b's eth1 goes down in the middle of a 256 MiB transfer: a's rxe1 stays ACTIVE and gets
 # no event; its packets go out and nothing comes back. a learns it only from silence:
 # rail 1 fails by --rail-timeout (0.5 s without a completion while rail 0 completes),
-# before rxe's own retries would end in an error. Then b's eth1 is up again and its rxe1
-# made anew (it went down under traffic), for the next case.
+# before rxe's own retries would end in an error. Last in its boot: b's rxe1 is not
+# trusted after.
 case_far_end_down() {
   if [ "$ROLE" = b ]; then
     local base
@@ -198,13 +198,6 @@ case_far_end_down() {
     $IP link set eth1 down
     wait_outcomes receiver 2 240
     stop receiver
-    $IP link set eth1 up
-    $IP addr del "$MINE/24" dev eth1
-    $RDMA link delete rxe1
-    $RDMA link add rxe1 type rxe netdev eth1
-    until_true 30 active
-    $IP addr add "$MINE/24" dev eth1
-    if until_true 30 has_gid && until_true 30 reaches_peer; then val rxe1_anew yes; else val rxe1_anew no; fi
   else
     send_retry ready 90 host "$PEER_ADDR" 7486 --gpu none --transport rdma --size 1MiB --timeout 10
     run sender 180 host "$RAILS" 7486 --nic rxe0,rxe1 --op write --gpu none --transport rdma \
@@ -219,7 +212,7 @@ else
   $RDMA link show 2>&1
   $IP addr show eth1 2>&1
 fi
-ALL="striped failover back_up down_then_up far_end_down control_rail_down"
+ALL="striped down_then_up far_end_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"
