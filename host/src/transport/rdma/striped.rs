@@ -649,8 +649,12 @@ impl<'r> StripedWire<'_, 'r> {
             let comps = std::mem::take(&mut self.comps);
             for c in &comps {
                 if tag(c.wr_id) == WR_ACK {
-                    // The receiver's ack (or an early one: too slow) with the data.
-                    self.seen.push_back((r, *c));
+                    // The receiver's ack (or an early one: too slow) with the data. A
+                    // failed one is a failed rail's flushed receive: no ack came, and
+                    // counting it would make rail 0's failure end the transfer.
+                    if c.is_ok() {
+                        self.seen.push_back((r, *c));
+                    }
                     continue;
                 }
                 if !is_data(c.wr_id) {
