@@ -86,7 +86,7 @@ fn send(peer: SocketAddr, data: &[u8], opts: &Options) -> Result<SendReport> {
 }
 
 fn send_host(peer: SocketAddr, data: &[u8], opts: &Options) -> Result<SendReport> {
-    let buffer = host::memory::HostBuffer::zeroed(data.len())?;
+    let mut buffer = host::memory::HostBuffer::zeroed(data.len())?;
     buffer.write_at(0, data)?;
     Ok(api::send_host(peer, &buffer, opts)?)
 }

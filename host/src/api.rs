@@ -15,7 +15,7 @@
 //! let receiving = std::thread::spawn(move || listener.receive_one());
 //!
 //! // The sending side: any bytes, checked by CRC32C per chunk, repaired if need be.
-//! let data = HostBuffer::zeroed(4097)?;
+//! let mut data = HostBuffer::zeroed(4097)?;
 //! data.write_at(0, b"hello")?;
 //! let report = api::send_host(addr, &data, &opts)?;
 //! assert!(report.receiver.is_some_and(|v| v.ok()));

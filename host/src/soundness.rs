@@ -53,14 +53,41 @@
 //! ```
 //!
 //! ```compile_fail,E0200
-//! use host::transfer::schedule::{ChunkWire, Posted, WireError};
+//! use host::rdma::Deadline;
+//! use host::transfer::schedule::{ChunkWire, Done, Posted, WireError};
 //! struct ReportsEarly;
 //! impl ChunkWire for ReportsEarly {
 //!     unsafe fn post(&mut self, _: &[Posted]) -> Result<(), WireError> { Ok(()) }
-//!     fn wait(&mut self, _: &host::rdma::Deadline) -> Result<Option<u64>, WireError> {
-//!         Ok(Some(u64::MAX))
-//!     }
+//!     fn wait(&mut self, _: &Deadline) -> Result<Option<Done>, WireError> { Ok(None) }
+//!     fn drain(&mut self, _: &Deadline) {} // "nothing reads them any more": unchecked
 //! }
+//! ```
+//!
+//! # A source is never rewritten while a wire may read it
+//!
+//! A pass ([`Schedule::run`](crate::transfer::schedule::Schedule::run)) returns only once
+//! its wire reads none of the chunks it was given, also when it fails early (the wire is
+//! drained, [`ChunkWire::drain`](crate::transfer::schedule::ChunkWire::drain)), and never
+//! takes another pass's reports for its own (every chunk and report names its pass). In
+//! between, a host buffer is written only through `&mut self`, which no borrow lent to a
+//! wire allows (the run-time half: `transfer::memcpy_wire`'s and `transport::tcp::wire`'s
+//! tests, the memcpy ones under Miri).
+//!
+//! ```
+//! use host::memory::HostBuffer;
+//! use host::transfer::memcpy_wire::MemcpyWire;
+//! let mut source = HostBuffer::zeroed(4096).unwrap();
+//! source.write_at(0, b"before the wire").unwrap();
+//! MemcpyWire::scope(&source, vec![0; 4096], |_wire| ()).unwrap();
+//! source.write_at(0, b"after it").unwrap();
+//! ```
+//!
+//! ```compile_fail,E0502
+//! use host::memory::HostBuffer;
+//! use host::transfer::memcpy_wire::MemcpyWire;
+//! let mut source = HostBuffer::zeroed(4096).unwrap();
+//! // Rewrite the source while the wire may be reading it: refused.
+//! MemcpyWire::scope(&source, vec![0; 4096], |_wire| source.write_at(0, b"x").unwrap()).unwrap();
 //! ```
 //!
 //! ```compile_fail,E0133

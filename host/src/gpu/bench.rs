@@ -14,7 +14,7 @@ use crate::memory::{DataPath, Registrable, SendSource};
 use crate::rdma::Deadline;
 use crate::transfer::memcpy_wire::MemcpyWire;
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::schedule::{ChunkWire, Posted, Schedule, WireError};
+use crate::transfer::schedule::{ChunkWire, Done, Posted, Schedule, WireError};
 use anyhow::Result;
 use serde::Serialize;
 use std::ops::Range;
@@ -188,7 +188,7 @@ pub struct StagedResult {
 
 /// A wire that takes every chunk at once: the copies' speed alone.
 struct InstantWire {
-    last: Option<u64>,
+    last: Option<Done>,
 }
 
 // SAFETY: reads no bytes at all.
@@ -196,12 +196,18 @@ unsafe impl ChunkWire for InstantWire {
     /// # Safety
     /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
-        self.last = chunks.last().map(|p| p.chunk.index).or(self.last);
+        if let Some(p) = chunks.last() {
+            self.last = Some(Done {
+                pass: p.pass,
+                through: p.chunk.index,
+            });
+        }
         Ok(())
     }
-    fn wait(&mut self, _: &Deadline) -> Result<Option<u64>, WireError> {
+    fn wait(&mut self, _: &Deadline) -> Result<Option<Done>, WireError> {
         Ok(self.last)
     }
+    fn drain(&mut self, _: &Deadline) {}
 }
 
 /// The ring's slots handed out in the staged source's order, without copying into them:

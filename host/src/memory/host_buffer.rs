@@ -152,10 +152,21 @@ impl HostBuffer {
         }
     }
 
-    /// Copy `data` into the buffer at `offset`. Through `&self`, because a registered
-    /// buffer (a control message) is rewritten between sends; whoever posted a request on
-    /// it promised not to do so before its completion.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    /// Copy `data` into the buffer at `offset`. Through `&mut self`: a buffer lent to a
+    /// transfer as its source (`&self`) may be read meanwhile by a wire's threads or the
+    /// NIC, so nothing may rewrite it then.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: `&mut self`: no transfer, wire or registration borrows the buffer.
+        unsafe { self.write_shared(offset, data) }
+    }
+
+    /// [`write_at`](Self::write_at) through `&self`, for a registered buffer of control
+    /// messages rewritten between sends ([`MessageBuffer`](crate::rdma::MessageBuffer)).
+    ///
+    /// # Safety
+    /// Nothing reads or writes bytes `[offset, offset + data.len())` meanwhile: no request
+    /// posted on them is outstanding and no wire was handed them.
+    pub(crate) unsafe fn write_shared(&self, offset: usize, data: &[u8]) -> Result<()> {
         if offset
             .checked_add(data.len())
             .is_none_or(|end| end > self.len)
@@ -168,7 +179,7 @@ impl HostBuffer {
         }
         // SAFETY: the range lies inside the allocation (checked); `data` is a different
         // allocation (slices of this buffer come only from `&mut self`, which cannot
-        // coexist with `&self`).
+        // coexist with `&self`); nothing else touches the range (the caller's promise).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
         };

@@ -242,8 +242,10 @@ impl<'m> MemoryRegion<'m> {
 
 impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
-        // SAFETY: registered by us, deregistered once. No queue pair that used it is left
-        // (Sge lifetimes), so nothing can still name it.
+        // SAFETY: registered by us, deregistered once. Deregistering is allowed whatever
+        // still names the region: a queue pair that outlived it (one forgotten with
+        // `mem::forget`, whose requests the Sge lifetimes no longer bound) gets
+        // protection errors for its requests, and the NIC reaches the memory no more.
         unsafe { ibv_dereg_mr(self.raw.as_ptr()) };
     }
 }
@@ -269,8 +271,10 @@ impl MessageBuffer {
     /// Copy `data` to the start of the buffer, to be sent. The caller must not do this
     /// while a work request on the buffer is outstanding (the contract of posting it).
     pub fn write(&self, data: &[u8]) -> Result<(), RdmaError> {
-        self.buf
-            .write_at(0, data)
+        // SAFETY: the buffer is this value's own; the only readers of its bytes besides
+        // this value's copies are requests posted on its SGEs, and posting is `unsafe`
+        // with the promise not to rewrite the bytes before the request's completion.
+        unsafe { self.buf.write_shared(0, data) }
             .map_err(|e| RdmaError::InvalidArgument(format!("{e:#}")))
     }
 
@@ -290,8 +294,8 @@ impl MessageBuffer {
     /// Copy `data` into the buffer at `offset` (one slot of a buffer cut into slots). The
     /// caller must not do this while a work request on those bytes is outstanding.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), RdmaError> {
-        self.buf
-            .write_at(offset, data)
+        // SAFETY: as for `write`.
+        unsafe { self.buf.write_shared(offset, data) }
             .map_err(|e| RdmaError::InvalidArgument(format!("{e:#}")))
     }
 

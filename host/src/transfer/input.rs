@@ -53,7 +53,7 @@ fn buffer_of(bytes: &[u8], what: &str) -> Result<HostBuffer> {
     if bytes.is_empty() {
         bail!("{what} is empty: nothing to send");
     }
-    let buffer = HostBuffer::zeroed(bytes.len())?;
+    let mut buffer = HostBuffer::zeroed(bytes.len())?;
     buffer.write_at(0, bytes)?;
     Ok(buffer)
 }

@@ -3,19 +3,32 @@
 //! measures the staged pipeline with it, and the GPU tests drive sources through the
 //! real schedule with it, on the GPU machine, which has no NIC.
 
-use super::schedule::{ChunkWire, Posted, WireError};
+use super::schedule::{ChunkWire, Done, Pass, Posted, WireError};
 use crate::memory::{Registrable, RegistrationTarget};
 use crate::rdma::Deadline;
 use std::marker::PhantomData;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
-/// One chunk for the copying thread: source and destination byte offsets, length, index.
-struct Job {
-    from: usize,
-    to: usize,
-    len: usize,
-    index: u64,
-    signaled: bool,
+/// What the copying thread is given.
+enum Job {
+    /// One chunk: source and destination byte offsets, length, pass and index.
+    Copy {
+        from: usize,
+        to: usize,
+        len: usize,
+        pass: Pass,
+        index: u64,
+        signaled: bool,
+    },
+    /// Answer once every job before this one is over ([`ChunkWire::drain`]).
+    Fence,
+}
+
+/// What the copying thread reports.
+enum Report {
+    Copied(Done),
+    Fenced,
 }
 
 /// The source's base address, for the copying thread.
@@ -38,7 +51,10 @@ unsafe impl Send for SourceBase {}
 /// (invariant), so two scopes' wires cannot be swapped.
 pub struct MemcpyWire<'w> {
     jobs: Option<mpsc::Sender<Job>>,
-    done: mpsc::Receiver<u64>,
+    done: mpsc::Receiver<Report>,
+    /// Set while draining: the thread skips the copies still queued (they belong to a
+    /// pass that is over) until it reaches the fence.
+    skip: Arc<AtomicBool>,
     source_len: usize,
     destination_len: usize,
     _scope: PhantomData<fn(&'w ()) -> &'w ()>,
@@ -60,27 +76,53 @@ impl MemcpyWire<'_> {
             anyhow::bail!("the memcpy wire reads host memory only");
         };
         let base = SourceBase(ptr.as_ptr());
+        let skip = Arc::new(AtomicBool::new(false));
+        let skipping = skip.clone();
         std::thread::scope(|scope| {
             let (jobs, rx) = mpsc::channel::<Job>();
-            let (tx, done) = mpsc::channel::<u64>();
+            let (tx, done) = mpsc::channel::<Report>();
             let thread = std::thread::Builder::new()
                 .name("memcpy-wire".into())
                 .spawn_scoped(scope, move || {
                     let base = base;
                     for job in rx {
-                        // SAFETY: post() checked that [from, from + len) lies in the source
-                        // and [to, to + len) in the destination; the poster keeps the
-                        // source bytes valid and unmodified until we report the chunk
-                        // done, and this thread ends inside `scope`, while the source is
-                        // still borrowed.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                base.0.add(job.from),
-                                destination.as_mut_ptr().add(job.to),
-                                job.len,
-                            )
+                        let report = match job {
+                            Job::Fence => {
+                                skipping.store(false, Ordering::Release);
+                                Report::Fenced
+                            }
+                            Job::Copy { .. } if skipping.load(Ordering::Acquire) => continue,
+                            Job::Copy {
+                                from,
+                                to,
+                                len,
+                                pass,
+                                index,
+                                signaled,
+                            } => {
+                                // SAFETY: post() checked that [from, from + len) lies in the
+                                // source and [to, to + len) in the destination; the poster
+                                // keeps the source bytes valid and unmodified until we
+                                // report the chunk done or the fence of a drain behind it,
+                                // and this thread ends inside `scope`, while the source is
+                                // still borrowed.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        base.0.add(from),
+                                        destination.as_mut_ptr().add(to),
+                                        len,
+                                    )
+                                };
+                                if !signaled {
+                                    continue;
+                                }
+                                Report::Copied(Done {
+                                    pass,
+                                    through: index,
+                                })
+                            }
                         };
-                        if job.signaled && tx.send(job.index).is_err() {
+                        if tx.send(report).is_err() {
                             break;
                         }
                     }
@@ -89,6 +131,7 @@ impl MemcpyWire<'_> {
             let mut wire = MemcpyWire {
                 jobs: Some(jobs),
                 done,
+                skip,
                 source_len: len,
                 destination_len,
                 _scope: PhantomData,
@@ -105,8 +148,10 @@ impl MemcpyWire<'_> {
     }
 }
 
-// SAFETY: a chunk is reported (by index, in order) only after the thread copied it, and
-// the thread reads nothing of a chunk after copying it.
+// SAFETY: a chunk is reported (by pass and index, in order) only after the thread copied
+// it, and the thread reads nothing of a chunk after copying it; drain returns only once
+// the thread answered a fence queued behind every chunk posted, so it has copied or
+// skipped them all.
 unsafe impl ChunkWire for MemcpyWire<'_> {
     fn batch(&self) -> usize {
         1
@@ -132,10 +177,11 @@ unsafe impl ChunkWire for MemcpyWire<'_> {
                     p.chunk.index, p.bytes
                 )));
             }
-            let job = Job {
+            let job = Job::Copy {
                 from: p.bytes.start,
                 to,
                 len: p.bytes.len(),
+                pass: p.pass,
                 index: p.chunk.index,
                 signaled: p.signaled,
             };
@@ -145,9 +191,16 @@ unsafe impl ChunkWire for MemcpyWire<'_> {
         Ok(())
     }
 
-    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, WireError> {
-        let first = match self.done.recv_timeout(deadline.remaining()) {
-            Ok(index) => index,
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<Done>, WireError> {
+        let mut latest: Option<Done> = None;
+        let mut take = |report: Report| {
+            if let Report::Copied(d) = report {
+                // In order: a later report covers the ones of its pass before it.
+                latest = Some(d);
+            }
+        };
+        match self.done.recv_timeout(deadline.remaining()) {
+            Ok(report) => take(report),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 return Err(WireError::Broken(
                     deadline.timeout_error("chunks to be copied").to_string(),
@@ -157,8 +210,26 @@ unsafe impl ChunkWire for MemcpyWire<'_> {
                 return Err(WireError::Broken("the copying thread is gone".into()))
             }
         };
-        // Chunks are copied in order: the last report covers all before it.
-        Ok(Some(self.done.try_iter().fold(first, u64::max)))
+        for report in self.done.try_iter() {
+            take(report);
+        }
+        Ok(latest)
+    }
+
+    /// The copying thread skips what is still queued and answers a fence; copies never
+    /// block, so waiting for the fence without a deadline ends (a thread that is gone has
+    /// stopped reading too).
+    fn drain(&mut self, _deadline: &Deadline) {
+        let Some(jobs) = &self.jobs else { return };
+        self.skip.store(true, Ordering::Release);
+        if jobs.send(Job::Fence).is_err() {
+            return;
+        }
+        while let Ok(report) = self.done.recv() {
+            if matches!(report, Report::Fenced) {
+                return;
+            }
+        }
     }
 }
 
@@ -191,20 +262,22 @@ mod tests {
         }
     }
 
-    /// A source that fails to prepare chunk `fail_at`, after handing out the ones before.
-    struct FailsAt {
-        buffer: HostBuffer,
+    /// A source that fails to prepare chunk `fail_at`, after handing out the ones before
+    /// (of 4 KiB each); its length is the buffer's, or `len` if given (a prefix of it).
+    struct FailsAt<'a> {
+        buffer: &'a HostBuffer,
         fail_at: usize,
+        len: Option<usize>,
     }
 
     // SAFETY: delegates to HostBuffer, whose chunks are ranges of memory it never
     // rewrites; failing is always allowed.
-    unsafe impl crate::memory::SendSource for FailsAt {
+    unsafe impl crate::memory::SendSource for FailsAt<'_> {
         fn len(&self) -> usize {
-            self.buffer.len()
+            self.len.unwrap_or(self.buffer.len())
         }
         fn memory(&self) -> &dyn Registrable {
-            &self.buffer
+            self.buffer
         }
         fn prepare_chunk(
             &self,
@@ -216,13 +289,13 @@ mod tests {
             self.buffer.prepare_chunk(offset, len, deadline)
         }
         fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
-            crate::memory::SendSource::first_values(&self.buffer, count)
+            crate::memory::SendSource::first_values(self.buffer, count)
         }
         fn path(&self) -> crate::memory::DataPath {
             crate::memory::DataPath::HostMemory
         }
         fn copy_out(&self, offset: usize, dest: &mut [u8]) -> anyhow::Result<()> {
-            crate::memory::SendSource::copy_out(&self.buffer, offset, dest)
+            crate::memory::SendSource::copy_out(self.buffer, offset, dest)
         }
     }
 
@@ -232,19 +305,88 @@ mod tests {
     /// the scoped wire's thread has ended before `scope` returns. Run under Miri in CI.
     #[test]
     fn a_wire_stops_reading_before_its_source_is_freed_even_after_an_early_error() {
+        let buffer = HostBuffer::with_pattern(16 * 4096).unwrap();
         let source = FailsAt {
-            buffer: HostBuffer::with_pattern(16 * 4096).unwrap(),
+            buffer: &buffer,
             fail_at: 9,
+            len: None,
         };
         let plan = ChunkPlan::new(source.len() as u64, 4096).unwrap();
         let schedule = Schedule::new(plan, 8, &source, Duration::from_secs(5));
-        let (run, _) = MemcpyWire::scope(&source.buffer, vec![0; 16 * 4096], |wire| {
+        let (run, _) = MemcpyWire::scope(&buffer, vec![0; 16 * 4096], |wire| {
             schedule.run(&source, wire, "memcpy")
         })
         .unwrap();
         let e = run.unwrap_err().to_string();
         assert!(e.contains("planted failure"), "{e}");
-        drop(source); // freed: nothing may read it any more
+        drop(buffer); // freed: nothing may read it any more
+    }
+
+    /// Issue 24, item 8: a pass that ends early (a destination too short for chunk 8) with
+    /// chunks still queued on the copying thread; the source is then poisoned through
+    /// `&self` (`RecvSink::poison`). Before, the thread went on copying while the poison
+    /// was written: Miri reported the data race, and poison reached the destination.
+    /// Now the pass returns only once the wire has stopped reading.
+    #[test]
+    fn a_pass_that_ends_early_leaves_no_copy_running_when_it_returns() {
+        use crate::memory::RecvSink;
+        const CHUNK: usize = 4096;
+        let src = HostBuffer::with_pattern(16 * CHUNK).unwrap();
+        let plan = ChunkPlan::new(src.len() as u64, CHUNK as u64).unwrap();
+        let schedule = Schedule::new(plan, 16, &src, Duration::from_secs(5));
+        let (run, copy) = MemcpyWire::scope(&src, vec![0; 8 * CHUNK], |wire| {
+            let run = schedule.run(&src, wire, "memcpy");
+            src.poison().unwrap(); // the source's owner may write it now
+            run
+        })
+        .unwrap();
+        let e = run.unwrap_err().to_string();
+        assert!(e.contains("outside the source or destination"), "{e}");
+        let poison = crate::memory::POISON.to_ne_bytes();
+        assert!(
+            !copy.chunks(4).any(|w| w == poison),
+            "a chunk was copied after the pass had returned"
+        );
+    }
+
+    /// Issue 24, item 9: after a pass fails early, a second pass on the same wire must not
+    /// take the first one's reports for its own. Before, a shorter second pass (the next
+    /// transfer, 4 chunks) returned Ok from the first pass's report of chunk 7 while its
+    /// own chunks were still queued, and the source written after (poison here) reached
+    /// the destination.
+    #[test]
+    fn a_second_pass_on_the_same_wire_waits_for_its_own_chunks() {
+        use crate::memory::RecvSink;
+        const CHUNK: usize = 4096;
+        let buffer = HostBuffer::with_pattern(16 * CHUNK).unwrap();
+        let first = FailsAt {
+            buffer: &buffer,
+            fail_at: 12,
+            len: None,
+        };
+        let second = FailsAt {
+            buffer: &buffer,
+            fail_at: usize::MAX,
+            len: Some(4 * CHUNK),
+        };
+        let schedule = |s: &FailsAt| {
+            let plan = ChunkPlan::new(s.len() as u64, CHUNK as u64).unwrap();
+            Schedule::new(plan, 8, s, Duration::from_secs(5))
+        };
+        let (long, short) = (schedule(&first), schedule(&second));
+        let (ran, copy) = MemcpyWire::scope(&buffer, vec![0; 16 * CHUNK], |wire| {
+            assert!(long.run(&first, wire, "memcpy").is_err(), "planted failure");
+            let ran = short.run(&second, wire, "memcpy");
+            buffer.poison().unwrap(); // the source's owner may write it now
+            ran
+        })
+        .unwrap();
+        ran.unwrap();
+        let v = verify_bytes(&copy[..4 * CHUNK]);
+        assert!(
+            v.ok(),
+            "the second pass copied its chunks before returning: {v:?}"
+        );
     }
 
     #[test]
@@ -252,6 +394,7 @@ mod tests {
         let src = HostBuffer::with_pattern(4096).unwrap();
         let plan = ChunkPlan::new(8192, 4096).unwrap();
         let p = Posted {
+            pass: Pass::fresh(),
             chunk: plan.get(1).unwrap(),
             bytes: 0..4096,
             signaled: true,

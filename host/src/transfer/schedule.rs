@@ -14,12 +14,36 @@ use crate::memory::SendSource;
 use crate::rdma::Deadline;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Which pass of the schedule a chunk belongs to. Every [`Posted`] carries its pass and
+/// every report ([`Done`]) names one, so a pass never takes the completions of another
+/// one on the same wire (an earlier pass that failed early, say) for its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pass(u64);
+
+impl Pass {
+    /// A pass number no earlier pass of this process had.
+    pub fn fresh() -> Pass {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Pass(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// What [`ChunkWire::wait`] reports: every chunk of `pass` up to index `through` is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    pub pass: Pass,
+    pub through: u64,
+}
 
 /// One chunk handed to the wire: where it goes in the transfer, and where its bytes lie
 /// in the source's registered memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Posted {
+    /// The pass it belongs to: the wire's reports of it name this pass.
+    pub pass: Pass,
     pub chunk: Chunk,
     pub bytes: Range<usize>,
     /// The wire must report this one's completion (the last chunk, and one in every
@@ -47,9 +71,12 @@ impl From<crate::rdma::RdmaError> for WireError {
 ///
 /// # Safety
 /// The schedule gives a chunk back to its source once [`wait`](ChunkWire::wait) reports it
-/// done, and a staging ring then overwrites its slot. So an implementation reports a chunk
-/// index only when nothing (its threads, the NIC) reads any chunk up to it any more, and
-/// reads a posted chunk's bytes only until then.
+/// done, and a staging ring then overwrites its slot. So an implementation:
+/// - reports a chunk index of a pass only when nothing (its threads, the NIC) reads any
+///   chunk of that pass up to it any more, names the pass the chunks were posted with,
+///   and reads a posted chunk's bytes only until it reported it;
+/// - returns from [`drain`](ChunkWire::drain) only once nothing reads any chunk posted
+///   so far, of any pass: after it, the source's owner may write any of them.
 pub unsafe trait ChunkWire {
     /// Chunks per [`post`](ChunkWire::post) call (one doorbell for all).
     fn batch(&self) -> usize {
@@ -63,9 +90,17 @@ pub unsafe trait ChunkWire {
     /// until [`wait`](ChunkWire::wait) has reported that chunk done.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError>;
 
-    /// Wait, until `deadline`, for more chunks to be done; return the highest chunk index
-    /// known done (all chunks up to it are), or `None` if woken for something else.
-    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, WireError>;
+    /// Wait, until `deadline`, for more chunks to be done; return the pass and the highest
+    /// chunk index of it known done (all chunks of the pass up to it are), or `None` if
+    /// woken for something else.
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<Done>, WireError>;
+
+    /// Stop reading every chunk posted so far: wait for them, or break the wire off (a
+    /// pass that ended early is over; the wire may refuse the next one). Returns only
+    /// once nothing reads any of them; `deadline` bounds the waiting before the wire is
+    /// broken off. [`Schedule::run`] calls it on every way out of a pass that leaves
+    /// chunks posted and not reported done: an error, or a panic.
+    fn drain(&mut self, deadline: &Deadline);
 }
 
 /// The shape of one pass.
@@ -121,6 +156,15 @@ impl Schedule {
             )));
         }
         source.begin_pass().map_err(TransferError::Memory)?;
+        let pass = Pass::fresh();
+        // Whatever way this pass ends before every chunk is done (an error, a panic),
+        // the wire stops reading the chunks it was given before the source is given back.
+        let mut outstanding = Outstanding {
+            wire,
+            posted: false,
+            timeout: self.timeout,
+        };
+        let wire = &mut *outstanding.wire;
         let broken = |done: u64, why: String| TransferError::Broken {
             peer: peer.to_string(),
             done: plan.bytes_through(done),
@@ -149,6 +193,7 @@ impl Schedule {
                 }
                 let last = next + 1 == n;
                 batch.push(Posted {
+                    pass,
                     chunk,
                     bytes,
                     signaled: last || (next + 1).is_multiple_of(self.signal_every),
@@ -156,17 +201,21 @@ impl Schedule {
                 });
                 next += 1;
                 if batch.len() >= batch_max {
+                    outstanding.posted = true;
                     // SAFETY: the source leaves a prepared chunk's bytes alone until
                     // release_chunk, which comes only after the wire reports it done.
                     unsafe { post(wire, &mut batch, done, &broken)? };
                 }
             }
             if !batch.is_empty() {
+                outstanding.posted = true;
                 // SAFETY: as above.
                 unsafe { post(wire, &mut batch, done, &broken)? };
             }
             match wire.wait(&deadline) {
-                Ok(Some(index)) => {
+                // Another pass's report (one that ended early on this wire): not ours.
+                Ok(Some(report)) if report.pass != pass => {}
+                Ok(Some(Done { through: index, .. })) => {
                     let through = (index + 1).min(next);
                     while done < through {
                         if let Some(chunk) = plan.get(done) {
@@ -184,7 +233,25 @@ impl Schedule {
             }
             progress.update(plan.bytes_through(done));
         }
+        // Every chunk is done: the wire reads none of them.
+        outstanding.posted = false;
         Ok(start.elapsed())
+    }
+}
+
+/// A pass's wire while chunks may be posted and not done: dropped on any way out of
+/// [`Schedule::run`], it drains the wire unless the pass finished.
+struct Outstanding<'a> {
+    wire: &'a mut dyn ChunkWire,
+    posted: bool,
+    timeout: Duration,
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        if self.posted {
+            self.wire.drain(&Deadline::after(self.timeout));
+        }
     }
 }
 
@@ -273,8 +340,11 @@ mod tests {
         completed: u64,
         /// The most chunks ever outstanding.
         in_flight_max: u64,
-        pending: Vec<u64>,
+        pending: Vec<(Pass, u64)>,
         fail_at: Option<u64>,
+        /// Reports of an earlier pass, handed out before any of the current one's.
+        stale: Vec<Done>,
+        drained: u32,
     }
 
     // SAFETY: a recorder reads no bytes at all.
@@ -294,17 +364,24 @@ mod tests {
                     .in_flight_max
                     .max(self.posted.len() as u64 - self.completed);
                 if p.signaled {
-                    self.pending.push(p.chunk.index);
+                    self.pending.push((p.pass, p.chunk.index));
                 }
             }
             Ok(())
         }
-        fn wait(&mut self, _: &Deadline) -> Result<Option<u64>, WireError> {
-            let last_done = self.pending.drain(..).max();
-            if let Some(i) = last_done {
+        fn wait(&mut self, _: &Deadline) -> Result<Option<Done>, WireError> {
+            if let Some(stale) = self.stale.pop() {
+                return Ok(Some(stale));
+            }
+            let last_done = self.pending.drain(..).max_by_key(|&(_, i)| i);
+            if let Some((_, i)) = last_done {
                 self.completed = i + 1;
             }
-            Ok(last_done)
+            Ok(last_done.map(|(pass, through)| Done { pass, through }))
+        }
+        fn drain(&mut self, _: &Deadline) {
+            self.drained += 1;
+            self.pending.clear();
         }
     }
 
@@ -359,6 +436,48 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("planted failure"), "{text}");
+        assert_eq!(
+            wire.drained, 1,
+            "a pass that failed with chunks posted drains"
+        );
+    }
+
+    #[test]
+    fn a_pass_that_finishes_does_not_drain_and_one_that_posts_nothing_does_not_either() {
+        let src = source(8 * 4096);
+        let plan = ChunkPlan::new(src.len() as u64, 4096).unwrap();
+        let schedule = Schedule::new(plan, 2, &src, Duration::from_secs(1));
+        let mut wire = Recorder::default();
+        schedule.run(&src, &mut wire, "x").unwrap();
+        assert_eq!(wire.drained, 0);
+        let mut first = Recorder {
+            fail_at: Some(0),
+            ..Recorder::default()
+        };
+        schedule.run(&src, &mut first, "x").unwrap_err();
+        assert_eq!(first.drained, 1, "posting was attempted");
+    }
+
+    /// The audit's case over a recording wire: reports of an earlier pass that ended
+    /// early come back first; the schedule must not count them for its own chunks.
+    #[test]
+    fn another_passes_reports_are_not_taken_for_this_ones() {
+        let src = source(8 * 4096);
+        let plan = ChunkPlan::new(src.len() as u64, 4096).unwrap();
+        let schedule = Schedule::new(plan, 8, &src, Duration::from_secs(1));
+        let earlier = Pass::fresh();
+        let mut wire = Recorder {
+            stale: vec![Done {
+                pass: earlier,
+                through: 7,
+            }],
+            ..Recorder::default()
+        };
+        schedule.run(&src, &mut wire, "x").unwrap();
+        // Had the stale report counted, the pass would have ended with the whole window
+        // posted and only that report seen: every chunk was done by its own report.
+        assert_eq!(wire.completed, 8);
+        assert!(wire.posted.iter().all(|p| p.pass != earlier));
     }
 
     #[test]

@@ -112,6 +112,28 @@ impl<'r> Connection<'r> {
         self.disconnected.get()
     }
 
+    /// Make the NIC stop reading the memory this queue pair's requests name (a pass that
+    /// ended early, [`ChunkWire::drain`](crate::transfer::schedule::ChunkWire::drain)):
+    /// the queue pair goes to the error state (`rdma_disconnect`), where no queued
+    /// request runs any more and each completes as flushed, in order; then the completion
+    /// queue is polled until the completion of request `last` (the last one posted) or
+    /// `deadline`. A request that had already run unsignaled completes no more, so the
+    /// wait for it can last to the deadline; the queue pair reads nothing either way.
+    pub fn quiesce(&self, last: u64, deadline: &Deadline) {
+        let _ = self.id.disconnect();
+        let mut comps = Vec::new();
+        loop {
+            comps.clear();
+            if self.cq.poll(&mut comps).is_err() || comps.iter().any(|c| c.wr_id == last) {
+                return;
+            }
+            if deadline.expired() {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// Wait for completions (appended to `out`) or the peer's disconnect, until
     /// `deadline`. Other CM events of the connection are taken and ignored.
     pub fn wait(

@@ -888,6 +888,10 @@ struct VerbsWire<'c, 'r> {
     tamper: Option<Tamper<'r>>,
     /// A resend pass: only these chunks go, each signaled and with its immediate.
     subset: Option<Subset>,
+    /// The pass of the chunks posted, for the reports.
+    pass: Option<schedule::Pass>,
+    /// The last data request posted, and whether its completion was seen.
+    last_posted: Option<(u64, bool)>,
 }
 
 impl<'c, 'r> VerbsWire<'c, 'r> {
@@ -914,6 +918,8 @@ impl<'c, 'r> VerbsWire<'c, 'r> {
             crcs: None,
             tamper: None,
             subset: None,
+            pass: None,
+            last_posted: None,
         }
     }
 
@@ -1096,9 +1102,13 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
                 solicited: signaled,
             });
         }
+        self.pass = chunks.last().map(|p| p.pass).or(self.pass);
         if self.wrs.is_empty() {
             return Ok(());
         }
+        // Counted as posted before posting: a list the provider took in part leaves
+        // drain something to wait for.
+        self.last_posted = self.wrs.last().map(|wr| (wr.wr_id, false));
         // SAFETY: every SGE lies in the source's registered memory (the region checked
         // it) or in a scratch buffer of ours; the caller keeps the source's bytes
         // unmodified until we report them done, and a scratch slot is not rewritten
@@ -1107,7 +1117,30 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
         Ok(())
     }
 
-    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<schedule::Done>, schedule::WireError> {
+        let highest = self.wait_for_index(deadline)?;
+        Ok(match (self.pass, highest) {
+            (Some(pass), Some(through)) => Some(schedule::Done { pass, through }),
+            _ => None,
+        })
+    }
+
+    /// The queue pair goes to the error state unless its last request completed: every
+    /// request still queued is flushed, not run ([`Connection::quiesce`]). The
+    /// connection cannot carry another pass then: the transfer has failed.
+    fn drain(&mut self, _deadline: &Deadline) {
+        if let Some((last, false)) = self.last_posted {
+            self.conn.quiesce(last, &Deadline::after(QUIESCE_WAIT));
+        }
+    }
+}
+
+/// The longest a drain waits for the flushed completion of a queue pair's last request.
+pub(super) const QUIESCE_WAIT: Duration = Duration::from_secs(2);
+
+impl VerbsWire<'_, '_> {
+    /// [`ChunkWire::wait`]'s work: the highest chunk index known done.
+    fn wait_for_index(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
         if let Some(subset) = &self.subset {
             if !subset.waiting() {
                 // Nothing posted is out: the chunks passed over are done at once.
@@ -1148,6 +1181,9 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
                 }
                 WR_REPLY => self.reply = Some(*c),
                 id if is_data(id) => {
+                    if let Some((last, seen)) = &mut self.last_posted {
+                        *seen |= *last == id;
+                    }
                     if !c.is_ok() {
                         // A dead port fails the request before its event arrives.
                         let why = self

@@ -393,6 +393,8 @@ fn attempt(
         comps: Vec::new(),
         seen: VecDeque::new(),
         wrs: vec![Vec::new(); rails],
+        pass: None,
+        last_posted: vec![None; rails],
     };
     for (j, a) in accepts.iter().enumerate() {
         if a.is_none() {
@@ -547,6 +549,10 @@ struct StripedWire<'a, 'r> {
     seen: VecDeque<(usize, Completion)>,
     /// Work requests per rail, posted as one list each.
     wrs: Vec<Vec<SendWr<'r>>>,
+    /// The pass of the chunks posted, for the reports.
+    pass: Option<schedule::Pass>,
+    /// Each rail's last data request posted, and whether its completion was seen.
+    last_posted: Vec<Option<(u64, bool)>>,
 }
 
 impl<'r> StripedWire<'_, 'r> {
@@ -595,11 +601,13 @@ impl<'r> StripedWire<'_, 'r> {
             );
             self.posted.insert(p.chunk.index, p.clone());
         }
+        self.pass = chunks.last().map(|p| p.pass).or(self.pass);
         for r in 0..self.wrs.len() {
             let wrs = std::mem::take(&mut self.wrs[r]);
             if wrs.is_empty() {
                 continue;
             }
+            self.last_posted[r] = wrs.last().map(|wr| (wr.wr_id, false));
             // SAFETY: every SGE lies in rail r's registration of the source's memory (the
             // region checked the range); the caller keeps those bytes unmodified until we
             // report them done, and the source is no staging ring (checked at the start),
@@ -661,6 +669,9 @@ impl<'r> StripedWire<'_, 'r> {
                     continue;
                 }
                 let index = c.wr_id & INDEX_MASK;
+                if let Some((last, seen)) = &mut self.last_posted[r] {
+                    *seen |= *last == c.wr_id;
+                }
                 if !c.is_ok() {
                     if !self.book.is_failed(r) {
                         let why = self.conns[r]
@@ -703,7 +714,8 @@ impl<'r> StripedWire<'_, 'r> {
 // SAFETY: a chunk is reported done only once a completion for it came on some rail (the
 // NIC of that rail finished reading it); a copy still in flight on a failed rail reads
 // the same unchanged bytes (the source is no staging ring, see `attempt`), and the
-// source's memory stays registered until every queue pair is destroyed.
+// source's memory stays registered until every queue pair is destroyed; drain puts every
+// queue pair with requests out into the error state, where none runs any more.
 unsafe impl ChunkWire for StripedWire<'_, '_> {
     fn batch(&self) -> usize {
         16
@@ -716,10 +728,14 @@ unsafe impl ChunkWire for StripedWire<'_, '_> {
         unsafe { self.post_on_rails(chunks, false) }
     }
 
-    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, schedule::WireError> {
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<schedule::Done>, schedule::WireError> {
         loop {
             if self.poll()? {
-                return Ok(self.book.done_through());
+                return Ok(self
+                    .book
+                    .done_through()
+                    .zip(self.pass)
+                    .map(|(through, pass)| schedule::Done { pass, through }));
             }
             // An ack seen here may have overtaken the last data completions of another
             // rail (the receiver acks once every chunk landed): those still come. One
@@ -730,6 +746,17 @@ unsafe impl ChunkWire for StripedWire<'_, '_> {
                 ));
             }
             std::thread::sleep(IDLE_NAP);
+        }
+    }
+
+    /// Every rail's queue pair whose last request is still out goes to the error state,
+    /// which flushes what is queued ([`Connection::quiesce`]): a failed rail's too, whose
+    /// late reads the source's unchanged bytes allowed until now.
+    fn drain(&mut self, _deadline: &Deadline) {
+        for (r, last) in self.last_posted.iter().enumerate() {
+            if let Some((wr_id, false)) = *last {
+                self.conns[r].quiesce(wr_id, &Deadline::after(super::sender::QUIESCE_WAIT));
+            }
         }
     }
 }

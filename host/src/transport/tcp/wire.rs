@@ -21,7 +21,7 @@ use crate::memory::{Registrable, RegistrationTarget};
 use crate::rdma::Deadline;
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::plan::Chunk;
-use crate::transfer::schedule::{ChunkWire, Posted, WireError};
+use crate::transfer::schedule::{ChunkWire, Done, Pass, Posted, WireError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::marker::PhantomData;
@@ -45,6 +45,8 @@ struct Job {
     len: usize,
     /// Where it goes in the transfer.
     offset: u64,
+    /// The schedule's pass it was posted in (chunks sent again: the pass they repair).
+    pass: Pass,
     index: u64,
     /// Its CRC32C when known already (the GPU's, or the first sending's); with
     /// checksums on and none given, the writer computes it.
@@ -79,9 +81,10 @@ pub struct WireChecks {
 
 /// A writer's report.
 enum Report {
-    /// Chunk `index` written, with the CRC32C its frame carried.
+    /// Chunk `index` of `pass` written, with the CRC32C its frame carried.
     Written {
         stream: usize,
+        pass: Pass,
         index: u64,
         crc: u32,
     },
@@ -162,6 +165,10 @@ pub struct TcpWire<'w> {
     /// Rails given up on during this transfer.
     failures: Vec<RailFailed>,
     failed: bool,
+    /// The pass whose chunks are being posted and reported.
+    pass: Option<Pass>,
+    /// Each writer thread has left (it reads nothing of the source any more).
+    exited: Vec<bool>,
     _scope: PhantomData<fn(&'w ()) -> &'w ()>,
 }
 
@@ -200,6 +207,8 @@ impl TcpWire<'_> {
                 next_done: 0,
                 failures: Vec::new(),
                 failed: false,
+                pass: None,
+                exited: vec![false; streams.len()],
                 _scope: PhantomData,
             };
             for (i, stream) in streams.iter().enumerate() {
@@ -210,8 +219,9 @@ impl TcpWire<'_> {
                 std::thread::Builder::new()
                     .name(format!("tcp-writer-{i}"))
                     .spawn_scoped(scope, move || {
+                        // Sent however the writer leaves, a panic too: drain waits for it.
+                        let _exit = ExitReport { tx: &tx, stream: i };
                         write_stream(i, stream, rx, &tx, base, checks, timeout);
-                        let _ = tx.send(Report::Exited { stream: i });
                     })?;
                 wire.jobs.push(Some(jobs));
             }
@@ -272,10 +282,14 @@ impl TcpWire<'_> {
                 return Err(self.broken(format!("chunk {} cannot be sent again", chunk.index)));
             }
             waiting.insert(chunk.index);
+            let Some(pass) = self.pass else {
+                return Err(self.broken("chunks sent again before any pass".into()));
+            };
             let job = Job {
                 len: bytes.len(),
                 bytes: Bytes::Owned(bytes.into()),
                 offset: chunk.offset,
+                pass,
                 index: chunk.index,
                 crc,
                 attempt: round,
@@ -388,8 +402,14 @@ impl TcpWire<'_> {
         for r in reports {
             let now = Instant::now();
             match r {
-                Report::Written { stream, index, crc } => {
-                    let Some(job) = self.in_flight.get(&index) else {
+                Report::Written {
+                    stream,
+                    pass,
+                    index,
+                    crc,
+                } => {
+                    // Another pass's chunk of the same index is not this one.
+                    let Some(job) = self.in_flight.get(&index).filter(|j| j.pass == pass) else {
                         continue;
                     };
                     let (len, resend) = (job.len as u64, job.resend);
@@ -406,7 +426,10 @@ impl TcpWire<'_> {
                     let rail = self.dispatch.rail_of(stream);
                     self.fail_rail(rail, why, now)?;
                 }
-                Report::Exited { stream } => self.dispatch.writer_exited(stream),
+                Report::Exited { stream } => {
+                    self.exited[stream] = true;
+                    self.dispatch.writer_exited(stream)
+                }
             }
         }
         let now = Instant::now();
@@ -482,6 +505,7 @@ fn write_stream(
         let report = match result {
             Ok(()) => Report::Written {
                 stream: i,
+                pass: job.pass,
                 index: job.index,
                 crc,
             },
@@ -497,10 +521,11 @@ fn write_stream(
     }
 }
 
-// SAFETY: a chunk is reported done only once every chunk up to it was written to a
-// socket of a live rail (the kernel copied the bytes) and no writer of a failed rail
-// that had it may still read it (held until those writers exited); a writer reads
-// nothing of a chunk after reporting it.
+// SAFETY: a chunk is reported done only once every chunk of its pass up to it was
+// written to a socket of a live rail (the kernel copied the bytes) and no writer of a
+// failed rail that had it may still read it (held until those writers exited); a writer
+// reads nothing of a chunk after reporting it; drain returns only once every writer has
+// exited.
 unsafe impl ChunkWire for TcpWire<'_> {
     fn batch(&self) -> usize {
         1
@@ -510,6 +535,12 @@ unsafe impl ChunkWire for TcpWire<'_> {
     /// As [`ChunkWire::post`] says.
     unsafe fn post(&mut self, chunks: &[Posted]) -> Result<(), WireError> {
         for p in chunks {
+            if self.pass != Some(p.pass) {
+                // A new pass counts its chunks from nothing written.
+                self.pass = Some(p.pass);
+                self.written.clear();
+                self.next_done = 0;
+            }
             let fits = p.bytes.end <= self.source_len && p.bytes.start <= p.bytes.end;
             if !fits || p.bytes.len() as u64 != p.chunk.len || p.chunk.len > u32::MAX as u64 {
                 return Err(self.broken(format!(
@@ -527,6 +558,7 @@ unsafe impl ChunkWire for TcpWire<'_> {
                 },
                 len: p.bytes.len(),
                 offset: p.chunk.offset,
+                pass: p.pass,
                 index: p.chunk.index,
                 crc,
                 attempt: 0,
@@ -537,7 +569,7 @@ unsafe impl ChunkWire for TcpWire<'_> {
         Ok(())
     }
 
-    fn wait(&mut self, deadline: &Deadline) -> Result<Option<u64>, WireError> {
+    fn wait(&mut self, deadline: &Deadline) -> Result<Option<Done>, WireError> {
         let written = self.next_reports(deadline, "chunks to be written to the receiver")?;
         self.written.extend(written);
         let before = self.next_done;
@@ -550,7 +582,56 @@ unsafe impl ChunkWire for TcpWire<'_> {
                 f.resumed = Some(now.saturating_duration_since(f.at));
             }
         }
-        Ok((self.next_done > before).then(|| self.next_done - 1))
+        Ok(match self.pass {
+            Some(pass) if self.next_done > before => Some(Done {
+                pass,
+                through: self.next_done - 1,
+            }),
+            _ => None,
+        })
+    }
+
+    /// A pass that ended early is over, and so is the connection's data: every socket's
+    /// writing side is shut (a blocked write returns at once; the control socket can
+    /// still read the receiver's last word), the job queues close, and this returns once
+    /// every writer thread has left. Writers leave promptly then, so the wait needs no
+    /// deadline of its own, and it must not return early: a writer still in
+    /// `write_all` reads the source.
+    fn drain(&mut self, _deadline: &Deadline) {
+        self.failed = true;
+        for s in &self.shutters {
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        for jobs in &mut self.jobs {
+            *jobs = None;
+        }
+        while self.exited.iter().any(|e| !e) {
+            match self.done.recv() {
+                Ok(Report::Exited { stream }) => {
+                    self.exited[stream] = true;
+                    self.dispatch.writer_exited(stream);
+                }
+                Ok(_) => {}
+                // Every writer is gone with its sender.
+                Err(_) => break,
+            }
+        }
+        self.in_flight.clear();
+        self.written.clear();
+    }
+}
+
+/// Tells the wire that a writer thread left, from its `Drop`: also when it panicked.
+struct ExitReport<'a> {
+    tx: &'a mpsc::Sender<Report>,
+    stream: usize,
+}
+
+impl Drop for ExitReport<'_> {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Report::Exited {
+            stream: self.stream,
+        });
     }
 }
 
@@ -565,5 +646,82 @@ impl Drop for TcpWire<'_> {
             }
         }
         self.jobs.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{HostBuffer, RecvSink, POISON};
+    use crate::transfer::plan::ChunkPlan;
+    use crate::transfer::schedule::Schedule;
+    use crate::transport::tcp::frames::{Frame, FRAME_LEN};
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    /// Every frame's payload the peer received, in arrival order, until the sender's side
+    /// closed or broke (read after the sender was done).
+    fn payloads(mut peer: TcpStream) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut head = [0u8; FRAME_LEN];
+        while peer.read_exact(&mut head).is_ok() {
+            let frame = Frame::decode(&head);
+            let mut bytes = vec![0u8; frame.len as usize];
+            if peer.read_exact(&mut bytes).is_err() {
+                break; // cut off mid-frame: the wire broke off
+            }
+            out.push(bytes);
+        }
+        out
+    }
+
+    /// Issue 24, items 8 and 9, over TCP: a pass that fails at once (`Schedule::timeout`
+    /// zero) while 64 MiB of chunks sit queued on the writers, and a peer that reads
+    /// nothing until later. The source's owner then writes it (poison) and runs the
+    /// next pass on the same wire. Before, the writers went on sending the source's
+    /// bytes as they were rewritten (29.6 MB of poison reached the peer) and the second
+    /// pass returned Ok from the first one's reports; now the first pass returns only
+    /// once no writer reads the source, and the second is refused (the wire was broken
+    /// off), so no rewritten byte reaches the peer.
+    #[test]
+    fn a_failed_pass_leaves_no_writer_sending_the_source_and_the_next_pass_is_refused() {
+        const CHUNK: usize = 1 << 20;
+        let src = HostBuffer::with_pattern(64 * CHUNK).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        let plan = ChunkPlan::new(src.len() as u64, CHUNK as u64).unwrap();
+        let schedule = Schedule::new(plan, 64, &src, Duration::ZERO);
+        let timeout = Duration::from_secs(10);
+        let (first, second) = TcpWire::scope(
+            &src,
+            &[sender],
+            WireRails::single(1),
+            timeout,
+            WireChecks::default(),
+            |wire| {
+                wire.next_transfer(plan.count(), None);
+                let first = schedule.run(&src, wire, "peer");
+                src.poison().unwrap();
+                wire.next_transfer(plan.count(), None);
+                let again = Schedule::new(plan, 64, &src, timeout);
+                (first, again.run(&src, wire, "peer"))
+            },
+        )
+        .unwrap();
+        assert!(first.is_err(), "a zero timeout fails the pass");
+        assert!(second.is_err(), "the wire was broken off: {second:?}");
+        let poison = POISON.to_ne_bytes();
+        let received = payloads(peer);
+        let rewritten = received
+            .iter()
+            .filter(|p| p.chunks(4).any(|w| w == poison))
+            .count();
+        assert_eq!(
+            rewritten,
+            0,
+            "{rewritten} of {} chunks received carried bytes written after the pass",
+            received.len()
+        );
     }
 }
