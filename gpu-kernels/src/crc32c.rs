@@ -274,23 +274,26 @@ pub fn warps_needed(len: u64, chunk: u64, piece: u64) -> u64 {
     chunk_count(len, chunk) * pieces_per_chunk(chunk, piece)
 }
 
-/// Warp `w`'s piece (`chunk` and `piece` nonzero).
+/// Warp `w`'s piece (`chunk` and `piece` nonzero). Every sum and product is checked: a
+/// chunk or piece near `u64::MAX` (a caller's mistake the host refuses, but the kernel
+/// must not trust) gives the warp no piece, or one that ends where its chunk and the
+/// buffer end, never an end that wrapped past `len`.
 #[inline(always)]
 pub fn piece_of_warp(w: u64, len: u64, chunk: u64, piece: u64) -> Option<Piece> {
     let per_chunk = pieces_per_chunk(chunk, piece);
     let c = w / per_chunk;
-    let chunk_start = c * chunk;
-    let start = chunk_start + (w % per_chunk) * piece;
+    let chunk_start = c.checked_mul(chunk)?;
+    let start = chunk_start.checked_add((w % per_chunk).checked_mul(piece)?)?;
     if start >= len {
         return None;
     }
-    let chunk_end = (chunk_start + chunk).min(len);
+    let chunk_end = chunk_start.saturating_add(chunk).min(len);
     Some(Piece {
         chunk: c,
         chunk_start,
         chunk_end,
         start,
-        end: (start + piece).min(chunk_end),
+        end: start.saturating_add(piece).min(chunk_end),
     })
 }
 
@@ -446,6 +449,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Issue 24, item 11: a piece of `u64::MAX` bytes made `start + piece` wrap, so a warp's
+    /// piece ran to `u64::MAX` and the kernel read past the buffer (a debug build panicked
+    /// here with "attempt to add with overflow"). Now every piece stays inside the buffer.
+    #[test]
+    fn pieces_near_u64_max_stay_inside_the_buffer() {
+        for (len, chunk, piece) in [
+            (8192u64, 4096u64, u64::MAX),
+            (8192, u64::MAX, 4096),
+            (8192, u64::MAX, u64::MAX),
+            (8192, u64::MAX - 1, u64::MAX / 2 + 1),
+            (u64::MAX, u64::MAX / 2 + 1, u64::MAX / 2),
+        ] {
+            let warps = warps_needed(len.min(1 << 20), chunk, piece);
+            for w in (0..warps.min(64)).chain([u64::MAX / 2, u64::MAX]) {
+                if let Some(p) = piece_of_warp(w, len, chunk, piece) {
+                    assert!(
+                        p.chunk_start <= p.start && p.start < p.end && p.end <= p.chunk_end,
+                        "{len}/{chunk}/{piece} warp {w}: {p:?}"
+                    );
+                    assert!(p.chunk_end <= len, "{len}/{chunk}/{piece} warp {w}: {p:?}");
+                }
+            }
+        }
+        let p = piece_of_warp(1, 8192, 4096, u64::MAX).unwrap();
+        assert_eq!((p.start, p.end), (4096, 8192));
     }
 
     #[test]

@@ -557,6 +557,104 @@ fn an_upload_is_not_readable_before_its_copies_land() {
     assert_eq!(gpu.verify(memory).unwrap().mismatches, 0);
 }
 
+/// Issue 24, item 10, the run-time half (the compile-time half: `host::gpu`'s
+/// `compile_fail` example, a writer swapped between nested fills): a writer thread that
+/// runs an upload of its own, on a GPU handle of its own, inside another upload's fill;
+/// each writer fills its own upload, and both land whole.
+#[test]
+fn nested_fills_each_land_their_own_bytes() {
+    let Some(gpu) = gpu_or_skip("nested_fills_each_land_their_own_bytes") else {
+        return;
+    };
+    let (len, chunk) = (4usize << 20, 1usize << 20);
+    let write_pattern = |writer: &mut host::gpu::upload::SlotWriter<'_>| {
+        for i in 0..len / chunk {
+            writer.write_at(i * chunk, chunk, |slot| {
+                for (e, word) in slot.chunks_exact_mut(4).enumerate() {
+                    word.copy_from_slice(&pattern::value((i * chunk / 4 + e) as u64).to_ne_bytes());
+                }
+                Ok(())
+            })?;
+        }
+        Ok::<(), String>(())
+    };
+    let mut outer = host::gpu::upload::DeviceUpload::new(&gpu, len, chunk, 1).unwrap();
+    let inner_ok = std::sync::atomic::AtomicBool::new(false);
+    outer
+        .fill(1, Duration::from_secs(30), |_, writer| {
+            let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+            let mut inner = host::gpu::upload::DeviceUpload::new(&gpu, len, chunk, 1)
+                .map_err(|e| e.to_string())?;
+            inner.fill(1, Duration::from_secs(30), |_, w| write_pattern(w))?;
+            let v = gpu
+                .verify(inner.memory().map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            inner_ok.store(v.mismatches == 0, std::sync::atomic::Ordering::Relaxed);
+            drop(inner); // its ring is freed; the outer writer lends only its own
+            write_pattern(writer)
+        })
+        .unwrap();
+    assert!(inner_ok.into_inner(), "the inner upload landed whole");
+    assert_eq!(gpu.verify(outer.memory().unwrap()).unwrap().mismatches, 0);
+}
+
+/// Issue 24, item 12: page-locked memory is written (zeroed) before any `&[u8]` over it
+/// is handed out: CUDA does not promise `cuMemHostAlloc` zeroes it. (Reading
+/// uninitialized bytes is undefined behaviour whatever they hold, so no run can show the
+/// old hole; this checks the promise the SAFETY note now rests on, on the H200's driver.)
+#[test]
+fn page_locked_buffers_read_as_zeroes_when_new() {
+    let Some(gpu) = gpu_or_skip("page_locked_buffers_read_as_zeroes_when_new") else {
+        return;
+    };
+    for len in [1usize, 4097, 64 << 20] {
+        let mut pinned = host::gpu::allocations::PinnedHostBuffer::new(&gpu, len).unwrap();
+        assert!(pinned.as_bytes().iter().all(|&b| b == 0), "{len} bytes");
+    }
+}
+
+/// Issue 24, item 11: `crc32c_chunks_with_piece(buf, 4096, u64::MAX)` made the kernel's
+/// piece arithmetic wrap, so a warp read past the buffer on the device. Now the wrapper
+/// refuses a piece larger than its chunk (the kernel's arithmetic is checked too), the
+/// GPU is left working, and every other shape near `u64::MAX` gives right CRCs.
+#[test]
+fn a_piece_near_u64_max_is_refused_and_the_gpu_keeps_working() {
+    let Some(gpu) = gpu_or_skip("a_piece_near_u64_max_is_refused_and_the_gpu_keeps_working") else {
+        return;
+    };
+    let (memory, data) = random_on_gpu(&gpu, 8192, 0, 11);
+    for piece in [u64::MAX, u64::MAX / 2 + 1, 4097] {
+        let e = crc32c_chunks_with_piece(&memory, 4096, piece).unwrap_err();
+        assert!(
+            e.to_string().contains("larger than its chunk"),
+            "{piece}: {e}"
+        );
+        let mut out = DeviceBuffer::new(&gpu, 8).unwrap();
+        // SAFETY: refused before anything is queued.
+        let launched = unsafe { launch_crc32c_chunks_shaped(&memory, 4096, piece, 256, &mut out) };
+        assert!(launched.is_err(), "piece {piece} was launched");
+    }
+    // Chunks of u64::MAX bytes (one chunk, the whole buffer) with the largest pieces
+    // allowed: the kernel's sums stay in range.
+    for (chunk, piece) in [
+        (u64::MAX, u64::MAX),
+        (u64::MAX, u64::MAX - 1),
+        (u64::MAX, 4096),
+    ] {
+        let got = crc32c_chunks_with_piece(&memory, chunk, piece).unwrap();
+        assert_eq!(
+            got,
+            chunk_crcs(&data, data.len()),
+            "chunk {chunk}, piece {piece}"
+        );
+    }
+    gpu.synchronize().unwrap();
+    assert_eq!(
+        crc32c_chunks(&memory, 4096).unwrap(),
+        chunk_crcs(&data, 4096)
+    );
+}
+
 #[test]
 fn a_skew_that_wraps_is_an_error_not_a_buffer_outside_its_allocation() {
     let test = "a_skew_that_wraps_is_an_error_not_a_buffer_outside_its_allocation";
@@ -640,6 +738,12 @@ fn crc32c_kernel_equals_the_cpu_crate_for_many_lengths_chunks_pieces_and_offsets
                 if len > 100_000 && (chunk < 512 || piece < 512) {
                     continue; // a million one-byte chunks would only slow the test
                 }
+                if piece > chunk {
+                    // A piece larger than its chunk is the caller's mistake: refused.
+                    let e = crc32c_chunks_with_piece(&slice, chunk, piece).unwrap_err();
+                    assert!(e.to_string().contains("larger than its chunk"), "{e}");
+                }
+                let piece = piece.min(chunk);
                 let got = crc32c_chunks_with_piece(&slice, chunk, piece).unwrap();
                 assert_eq!(got.len(), want.len(), "{len} bytes, chunk {chunk}");
                 if let Some(bad) = (0..want.len()).find(|&k| got[k] != want[k]) {

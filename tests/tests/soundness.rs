@@ -216,12 +216,53 @@ const ADDRESS_NAMES: [&str; 9] = [
     "va",
 ];
 
+/// Names that are an address when the value is an integer (a slice named `src` is
+/// fine; a `u64` named `src` is where to read from).
+const PLACE_NAMES: [&str; 10] = [
+    "base",
+    "src",
+    "dst",
+    "dest",
+    "destination",
+    "source",
+    "location",
+    "remote",
+    "target",
+    "at",
+];
+
 fn is_address_name(name: &str) -> bool {
-    let name = name.trim_start_matches('_');
+    let name = name.trim_start_matches('_').to_ascii_lowercase();
+    let name = name.as_str();
     ADDRESS_NAMES.contains(&name)
-        || name.ends_with("_addr")
-        || name.ends_with("_address")
-        || name.ends_with("_ptr")
+        || PLACE_NAMES.contains(&name)
+        // Any spelling with an address's word in it: dev_ptr, devptr, raddr, gpu_va,
+        // remote_iova, base_address, ptr_value...
+        || ["addr", "ptr", "pointer", "iova"].iter().any(|w| name.contains(w))
+        || name.ends_with("_va")
+        || name.starts_with("va_")
+        || PLACE_NAMES.iter().any(|p| name.starts_with(&format!("{p}_")))
+}
+
+/// A type whose name says it is a device or host address (`CUdeviceptr` from the
+/// driver's bindings, cust's `DevicePointer`, an `*Addr`/`*Address` of ours), whatever it
+/// is underneath: an alias from another crate is not in the index to look through.
+fn is_address_type(path: &str) -> bool {
+    let last = path
+        .rsplit("::")
+        .next()
+        .unwrap_or(path)
+        .to_ascii_lowercase();
+    last.ends_with("ptr")
+        || last.ends_with("pointer")
+        || last == "cudeviceptr"
+        || (last.ends_with("addr") || last.ends_with("address")) && !is_network_address(&last)
+}
+
+/// `SocketAddr`, `IpAddr`, `Ipv4Addr`, `Ipv6Addr`, `SocketAddrV4`...: a peer's network
+/// address, not memory.
+fn is_network_address(lowercase_name: &str) -> bool {
+    lowercase_name.starts_with("socket") || lowercase_name.starts_with("ip")
 }
 
 /// Why a type (rustdoc JSON) is a raw address, looking through references, tuples,
@@ -237,14 +278,39 @@ fn raw_address_in(
         return None;
     }
     let inner = |t: &serde_json::Value| raw_address_in(index, t, name, depth + 1);
+    // The traits of an `impl Trait` or `dyn Trait`: their generic and `Fn(..)` arguments
+    // (`impl Into<u64>` named `addr`, `&dyn Fn(*const u8)`).
+    let in_bounds = |bounds: &serde_json::Value| -> Option<String> {
+        bounds.as_array()?.iter().find_map(|b| {
+            let args = &b["trait_bound"]["trait"]["args"];
+            let angle = args["angle_bracketed"]["args"].as_array();
+            let paren = args["parenthesized"]["inputs"].as_array();
+            angle
+                .into_iter()
+                .flatten()
+                .find_map(|a| a.get("type").and_then(inner))
+                .or_else(|| paren.into_iter().flatten().find_map(inner))
+        })
+    };
     let (kind, value) = ty.as_object()?.iter().next()?;
     match kind.as_str() {
         "raw_pointer" => Some("a raw pointer".into()),
         "primitive" => {
             let p = value.as_str()?;
-            let integer = ["u64", "usize", "i64", "isize", "u32"].contains(&p);
+            let integer = ["u64", "usize", "i64", "isize", "u128", "i128", "u32"].contains(&p);
             (integer && is_address_name(name)).then(|| format!("an integer named `{name}`"))
         }
+        "impl_trait" => in_bounds(value),
+        "dyn_trait" => value["traits"].as_array()?.iter().find_map(|t| {
+            let args = &t["trait"]["args"];
+            let angle = args["angle_bracketed"]["args"].as_array();
+            let paren = args["parenthesized"]["inputs"].as_array();
+            angle
+                .into_iter()
+                .flatten()
+                .find_map(|a| a.get("type").and_then(inner))
+                .or_else(|| paren.into_iter().flatten().find_map(inner))
+        }),
         "borrowed_ref" | "slice" => inner(&value["type"]).or_else(|| inner(value)),
         "array" => inner(&value["type"]),
         "tuple" => value.as_array()?.iter().find_map(inner),
@@ -256,6 +322,9 @@ fn raw_address_in(
             let path = value["path"].as_str().unwrap_or("");
             if path.ends_with("NonNull") {
                 return Some("a NonNull pointer".into());
+            }
+            if is_address_type(path) {
+                return Some(format!("a `{path}`, an address by its name"));
             }
             // A type alias of this crate: judge what it stands for.
             let id = value["id"].to_string();
@@ -333,11 +402,48 @@ fn no_safe_public_function_takes_a_raw_address_in_any_spelling() {
             serde_json::json!({"borrowed_ref": {"type": {"slice": {"raw_pointer": {"is_mutable": true, "type": {"primitive": "u8"}}}}}}),
             "xs",
         ),
+        // The spellings the second audit passed the check with.
+        (serde_json::json!({"primitive": "u64"}), "devptr"),
+        (serde_json::json!({"primitive": "u64"}), "DevPtr"),
+        (serde_json::json!({"primitive": "u64"}), "raddr"),
+        (serde_json::json!({"primitive": "u64"}), "gpu_va"),
+        (serde_json::json!({"primitive": "u64"}), "base"),
+        (serde_json::json!({"primitive": "usize"}), "dst"),
+        (serde_json::json!({"primitive": "u128"}), "src"),
+        (serde_json::json!({"primitive": "u64"}), "remote_iova"),
+        (serde_json::json!({"primitive": "u64"}), "base_offset"),
+        (
+            serde_json::json!({"resolved_path": {"path": "cust_raw::CUdeviceptr", "id": 9, "args": null}}),
+            "x",
+        ),
+        (
+            serde_json::json!({"resolved_path": {"path": "DevicePointer", "id": 9, "args": null}}),
+            "x",
+        ),
+        (
+            serde_json::json!({"resolved_path": {"path": "Option", "id": 9, "args": {"angle_bracketed": {"args": [{"type": {"primitive": "u64"}}], "constraints": []}}}}),
+            "addr",
+        ),
+        (
+            serde_json::json!({"impl_trait": [{"trait_bound": {"trait": {"path": "Into", "id": 9, "args": {"angle_bracketed": {"args": [{"type": {"primitive": "u64"}}], "constraints": []}}}, "generic_params": [], "modifier": "none"}}]}),
+            "addr",
+        ),
+        (
+            serde_json::json!({"borrowed_ref": {"is_mutable": false, "lifetime": null, "type": {"dyn_trait": {"lifetime": null, "traits": [{"trait": {"path": "Fn", "id": 9, "args": {"parenthesized": {"inputs": [{"raw_pointer": {"is_mutable": false, "type": {"primitive": "u8"}}}], "output": null}}}, "generic_params": []}]}}}}),
+            "f",
+        ),
     ];
     for (ty, name) in &cases {
         assert!(raw_address_in(index, ty, name, 0).is_some(), "{ty} {name}");
     }
-    assert!(raw_address_in(index, &serde_json::json!({"primitive": "usize"}), "len", 0).is_none());
+    for name in ["len", "offset", "count", "chunk", "index"] {
+        let ty = serde_json::json!({"primitive": "usize"});
+        assert!(raw_address_in(index, &ty, name, 0).is_none(), "{name}");
+    }
+    for path in ["std::net::SocketAddr", "IpAddr", "std::net::Ipv6Addr"] {
+        let ty = serde_json::json!({"resolved_path": {"path": path, "id": 9, "args": null}});
+        assert!(raw_address_in(index, &ty, "peer", 0).is_none(), "{path}");
+    }
     let functions = api["index"]
         .as_object()
         .unwrap()

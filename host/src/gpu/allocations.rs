@@ -34,7 +34,7 @@ fn report_free_error(result: DriverResult<()>) {
 /// guarantees only 256-byte alignment, so the buffer cannot simply start at `base`: the
 /// exported range would then begin before the allocation (perftest rounds the same way,
 /// NCCL allocates page-aligned buffers).
-pub fn page_aligned_within(base: u64, allocated: usize, len: usize) -> Option<(u64, usize)> {
+pub(crate) fn page_aligned_within(base: u64, allocated: usize, len: usize) -> Option<(u64, usize)> {
     let page = GPU_PAGE as u64;
     let start = base.checked_next_multiple_of(page)?;
     let span = len.max(1).checked_next_multiple_of(GPU_PAGE)?;
@@ -55,7 +55,7 @@ pub fn skewed_allocation_size(len: usize, skew: usize) -> Option<usize> {
 /// [`page_aligned_within`] for an allocation of `allocated` bytes at `allocation`, taken
 /// as starting `skew` bytes later. Every step is checked: a skew past the allocation, or
 /// one that wraps the address space, gives `None`, never a range outside the allocation.
-pub fn skewed_page_aligned_within(
+pub(crate) fn skewed_page_aligned_within(
     allocation: u64,
     allocated: usize,
     len: usize,
@@ -349,6 +349,11 @@ impl PinnedHostBuffer {
         let Some(host) = NonNull::new(host) else {
             bail!("cuMemHostAlloc returned no memory for {len} bytes");
         };
+        // CUDA does not say that cuMemHostAlloc's memory is zeroed: write every byte once,
+        // so no view of it (`as_bytes`) ever reads uninitialized memory.
+        // SAFETY: the driver just allocated `len.max(1)` bytes at `host`, which nothing
+        // else knows of yet.
+        unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len.max(1)) };
         Ok(PinnedHostBuffer {
             gpu: gpu.clone(),
             host,
@@ -368,9 +373,9 @@ impl PinnedHostBuffer {
     /// so no peer can write it while the slice lives; GPU work on it is started only
     /// through `unsafe` calls whose contracts exclude this read.
     pub fn as_bytes(&mut self) -> &[u8] {
-        // SAFETY: host is valid for len bytes while self lives (initialised: the driver's
-        // allocations are zero-filled pages, and we only ever write bytes); the exclusive
-        // borrow keeps every other Rust access and every registration away.
+        // SAFETY: host is valid for len bytes while self lives, all initialised (zeroed in
+        // `alloc`, and only ever written with bytes since); the exclusive borrow keeps
+        // every other Rust access and every registration away.
         unsafe { std::slice::from_raw_parts(self.host.as_ptr(), self.len) }
     }
 

@@ -382,7 +382,7 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
         &data,
         &mut out,
         chunk,
-        DEFAULT_PIECE,
+        DEFAULT_PIECE.min(chunk),
         CRC_BLOCK_THREADS,
         reps,
     )?;
@@ -412,7 +412,7 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
             &data,
             &mut out,
             chunk,
-            piece,
+            piece.min(chunk),
             CRC_BLOCK_THREADS,
             reps,
         )?);
@@ -423,7 +423,7 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
             &data,
             &mut out,
             chunk,
-            DEFAULT_PIECE,
+            DEFAULT_PIECE.min(chunk),
             threads,
             reps,
         )?);
@@ -435,7 +435,7 @@ fn crc32c(gpu: &Rc<Gpu>, bytes: usize) -> Result<CrcResult> {
         &data,
         &mut odd_out,
         odd_chunk,
-        DEFAULT_PIECE,
+        DEFAULT_PIECE.min(odd_chunk),
         CRC_BLOCK_THREADS,
         reps,
     )?);

@@ -78,10 +78,7 @@ pub unsafe fn launch_crc32c_chunks_shaped(
         chunk > 0,
         "crc32c_chunks: the chunk size must be at least 1 byte"
     );
-    ensure!(
-        piece > 0,
-        "crc32c_chunks: the piece size must be at least 1 byte"
-    );
+    check_piece(chunk, piece)?;
     if !Rc::ptr_eq(gpu, GpuMemory::gpu(out)) {
         bail!(
             "crc32c_chunks: the data is GPU {}'s, the output GPU {}'s",
@@ -146,10 +143,24 @@ pub unsafe fn launch_crc32c_chunks_shaped(
     Ok(())
 }
 
+/// A piece is 1 byte to a whole chunk: a larger one names bytes of no chunk (the kernel
+/// checks its arithmetic too, but the caller's mistake gets a reason here).
+fn check_piece(chunk: u64, piece: u64) -> Result<()> {
+    ensure!(
+        piece > 0,
+        "crc32c_chunks: the piece size must be at least 1 byte"
+    );
+    ensure!(
+        piece <= chunk,
+        "crc32c_chunks: a piece of {piece} bytes is larger than its chunk of {chunk} bytes"
+    );
+    Ok(())
+}
+
 /// The CRC32C of every `chunk` bytes of `memory` (the last chunk may be short),
-/// computed on its GPU, with the default piece size.
+/// computed on its GPU, with the default piece size (or the chunk, if smaller).
 pub fn crc32c_chunks(memory: &(impl GpuMemory + ?Sized), chunk: u64) -> Result<Vec<u32>> {
-    crc32c_chunks_with_piece(memory, chunk, DEFAULT_PIECE)
+    crc32c_chunks_with_piece(memory, chunk, DEFAULT_PIECE.min(chunk.max(1)))
 }
 
 /// [`crc32c_chunks`] with warps of `piece` bytes (the tests try several).
@@ -162,6 +173,7 @@ pub fn crc32c_chunks_with_piece(
         chunk > 0,
         "crc32c_chunks: the chunk size must be at least 1 byte"
     );
+    check_piece(chunk, piece)?;
     let gpu = memory.gpu().clone();
     let chunks = chunk_count(memory.byte_len() as u64, chunk) as usize;
     let mut out = DeviceBuffer::new(&gpu, chunks * 4)?;

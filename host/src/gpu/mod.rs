@@ -68,6 +68,49 @@
 //! which returns once every one has landed, and `DeviceUpload::memory` refuses while any
 //! may still be running (shown on a GPU by `an_upload_is_not_readable_before_its_copies_land`:
 //! four writers, verified the moment `fill` returns).
+//!
+//! ## A slot writer never leaves its fill
+//!
+//! A [`SlotWriter`](upload::SlotWriter)`<'f>` lends slots of its upload's page-locked
+//! ring; `'f` is chosen by each call of `fill` for its own writers, so a writer cannot be
+//! swapped into a nested fill of another upload (and then used after that upload is
+//! dropped, writing freed page-locked memory) nor stored outside its closure.
+//!
+//! ```no_run
+//! use host::gpu::{upload::DeviceUpload, Gpu};
+//! fn nested(a: &mut DeviceUpload) {
+//!     let t = std::time::Duration::from_secs(1);
+//!     a.fill(1, t, |_, outer| {
+//!         // A writer thread may run an upload of its own, with a GPU of its own.
+//!         let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+//!         let mut b = DeviceUpload::new(&gpu, 4096, 4096, 1).map_err(|e| e.to_string())?;
+//!         b.fill(1, t, |_, inner| inner.write_at(0, 4, |bytes| Ok(bytes.fill(2))))?;
+//!         outer.write_at(0, 4, |bytes| Ok(bytes.fill(1)))
+//!     })
+//!     .unwrap();
+//! }
+//! ```
+//!
+//! ```compile_fail
+//! use host::gpu::{upload::DeviceUpload, Gpu};
+//! use std::sync::Mutex;
+//! fn nested(a: &mut DeviceUpload) {
+//!     let t = std::time::Duration::from_secs(1);
+//!     a.fill(1, t, |_, outer| {
+//!         let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+//!         let mut b = DeviceUpload::new(&gpu, 4096, 4096, 1).map_err(|e| e.to_string())?;
+//!         let outer = Mutex::new(outer);
+//!         b.fill(1, t, |_, inner| {
+//!             // Trade writers between the fills: refused (their brands differ).
+//!             std::mem::swap(&mut **outer.lock().unwrap(), inner);
+//!             Ok(())
+//!         })?;
+//!         drop(b); // the inner upload's ring is freed, and `outer` would now lend it
+//!         outer.into_inner().unwrap().write_at(0, 4, |bytes| Ok(bytes.fill(1)))
+//!     })
+//!     .unwrap();
+//! }
+//! ```
 
 pub mod allocations;
 pub mod bench;

@@ -15,6 +15,7 @@ use super::driver::{self, Event, Stream};
 use crate::memory::POISON;
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -63,14 +64,20 @@ struct Lent {
 unsafe impl Send for Lent {}
 
 /// A writer's end of [`DeviceUpload::fill`]: put bytes into device memory.
-pub struct SlotWriter {
+///
+/// `'f` brands one call of `fill` (invariant, and chosen by `fill` for each call): a
+/// writer cannot be swapped into another fill's closure (two nested fills' writers are
+/// of different types) nor kept past its fill, so its slots are always of a ring that is
+/// still alive and whose owner is still copying.
+pub struct SlotWriter<'f> {
     free: mpsc::Receiver<Lent>,
     filled: mpsc::Sender<(Lent, usize)>,
     slot_bytes: usize,
     timeout: Duration,
+    _fill: PhantomData<fn(&'f ()) -> &'f ()>,
 }
 
-impl SlotWriter {
+impl SlotWriter<'_> {
     /// The most bytes one [`write_at`](Self::write_at) takes.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
@@ -180,7 +187,7 @@ impl DeviceUpload {
         &mut self,
         writers: usize,
         timeout: Duration,
-        write: impl Fn(usize, &mut SlotWriter) -> Result<(), String> + Sync,
+        write: impl for<'f> Fn(usize, &mut SlotWriter<'f>) -> Result<(), String> + Sync,
     ) -> Result<(), String> {
         if writers == 0 || writers > self.writers {
             return Err(format!(
@@ -204,6 +211,7 @@ impl DeviceUpload {
                 filled: filled_tx.clone(),
                 slot_bytes: self.slot_bytes,
                 timeout,
+                _fill: PhantomData,
             });
         }
         drop(filled_tx);

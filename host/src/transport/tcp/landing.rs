@@ -445,7 +445,7 @@ impl Landing for DeviceLanding {
             Stop::Broken(why) => why,
         };
         // Reader k takes chunks k, k + n, ... from stream k, each in slot-sized pieces.
-        let read = |k: usize, writer: &mut crate::gpu::upload::SlotWriter| {
+        let read = |k: usize, writer: &mut crate::gpu::upload::SlotWriter<'_>| {
             let stream = &streams[k];
             let mine: Box<dyn Iterator<Item = u64>> = match which {
                 Which::All => Box::new((k as u64..plan.count()).step_by(n)),
