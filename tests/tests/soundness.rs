@@ -278,19 +278,17 @@ fn raw_address_in(
         return None;
     }
     let inner = |t: &serde_json::Value| raw_address_in(index, t, name, depth + 1);
-    // The traits of an `impl Trait` or `dyn Trait`: their generic and `Fn(..)` arguments
+    // A trait of an `impl Trait` or `dyn Trait`: its generic and `Fn(..)` arguments
     // (`impl Into<u64>` named `addr`, `&dyn Fn(*const u8)`).
-    let in_bounds = |bounds: &serde_json::Value| -> Option<String> {
-        bounds.as_array()?.iter().find_map(|b| {
-            let args = &b["trait_bound"]["trait"]["args"];
-            let angle = args["angle_bracketed"]["args"].as_array();
-            let paren = args["parenthesized"]["inputs"].as_array();
-            angle
-                .into_iter()
-                .flatten()
-                .find_map(|a| a.get("type").and_then(inner))
-                .or_else(|| paren.into_iter().flatten().find_map(inner))
-        })
+    let in_trait = |t: &serde_json::Value| -> Option<String> {
+        let args = &t["args"];
+        let angle = args["angle_bracketed"]["args"].as_array();
+        let paren = args["parenthesized"]["inputs"].as_array();
+        angle
+            .into_iter()
+            .flatten()
+            .find_map(|a| a.get("type").and_then(inner))
+            .or_else(|| paren.into_iter().flatten().find_map(inner))
     };
     let (kind, value) = ty.as_object()?.iter().next()?;
     match kind.as_str() {
@@ -300,17 +298,14 @@ fn raw_address_in(
             let integer = ["u64", "usize", "i64", "isize", "u128", "i128", "u32"].contains(&p);
             (integer && is_address_name(name)).then(|| format!("an integer named `{name}`"))
         }
-        "impl_trait" => in_bounds(value),
-        "dyn_trait" => value["traits"].as_array()?.iter().find_map(|t| {
-            let args = &t["trait"]["args"];
-            let angle = args["angle_bracketed"]["args"].as_array();
-            let paren = args["parenthesized"]["inputs"].as_array();
-            angle
-                .into_iter()
-                .flatten()
-                .find_map(|a| a.get("type").and_then(inner))
-                .or_else(|| paren.into_iter().flatten().find_map(inner))
-        }),
+        "impl_trait" => value
+            .as_array()?
+            .iter()
+            .find_map(|b| in_trait(&b["trait_bound"]["trait"])),
+        "dyn_trait" => value["traits"]
+            .as_array()?
+            .iter()
+            .find_map(|t| in_trait(&t["trait"])),
         "borrowed_ref" | "slice" => inner(&value["type"]).or_else(|| inner(value)),
         "array" => inner(&value["type"]),
         "tuple" => value.as_array()?.iter().find_map(inner),
