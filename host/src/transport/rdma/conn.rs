@@ -71,6 +71,10 @@ impl Resources {
 /// The RC queue pair of a connection, over [`Resources`], for regions that live `'r`.
 /// Declare it after the regions it uses: it must be dropped (destroyed) first, and the
 /// borrow checker insists on it.
+/// The longest [`Connection::quiesce`] waits for the flushed completion of a queue pair's
+/// last request.
+const QUIESCE_WAIT: Duration = Duration::from_secs(2);
+
 pub(crate) struct Connection<'r> {
     pub qp: QueuePair<'r>,
     pub cq: Rc<CompletionQueue>,
@@ -116,10 +120,11 @@ impl<'r> Connection<'r> {
     /// ended early, [`ChunkWire::drain`](crate::transfer::schedule::ChunkWire::drain)):
     /// the queue pair goes to the error state (`rdma_disconnect`), where no queued
     /// request runs any more and each completes as flushed, in order; then the completion
-    /// queue is polled until the completion of request `last` (the last one posted) or
-    /// `deadline`. A request that had already run unsignaled completes no more, so the
-    /// wait for it can last to the deadline; the queue pair reads nothing either way.
-    pub fn quiesce(&self, last: u64, deadline: &Deadline) {
+    /// queue is polled until the completion of request `last` (the last one posted), for
+    /// at most [`QUIESCE_WAIT`]. A request that had already run unsignaled completes no
+    /// more, so the wait for it can last that long; the queue pair reads nothing either way.
+    pub fn quiesce(&self, last: u64) {
+        let deadline = Deadline::after(QUIESCE_WAIT);
         let _ = self.id.disconnect();
         let mut comps = Vec::new();
         loop {

@@ -1130,13 +1130,10 @@ unsafe impl ChunkWire for VerbsWire<'_, '_> {
     /// connection cannot carry another pass then: the transfer has failed.
     fn drain(&mut self, _deadline: &Deadline) {
         if let Some((last, false)) = self.last_posted {
-            self.conn.quiesce(last, &Deadline::after(QUIESCE_WAIT));
+            self.conn.quiesce(last);
         }
     }
 }
-
-/// The longest a drain waits for the flushed completion of a queue pair's last request.
-pub(super) const QUIESCE_WAIT: Duration = Duration::from_secs(2);
 
 impl VerbsWire<'_, '_> {
     /// [`ChunkWire::wait`]'s work: the highest chunk index known done.

@@ -755,7 +755,7 @@ unsafe impl ChunkWire for StripedWire<'_, '_> {
     fn drain(&mut self, _deadline: &Deadline) {
         for (r, last) in self.last_posted.iter().enumerate() {
             if let Some((wr_id, false)) = *last {
-                self.conns[r].quiesce(wr_id, &Deadline::after(super::sender::QUIESCE_WAIT));
+                self.conns[r].quiesce(wr_id);
             }
         }
     }
