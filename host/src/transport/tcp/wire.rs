@@ -399,8 +399,19 @@ impl TcpWire<'_> {
         };
         let reports: Vec<Report> = first.into_iter().chain(self.done.try_iter()).collect();
         let mut written = Vec::new();
+        // Every report is read, also after one that breaks the wire: a writer's exit
+        // taken from the channel and dropped with the rest of the batch would leave
+        // `drain` waiting for it for ever.
+        let mut broken = None;
         for r in reports {
             let now = Instant::now();
+            if broken.is_some() {
+                if let Report::Exited { stream } = r {
+                    self.exited[stream] = true;
+                    self.dispatch.writer_exited(stream);
+                }
+                continue;
+            }
             match r {
                 Report::Written {
                     stream,
@@ -424,13 +435,18 @@ impl TcpWire<'_> {
                 }
                 Report::Failed { stream, why } => {
                     let rail = self.dispatch.rail_of(stream);
-                    self.fail_rail(rail, why, now)?;
+                    if let Err(e) = self.fail_rail(rail, why, now) {
+                        broken = Some(e);
+                    }
                 }
                 Report::Exited { stream } => {
                     self.exited[stream] = true;
                     self.dispatch.writer_exited(stream)
                 }
             }
+        }
+        if let Some(e) = broken {
+            return Err(e);
         }
         let now = Instant::now();
         for (rail, quiet) in self.dispatch.overdue(now) {
