@@ -268,10 +268,21 @@ pub fn chunk_count(len: u64, chunk: u64) -> u64 {
     len.div_ceil(chunk)
 }
 
-/// The warps a launch needs: every chunk's pieces.
+/// The chunk and piece sizes a launch works with (`chunk` and `piece` nonzero): a chunk
+/// longer than the buffer is the buffer (the same one chunk), a piece longer than its
+/// chunk is the chunk. Without this a chunk of `u64::MAX` bytes in pieces of 4 KiB
+/// asked for 2^52 warps over an 8 KiB buffer: a launch that never ended.
+#[inline(always)]
+pub fn launch_shape(len: u64, chunk: u64, piece: u64) -> (u64, u64) {
+    let chunk = chunk.min(len.max(1));
+    (chunk, piece.min(chunk))
+}
+
+/// The warps a launch needs: every chunk's pieces. With the sizes [`launch_shape`] gives,
+/// at most `2 * len` (at most a piece per byte, plus a short last chunk's share).
 #[inline(always)]
 pub fn warps_needed(len: u64, chunk: u64, piece: u64) -> u64 {
-    chunk_count(len, chunk) * pieces_per_chunk(chunk, piece)
+    chunk_count(len, chunk).saturating_mul(pieces_per_chunk(chunk, piece))
 }
 
 /// Warp `w`'s piece (`chunk` and `piece` nonzero). Every sum and product is checked: a
@@ -476,6 +487,33 @@ mod tests {
         }
         let p = piece_of_warp(1, 8192, 4096, u64::MAX).unwrap();
         assert_eq!((p.start, p.end), (4096, 8192));
+    }
+
+    #[test]
+    fn a_launch_never_needs_more_than_two_warps_per_byte() {
+        // The kernel's loop runs to warps_needed of launch_shape's sizes: a chunk of
+        // u64::MAX bytes in 4 KiB pieces over 8 KiB asked for 2^52 warps before.
+        for (len, chunk, piece) in [
+            (8192u64, u64::MAX, 4096u64),
+            (8192, u64::MAX, u64::MAX),
+            (8192, u64::MAX - 1, 1),
+            (1, u64::MAX, 1),
+            (0, u64::MAX, 1),
+            (4097, 4096, 1),
+            (1 << 20, 3, 2),
+        ] {
+            let (c, p) = launch_shape(len, chunk, piece);
+            let warps = warps_needed(len, c, p);
+            assert!(warps <= 2 * len.max(1), "{len}/{chunk}/{piece}: {warps} warps");
+            // The same pieces as the sizes asked for: every byte once.
+            let mut seen = 0;
+            for w in 0..warps {
+                if let Some(piece) = piece_of_warp(w, len, c, p) {
+                    seen += piece.end - piece.start;
+                }
+            }
+            assert_eq!(seen, len, "{len}/{chunk}/{piece}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! the first bad index, set to `u64::MAX`, before the launch.
 
 use crate::crc32c::{
-    init_term, mul, piece_of_warp, row_step, shift, split_piece, update_bytes, warps_needed, Piece,
+    init_term, launch_shape, mul, piece_of_warp, row_step, shift, split_piece, update_bytes, warps_needed, Piece,
     LANES, LANE_BYTES, LANE_UNSHIFT, ROW_BYTES, ROW_TABLES,
 };
 use crate::indexing::{tail_element, whole_vectors};
@@ -271,6 +271,7 @@ pub unsafe extern "ptx-kernel" fn crc32c_chunks(
     let warps_per_block = block_dim / LANES as u64;
     let mut warp = block * warps_per_block + thread / LANES as u64;
     let stride = grid_dim * warps_per_block;
+    let (chunk, piece) = launch_shape(len, chunk, piece);
     let total = warps_needed(len, chunk, piece);
     while warp < total {
         // The same piece for all lanes: the branch is warp-uniform, as the shuffles need.

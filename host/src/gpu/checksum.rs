@@ -9,7 +9,7 @@ use super::allocations::DeviceBuffer;
 use super::context::{Gpu, GpuMemory};
 use super::driver;
 use anyhow::{bail, ensure, Context as _, Result};
-use gpu_kernels::crc32c::{chunk_count, warps_needed, LANES};
+use gpu_kernels::crc32c::{chunk_count, launch_shape, warps_needed, LANES};
 use std::os::raw::c_void;
 use std::rc::Rc;
 
@@ -31,6 +31,7 @@ pub fn crc_grid(len: u64, chunk: u64, piece: u64) -> u32 {
 
 fn crc_grid_of(len: u64, chunk: u64, piece: u64, block_threads: u32) -> u32 {
     let warps_per_block = (block_threads as usize / LANES) as u64;
+    let (chunk, piece) = launch_shape(len, chunk.max(1), piece.max(1));
     warps_needed(len, chunk, piece)
         .div_ceil(warps_per_block)
         .clamp(1, MAX_BLOCKS) as u32
@@ -202,5 +203,10 @@ mod tests {
         // A short last chunk still gets its chunk's share of warps.
         assert_eq!(crc_grid((1 << 30) + 3, 1 << 20, 64 << 10), 2050);
         assert_eq!(crc_grid(u64::MAX / 2, 1, 1), MAX_BLOCKS as u32);
+        // A chunk longer than the buffer is the buffer: 8 KiB in 4 KiB pieces is two
+        // warps, one block (it was 2^52 warps, the most blocks, and a kernel that never
+        // ended on the H200).
+        assert_eq!(crc_grid(8192, u64::MAX, 4096), 1);
+        assert_eq!(crc_grid(8192, u64::MAX, u64::MAX), 1);
     }
 }
