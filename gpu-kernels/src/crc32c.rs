@@ -504,7 +504,10 @@ mod tests {
         ] {
             let (c, p) = launch_shape(len, chunk, piece);
             let warps = warps_needed(len, c, p);
-            assert!(warps <= 2 * len.max(1), "{len}/{chunk}/{piece}: {warps} warps");
+            assert!(
+                warps <= 2 * len.max(1),
+                "{len}/{chunk}/{piece}: {warps} warps"
+            );
             // The same pieces as the sizes asked for: every byte once.
             let mut seen = 0;
             for w in 0..warps {

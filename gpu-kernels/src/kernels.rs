@@ -17,8 +17,8 @@
 //! the first bad index, set to `u64::MAX`, before the launch.
 
 use crate::crc32c::{
-    init_term, launch_shape, mul, piece_of_warp, row_step, shift, split_piece, update_bytes, warps_needed, Piece,
-    LANES, LANE_BYTES, LANE_UNSHIFT, ROW_BYTES, ROW_TABLES,
+    init_term, launch_shape, mul, piece_of_warp, row_step, shift, split_piece, update_bytes,
+    warps_needed, Piece, LANES, LANE_BYTES, LANE_UNSHIFT, ROW_BYTES, ROW_TABLES,
 };
 use crate::indexing::{tail_element, whole_vectors};
 use crate::pattern::value;
