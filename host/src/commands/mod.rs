@@ -7,6 +7,7 @@ mod facts;
 pub mod gpu;
 pub mod info;
 mod output;
+mod peer;
 mod rails;
 pub mod rails_bench;
 pub mod recv;

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 pub fn run(args: &RailsBenchArgs) -> Result<ExitCode> {
-    let remotes = super::send::resolve_all(&args.ip, args.port)?;
+    let remotes = super::peer::resolve_all(&args.ip, args.port)?;
     let mut transport: Box<dyn RailsTransport> = match &args.nic {
         Some(list) => Box::new(Verbs::new(args, list, &remotes)?),
         None => Box::new(Tcp::new(args, &remotes)?),

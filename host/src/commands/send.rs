@@ -4,6 +4,7 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{
     integrity_lines, is_user_data, iteration_error, values_line, verification_words, Human,
 };
+use super::peer::{resolve_all, resolve_peer};
 use anyhow::{bail, Context, Result};
 use host::cli::SendArgs;
 use host::memory::select::{plan, AttemptLog, Direction, MemKind};
@@ -16,37 +17,8 @@ use host::transport::rdma::{self, RailTarget, SendConfig};
 use host::transport::{self, TransportKind};
 use serde_json::json;
 use std::io::IsTerminal;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::process::ExitCode;
-
-/// The receiver's address; of a comma list (one per TCP rail), the first.
-fn resolve_peer(host: &str, port: u16) -> Result<SocketAddr> {
-    resolve_one(host.split(',').next().unwrap_or(host), port)
-}
-
-/// Every address of `<IP>` (a comma list over TCP rails).
-pub fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
-    host.split(',')
-        .map(|h| resolve_one(h.trim(), port))
-        .collect()
-}
-
-fn resolve_one(host: &str, port: u16) -> Result<SocketAddr> {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    let addrs: Vec<SocketAddr> = (bare, port)
-        .to_socket_addrs()
-        .with_context(|| format!("cannot resolve host name `{host}`"))?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
-        .with_context(|| format!("host name `{host}` has no address"))
-}
 
 /// The RDMA device the route to `peer` leaves through: known already when
 /// `--transport auto` resolved it; else asked of the RDMA CM, but only where its facts

@@ -36,7 +36,7 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
 fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<host::transport::tcp::rails::Rail>> {
     let ip = args.ip.as_deref().unwrap_or_default();
     let remotes = match ip.contains(',') {
-        true => super::send::resolve_all(ip, peer.port())?,
+        true => super::peer::resolve_all(ip, peer.port())?,
         false => vec![peer],
     };
     if remotes.len() == 1 && args.bind_interfaces.is_empty() {

@@ -49,13 +49,6 @@ impl GpuError {
     }
 }
 
-/// Counts returned by the verify kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuCheck {
-    pub mismatches: u64,
-    pub first_mismatch: Option<u64>,
-}
-
 /// Memory the kernels of one GPU reach by a device address: device memory, host memory
 /// mapped into the GPU, or a part of either. Kernel launches take this instead of an
 /// address, and check alignment and length from it.
@@ -212,6 +205,11 @@ impl Gpu {
         self.device
     }
 
+    /// The `verify_data` kernel of the loaded module (launched by `verify.rs`).
+    pub(super) fn verify_data_kernel(&self) -> CUfunction {
+        self.verify_data
+    }
+
     /// The `crc32c_chunks` kernel of the loaded module (launched by `checksum.rs`).
     pub(crate) fn crc32c_chunks_kernel(&self) -> CUfunction {
         self.crc32c_chunks
@@ -231,7 +229,11 @@ impl Gpu {
 
     /// The checks every launch makes: the memory is this GPU's, 16-byte aligned, whole
     /// elements. Returns the element count.
-    fn kernel_elements(&self, kernel: &str, memory: &(impl GpuMemory + ?Sized)) -> Result<u64> {
+    pub(super) fn kernel_elements(
+        &self,
+        kernel: &str,
+        memory: &(impl GpuMemory + ?Sized),
+    ) -> Result<u64> {
         if !std::ptr::eq(Rc::as_ptr(memory.gpu()), self) {
             bail!(
                 "{kernel}: the memory belongs to another GPU value (GPU {}), not this GPU {}'s: use the Gpu that allocated it",
@@ -290,52 +292,6 @@ impl Gpu {
         self.stream
             .synchronize()
             .context("generate_data failed while running")
-    }
-
-    /// Compare `memory` with the pattern on the GPU, without copying the data back.
-    pub fn verify(&self, memory: &(impl GpuMemory + ?Sized)) -> Result<GpuCheck> {
-        let mut elements = self.kernel_elements("verify_data", memory)?;
-        // The kernel's result words, [mismatches, first bad index], start as [0, MAX].
-        // They are set on the launch's own stream, so the kernel sees them set.
-        let gpu = memory.gpu();
-        let mut result = super::allocations::DeviceBuffer::new(gpu, 16)?;
-        let mut init = [0u8; 16];
-        init[8..].copy_from_slice(&u64::MAX.to_ne_bytes());
-        result.write(0, &init)?;
-        let (mut ptr, mut out) = (memory.device_ptr(), result.device_ptr());
-        let bound = self.bind()?;
-        let mut params = [
-            (&mut ptr as *mut u64).cast::<c_void>(),
-            (&mut elements as *mut u64).cast::<c_void>(),
-            (&mut out as *mut u64).cast::<c_void>(),
-        ];
-        // SAFETY: verify_data(*const i32, u64, *mut u64) of our module, in the bound
-        // context, given three u64-sized values: (ptr, elements) as in launch_generate,
-        // read-only; `result` is a 16-byte allocation of this context holding [0, MAX]
-        // (written on this stream before the launch) that outlives the launch: we
-        // synchronise below before it can drop.
-        unsafe {
-            driver::launch(
-                &bound,
-                self.verify_data,
-                launch_grid(elements),
-                BLOCK_THREADS,
-                &self.stream,
-                &mut params,
-            )
-        }
-        .context("launching verify_data")?;
-        drop(bound);
-        self.stream
-            .synchronize()
-            .context("verify_data failed while running")?;
-        let mut out = [0u8; 16];
-        result.read_into(&mut out)?;
-        let word = |i: usize| u64::from_ne_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
-        Ok(GpuCheck {
-            mismatches: word(0),
-            first_mismatch: (word(1) != u64::MAX).then_some(word(1)),
-        })
     }
 
     /// Queue `cuMemsetD32` of `value` over `memory` (the benchmark's reference) and

@@ -122,5 +122,7 @@ pub mod driver;
 mod ffi;
 pub mod sources;
 pub mod upload;
+pub mod verify;
 
-pub use context::{Gpu, GpuCheck, GpuError, KERNELS_PTX};
+pub use context::{Gpu, GpuError, KERNELS_PTX};
+pub use verify::GpuCheck;
