@@ -1,12 +1,26 @@
-//! Two jobs: compile the `gpu-kernels` crate to PTX (see `ptx-builder`) and leave it in
-//! OUT_DIR, where `src/gpu/module.rs` embeds it with `include_str!`; and describe this
-//! build for `host --version` (the git commit and the features built in).
+//! Two jobs: give `src/gpu/context.rs` the kernels' PTX in OUT_DIR (it embeds it with
+//! `include_str!`), and describe this build for `host --version` (the git commit and the
+//! features built in).
+//!
+//! The PTX comes from one of two places (`HOST_PTX` picks; by default the first that
+//! this toolchain can do):
+//! - `built`: `ptx-builder` compiles `gpu-kernels` with the workspace's pinned nightly
+//!   and its `llvm-tools` (what every build in this workspace does);
+//! - `kept`: `gpu-kernels/ptx/kernels.ptx`, the same PTX kept in the repository, used
+//!   only while its digest file still names the kernels' sources. A crate of a user's
+//!   own on stable Rust depends on `host` with GPU support this way: stable cannot build
+//!   PTX (no `-Zbuild-std`, no `llvm-tools`). CI proves the kept file byte-identical to a
+//!   fresh build (`tests/kept-ptx.sh check`); `tests/kept-ptx.sh update` makes it anew.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The kernels the host launches; the builder checks each one is in the PTX.
 const KERNELS: [&str; 3] = ["generate_data", "verify_data", "crc32c_chunks"];
+
+/// The kept PTX and the digest of the sources it was built from, beside the kernels.
+const KEPT_PTX: &str = "../gpu-kernels/ptx/kernels.ptx";
+const KEPT_DIGEST: &str = "../gpu-kernels/ptx/kernels.ptx.sources-sha256";
 
 fn main() {
     describe_build();
@@ -21,16 +35,68 @@ fn main() {
     for source in builder.sources() {
         println!("cargo:rerun-if-changed={}", source.display());
     }
+    println!("cargo:rerun-if-changed={KEPT_PTX}");
+    println!("cargo:rerun-if-changed={KEPT_DIGEST}");
+    println!("cargo:rerun-if-env-changed=HOST_PTX");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    match builder.build(&out_dir) {
-        Ok(ptx) => {
-            std::fs::copy(&ptx, out_dir.join("kernels.ptx")).expect("copy the PTX into OUT_DIR");
-        }
-        Err(e) => {
-            eprintln!("error: building the GPU kernels to PTX: {e}");
-            std::process::exit(1);
-        }
+    let digest = builder
+        .source_digest()
+        .unwrap_or_else(|e| fail(&format!("reading the GPU kernels' sources: {e}")));
+    std::fs::write(out_dir.join("kernels.ptx.sources-sha256"), format!("{digest}\n"))
+        .expect("write the digest into OUT_DIR");
+    let mode = std::env::var("HOST_PTX").unwrap_or_default();
+    let build = match mode.as_str() {
+        "built" => true,
+        "kept" => false,
+        "" | "auto" => ptx_builder::PtxBuilder::toolchain_can_build().is_ok(),
+        other => fail(&format!("HOST_PTX={other}: expected `built`, `kept` or `auto`")),
+    };
+    if build {
+        let ptx = builder
+            .build(&out_dir)
+            .unwrap_or_else(|e| fail(&format!("building the GPU kernels to PTX: {e}")));
+        std::fs::copy(&ptx, out_dir.join("kernels.ptx")).expect("copy the PTX into OUT_DIR");
+        warn_if_kept_is_stale(&ptx, &digest);
+    } else {
+        use_kept(&out_dir, &digest);
     }
+}
+
+/// Copy the kept PTX into OUT_DIR, if it is still the sources'.
+fn use_kept(out_dir: &Path, digest: &str) {
+    let why_not_built = ptx_builder::PtxBuilder::toolchain_can_build()
+        .err()
+        .map_or_else(|| "HOST_PTX=kept".to_string(), |e| e.to_string());
+    let kept = std::fs::read_to_string(KEPT_DIGEST).unwrap_or_default();
+    if kept.trim() != digest {
+        fail(&format!(
+            "the GPU kernels' sources have changed since gpu-kernels/ptx/kernels.ptx was made \
+             (sources {}, kept PTX of {}), and this build cannot make PTX ({why_not_built}): \
+             build with the pinned nightly, or run `tests/kept-ptx.sh update`",
+            &digest[..12],
+            kept.trim().get(..12).unwrap_or("none")
+        ));
+    }
+    std::fs::copy(KEPT_PTX, out_dir.join("kernels.ptx"))
+        .unwrap_or_else(|e| fail(&format!("copying {KEPT_PTX}: {e}")));
+}
+
+/// A developer who changed a kernel gets a reminder that the kept copy is behind (CI's
+/// `tests/kept-ptx.sh check` fails until it is made anew).
+fn warn_if_kept_is_stale(built: &Path, digest: &str) {
+    let kept_digest = std::fs::read_to_string(KEPT_DIGEST).unwrap_or_default();
+    let same_bytes = std::fs::read(built).ok() == std::fs::read(KEPT_PTX).ok();
+    if kept_digest.trim() != digest || !same_bytes {
+        println!(
+            "cargo:warning=gpu-kernels/ptx/kernels.ptx is not this build's PTX: run \
+             `tests/kept-ptx.sh update` and commit it (crates on stable Rust use the kept copy)"
+        );
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(1);
 }
 
 /// `HOST_VERSION` for `host --version`: "0.1.0 (commit 1a2b3c4d5e6f, features: cuda)".

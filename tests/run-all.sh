@@ -13,8 +13,12 @@
 #    RDMA tests inside the guests;
 # 5. runs the host-memory modules under Miri;
 # 6. fuzzes the wire-format decoders for 30 s.
+# Besides: the PTX kept in gpu-kernels/ptx/ is checked against this build's, and a crate
+# outside the workspace is built on stable Rust against the library and run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every build here makes the PTX from the kernels' sources (never the kept copy).
+export HOST_PTX=built
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -41,6 +45,10 @@ cargo build --release -p host --locked
 mkdir -p target/guest-cuda
 cp target/release/host target/guest-cuda/host-cuda
 export SOFTROCE_HOST_CUDA_BIN="$PWD/target/guest-cuda/host-cuda"
+step "the PTX kept for stable builds is this build's, byte for byte (tests/kept-ptx.sh)"
+bash tests/kept-ptx.sh check
+step "a user's crate outside the workspace, on stable Rust, with GPU support (tests/outside-crate.sh)"
+bash tests/outside-crate.sh
 
 step "cargo test"
 cargo test --workspace --locked

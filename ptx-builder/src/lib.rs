@@ -123,6 +123,62 @@ impl PtxBuilder {
         ]
     }
 
+    /// The SHA-256, in hex, of what the PTX is built from: every file under the crate's
+    /// `src/` and its `Cargo.toml` (each as its path relative to the crate, then its
+    /// length and bytes, in path order), the architecture and the kernel names. A PTX
+    /// file kept beside the sources is named by it, so a build that cannot make PTX can
+    /// tell whether the kept one is still the sources' (host/build.rs).
+    pub fn source_digest(&self) -> Result<String, BuildError> {
+        use sha2::{Digest, Sha256};
+        let mut files = Vec::new();
+        collect_files(&self.crate_dir.join("src"), &mut files)?;
+        files.push(self.crate_dir.join("Cargo.toml"));
+        let mut named: Vec<(String, PathBuf)> = files
+            .into_iter()
+            .map(|f| {
+                let rel = f.strip_prefix(&self.crate_dir).unwrap_or(&f);
+                (rel.to_string_lossy().replace('\\', "/"), f)
+            })
+            .collect();
+        named.sort();
+        let mut hash = Sha256::new();
+        for (rel, path) in named {
+            let bytes = std::fs::read(&path)?;
+            hash.update(rel.as_bytes());
+            hash.update([0]);
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(&bytes);
+        }
+        hash.update(format!("arch={}\0kernels={}", self.arch, self.kernels.join(",")));
+        Ok(hash
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
+    }
+
+    /// Whether the toolchain running this build can make PTX at all: a nightly (for
+    /// `-Zbuild-std`) with the `llvm-tools` component. Stable cannot, which is why a
+    /// dependent crate on stable uses the PTX kept beside the sources.
+    pub fn toolchain_can_build() -> Result<(), BuildError> {
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        let version = Command::new(&rustc)
+            .arg("-V")
+            .output()
+            .map_err(|error| BuildError::Spawn {
+                tool: "rustc".into(),
+                error,
+            })?;
+        let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+        if !version.contains("nightly") {
+            return Err(BuildError::MissingComponent {
+                what: format!("a nightly toolchain for -Zbuild-std ({version} is not one)"),
+                fix: "build with the workspace's pinned nightly (rust-toolchain.toml)".into(),
+            });
+        }
+        LlvmTools::find().map(|_| ())
+    }
+
     /// Build into `out_dir` and return the path of `<crate name>.ptx` there.
     pub fn build(&self, out_dir: &Path) -> Result<PathBuf, BuildError> {
         let tools = LlvmTools::find()?;
@@ -253,6 +309,19 @@ pub fn has_entry(ptx: &str, name: &str) -> bool {
             .nth(1)
             .is_some_and(|w| w.trim_end_matches('(') == name)
     })
+}
+
+/// Every file under `dir`, recursively.
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), BuildError> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_files(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// llvm-link, opt and llc from the active toolchain's `llvm-tools` component.
