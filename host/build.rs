@@ -42,14 +42,19 @@ fn main() {
     let digest = builder
         .source_digest()
         .unwrap_or_else(|e| fail(&format!("reading the GPU kernels' sources: {e}")));
-    std::fs::write(out_dir.join("kernels.ptx.sources-sha256"), format!("{digest}\n"))
-        .expect("write the digest into OUT_DIR");
+    std::fs::write(
+        out_dir.join("kernels.ptx.sources-sha256"),
+        format!("{digest}\n"),
+    )
+    .expect("write the digest into OUT_DIR");
     let mode = std::env::var("HOST_PTX").unwrap_or_default();
     let build = match mode.as_str() {
         "built" => true,
         "kept" => false,
         "" | "auto" => ptx_builder::PtxBuilder::toolchain_can_build().is_ok(),
-        other => fail(&format!("HOST_PTX={other}: expected `built`, `kept` or `auto`")),
+        other => fail(&format!(
+            "HOST_PTX={other}: expected `built`, `kept` or `auto`"
+        )),
     };
     if build {
         let ptx = builder

@@ -149,12 +149,12 @@ impl PtxBuilder {
             hash.update((bytes.len() as u64).to_le_bytes());
             hash.update(&bytes);
         }
-        hash.update(format!("arch={}\0kernels={}", self.arch, self.kernels.join(",")));
-        Ok(hash
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect())
+        hash.update(format!(
+            "arch={}\0kernels={}",
+            self.arch,
+            self.kernels.join(",")
+        ));
+        Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// Whether the toolchain running this build can make PTX at all: a nightly (for
@@ -162,13 +162,14 @@ impl PtxBuilder {
     /// dependent crate on stable uses the PTX kept beside the sources.
     pub fn toolchain_can_build() -> Result<(), BuildError> {
         let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-        let version = Command::new(&rustc)
-            .arg("-V")
-            .output()
-            .map_err(|error| BuildError::Spawn {
-                tool: "rustc".into(),
-                error,
-            })?;
+        let version =
+            Command::new(&rustc)
+                .arg("-V")
+                .output()
+                .map_err(|error| BuildError::Spawn {
+                    tool: "rustc".into(),
+                    error,
+                })?;
         let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
         if !version.contains("nightly") {
             return Err(BuildError::MissingComponent {
