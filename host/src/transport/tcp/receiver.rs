@@ -35,7 +35,7 @@ use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Reads, Stop,
 use super::routes::Routes;
 use super::socket;
 use crate::memory::select::AttemptLog;
-use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
     AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError,
@@ -271,7 +271,14 @@ fn serve_listener(
                     // The control socket, its clone, and the other streams.
                     descriptors: offer.hello.count as u64 + 1,
                 };
-                let lease = match shared.admission.admit(offer.peer.ip(), want) {
+                // Chunks checked by checksum or striped keep books per chunk, counted
+                // with the buffers: tiny chunks would cost many times their data.
+                let books = Books::of(
+                    offer.header.chunks(),
+                    offer.header.verify.checksum(),
+                    offer.header.striped,
+                );
+                let lease = match shared.admission.admit_offer(offer.peer.ip(), want, books) {
                     Ok(lease) => lease,
                     Err(reason) => {
                         report(&refuse(offer.control, offer.peer, reason, None));
