@@ -196,7 +196,10 @@ impl Listener {
             max_bytes: self.opts.max_bytes,
             timeout: self.opts.timeout,
             max_connections: 1,
-            max_memory: self.opts.max_bytes,
+            // Room for one transfer of --max-bytes and the books of its chunks (checked
+            // chunks keep some per chunk, counted by admission with the data): twice the
+            // data holds chunks down to a few dozen bytes.
+            max_memory: self.opts.max_bytes.saturating_mul(2),
             min_rate: self.opts.min_rate,
             max_per_peer: 1,
             allow: AllowList::default(),

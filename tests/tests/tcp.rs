@@ -242,7 +242,7 @@ fn auto_says_which_transport_it_took() {
 // its own), each bounded in time. Figures go to stderr as `MEASURED ...` lines (run with
 // --nocapture to see them); the README's reliability table quotes them.
 
-use host::transfer::header::{Ack, AckStatus, Header, RejectReason};
+use host::transfer::header::{Ack, AckStatus, Header, RejectReason, Resend};
 use host::transfer::Op;
 use host::transport::tcp::frames::{Frame, Hello};
 
@@ -559,6 +559,184 @@ fn max_memory_holds_with_offers_that_never_open_their_streams() {
         &send(r.port, &["--size", "16MiB"], T),
         "after the held offers",
     );
+}
+
+/// An opaque offer (checked by CRC32C, 3 rounds of resends) of `chunks` chunks of
+/// `chunk` bytes on one stream, as a sender puts it on stream 0.
+fn checked_offer(chunks: u64, chunk: u64, token: u64) -> Vec<u8> {
+    let header = Header::of(
+        Op::Send,
+        chunks * chunk,
+        chunk,
+        16,
+        host::transfer::header::Payload::Opaque,
+    )
+    .unwrap();
+    assert!(header.verify.checksum());
+    let hello = Hello {
+        index: 0,
+        count: 1,
+        rail: 0,
+        token,
+    };
+    [&header.encode()[..], &hello.encode()[..]].concat()
+}
+
+#[test]
+fn tiny_checked_chunks_are_refused_for_their_books_under_max_memory() {
+    let r = Receiver::start(&["--max-memory", "16MiB", "--timeout", "3"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let base = r.status_kib("VmHWM");
+    // 16 MiB of data in 1-byte chunks: the data fits --max-memory, its per-chunk books
+    // (a checksum slot and resend lists for each of 2^24 chunks) do not.
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&checked_offer(16 << 20, 1, 90)).unwrap();
+    let a = answer(&mut s);
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = r.status_kib("VmHWM").saturating_sub(base);
+    let reason = RejectReason::decode(&a);
+    eprintln!(
+        "MEASURED 16 MiB offer in 1-byte checked chunks under --max-memory 16MiB: {reason:?}, peak memory +{grown} KiB"
+    );
+    assert_eq!(&a[0..4], b"GRDR", "accepted: {}", r.log());
+    assert!(
+        matches!(reason, Some(RejectReason::ChunkBooks { chunks, max, .. }) if chunks == 16 << 20 && max == 16 << 20),
+        "{reason:?}"
+    );
+    let words = reason.unwrap().to_string();
+    assert!(
+        words.contains("--max-memory 16 MiB") && words.contains("use a larger --chunk"),
+        "{words}"
+    );
+    assert!(grown < 8 * 1024, "peak grew by {grown} KiB");
+    // A real sender hears the reason.
+    let input = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-chunks-{}.bin", std::process::id()));
+    std::fs::write(&input, vec![3u8; 1 << 20]).unwrap();
+    let out = send(
+        r.port,
+        &["--input", input.to_str().unwrap(), "--chunk", "1"],
+        T,
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("use a larger --chunk"), "{stderr}");
+    // Chunks large enough are served.
+    assert_verified(
+        &send(
+            r.port,
+            &["--input", input.to_str().unwrap(), "--chunk", "4KiB"],
+            T,
+        ),
+        "after the refused offer",
+    );
+}
+
+/// Offer `chunks` checked chunks of `chunk` bytes, send every one with a wrong CRC32C,
+/// and answer every resend round: the chunks asked for again, wrong again for the
+/// first `bad_rounds` rounds, then right. The receiver's peak memory growth (KiB) and
+/// its ack.
+fn checked_chunks_failing(r: &Receiver, chunks: u64, chunk: u64, bad_rounds: u32) -> (u64, Ack) {
+    let base = r.status_kib("VmHWM");
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&checked_offer(chunks, chunk, 91 + bad_rounds as u64))
+        .unwrap();
+    assert_eq!(&answer(&mut s)[0..4], b"GRDA", "{}", r.log());
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let data = vec![0x5au8; chunk as usize];
+    let crc = host::integrity::crc32c(&data);
+    let frames = |list: &mut dyn Iterator<Item = u64>, right: bool| {
+        let mut out = Vec::new();
+        for i in list {
+            let f = Frame {
+                offset: i * chunk,
+                len: chunk as u32,
+                crc: if right { crc } else { !crc },
+            };
+            out.extend_from_slice(&f.encode());
+            out.extend_from_slice(&data);
+        }
+        out
+    };
+    s.write_all(&frames(&mut (0..chunks), false)).unwrap();
+    let mut round = 0;
+    loop {
+        let mut prefix = [0u8; host::transfer::header::REPLY_PREFIX_LEN];
+        s.read_exact(&mut prefix).expect("a reply after the data");
+        if &prefix[0..4] == b"GRDK" || Resend::decode_prefix(&prefix, chunks).is_err() {
+            let mut ack = [0u8; host::transfer::header::ACK_LEN];
+            ack[..prefix.len()].copy_from_slice(&prefix);
+            s.read_exact(&mut ack[prefix.len()..]).unwrap();
+            let ack = Ack::decode(&ack).expect("the ack");
+            return (r.status_kib("VmHWM").saturating_sub(base), ack);
+        }
+        let (n, last, count) = Resend::decode_prefix(&prefix, chunks).unwrap();
+        let mut body = vec![0u8; count as usize * 4];
+        s.read_exact(&mut body).unwrap();
+        let resend = Resend::decode_chunks(n, last, count, &body, chunks).unwrap();
+        assert_eq!(resend.chunks.len() as u64, chunks, "round {n}");
+        round += 1;
+        assert!(round <= 4, "more rounds than the sender offered");
+        if !last {
+            let list = resend.chunks.iter().map(|&c| c as u64);
+            s.write_all(&frames(&mut list.into_iter(), round > bad_rounds))
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn checked_chunks_failing_every_round_cost_no_more_than_admission_counted() {
+    // 1 Mi chunks of 16 bytes: 16 MiB of data; with the books admission charges (48
+    // bytes a chunk) 64 MiB, all --max-memory allows. Each case on a receiver of its
+    // own: the peak (VmHWM) only grows.
+    let (chunks, chunk) = (1u64 << 20, 16u64);
+    let receiver = || {
+        let r = Receiver::start(&[
+            "--max-memory",
+            "64MiB",
+            "--timeout",
+            "10",
+            "--min-rate",
+            "0",
+        ]);
+        std::thread::sleep(Duration::from_millis(100));
+        r
+    };
+    let r = receiver();
+    let (grown, ack) = checked_chunks_failing(&r, chunks, chunk, u32::MAX);
+    eprintln!(
+        "MEASURED 1 Mi checked chunks of 16 bytes failing every round under --max-memory 64MiB: peak memory +{grown} KiB (admitted 64 MiB), ack {:?}",
+        ack.status
+    );
+    assert_eq!(ack.status, AckStatus::ChecksumFailed);
+    assert_eq!((ack.repaired, ack.digest), (0, None));
+    // A few MiB for the process itself (threads, the offer's plumbing) beyond it.
+    assert!(grown < (64 + 4) * 1024, "peak grew by {grown} KiB");
+    // More than that is refused for its books.
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&checked_offer(chunks + 1, chunk, 99)).unwrap();
+    let a = answer(&mut s);
+    assert!(
+        matches!(
+            RejectReason::decode(&a),
+            Some(RejectReason::ChunkBooks { .. })
+        ),
+        "{:?}",
+        RejectReason::decode(&a)
+    );
+    // The same chunks failing once and then repaired: the books of repairs too.
+    let r = receiver();
+    let (grown, ack) = checked_chunks_failing(&r, chunks, chunk, 1);
+    eprintln!(
+        "MEASURED 1 Mi checked chunks of 16 bytes repaired in round 2: peak memory +{grown} KiB (admitted 64 MiB), ack {:?}, {} repaired",
+        ack.status, ack.repaired
+    );
+    assert_eq!(
+        (ack.status, ack.repaired as u64),
+        (AckStatus::Verified, chunks)
+    );
+    assert!(grown < (64 + 4) * 1024, "peak grew by {grown} KiB");
 }
 
 #[test]

@@ -9,7 +9,8 @@ mod tcp_common;
 
 use host::integrity::crc32c;
 use host::transfer::header::{
-    AcceptInfo, Header, Payload, Resend, VerifyMode, ACCEPT_LEN, REPLY_PREFIX_LEN,
+    AcceptInfo, Ack, AckStatus, Header, Payload, Resend, VerifyMode, ACCEPT_LEN, ACK_LEN,
+    REPLY_PREFIX_LEN,
 };
 use host::transfer::Op;
 use host::transport::tcp::frames::{Frame, Hello};
@@ -243,6 +244,58 @@ fn a_name_shorter_than_its_length_is_ended_by_the_handshake_deadline() {
     next_sender_is_served(&r, &out, "after lying names");
 }
 
+#[test]
+fn a_chunk_that_fails_on_every_attempt_is_not_counted_repaired_and_the_ack_has_no_digest() {
+    let out = out_dir("always-bad");
+    let r = Receiver::start(&[
+        "--timeout",
+        "5",
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let mut s = up_to_the_resend(r.port, None);
+    // Chunk BAD comes again with a wrong CRC32C in every round the receiver asks for.
+    let mut rounds = 0;
+    let given_up = loop {
+        s.write_all(&frame(BAD, false)).unwrap();
+        let mut prefix = [0u8; REPLY_PREFIX_LEN];
+        s.read_exact(&mut prefix)
+            .expect("a reply after the resent chunk");
+        let (round, last, count) =
+            Resend::decode_prefix(&prefix, CHUNKS).expect("a resend request, not yet the ack");
+        let mut body = vec![0u8; count as usize * 4];
+        s.read_exact(&mut body).unwrap();
+        let resend = Resend::decode_chunks(round, last, count, &body, CHUNKS).unwrap();
+        assert_eq!(resend.chunks, [BAD as u32]);
+        rounds += 1;
+        assert!(rounds <= 3, "more rounds than --max-resends 3");
+        if last {
+            break resend.chunks;
+        }
+    };
+    let mut bytes = [0u8; ACK_LEN];
+    s.read_exact(&mut bytes)
+        .expect("the ack after the final list");
+    let ack = Ack::decode(&bytes).unwrap();
+    eprintln!(
+        "MEASURED a chunk failing on every attempt: final list {given_up:?} after {rounds} rounds; ack {:?}, {} repaired, digest {:?}",
+        ack.status, ack.repaired, ack.digest
+    );
+    assert_eq!(ack.status, AckStatus::ChecksumFailed);
+    assert_eq!(
+        ack.repaired, 0,
+        "a chunk that never passed counted as repaired"
+    );
+    assert_eq!(ack.digest, None, "a digest of bytes that did not verify");
+    // The receiver's own report says the same.
+    r.wait_for_log("\"failed_chunks\":[1]", Duration::from_secs(5));
+    let log = r.log();
+    assert!(log.contains("\"repaired\":[]"), "{log}");
+    assert!(log.contains("\"digest\":null"), "{log}");
+    assert!(files_in(&out).is_empty(), "{:?}", files_in(&out));
+}
+
 // --- a receiver that misbehaves in the repair rounds ------------------------------------
 
 /// A hand-written receiver on loopback: takes one offer of `CHUNKS` chunks on one stream,
@@ -335,6 +388,32 @@ fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
     let stderr = sender_error(port, "extra-round");
     assert!(
         stderr.contains("resend round 4 after 3, beyond this sender's --max-resends 3"),
+        "{stderr}"
+    );
+    serve.join().unwrap();
+}
+
+#[test]
+fn a_receiver_that_acks_verified_after_its_final_resend_list_is_not_believed() {
+    // The final list names chunk 1 as still failing; then an ack that says every chunk
+    // verified, with the very digest the sender computed (the receiver had its CRC32Cs)
+    // and nothing repaired: only a checksum-failed ack fits after that list.
+    let data = vec![7u8; (CHUNKS * CHUNK) as usize];
+    let crcs: Vec<u32> = data.chunks(CHUNK as usize).map(crc32c).collect();
+    let digest = host::integrity::digest(&crcs, CHUNK, CHUNKS * CHUNK);
+    let last = Resend {
+        round: 4,
+        last: true,
+        missing: false,
+        chunks: vec![1],
+    }
+    .encode();
+    let verified = Ack::checked(CHUNKS * CHUNK, None, Some(digest), 0);
+    assert_eq!(verified.status, AckStatus::Verified);
+    let (port, serve) = lying_receiver([&last[..], &verified.encode()[..]].concat(), 1);
+    let stderr = sender_error(port, "verified-after-last");
+    assert!(
+        stderr.contains("acked verified after its final resend list named 1 chunk(s)"),
         "{stderr}"
     );
     serve.join().unwrap();

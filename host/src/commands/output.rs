@@ -52,7 +52,26 @@ pub fn integrity_lines(i: &Integrity) -> Vec<String> {
     if i.verify == Some(VerifyMode::Off) {
         lines.push("checks: none (--verify off): the bytes were counted, not checked".into());
     }
-    if let Some(digest) = i.digest {
+    // Chunks that still failed come first: such a transfer has no digest (nothing
+    // verified to take one of).
+    if !i.failed_chunks.is_empty() {
+        let shown: Vec<String> = i
+            .failed_chunks
+            .iter()
+            .take(8)
+            .map(|c| c.to_string())
+            .collect();
+        lines.push(format!(
+            "checksums: {} chunk(s) still failed after the resends: {}{}",
+            i.failed_chunks.len(),
+            shown.join(", "),
+            if i.failed_chunks.len() > 8 {
+                ", ..."
+            } else {
+                ""
+            }
+        ));
+    } else if let Some(digest) = i.digest {
         let repaired = match i.repaired.len() {
             0 => String::new(),
             n => format!(
@@ -62,28 +81,9 @@ pub fn integrity_lines(i: &Integrity) -> Vec<String> {
                 if n == 1 { "it" } else { "them" }
             ),
         };
-        if i.failed_chunks.is_empty() {
-            lines.push(format!(
-                "checksums: CRC32C of every chunk matched where it landed (digest {digest:#010x}){repaired}"
-            ));
-        } else {
-            let shown: Vec<String> = i
-                .failed_chunks
-                .iter()
-                .take(8)
-                .map(|c| c.to_string())
-                .collect();
-            lines.push(format!(
-                "checksums: {} chunk(s) still failed after the resends: {}{}",
-                i.failed_chunks.len(),
-                shown.join(", "),
-                if i.failed_chunks.len() > 8 {
-                    ", ..."
-                } else {
-                    ""
-                }
-            ));
-        }
+        lines.push(format!(
+            "checksums: CRC32C of every chunk matched where it landed (digest {digest:#010x}){repaired}"
+        ));
     }
     if let Some(at) = &i.stored {
         lines.push(format!("stored: {at}"));

@@ -80,6 +80,40 @@ pub struct Want {
     pub descriptors: u64,
 }
 
+/// Bytes a receiver holds per chunk checked by CRC32C, at most, whichever transport: the
+/// CRC32C its frame or message carried (4), the landed CRC32Cs and failure lists of a
+/// round (4 each, with a vector's slack up to twice that), a resend list and its
+/// encoding (4 + 4), the repaired chunks with their attempts (8). Counted by admission
+/// with the data, so chunks of a few bytes cannot cost many times what `--max-memory`
+/// allows (1-byte chunks: 48 bytes of books per byte of data).
+pub const CHECKED_CHUNK_BOOKS: u64 = 48;
+/// Bytes a receiver holds per chunk of a striped transfer, at most (on top of a checked
+/// chunk's): its slot in the round's table (a locked place, 32 on 64-bit) and the
+/// missing-chunk list, the request and its encoding (4 + 4 + 4), with slack.
+pub const STRIPED_CHUNK_BOOKS: u64 = 64;
+
+/// The per-chunk bookkeeping of an offer: `chunks` chunks of `per_chunk` bytes each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Books {
+    pub chunks: u64,
+    pub per_chunk: u64,
+}
+
+impl Books {
+    /// The books of `chunks` chunks, checked by checksum or not, striped or not (an
+    /// unchecked, unstriped transfer keeps no books per chunk: its readers take a
+    /// bounded batch of chunks at a time).
+    pub fn of(chunks: u64, checked: bool, striped: bool) -> Books {
+        let per_chunk = if checked { CHECKED_CHUNK_BOOKS } else { 0 }
+            + if striped { STRIPED_CHUNK_BOOKS } else { 0 };
+        Books { chunks, per_chunk }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.chunks.saturating_mul(self.per_chunk)
+    }
+}
+
 /// What is held right now (for logs and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Held {
@@ -218,6 +252,35 @@ impl Admission {
             peer,
             want,
         })
+    }
+
+    /// [`admit`](Self::admit) for an offer of `want` whose chunks keep `books`: the
+    /// books are memory as the buffers are, counted with them under `--max-memory`. An
+    /// offer whose data fits `--max-memory` but not with its books never can (however
+    /// idle the receiver): refused with [`RejectReason::ChunkBooks`], which says to use
+    /// larger chunks, not to try again later.
+    pub fn admit_offer(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        want: Want,
+        books: Books,
+    ) -> Result<Lease, RejectReason> {
+        let max = self.limits.max_memory;
+        let with_books = want.bytes.saturating_add(books.bytes());
+        if want.bytes <= max && with_books > max {
+            return Err(RejectReason::ChunkBooks {
+                chunks: books.chunks,
+                per_chunk: books.per_chunk,
+                max,
+            });
+        }
+        self.admit(
+            peer,
+            Want {
+                bytes: with_books,
+                ..want
+            },
+        )
     }
 
     fn release(&self, peer: IpAddr, handshakes: usize, connections: usize, want: Want) {
@@ -376,5 +439,44 @@ mod tests {
         drop((l1, l2));
         assert_eq!(a.held(), Held::default());
         assert!(a.lock().peers.is_empty(), "idle peers are forgotten");
+    }
+
+    #[test]
+    fn an_offers_chunk_books_count_with_its_data_and_one_that_never_fits_says_so() {
+        let a = Admission::new(limits()); // 100 bytes of memory
+        let books = |chunks| Books {
+            chunks,
+            per_chunk: 4,
+        };
+        // 40 bytes of data in 10 chunks: 80 bytes in all.
+        let l1 = a.admit_offer(A, want(40, 1), books(10)).unwrap();
+        assert_eq!(a.held().bytes, 80);
+        // 20 of data and 20 of books fit an idle receiver, not this one: busy.
+        assert_eq!(
+            a.admit_offer(B, want(20, 1), books(5)).unwrap_err(),
+            RejectReason::BusyMemory {
+                wanted: 40,
+                max: 100
+            }
+        );
+        drop(l1);
+        // 60 of data fit, with 44 of books never: say so, not "busy".
+        assert_eq!(
+            a.admit_offer(B, want(60, 1), books(11)).unwrap_err(),
+            RejectReason::ChunkBooks {
+                chunks: 11,
+                per_chunk: 4,
+                max: 100
+            }
+        );
+        assert_eq!(a.held(), Held::default());
+        // The books' sizes: none without checks or stripes, and no overflow.
+        assert_eq!(Books::of(1 << 40, false, false).bytes(), 0);
+        assert_eq!(Books::of(10, true, false).bytes(), 10 * CHECKED_CHUNK_BOOKS);
+        assert_eq!(
+            Books::of(10, true, true).bytes(),
+            10 * (CHECKED_CHUNK_BOOKS + STRIPED_CHUNK_BOOKS)
+        );
+        assert_eq!(Books::of(u64::MAX, true, false).bytes(), u64::MAX);
     }
 }

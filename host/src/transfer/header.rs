@@ -850,6 +850,17 @@ pub enum RejectReason {
     /// The receiver predates this protocol version (its reject says which it speaks).
     #[error("it speaks protocol version {speaks} and this sender version {VERSION}: run the same release on both ends (or --raw)")]
     OldPeer { speaks: u16 },
+    /// The offer's data fits the receiver's `--max-memory`, but not with the books it
+    /// keeps per chunk (checksums, resend lists): it never will; larger chunks would.
+    #[error(
+        "its --max-memory {} cannot hold the data with the books of its {chunks} chunks ({per_chunk} bytes each: checksums, resend lists); use a larger --chunk",
+        format_bytes(*max)
+    )]
+    ChunkBooks {
+        chunks: u64,
+        per_chunk: u64,
+        max: u64,
+    },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -881,6 +892,12 @@ impl RejectReason {
             }
             RejectReason::UnknownJoin => (16, 0, 0, 0),
             RejectReason::BadJoin { rail, rails } => (17, 0, rail, rails),
+            // Bytes per chunk are a few dozen: they fit the sub-code.
+            RejectReason::ChunkBooks {
+                chunks,
+                per_chunk,
+                max,
+            } => (18, per_chunk.min(u16::MAX as u64) as u16, chunks, max),
             // What that older receiver sent: "version VERSION is not supported", in its
             // own version.
             RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
@@ -953,6 +970,11 @@ impl RejectReason {
             }
             16 => RejectReason::UnknownJoin,
             17 => RejectReason::BadJoin { rail: a, rails: b },
+            18 => RejectReason::ChunkBooks {
+                chunks: a,
+                per_chunk: sub as u64,
+                max: b,
+            },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -1963,6 +1985,11 @@ mod tests {
             RejectReason::BadProof,
             RejectReason::KeyChallenge {
                 nonce: *b"0123456789abcdef",
+            },
+            RejectReason::ChunkBooks {
+                chunks: 1 << 24,
+                per_chunk: 48,
+                max: 16 << 20,
             },
         ];
         for r in all {

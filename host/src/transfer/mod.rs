@@ -13,6 +13,7 @@ pub mod header;
 pub mod input;
 pub mod memcpy_wire;
 pub mod plan;
+pub mod repair;
 pub mod report;
 pub mod schedule;
 pub mod store;

@@ -12,11 +12,12 @@
 
 use super::conn::{tag, Connection, Waited, INDEX_MASK, TAG_DATA, TAG_RESEND, WR_ACK, WR_CTRL};
 use super::receiver::Receives;
-use super::repair::{self, Expected, Next, Repair};
+use super::repair::{self, Expected};
 use crate::memory::RecvSink;
 use crate::rdma::{Completion, Deadline, MessageBuffer, RdmaError, SendOp, SendWr};
 use crate::transfer::header::Op;
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::repair::{failed, Next, Repair};
 use crate::transfer::TransferError;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -68,7 +69,7 @@ impl Round<'_, '_, '_> {
                 expected.len()
             )));
         }
-        let mut repair = Repair::new(self.max_resends, repair::failed(&expected, &landed));
+        let mut repair = Repair::new(self.max_resends, failed(&expected, &landed));
         loop {
             match repair.next() {
                 Next::Done => {

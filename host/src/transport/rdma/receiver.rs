@@ -35,7 +35,7 @@ use crate::rdma::{
     self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
     MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr, SendableRequest,
 };
-use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
@@ -293,21 +293,24 @@ fn admit(
     if let Some(key) = &cfg.key {
         check_proof(key, nonces, ip, &request.private_data)?;
     }
-    let wanted = if cfg.raw {
-        cfg.max_bytes
+    let (wanted, books) = if cfg.raw {
+        (cfg.max_bytes, Books::default())
     } else {
         match Header::decode(&request.private_data) {
-            Ok(h) if h.total_bytes <= cfg.max_bytes => h.total_bytes,
-            _ => 0,
+            // Chunks checked by checksum or striped keep books per chunk (expected and
+            // landed checksums, resend lists), counted with the buffer.
+            Ok(h) if h.total_bytes <= cfg.max_bytes => (
+                h.total_bytes,
+                Books::of(h.chunks(), h.verify.checksum(), h.striped),
+            ),
+            _ => (0, Books::default()),
         }
     };
-    admission.admit(
-        ip,
-        Want {
-            bytes: wanted,
-            descriptors: 0,
-        },
-    )
+    let want = Want {
+        bytes: wanted,
+        descriptors: 0,
+    };
+    admission.admit_offer(ip, want, books)
 }
 
 /// Nonces a verbs receiver with a key keeps at once (each 16 bytes and an address).

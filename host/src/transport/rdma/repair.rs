@@ -1,8 +1,8 @@
-//! The bookkeeping of `--verify checksum` over verbs, apart from the wire: which chunks
-//! failed, the rounds of resends and their bound, how the checksum and resend lists are
-//! cut into messages of a bounded size, and what a sender makes of the receiver's
-//! requests. Pure functions and small state machines, tested here; the posting lives in
-//! `sender.rs` and `checks.rs`.
+//! The verbs side of `--verify checksum`, apart from the posting: how the checksum and
+//! resend lists are cut into messages of a bounded size, which receive takes what, and
+//! the subset passes of a resend round. The rounds themselves and what a sender believes
+//! of them are the same over TCP: [`crate::transfer::repair`]. Pure functions and small
+//! state machines, tested here; the posting lives in `sender.rs` and `checks.rs`.
 //!
 //! The protocol (version 2, verbs), after the data of a transfer:
 //!
@@ -25,7 +25,7 @@
 //! `ChecksumFailed`.
 
 use crate::transfer::header::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
 pub const LIST_PER_MESSAGE: usize = 252;
@@ -129,194 +129,6 @@ impl Expected {
 
     pub fn crcs(&self) -> &[u32] {
         &self.crcs
-    }
-}
-
-/// The chunks (indices) whose checksum where they landed differs from the sender's.
-pub fn failed(expected: &[u32], landed: &[u32]) -> Vec<u32> {
-    expected
-        .iter()
-        .zip(landed)
-        .enumerate()
-        .filter(|(_, (e, l))| e != l)
-        .map(|(i, _)| i as u32)
-        .collect()
-}
-
-/// What the receiver does next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
-    /// Every chunk passed: ack.
-    Done,
-    /// Ask for these chunks again, in round `round` (from 1).
-    Resend { round: u32, chunks: Vec<u32> },
-    /// The resends are used up: name these in `Resend{last}` and ack `ChecksumFailed`.
-    GiveUp { round: u32, chunks: Vec<u32> },
-}
-
-/// The receiver's rounds of one transfer.
-#[derive(Debug)]
-pub struct Repair {
-    max_resends: u8,
-    rounds: u32,
-    failing: Vec<u32>,
-    /// Chunks that failed and then passed, with the times each was sent in all.
-    repaired: Vec<(u32, u32)>,
-    /// Chunks asked for again, all rounds together.
-    resent: u64,
-}
-
-impl Repair {
-    /// After the first check: `failing` chunks, at most `max_resends` rounds.
-    pub fn new(max_resends: u8, failing: Vec<u32>) -> Repair {
-        Repair {
-            max_resends,
-            rounds: 0,
-            failing,
-            repaired: Vec::new(),
-            resent: 0,
-        }
-    }
-
-    pub fn next(&self) -> Next {
-        if self.failing.is_empty() {
-            Next::Done
-        } else if self.rounds < self.max_resends as u32 {
-            Next::Resend {
-                round: self.rounds + 1,
-                chunks: self.failing.clone(),
-            }
-        } else {
-            Next::GiveUp {
-                round: self.rounds + 1,
-                chunks: self.failing.clone(),
-            }
-        }
-    }
-
-    /// The chunks asked for in the last round, each checked again: `passed[i]` for
-    /// the `i`-th of them.
-    pub fn checked(&mut self, passed: &[bool]) {
-        debug_assert_eq!(passed.len(), self.failing.len());
-        self.resent += self.failing.len() as u64;
-        // Sent once at first, then once in each round up to this one.
-        let attempts = self.rounds + 2;
-        let mut i = 0;
-        let repaired = &mut self.repaired;
-        self.failing.retain(|&chunk| {
-            let ok = passed.get(i).copied().unwrap_or(false);
-            i += 1;
-            if ok {
-                repaired.push((chunk, attempts));
-            }
-            !ok
-        });
-        self.rounds += 1;
-    }
-
-    /// Chunks that failed and then passed: (chunk, times sent).
-    pub fn repaired(&self) -> &[(u32, u32)] {
-        &self.repaired
-    }
-
-    /// Chunks asked for again, all rounds together.
-    pub fn resent(&self) -> u64 {
-        self.resent
-    }
-}
-
-/// The sender's view of the receiver's resend requests: each checked against the
-/// bound it offered; the times each chunk was sent, and the chunks given up on, kept for
-/// the report and the error.
-#[derive(Debug)]
-pub struct Requests {
-    max_resends: u8,
-    chunks: u64,
-    /// Chunk -> times sent, for every chunk sent more than once.
-    attempts: BTreeMap<u64, u32>,
-    given_up: Vec<u32>,
-    rounds: u8,
-    /// The last chunk asked for in the current round: a round's list may come in several
-    /// messages, each continuing above the previous one, so a round asks for each chunk
-    /// at most once (else a receiver could repeat a round's first part for ever).
-    round_reached: Option<u32>,
-}
-
-impl Requests {
-    /// For a transfer of `chunks` chunks, with up to `max_resends` rounds.
-    pub fn new(max_resends: u8, chunks: u64) -> Requests {
-        Requests {
-            max_resends,
-            chunks,
-            attempts: BTreeMap::new(),
-            given_up: Vec::new(),
-            rounds: 0,
-            round_reached: None,
-        }
-    }
-
-    /// A `Resend` from the receiver: the chunks to send again (empty for a `last` one,
-    /// which only names chunks), or why the request is not believed.
-    pub fn take(&mut self, r: &Resend) -> Result<Vec<u32>, String> {
-        let Some(&first) = r.chunks.first() else {
-            return Err("the receiver sent an empty resend list".into());
-        };
-        if r.last {
-            // Each part continues above the one before: no chunk named twice.
-            let above = self.given_up.last().is_none_or(|&g| first > g);
-            if !above || (self.given_up.len() + r.chunks.len()) as u64 > self.chunks {
-                return Err(
-                    "the receiver gave up on chunks twice or on more than the transfer has".into(),
-                );
-            }
-            self.given_up.extend(&r.chunks);
-            return Ok(Vec::new());
-        }
-        let round = r.round;
-        if round == 0 || round > self.max_resends as u32 {
-            return Err(format!(
-                "the receiver asked for round {round} of resends, beyond the {} this sender offered (--max-resends)",
-                self.max_resends
-            ));
-        }
-        // A round's list may come in several messages: the same round, or the next.
-        if round != self.rounds as u32 && round != self.rounds as u32 + 1 {
-            return Err(format!(
-                "the receiver asked for round {round} of resends after round {}",
-                self.rounds
-            ));
-        }
-        let continues = round == self.rounds as u32
-            && self.round_reached.is_some_and(|reached| first > reached);
-        if round == self.rounds as u32 && !continues {
-            return Err(format!(
-                "the receiver asked again for chunks of round {round} it had asked for"
-            ));
-        }
-        self.rounds = round as u8;
-        self.round_reached = r.chunks.last().copied();
-        for &c in &r.chunks {
-            *self.attempts.entry(c as u64).or_insert(1) += 1;
-        }
-        Ok(r.chunks.clone())
-    }
-
-    /// Rounds of resends the receiver asked for.
-    pub fn rounds(&self) -> u8 {
-        self.rounds
-    }
-
-    /// Chunks still failing when the receiver gave up.
-    pub fn given_up(&self) -> &[u32] {
-        &self.given_up
-    }
-
-    /// Chunks sent more than once that passed in the end: (chunk, times sent).
-    pub fn repaired(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.attempts
-            .iter()
-            .filter(|(c, _)| u32::try_from(**c).is_ok_and(|c| !self.given_up.contains(&c)))
-            .map(|(&c, &a)| (c, a))
     }
 }
 
@@ -480,61 +292,6 @@ mod tests {
     }
 
     #[test]
-    fn failed_chunks_are_those_that_differ() {
-        assert_eq!(failed(&[1, 2, 3, 4], &[1, 0, 3, 5]), [1, 3]);
-        assert!(failed(&[1, 2], &[1, 2]).is_empty());
-    }
-
-    #[test]
-    fn rounds_repair_until_done_within_the_bound() {
-        let mut r = Repair::new(3, vec![2, 5, 9]);
-        assert_eq!(
-            r.next(),
-            Next::Resend {
-                round: 1,
-                chunks: vec![2, 5, 9]
-            }
-        );
-        r.checked(&[true, false, true]);
-        assert_eq!(r.repaired(), [(2, 2), (9, 2)]);
-        assert_eq!(
-            r.next(),
-            Next::Resend {
-                round: 2,
-                chunks: vec![5]
-            }
-        );
-        r.checked(&[true]);
-        assert_eq!(r.next(), Next::Done);
-        assert_eq!(r.repaired(), [(2, 2), (9, 2), (5, 3)]);
-        assert_eq!((r.rounds, r.resent()), (2, 4));
-        assert_eq!(Repair::new(3, vec![]).next(), Next::Done);
-    }
-
-    #[test]
-    fn the_bound_ends_in_giving_up_with_the_chunks_that_still_fail() {
-        let mut r = Repair::new(2, vec![0, 1, 2]);
-        r.checked(&[false, true, false]);
-        r.checked(&[false, false]);
-        assert_eq!(
-            r.next(),
-            Next::GiveUp {
-                round: 3,
-                chunks: vec![0, 2]
-            }
-        );
-        assert_eq!(r.repaired(), [(1, 2)]);
-        // No resends allowed: give up at once.
-        assert_eq!(
-            Repair::new(0, vec![4]).next(),
-            Next::GiveUp {
-                round: 1,
-                chunks: vec![4]
-            }
-        );
-    }
-
-    #[test]
     fn a_long_list_takes_several_bounded_messages() {
         let chunks: Vec<u32> = (0..600).map(|i| i * 3).collect();
         let parts = resend_batches(2, false, &chunks);
@@ -550,55 +307,6 @@ mod tests {
             again.extend(back.chunks);
         }
         assert_eq!(again, chunks);
-    }
-
-    #[test]
-    fn the_sender_believes_only_rounds_within_its_bound_and_keeps_the_books() {
-        let mut s = Requests::new(2, 100);
-        let ask = |round, chunks: Vec<u32>| Resend {
-            round,
-            last: false,
-            missing: false,
-            chunks,
-        };
-        assert_eq!(s.take(&ask(1, vec![1, 4])).unwrap(), [1, 4]);
-        assert_eq!(s.take(&ask(1, vec![9])).unwrap(), [9], "a round in parts");
-        // A part that does not continue above the last one repeats the round.
-        assert!(s
-            .take(&ask(1, vec![9]))
-            .unwrap_err()
-            .contains("asked again for chunks of round 1"));
-        assert!(s.take(&ask(1, vec![2])).is_err());
-        assert_eq!(s.take(&ask(2, vec![4])).unwrap(), [4]);
-        assert!(s
-            .take(&ask(3, vec![4]))
-            .unwrap_err()
-            .contains("beyond the 2"));
-        assert!(s
-            .take(&ask(1, vec![4]))
-            .unwrap_err()
-            .contains("after round 2"));
-        assert_eq!(s.rounds(), 2);
-        assert_eq!(s.repaired().collect::<Vec<_>>(), [(1, 2), (4, 3), (9, 2)]);
-        let last = |chunks: Vec<u32>| Resend {
-            round: 3,
-            last: true,
-            missing: false,
-            chunks,
-        };
-        assert!(s.take(&last(vec![4])).unwrap().is_empty());
-        assert!(s.take(&last(vec![20, 21])).unwrap().is_empty());
-        assert_eq!(s.given_up(), [4, 20, 21]);
-        // The final list repeated: not believed.
-        assert!(s.take(&last(vec![4])).is_err());
-        assert!(s.take(&last(vec![21])).is_err());
-        assert_eq!(s.repaired().collect::<Vec<_>>(), [(1, 2), (9, 2)]);
-        // More given up than the transfer has: not believed.
-        let mut small = Requests::new(0, 2);
-        assert!(small.take(&last(vec![0, 1, 2])).is_err());
-        // Skipping a round is not believed either.
-        let mut skip = Requests::new(3, 10);
-        assert!(skip.take(&ask(2, vec![1])).is_err());
     }
 
     #[test]

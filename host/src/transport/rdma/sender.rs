@@ -5,7 +5,7 @@ use super::conn::{
     is_data, next_event, tag, Connection, Resources, Waited, DISCONNECT_GRACE, INDEX_MASK,
     TAG_DATA, WR_ACK, WR_CTRL, WR_REPLY,
 };
-use super::repair::{self, Requests, Subset, CONTROL_SLOT, REPLY_SLOTS};
+use super::repair::{self, Subset, CONTROL_SLOT, REPLY_SLOTS};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::RegistrationTarget;
 use crate::memory::{SendMemory, SendSource};
@@ -19,6 +19,7 @@ use crate::transfer::header::{
     WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, Repaired};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::units::format_bytes;
@@ -448,9 +449,12 @@ fn connect_and_send(
                 pending: &mut pending,
                 timeout: cfg.timeout,
             };
+            // The CRC32C of what was sent, by the combine rule over the chunks' CRC32Cs:
+            // a verified ack must carry the same.
+            let digest = crate::integrity::digest(&crcs, plan.chunk_bytes(), plan.total());
             let (ack, repaired) =
-                talk.checked_transfer(&schedule, source, &crcs, cfg.payload.max_resends)?;
-            integrity.digest = Some(check_digest(&ack, &crcs, &plan, &label)?);
+                talk.checked_transfer(&schedule, source, &crcs, digest, cfg.payload.max_resends)?;
+            integrity.digest = Some(digest);
             integrity.chunks_checked =
                 n + repaired.iter().map(|r| r.attempts as u64 - 1).sum::<u64>();
             integrity.repaired = repaired;
@@ -550,29 +554,6 @@ impl Checksums {
                 "no chunk checksums were computed".into(),
             )),
         }
-    }
-}
-
-/// The ack's digest must be the CRC32C of what was sent, by the combine rule over the
-/// chunks' CRC32Cs: a verified transfer whose digest differs was not what this sender
-/// sent.
-fn check_digest(
-    ack: &Ack,
-    crcs: &[u32],
-    plan: &ChunkPlan,
-    label: &str,
-) -> Result<u32, TransferError> {
-    let ours = crate::integrity::digest(crcs, plan.chunk_bytes(), plan.total());
-    match ack.digest {
-        Some(theirs) if ack.status == AckStatus::Verified && theirs != ours => {
-            Err(TransferError::Protocol(format!(
-                "the receiver at {label} acked a transfer with CRC32C {theirs:#010x}, but this sender sent {ours:#010x}"
-            )))
-        }
-        None if ack.status == AckStatus::Verified => Err(TransferError::Protocol(format!(
-            "the receiver at {label} acked without the transfer's CRC32C digest asked for (--verify checksum)"
-        ))),
-        _ => Ok(ours),
     }
 }
 
@@ -693,6 +674,7 @@ impl Talk<'_, '_, '_> {
         schedule: &Schedule,
         source: &dyn SendSource,
         crcs: &[u32],
+        digest: u32,
         max_resends: u8,
     ) -> Result<(Ack, Vec<Repaired>), TransferError> {
         for (i, message) in repair::checksum_batches(crcs).enumerate() {
@@ -708,6 +690,11 @@ impl Talk<'_, '_, '_> {
                 let ack = Ack::decode(&bytes[..bytes.len().min(ACK_LEN)]).map_err(|e| {
                     TransferError::Protocol(format!("the receiver's ack is invalid: {e}"))
                 })?;
+                // An ack that does not fit the requests before it (verified after a
+                // final list of chunks that still fail, say) is not believed.
+                requests
+                    .check_ack(&ack, Some(digest))
+                    .map_err(|e| TransferError::Protocol(format!("{}: {e}", self.ends.label)))?;
                 if ack.status == AckStatus::ChecksumFailed {
                     return Err(TransferError::ChecksumFailed {
                         peer: self.ends.label.to_string(),

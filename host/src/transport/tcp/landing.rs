@@ -266,9 +266,11 @@ impl Landing for HostLanding {
                 }
             }
             Which::Only(list) => {
-                // The listed chunks' places, split off the buffer in one pass.
+                // The listed chunks' places, split off the buffer in one pass, handed to
+                // the readers a batch at a time as above: a round may ask for every
+                // chunk again, and the readers' lists hold 40 bytes per chunk.
                 let mut wanted = list.iter().peekable();
-                let pieces =
+                let mut pieces =
                     bytes
                         .chunks_mut(chunk_bytes.max(1))
                         .enumerate()
@@ -279,7 +281,13 @@ impl Landing for HostLanding {
                                 (i as u64, piece)
                             })
                         });
-                receive_pieces(&ctx, pieces)?;
+                loop {
+                    let batch: Vec<_> = pieces.by_ref().take(BATCH_CHUNKS as usize).collect();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    receive_pieces(&ctx, batch.into_iter())?;
+                }
             }
         }
         Ok(())

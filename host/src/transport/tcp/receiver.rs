@@ -35,16 +35,16 @@ use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Reads, Stop,
 use super::routes::Routes;
 use super::socket;
 use crate::memory::select::AttemptLog;
-use crate::server::admission::{Admission, Lease, Limits, Want};
+use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
     AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError,
 };
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::repair::{Next, Repair};
 use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -271,7 +271,14 @@ fn serve_listener(
                     // The control socket, its clone, and the other streams.
                     descriptors: offer.hello.count as u64 + 1,
                 };
-                let lease = match shared.admission.admit(offer.peer.ip(), want) {
+                // Chunks checked by checksum or striped keep books per chunk, counted
+                // with the buffers: tiny chunks would cost many times their data.
+                let books = Books::of(
+                    offer.header.chunks(),
+                    offer.header.verify.checksum(),
+                    offer.header.striped,
+                );
+                let lease = match shared.admission.admit_offer(offer.peer.ip(), want, books) {
                     Ok(lease) => lease,
                     Err(reason) => {
                         report(&refuse(offer.control, offer.peer, reason, None));
@@ -801,10 +808,14 @@ fn receive_all(
         let took = t_verify.elapsed();
         verify_seconds += took.as_secs_f64();
         let this = pattern.as_ref().map(|r| r.as_ref().ok().copied());
-        let digest = checks
-            .enabled()
+        // A digest only of bytes that landed and passed their checks: with every chunk
+        // passed, each one's CRC32C where it landed is its frame's, so the digest over
+        // the frames' CRC32Cs is that of the bytes as they landed. With a chunk that
+        // still fails there is none (the sender's claims are not the data here).
+        let digest = (checks.enabled() && repairs.failed.is_empty())
             .then(|| crate::integrity::digest(&checks.all(), plan.chunk_bytes(), total));
-        let mut ack = Ack::checked(total, this, digest, repairs.attempts.len() as u32);
+        // Repaired: the chunks that failed and then passed, never those still failing.
+        let mut ack = Ack::checked(total, this, digest, repairs.repaired.len() as u32);
         if header.repeats() {
             ack = ack.with_verify_time(took);
         }
@@ -816,25 +827,16 @@ fn receive_all(
         }
         integrity.digest = digest;
         integrity.chunks_checked += if checks.enabled() {
-            plan.count()
-                + repairs
-                    .attempts
-                    .values()
-                    .map(|a| *a as u64 - 1)
-                    .sum::<u64>()
+            plan.count() + repairs.resent
         } else {
             0
         };
-        integrity.repaired.extend(
-            repairs
-                .attempts
-                .iter()
-                .filter(|(c, _)| !repairs.failed.contains(c))
-                .map(|(&chunk, &attempts)| Repaired {
-                    chunk: chunk as u64,
-                    attempts,
-                }),
-        );
+        integrity
+            .repaired
+            .extend(repairs.repaired.iter().map(|&(chunk, attempts)| Repaired {
+                chunk: chunk as u64,
+                attempts,
+            }));
         integrity
             .failed_chunks
             .extend(repairs.failed.iter().map(|&c| c as u64));
@@ -896,17 +898,21 @@ fn receive_all(
     })
 }
 
-/// What the resend rounds of one transfer did: chunk -> times it was sent, for chunks
-/// sent more than once; the chunks that still failed when the rounds were used up.
+/// What the resend rounds of one transfer did.
 #[derive(Default)]
 struct Repairs {
-    attempts: BTreeMap<u32, u32>,
+    /// Chunks that failed and then passed: (chunk, times sent in all), by chunk.
+    repaired: Vec<(u32, u32)>,
+    /// Chunks asked for again, all rounds together.
+    resent: u64,
+    /// Chunks that still failed when the rounds were used up.
     failed: Vec<u32>,
 }
 
 /// Ask for the chunks whose CRC32C failed where they landed, up to `max_resends`
-/// rounds, reading each round's chunks into their places; after the last round the
-/// chunks still failing are named in a final [`Resend`] (an ack saying so follows).
+/// rounds (the rounds of [`Repair`], as over verbs), reading each round's chunks into
+/// their places; after the last round the chunks still failing are named in a final
+/// [`Resend`] (an ack saying so follows).
 fn repair(
     mode: &mut Mode,
     control: &mut TcpStream,
@@ -922,47 +928,67 @@ fn repair(
         ..
     } = reads;
     let checking = |e: anyhow::Error| Stop::Broken(format!("checking the chunks: {e:#}"));
-    let mut repairs = Repairs::default();
-    let mut failed = landing
+    let ask = |control: &mut TcpStream, request: &Resend| {
+        control
+            .write_all(&request.encode())
+            .map_err(|e| Stop::Broken(socket::why(&e, limits.timeout, "asking for chunks again")))
+    };
+    let first = landing
         .failed_chunks(plan, Which::All, checks)
         .map_err(checking)?;
-    let mut round = 0u32;
-    while !failed.is_empty() {
-        let last = round == max_resends as u32;
-        let request = Resend {
-            round: round + 1,
-            last,
-            missing: false,
-            chunks: failed.clone(),
+    let mut rounds = Repair::new(max_resends, first);
+    let failed = loop {
+        let (round, chunks) = match rounds.next() {
+            Next::Done => break Vec::new(),
+            Next::GiveUp { round, chunks } => {
+                let request = Resend {
+                    round,
+                    last: true,
+                    missing: false,
+                    chunks,
+                };
+                ask(control, &request)?;
+                break request.chunks;
+            }
+            Next::Resend { round, chunks } => (round, chunks),
         };
-        control.write_all(&request.encode()).map_err(|e| {
-            Stop::Broken(socket::why(&e, limits.timeout, "asking for chunks again"))
-        })?;
-        if last {
-            repairs.failed = failed;
-            break;
-        }
-        round += 1;
-        for &c in &failed {
-            *repairs.attempts.entry(c).or_insert(1) += 1;
-        }
-        let which = Which::Only(&failed);
+        let request = Resend {
+            round,
+            last: false,
+            missing: false,
+            chunks,
+        };
+        ask(control, &request)?;
+        let chunks = request.chunks;
+        let which = Which::Only(&chunks);
         // Every byte has arrived by now, so "got N of N bytes" alone would read as done:
         // say that the transfer broke while chunks were being sent again.
         receive_which(mode, control, landing, streams, reads, which).map_err(
             |stop| match stop {
                 Stop::Broken(why) => Stop::Broken(format!(
                     "in resend round {round}, {} chunk(s) asked again: {why}",
-                    failed.len()
+                    chunks.len()
                 )),
                 too_slow => too_slow,
             },
         )?;
-        failed = landing
-            .failed_chunks(plan, Which::Only(&failed), checks)
+        // Increasing, among `chunks`: what still fails after this round.
+        let still = landing
+            .failed_chunks(plan, which, checks)
             .map_err(checking)?;
-    }
-    Ok(repairs)
+        let passed: Vec<bool> = chunks
+            .iter()
+            .map(|c| still.binary_search(c).is_err())
+            .collect();
+        rounds.checked(&passed);
+    };
+    let mut repaired = rounds.repaired().to_vec();
+    repaired.sort_unstable();
+    Ok(Repairs {
+        repaired,
+        resent: rounds.resent(),
+        failed,
+    })
 }
 
 /// The verification of all transfers of a connection: counts add up, the first

@@ -14,10 +14,10 @@ use crate::transfer::header::{
     RESEND_MAGIC,
 };
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{PayloadOptions, SendReport, TransferError};
-use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -285,10 +285,9 @@ fn settle(
             socket::why(&e, cfg.timeout, "waiting for it")
         ))
     };
-    // Chunk -> times sent, for every chunk sent more than once.
-    let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
-    let mut still_failed: Vec<u32> = Vec::new();
-    let mut rounds = 0u8;
+    // The receiver's requests, each checked against the ones before (and in the end its
+    // ack against them all): the rules verbs senders keep too.
+    let mut requests = Requests::new(opts.max_resends, plan.count());
     let mut missing_rounds = 0u32;
     // From the first missing-chunk request to the reply after the last one.
     let mut missing_since: Option<Instant> = None;
@@ -341,39 +340,13 @@ fn settle(
                         "a resend of corrupt chunks, though this sender sent no checksums".into(),
                     ));
                 }
-                if last {
-                    // One final list, then the ack: a receiver that kept sending final
-                    // lists would hold this sender in the loop for ever.
-                    if !still_failed.is_empty() {
-                        return Err(protocol(
-                            "a second final resend list (after the last, only the ack may come)"
-                                .into(),
-                        ));
-                    }
-                    still_failed = resend.chunks;
-                    continue;
+                let chunks = requests.take(&resend).map_err(protocol)?;
+                if chunks.is_empty() {
+                    continue; // a final list, naming chunks that still fail: the ack is next
                 }
-                if round > opts.max_resends as u32 || round != rounds as u32 + 1 {
-                    return Err(protocol(format!(
-                        "resend round {round} after {rounds}, beyond this sender's --max-resends {}",
-                        opts.max_resends
-                    )));
-                }
-                rounds = round as u8;
-                send_again(
-                    wire,
-                    source,
-                    plan,
-                    &resend.chunks,
-                    round,
-                    cfg.timeout,
-                    label,
-                )?;
+                send_again(wire, source, plan, &chunks, round, cfg.timeout, label)?;
                 wire.end_pass()
                     .map_err(|e| wire_error(e, label, plan.total()))?;
-                for &c in &resend.chunks {
-                    *attempts.entry(c as u64).or_insert(1) += 1;
-                }
             }
             _ => {
                 return Err(protocol(
@@ -385,30 +358,27 @@ fn settle(
     let checksum = opts.verify.checksum();
     let digest = checksum
         .then(|| crate::integrity::digest(wire.checksums(), plan.chunk_bytes(), plan.total()));
+    // An ack that does not fit the requests before it (verified after a final list of
+    // chunks that still fail, say) is not believed.
+    requests.check_ack(&ack, digest).map_err(protocol)?;
     if ack.status == AckStatus::ChecksumFailed {
         return Err(TransferError::ChecksumFailed {
             peer: label.to_string(),
-            chunks: still_failed,
-            rounds,
+            chunks: requests.given_up().to_vec(),
+            rounds: requests.rounds(),
         });
-    }
-    if ack.status == AckStatus::Verified && checksum && ack.digest != digest {
-        return Err(protocol(format!(
-            "the receiver's digest {:08x?} differs from this sender's {:08x?}: the data it holds is not what was sent",
-            ack.digest, digest
-        )));
     }
     let integrity = Integrity {
         verify: Some(opts.verify),
         payload: Some(opts.payload),
         digest,
         chunks_checked: if checksum {
-            plan.count() + attempts.values().map(|a| *a as u64 - 1).sum::<u64>()
+            plan.count() + requests.repaired().map(|(_, a)| a as u64 - 1).sum::<u64>()
         } else {
             0
         },
-        repaired: attempts
-            .into_iter()
+        repaired: requests
+            .repaired()
             .map(|(chunk, attempts)| Repaired { chunk, attempts })
             .collect(),
         failed_chunks: Vec::new(),

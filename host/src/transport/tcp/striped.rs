@@ -549,6 +549,16 @@ mod tests {
     use std::net::TcpListener;
     use std::time::Duration;
 
+    #[test]
+    fn a_chunks_slot_and_lists_fit_the_books_admission_charges() {
+        // The slot, and 4 bytes each in the missing list, its request and its encoding.
+        let per_chunk = std::mem::size_of::<Mutex<Slot<'_>>>() as u64 + 12;
+        assert!(
+            per_chunk <= crate::server::admission::STRIPED_CHUNK_BOOKS,
+            "{per_chunk}"
+        );
+    }
+
     /// `n` connected pairs: (what the test writes to, what the round reads).
     fn pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
