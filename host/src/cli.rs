@@ -238,7 +238,7 @@ pub struct RailsBenchArgs {
 }
 
 /// `host <ip> <port>`: send.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct SendArgs {
     /// The receiver's address: an IPv4 or IPv6 address (or a host name) on an RDMA network;
     /// over TCP a comma list gives one per rail (--bind-interfaces).
@@ -363,8 +363,16 @@ pub struct SendArgs {
     pub transport: TransportKind,
 
     /// TCP only: sockets per connection, chunks spread over them round-robin (as NCCL's
-    /// NCCL_NSOCKS_PERTHREAD), for links one socket cannot fill.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
+    /// NCCL_NSOCKS_PERTHREAD), for links one socket cannot fill. `auto`: from this
+    /// machine, as a note says: at most half the cores, one per 25 Gbit/s of the
+    /// interface the route to the receiver leaves by, 8 to this machine itself, 4 where
+    /// the speed is not known, never more than 8.
+    #[arg(long = "streams", value_name = "N|auto", default_value = "auto", value_parser = parse_streams)]
+    pub streams_asked: Streams,
+
+    /// The streams this transfer uses: `--streams`, with `auto` decided from the machine
+    /// and the route to the receiver (`commands::send` sets it before anything is sent).
+    #[arg(skip)]
     pub streams: u16,
 
     /// TCP only: stripe the transfer over several local interfaces (rails), one socket
@@ -600,6 +608,26 @@ fn parse_chunk_size(text: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// `--streams`: a count, or `auto` (decided from the machine, `transport::tcp::streams`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streams {
+    Auto,
+    Count(u16),
+}
+
+fn parse_streams(text: &str) -> Result<Streams, String> {
+    let max = crate::transport::tcp::frames::MAX_STREAMS;
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(Streams::Auto);
+    }
+    match text.trim().parse::<u16>() {
+        Ok(n) if (1..=max as u16).contains(&n) => Ok(Streams::Count(n)),
+        _ => Err(format!(
+            "`{text}` is not `auto` or a number of streams in 1..={max}"
+        )),
+    }
+}
+
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     let secs: f64 = text
         .trim()
@@ -640,7 +668,10 @@ mod tests {
         assert_eq!((s.depth, s.chunk, s.iters), (16, 1 << 20, 1));
         assert_eq!(s.timeout, Duration::from_secs(10));
         assert!(!s.raw && !s.json && !s.busy_poll && !s.reuse_connection);
-        assert_eq!((s.transport, s.streams), (TransportKind::Auto, 1));
+        assert_eq!(
+            (s.transport, s.streams_asked),
+            (TransportKind::Auto, Streams::Auto)
+        );
         assert_eq!(s.nic, None);
         assert_eq!(s.rails, None);
         assert_eq!(s.gpudirect_level, PciDistance::Pxb);
@@ -830,7 +861,10 @@ mod tests {
         let s = parse(&["127.0.0.1", "7471", "--transport", "tcp", "--streams", "4"])
             .unwrap()
             .send;
-        assert_eq!((s.transport, s.streams), (TransportKind::Tcp, 4));
+        assert_eq!(
+            (s.transport, s.streams_asked),
+            (TransportKind::Tcp, Streams::Count(4))
+        );
         assert!(parse(&["127.0.0.1", "7471", "--streams", "0"]).is_err());
         assert!(parse(&["127.0.0.1", "7471", "--streams", "65"]).is_err());
         assert!(parse(&["127.0.0.1", "7471", "--transport", "udp"]).is_err());

@@ -6,7 +6,7 @@ use super::output::{
 };
 use super::peer::{resolve_all, resolve_peer};
 use anyhow::{bail, Context, Result};
-use host::cli::SendArgs;
+use host::cli::{SendArgs, Streams};
 use host::memory::select::{plan, AttemptLog, Direction, MemKind};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
 use host::transfer::faults::FaultInjector;
@@ -14,6 +14,7 @@ use host::transfer::header::{checked_name, Payload, VerifyMode};
 use host::transfer::units::format_bytes;
 use host::transfer::{self, AckStatus, PayloadOptions, SendReport};
 use host::transport::rdma::{self, RailTarget, SendConfig};
+use host::transport::tcp::streams::{choose_streams, StreamFacts};
 use host::transport::{self, TransportKind};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -251,6 +252,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
         eprintln!("note: {note}");
     }
     let tcp = chosen.kind == TransportKind::Tcp;
+    let args = &with_streams(args, peer, tcp);
     if tcp {
         super::tcp::check_send_options(args, chosen.note.as_deref())?;
     } else if !args.bind_interfaces.is_empty() {
@@ -618,6 +620,25 @@ fn verdict_words(v: &transfer::ReceiverVerdict, user_data: bool) -> String {
             format_bytes(v.received_bytes),
             verification_words(ver)
         ),
+    }
+}
+
+/// `args` with `--streams` decided: as given, or from the machine for `auto` (a note
+/// says how, over TCP; RDMA has no streams).
+fn with_streams(args: &SendArgs, peer: SocketAddr, tcp: bool) -> SendArgs {
+    let streams = match args.streams_asked {
+        Streams::Count(n) => n,
+        Streams::Auto => {
+            let choice = choose_streams(&StreamFacts::here(peer));
+            if tcp {
+                eprintln!("note: {}", choice.why);
+            }
+            choice.streams
+        }
+    };
+    SendArgs {
+        streams,
+        ..args.clone()
     }
 }
 

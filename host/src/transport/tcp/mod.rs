@@ -28,6 +28,7 @@ pub mod receiver;
 mod routes;
 pub mod sender;
 pub mod socket;
+pub mod streams;
 mod striped;
 pub mod wire;
 
