@@ -621,7 +621,7 @@ fn parse_streams(text: &str) -> Result<Streams, String> {
         return Ok(Streams::Auto);
     }
     match text.trim().parse::<u16>() {
-        Ok(n) if (1..=max as u16).contains(&n) => Ok(Streams::Count(n)),
+        Ok(n) if (1..=max).contains(&n) => Ok(Streams::Count(n)),
         _ => Err(format!(
             "`{text}` is not `auto` or a number of streams in 1..={max}"
         )),
