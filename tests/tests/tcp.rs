@@ -859,6 +859,64 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
 }
 
 #[test]
+fn a_name_with_a_right_to_left_override_is_refused_and_nothing_is_stored() {
+    use host::transfer::header::{WireError, NAME_MAGIC, VERSION};
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tcp-bidi-name-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let r = Receiver::start(&["--output", out.to_str().unwrap(), "--timeout", "3"]);
+    // `report<U+202E>gnp.exe` shows as "reportexe.png" in a terminal.
+    let name = "report\u{202E}gnp.exe";
+    let header = Header::new(Op::Send, 4096, 4096, 16).unwrap().with_name();
+    let hello = Hello {
+        index: 0,
+        count: 1,
+        rail: 0,
+        token: 77,
+    };
+    let mut bytes = [&header.encode()[..], &hello.encode()[..]].concat();
+    bytes.extend_from_slice(&NAME_MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(name.as_bytes());
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&bytes).unwrap();
+    let a = answer(&mut s);
+    assert_eq!(
+        RejectReason::decode(&a),
+        Some(RejectReason::BadHeader(WireError::FormatCharInName {
+            code: 0x202E
+        })),
+        "{}",
+        r.log()
+    );
+    r.wait_for_log(
+        "U+202E, an invisible Unicode format character",
+        Duration::from_secs(5),
+    );
+    // Nor does the sender send it: it says why before it connects.
+    let input = out
+        .join("..")
+        .join(format!("tcp-bidi-input-{}", std::process::id()));
+    std::fs::write(&input, [7u8; 4096]).unwrap();
+    let sent = send(
+        r.port,
+        &["--input", input.to_str().unwrap(), "--name", name],
+        T,
+    );
+    let (_, stderr) = text(&sent);
+    assert!(!sent.status.success());
+    assert!(
+        stderr.contains("U+202E, an invisible Unicode format character"),
+        "{stderr}"
+    );
+    let stored: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert!(stored.is_empty(), "{stored:?}");
+    let _ = std::fs::remove_file(&input);
+}
+
+#[test]
 fn json_speaks_of_tcp_and_gigabytes_per_second() {
     let r = Receiver::start(&["--json"]);
     let out = send(r.port, &["--json", "--iters", "2"], T);

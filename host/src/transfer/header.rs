@@ -257,6 +257,10 @@ pub enum WireError {
     TooManyResends { count: u8 },
     #[error("not a file name ({len} bytes): a name is 1 to 255 bytes of UTF-8 without '/', '\\', control characters, and not '.' or '..'")]
     BadName { len: usize },
+    /// A name with a character that is not seen but changes what is: a right-to-left
+    /// override makes `report\u{202E}gnp.exe` show as "reportexe.png".
+    #[error("not a file name: it holds U+{code:04X}, an invisible Unicode format character (a bidirectional control, a zero-width character or the like) that would make the name show as other than it is")]
+    FormatCharInName { code: u32 },
 }
 
 impl WireError {
@@ -282,6 +286,7 @@ impl WireError {
             WireError::PatternOfOpaque => (17, 0, 0),
             WireError::TooManyResends { count } => (18, count as u64, 0),
             WireError::BadName { len } => (19, len as u64, 0),
+            WireError::FormatCharInName { code } => (20, code as u64, 0),
         }
     }
 
@@ -313,6 +318,7 @@ impl WireError {
             17 => WireError::PatternOfOpaque,
             18 => WireError::TooManyResends { count: a as u8 },
             19 => WireError::BadName { len: a as usize },
+            20 => WireError::FormatCharInName { code: a as u32 },
             _ => return None,
         })
     }
@@ -1333,9 +1339,9 @@ pub fn decode_name_prefix(buf: &[u8]) -> Result<usize, WireError> {
     Ok(len)
 }
 
-/// `bytes` as a file name that stays in the directory it is written to: UTF-8, 1 to
-/// 255 bytes, no path separator (`/` or `\`), no NUL or other control character, not
-/// `.` or `..`.
+/// `bytes` as a file name that stays in the directory it is written to and shows as
+/// what it is: UTF-8, 1 to 255 bytes, no path separator (`/` or `\`), no NUL or other
+/// control character, no Unicode format character ([`is_format_char`]), not `.` or `..`.
 pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
     let bad = WireError::BadName { len: bytes.len() };
     let name = std::str::from_utf8(bytes).map_err(|_| bad)?;
@@ -1345,11 +1351,63 @@ pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
         && !name
             .chars()
             .any(|c| c == '/' || c == '\\' || c.is_control());
-    if fine {
-        Ok(name)
-    } else {
-        Err(bad)
+    if !fine {
+        return Err(bad);
     }
+    match name.chars().find(|&c| is_format_char(c)) {
+        Some(c) => Err(WireError::FormatCharInName { code: c as u32 }),
+        None => Ok(name),
+    }
+}
+
+/// Whether `c` is of Unicode's general category Cf (format, Unicode 15.1): not drawn,
+/// but it changes how the text around it is drawn (bidirectional overrides and
+/// isolates, zero-width characters, the byte order mark, the soft hyphen, ...). The
+/// standard library has no such test and a table of its own is short.
+pub fn is_format_char(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x00AD
+            | 0x0600..=0x0605
+            | 0x061C
+            | 0x06DD
+            | 0x070F
+            | 0x0890..=0x0891
+            | 0x08E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    )
+}
+
+/// `text` as it is safe to print to a terminal: control and format characters written
+/// as `\u{202e}`, so that a name (or a path holding one) shows as what it is, never
+/// reordered or hidden by the characters in it. A backslash stays as it is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unseen = |c: char| c.is_control() || is_format_char(c);
+    if !text.chars().any(unseen) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unseen(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The receiver's request to send chunks again: their checksums failed where they
@@ -1644,12 +1702,50 @@ mod tests {
             assert!(checked_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
         assert!(checked_name(&[0xff, 0xfe]).is_err(), "not UTF-8");
+        // Characters that are not drawn but change what is: refused, saying which.
+        for (bad, code) in [
+            ("report\u{202E}gnp.exe", 0x202E),
+            ("a\u{2066}b", 0x2066),
+            ("a\u{200F}", 0x200F),
+            ("zero\u{200B}width", 0x200B),
+            ("\u{FEFF}bom", 0xFEFF),
+            ("join\u{2060}er", 0x2060),
+            ("soft\u{AD}hyphen", 0xAD),
+            ("tag\u{E0041}", 0xE0041),
+        ] {
+            let e = checked_name(bad.as_bytes()).unwrap_err();
+            assert_eq!(e, WireError::FormatCharInName { code }, "{bad:?}");
+            assert!(encode_name(bad).is_err(), "{bad:?}");
+            let words = e.to_string();
+            assert!(
+                words.contains(&format!("U+{code:04X}")) && words.contains("format character"),
+                "{words}"
+            );
+        }
+        // Letters of other scripts are names like any other.
+        for good in ["données.bin", "файл", "模型.safetensors", "עברית.txt"] {
+            assert_eq!(checked_name(good.as_bytes()), Ok(good));
+        }
+        // The reason travels in a reject.
+        let reason = RejectReason::BadHeader(WireError::FormatCharInName { code: 0x202E });
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
         let mut long = encode_name("abc").unwrap();
         long[6..8].copy_from_slice(&300u16.to_le_bytes());
         assert_eq!(
             decode_name_prefix(&long[..NAME_PREFIX_LEN]),
             Err(WireError::BadName { len: 300 })
         );
+    }
+
+    #[test]
+    fn names_print_with_their_unseen_characters_escaped() {
+        assert_eq!(printable("weights.bin"), "weights.bin");
+        assert_eq!(
+            printable("/out/report\u{202E}gnp.exe"),
+            "/out/report\\u{202e}gnp.exe"
+        );
+        assert_eq!(printable("a\tb\u{200B}c"), "a\\u{9}b\\u{200b}c");
+        assert_eq!(printable("données"), "données");
     }
 
     #[test]
