@@ -65,7 +65,7 @@
 
 use crate::memory::Verification;
 use crate::server::key::NONCE_LEN;
-use crate::transfer::units::format_bytes;
+use crate::transfer::units::{format_bytes, format_bytes_apart};
 
 pub const VERSION: u16 = 2;
 /// Versions a receiver answers with a reject its sender can decode (see
@@ -216,11 +216,10 @@ impl Op {
 pub enum WireError {
     #[error("message too short: {got} bytes, need {need}")]
     Short { got: usize, need: usize },
-    #[error(
-        "no transfer header (magic {:02x} {:02x} {:02x} {:02x}, expected \"GRDM\"): is the sender using --raw?",
-        got[0], got[1], got[2], got[3]
-    )]
-    BadMagic { got: [u8; 4] },
+    /// `expected` says which message was awaited: the words name it (a name message
+    /// with another magic is no "transfer header", and `--raw` has nothing to do with it).
+    #[error("{}", bad_magic_words(*got, *expected))]
+    BadMagic { got: [u8; 4], expected: [u8; 4] },
     #[error("protocol version {got} is not supported (this side speaks version {VERSION})")]
     UnsupportedVersion { got: u16 },
     #[error("unknown operation code {code}")]
@@ -263,12 +262,40 @@ pub enum WireError {
     FormatCharInName { code: u32 },
 }
 
+/// The words of [`WireError::BadMagic`].
+fn bad_magic_words(got: [u8; 4], expected: [u8; 4]) -> String {
+    let [a, b, c, d] = got;
+    let shown = String::from_utf8_lossy(&expected).into_owned();
+    if expected == HEADER_MAGIC {
+        return format!(
+            "no transfer header (magic {a:02x} {b:02x} {c:02x} {d:02x}, expected \"{shown}\"): is the sender using --raw?"
+        );
+    }
+    let what = match expected {
+        ACCEPT_MAGIC => "accept",
+        REJECT_MAGIC => "reject",
+        ACK_MAGIC => "ack",
+        JOIN_MAGIC => "rail join",
+        CHALLENGE_MAGIC => "key challenge",
+        PROOF_MAGIC => "proof of the key",
+        NAME_MAGIC => "name message",
+        RESEND_MAGIC => "resend request",
+        CHECKSUMS_MAGIC => "checksums message",
+        _ => "message",
+    };
+    format!("not a {what} (magic {a:02x} {b:02x} {c:02x} {d:02x}, expected \"{shown}\")")
+}
+
 impl WireError {
     /// (sub-code, a, b) for the reject message.
     fn to_parts(self) -> (u16, u64, u64) {
         match self {
             WireError::Short { got, need } => (1, got as u64, need as u64),
-            WireError::BadMagic { got } => (2, u32::from_le_bytes(got) as u64, 0),
+            WireError::BadMagic { got, expected } => (
+                2,
+                u32::from_le_bytes(got) as u64,
+                u32::from_le_bytes(expected) as u64,
+            ),
             WireError::UnsupportedVersion { got } => (3, got as u64, 0),
             WireError::UnknownOp { code } => (4, code as u64, 0),
             WireError::UnknownFlags { flags } => (5, flags as u64, 0),
@@ -298,6 +325,11 @@ impl WireError {
             },
             2 => WireError::BadMagic {
                 got: (a as u32).to_le_bytes(),
+                // An older peer sends 0 here: its one bad magic was a header's.
+                expected: match b {
+                    0 => HEADER_MAGIC,
+                    b => (b as u32).to_le_bytes(),
+                },
             },
             3 => WireError::UnsupportedVersion { got: a as u16 },
             4 => WireError::UnknownOp { code: a as u8 },
@@ -371,7 +403,10 @@ fn open_versions<'a>(
     }
     let got: [u8; 4] = [buf[0], buf[1], buf[2], buf[3]];
     if got != magic {
-        return Err(WireError::BadMagic { got });
+        return Err(WireError::BadMagic {
+            got,
+            expected: magic,
+        });
     }
     if buf.len() < 6 {
         return Err(WireError::Short {
@@ -798,11 +833,11 @@ pub enum RejectReason {
     /// The header did not decode or failed its checks.
     #[error("{0}")]
     BadHeader(WireError),
-    #[error("size {} exceeds its --max-bytes {}", format_bytes(*requested), format_bytes(*max))]
+    #[error("size {} exceeds its --max-bytes {}", format_bytes_apart(*requested, *max).0, format_bytes_apart(*requested, *max).1)]
     TooLarge { requested: u64, max: u64 },
     #[error(
         "chunk size {} exceeds the largest message of its RDMA device ({}); use a smaller --chunk",
-        format_bytes(*chunk), format_bytes(*max)
+        format_bytes_apart(*chunk, *max).0, format_bytes_apart(*chunk, *max).1
     )]
     ChunkTooLarge { chunk: u64, max: u64 },
     #[error("it could not allocate or register {} for the data (see its log)", format_bytes(*bytes))]
@@ -829,9 +864,15 @@ pub enum RejectReason {
     /// Too many sockets are in their handshake at once, all peers together.
     #[error("receiver busy: {active} connections are in their handshake, its limit {max}; try again later")]
     BusyHandshakes { active: u64, max: u64 },
-    /// This peer's address holds its share already (handshakes or transfers).
+    /// This peer's address holds its share of transfers already (`--max-per-peer`).
     #[error("receiver busy: this address holds {active} of its {max} at once (--max-per-peer); try again later")]
     BusyPeer { active: u64, max: u64 },
+    /// This peer's address has its share of sockets in their handshake already: a fixed
+    /// limit ([`crate::server::admission::MAX_HANDSHAKES_PER_PEER`]), not
+    /// `--max-per-peer`. On the wire: code 11 of [`RejectReason::BusyPeer`] with sub-code
+    /// 1 (an older sender reads it as that).
+    #[error("receiver busy: this address has {active} sockets in their handshake, its limit per address {max} (fixed, not --max-per-peer); try again later")]
+    BusyPeerHandshakes { active: u64, max: u64 },
     /// Taking this transfer would put the receiver's open descriptors over its limit.
     #[error("receiver busy: {wanted} more sockets would put it over its {max} descriptors; try again later (or use fewer --streams)")]
     BusyDescriptors { wanted: u64, max: u64 },
@@ -877,6 +918,7 @@ impl RejectReason {
             RejectReason::BusyMemory { wanted, max } => (9, 0, wanted, max),
             RejectReason::BusyHandshakes { active, max } => (10, 0, active, max),
             RejectReason::BusyPeer { active, max } => (11, 0, active, max),
+            RejectReason::BusyPeerHandshakes { active, max } => (11, 1, active, max),
             RejectReason::BusyDescriptors { wanted, max } => (12, 0, wanted, max),
             RejectReason::NotAllowed => (13, 0, 0, 0),
             RejectReason::BadProof => (14, 0, 0, 0),
@@ -947,6 +989,7 @@ impl RejectReason {
             8 => RejectReason::BusyConnections { active: a, max: b },
             9 => RejectReason::BusyMemory { wanted: a, max: b },
             10 => RejectReason::BusyHandshakes { active: a, max: b },
+            11 if sub == 1 => RejectReason::BusyPeerHandshakes { active: a, max: b },
             11 => RejectReason::BusyPeer { active: a, max: b },
             12 => RejectReason::BusyDescriptors { wanted: a, max: b },
             13 => RejectReason::NotAllowed,
@@ -1598,7 +1641,13 @@ mod tests {
     #[test]
     fn header_bad_magic_is_named() {
         let e = Header::decode(&[0u8; 56]).unwrap_err();
-        assert_eq!(e, WireError::BadMagic { got: [0; 4] });
+        assert_eq!(
+            e,
+            WireError::BadMagic {
+                got: [0; 4],
+                expected: HEADER_MAGIC
+            }
+        );
         assert!(e.to_string().contains("--raw"), "{e}");
     }
 
@@ -2025,7 +2074,10 @@ mod tests {
         );
         let all = [
             too_large,
-            RejectReason::BadHeader(WireError::BadMagic { got: *b"abcd" }),
+            RejectReason::BadHeader(WireError::BadMagic {
+                got: *b"abcd",
+                expected: HEADER_MAGIC,
+            }),
             RejectReason::BadHeader(WireError::UnsupportedVersion { got: 7 }),
             RejectReason::BadHeader(WireError::ChunkLargerThanTotal { chunk: 8, total: 4 }),
             RejectReason::BadHeader(WireError::Short { got: 3, need: 32 }),
@@ -2078,6 +2130,77 @@ mod tests {
         assert_eq!(
             RejectReason::decode(&future),
             Some(RejectReason::Unknown { code: 77 })
+        );
+    }
+
+    #[test]
+    fn words_name_the_real_limit_and_the_message_awaited() {
+        // The per-address handshake cap is not --max-per-peer.
+        let cap = RejectReason::BusyPeerHandshakes {
+            active: 80,
+            max: 80,
+        };
+        let words = cap.to_string();
+        assert!(
+            words.contains("80 sockets in their handshake") && words.contains("not --max-per-peer"),
+            "{words}"
+        );
+        assert_eq!(RejectReason::decode(&cap.encode()), Some(cap));
+        // An older sender reads it as the per-peer share it knows.
+        let mut old = cap.encode();
+        old[8..10].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(
+            RejectReason::decode(&old),
+            Some(RejectReason::BusyPeer {
+                active: 80,
+                max: 80
+            })
+        );
+        // A name or proof message with a bad magic is not "no transfer header".
+        let mut name = encode_name("a.bin").unwrap();
+        name[0] = b'X';
+        let e = decode_name_prefix(&name[..NAME_PREFIX_LEN]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not a name message (magic 58 52 44 46, expected \"GRDF\")"
+        );
+        let reason = RejectReason::BadHeader(e);
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
+        let mut proof = Proof { tag: [1; 32] }.encode();
+        proof[..4].copy_from_slice(b"GRDM");
+        let e = Proof::decode(&proof).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "not a proof of the key (magic 47 52 44 4d, expected \"GRDP\")"
+        );
+        assert!(!e.contains("--raw"));
+        // A header's still says --raw; so does an older peer's reject, which had no
+        // expected magic.
+        let e = Header::decode(&[0u8; HEADER_LEN]).unwrap_err();
+        assert!(e.to_string().contains("no transfer header") && e.to_string().contains("--raw"));
+        let mut older = RejectReason::BadHeader(e).encode();
+        older[20..28].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(
+            RejectReason::decode(&older),
+            Some(RejectReason::BadHeader(e))
+        );
+        // Sizes that round to the same words are shown in bytes.
+        let too_large = RejectReason::TooLarge {
+            requested: (64 << 20) + 4,
+            max: 64 << 20,
+        };
+        assert_eq!(
+            too_large.to_string(),
+            "size 67108868 bytes exceeds its --max-bytes 67108864 bytes"
+        );
+        let chunk = RejectReason::ChunkTooLarge {
+            chunk: (1 << 30) + 4,
+            max: 1 << 30,
+        };
+        assert!(
+            chunk.to_string().contains("1073741828 bytes exceeds")
+                && chunk.to_string().contains("(1073741824 bytes)"),
+            "{chunk}"
         );
     }
 

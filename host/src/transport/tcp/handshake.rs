@@ -172,7 +172,12 @@ pub(super) fn handshake(
         got => report(refuse(
             stream,
             peer,
-            RejectReason::BadHeader(WireError::BadMagic { got }),
+            // Neither an offer nor a stream hello: an offer is what a stranger should
+            // have sent (and a `--raw` sender's is what it sends instead).
+            RejectReason::BadHeader(WireError::BadMagic {
+                got,
+                expected: HEADER_MAGIC,
+            }),
             None,
         )),
     }
