@@ -260,6 +260,11 @@ pub enum WireError {
     /// override makes `report\u{202E}gnp.exe` show as "reportexe.png".
     #[error("not a file name: it holds U+{code:04X}, an invisible Unicode format character (a bidirectional control, a zero-width character or the like) that would make the name show as other than it is")]
     FormatCharInName { code: u32 },
+    /// A striped verbs transfer offered to, or a rail joining at, a receiver with a key:
+    /// a verbs join (a connect request of 16 bytes) carries no proof of the key, so the
+    /// receiver takes none (TCP's streams prove it; see `server::key`).
+    #[error("striped verbs transfers are not served with --key-file (a further rail's join cannot prove the key): send over one rail, or over TCP, whose streams prove it")]
+    KeyedVerbsStriping,
 }
 
 /// The words of [`WireError::BadMagic`].
@@ -314,6 +319,7 @@ impl WireError {
             WireError::TooManyResends { count } => (18, count as u64, 0),
             WireError::BadName { len } => (19, len as u64, 0),
             WireError::FormatCharInName { code } => (20, code as u64, 0),
+            WireError::KeyedVerbsStriping => (21, 0, 0),
         }
     }
 
@@ -351,6 +357,7 @@ impl WireError {
             18 => WireError::TooManyResends { count: a as u8 },
             19 => WireError::BadName { len: a as usize },
             20 => WireError::FormatCharInName { code: a as u32 },
+            21 => WireError::KeyedVerbsStriping,
             _ => return None,
         })
     }
@@ -1777,6 +1784,8 @@ mod tests {
         }
         // The reason travels in a reject.
         let reason = RejectReason::BadHeader(WireError::FormatCharInName { code: 0x202E });
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
+        let reason = RejectReason::BadHeader(WireError::KeyedVerbsStriping);
         assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
         let mut long = encode_name("abc").unwrap();
         long[6..8].copy_from_slice(&300u16.to_le_bytes());
