@@ -409,7 +409,8 @@ pub struct SendArgs {
     pub input: Option<String>,
 
     /// The name a receiver writing into a directory (`host recv --output DIR`) gives the
-    /// file: no path separators, `.` or `..` (default: the --input file's own name).
+    /// file: no path separators, control or invisible Unicode format characters (such
+    /// as U+202E), `.` or `..` (default: the --input file's own name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 

@@ -511,7 +511,13 @@ fn idle_sockets_and_trickling_handshakes_leave_a_good_sender_served_within_1s() 
         idle.len()
     );
     assert!(took < Duration::from_secs(1), "{took:?}");
-    assert!(r.log().contains("this address holds"), "{}", r.log());
+    // The idle sockets met the fixed per-address handshake cap, and are told that one.
+    assert!(
+        r.log()
+            .contains("this address has 80 sockets in their handshake, its limit per address 80 (fixed, not --max-per-peer)"),
+        "{}",
+        r.log()
+    );
 }
 
 #[test]
@@ -987,6 +993,151 @@ fn a_wrong_key_no_key_a_replayed_offer_and_a_disallowed_address_get_nothing() {
     assert_eq!(&answer(&mut allowed)[0..4], b"GRDA");
 }
 
+/// The answers a socket gets within 5 s, 28 bytes each, until a reject or the end: a
+/// joining stream at a receiver with a key gets a challenge, then (without the key) a
+/// reject.
+fn answers_until_reject(s: &mut TcpStream) -> Vec<[u8; 28]> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut all = Vec::new();
+    while all.len() < 4 {
+        let mut a = [0u8; 28];
+        if s.read_exact(&mut a).is_err() {
+            break;
+        }
+        all.push(a);
+        if &a[0..4] == b"GRDR" {
+            break;
+        }
+    }
+    all
+}
+
+#[test]
+fn a_stolen_token_without_the_key_joins_nothing_and_the_bytes_are_the_senders() {
+    use host::transfer::header::{Challenge, Proof};
+    let key = key_file("tcp-key-stripe", "correct horse battery staple\n");
+    let k = host::server::Key::from_file(&key).unwrap();
+    let r = Receiver::start_bound(
+        None,
+        "0.0.0.0",
+        &["--key-file", key.to_str().unwrap(), "--timeout", "3"],
+    );
+    // The sender: a striped offer (rails may join from any address) of two 4 KiB chunks,
+    // one stream on each of two rails, proving the key on stream 0.
+    let token = 0x5eed_7043;
+    let header = Header::new(Op::Send, 8192, 4096, 16)
+        .unwrap()
+        .with_striped();
+    let hello = |index: u16| Hello {
+        index,
+        count: 2,
+        rail: index,
+        token,
+    };
+    let offer = [&header.encode()[..], &hello(0).encode()[..]].concat();
+    let mut control = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    control.write_all(&offer).unwrap();
+    let challenge = Challenge::decode(&answer(&mut control)).unwrap();
+    let proof = Proof {
+        tag: k.prove(&offer, &challenge.nonce),
+    };
+    control.write_all(&proof.encode()).unwrap();
+    assert_eq!(&answer(&mut control)[0..4], b"GRDA", "{}", r.log());
+    // A stranger from another address, who saw the token go by but has no key, joins
+    // as rail 1 and writes a chunk of its own at once, with its end marker.
+    let mut stranger = connect_from([127, 0, 0, 2], r.port).unwrap();
+    stranger.write_all(&hello(1).encode()).unwrap();
+    let frame = Frame {
+        offset: 4096,
+        len: 4096,
+        crc: 0,
+    };
+    stranger.write_all(&frame.encode()).unwrap();
+    stranger.write_all(&[0xee; 4096]).unwrap();
+    stranger.write_all(&Frame::end(0).encode()).unwrap();
+    let answers = answers_until_reject(&mut stranger);
+    let reject = answers.iter().find(|a| &a[0..4] == b"GRDR");
+    assert_eq!(
+        reject.and_then(|a| RejectReason::decode(a)),
+        Some(RejectReason::BadProof),
+        "the stranger's stream was not refused (answers {answers:?}); receiver log:\n{}",
+        r.log()
+    );
+    r.wait_for_log(
+        "stream 1 of a transfer: no proof of the key",
+        Duration::from_secs(5),
+    );
+    // The sender's own rail 1 proves the key over its hello and a nonce of its own.
+    let mut rail1 = connect_from([127, 0, 0, 2], r.port).unwrap();
+    let mine = hello(1).encode();
+    rail1.write_all(&mine).unwrap();
+    let challenge = Challenge::decode(&answer(&mut rail1)).unwrap();
+    let proof = Proof {
+        tag: k.prove_stream(&mine, &challenge.nonce),
+    };
+    rail1.write_all(&proof.encode()).unwrap();
+    rail1.write_all(&frame.encode()).unwrap();
+    rail1.write_all(&pattern_bytes(1024, 1024)).unwrap();
+    rail1.write_all(&Frame::end(0).encode()).unwrap();
+    let first = Frame {
+        offset: 0,
+        len: 4096,
+        crc: 0,
+    };
+    control.write_all(&first.encode()).unwrap();
+    control.write_all(&pattern_bytes(0, 1024)).unwrap();
+    control.write_all(&Frame::end(0).encode()).unwrap();
+    let mut ack = [0u8; host::transfer::header::ACK_LEN];
+    control
+        .read_exact(&mut ack)
+        .unwrap_or_else(|e| panic!("{e}; receiver log:\n{}", r.log()));
+    let ack = Ack::decode(&ack).unwrap();
+    assert_eq!(ack.status, AckStatus::Verified, "{ack:?}\n{}", r.log());
+    assert_eq!(ack.verification.unwrap().mismatches, 0);
+}
+
+#[test]
+fn a_keyed_striped_transfer_proves_the_key_on_every_stream_and_verifies() {
+    let key = key_file("tcp-key-striped-good", "correct horse battery staple\n");
+    let wrong = key_file("tcp-key-striped-wrong", "incorrect horse battery staple\n");
+    let r = Receiver::start_bound(None, "0.0.0.0", &["--key-file", key.to_str().unwrap()]);
+    let send_striped = |key: &PathBuf| {
+        let child = std::process::Command::new(host_bin())
+            .args(["127.0.0.1,127.0.0.2", &r.port.to_string()])
+            .args(["--transport", "tcp", "--gpu", "none", "--json"])
+            .args(["--bind-interfaces", "127.0.0.1,127.0.0.2"])
+            .args(["--size", "8MiB", "--chunk", "64KiB", "--streams", "3"])
+            .args(["--key-file", key.to_str().unwrap()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        finish(child, T)
+    };
+    let out = send_striped(&key);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", r.log());
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rails = json["iterations"][0]["rails"].as_array().unwrap();
+    assert_eq!(rails.len(), 2, "{stdout}");
+    assert!(
+        rails.iter().all(|r| r["chunks"].as_u64().unwrap() > 0),
+        "both rails carried chunks: {stdout}"
+    );
+    assert!(!r.log().contains("proof"), "{}", r.log());
+    // With another key the offer itself is refused.
+    let out = send_striped(&wrong);
+    assert!(!out.status.success());
+    assert!(
+        text(&out)
+            .1
+            .contains("it needs a sender with the same --key-file"),
+        "{}",
+        text(&out).1
+    );
+}
+
 #[test]
 fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
     let r = Receiver::start(&["--max-per-peer", "1", "--timeout", "3"]);
@@ -1034,6 +1185,64 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
     let mut again = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
     again.write_all(&stream_hello(1, 2, 31)).unwrap();
     assert_eq!(&answer(&mut again)[0..4], b"GRDR");
+}
+
+#[test]
+fn a_name_with_a_right_to_left_override_is_refused_and_nothing_is_stored() {
+    use host::transfer::header::{WireError, NAME_MAGIC, VERSION};
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tcp-bidi-name-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let r = Receiver::start(&["--output", out.to_str().unwrap(), "--timeout", "3"]);
+    // `report<U+202E>gnp.exe` shows as "reportexe.png" in a terminal.
+    let name = "report\u{202E}gnp.exe";
+    let header = Header::new(Op::Send, 4096, 4096, 16).unwrap().with_name();
+    let hello = Hello {
+        index: 0,
+        count: 1,
+        rail: 0,
+        token: 77,
+    };
+    let mut bytes = [&header.encode()[..], &hello.encode()[..]].concat();
+    bytes.extend_from_slice(&NAME_MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(name.as_bytes());
+    let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    s.write_all(&bytes).unwrap();
+    let a = answer(&mut s);
+    assert_eq!(
+        RejectReason::decode(&a),
+        Some(RejectReason::BadHeader(WireError::FormatCharInName {
+            code: 0x202E
+        })),
+        "{}",
+        r.log()
+    );
+    r.wait_for_log(
+        "U+202E, an invisible Unicode format character",
+        Duration::from_secs(5),
+    );
+    // Nor does the sender send it: it says why before it connects.
+    let input = out
+        .join("..")
+        .join(format!("tcp-bidi-input-{}", std::process::id()));
+    std::fs::write(&input, [7u8; 4096]).unwrap();
+    let sent = send(
+        r.port,
+        &["--input", input.to_str().unwrap(), "--name", name],
+        T,
+    );
+    let (_, stderr) = text(&sent);
+    assert!(!sent.status.success());
+    assert!(
+        stderr.contains("U+202E, an invisible Unicode format character"),
+        "{stderr}"
+    );
+    let stored: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert!(stored.is_empty(), "{stored:?}");
+    let _ = std::fs::remove_file(&input);
 }
 
 #[test]

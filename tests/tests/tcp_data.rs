@@ -185,6 +185,34 @@ fn a_sender_killed_mid_transfer_leaves_no_file_under_the_final_name() {
 }
 
 #[test]
+fn a_name_of_255_bytes_is_stored_and_again_under_a_cut_alternative() {
+    // 255 bytes is the longest name a receiver accepts and a file system takes: the
+    // temporary name beside it must not be longer, and the `.1` of a second transfer
+    // of the same name is cut to fit (on a character boundary: 'é' is 2 bytes).
+    let inputs = dir("long-in");
+    let out = dir("long-out");
+    let long = format!("{}x", "é".repeat(127));
+    assert_eq!(long.len(), 255);
+    let input = inputs.join("input.bin");
+    random_file(&input, 100_000);
+    let r = Receiver::start(&["--output", out.to_str().unwrap()]);
+    for _ in 0..2 {
+        let sent = send(
+            r.port,
+            &["--input", input.to_str().unwrap(), "--name", &long],
+            T,
+        );
+        assert_verified(&sent, "a 255-byte name");
+    }
+    let cut = format!("{}.1", "é".repeat(126));
+    let mut want = vec![long.clone(), cut.clone()];
+    want.sort();
+    assert_eq!(names(&out), want, "{}", r.log());
+    assert_eq!(sha256(&out.join(&long)), sha256(&input));
+    assert_eq!(sha256(&out.join(&cut)), sha256(&input));
+}
+
+#[test]
 fn a_full_disk_is_reported_and_the_receiver_keeps_serving() {
     // A 1 MiB tmpfs, mounted in a mount namespace of the receiver's own (`unshare`
     // execs the shell, which execs the receiver: one PID); the test reads it through

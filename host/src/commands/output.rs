@@ -2,7 +2,7 @@
 //! from the same result values in each command.)
 
 use host::memory::Verification;
-use host::transfer::header::{Payload, VerifyMode};
+use host::transfer::header::{printable, Payload, VerifyMode};
 use host::transfer::report::Integrity;
 
 /// Human output: stdout normally, stderr when stdout carries JSON.
@@ -85,11 +85,13 @@ pub fn integrity_lines(i: &Integrity) -> Vec<String> {
             "checksums: CRC32C of every chunk matched where it landed (digest {digest:#010x}){repaired}"
         ));
     }
+    // Both may hold the sender's name (or a path of the user's): escaped, so that no
+    // character in it can reorder or hide what a terminal shows.
     if let Some(at) = &i.stored {
-        lines.push(format!("stored: {at}"));
+        lines.push(format!("stored: {}", printable(at)));
     }
     if let Some(e) = &i.store_error {
-        lines.push(format!("not stored: {e}"));
+        lines.push(format!("not stored: {}", printable(e)));
     }
     if let Some(f) = &i.fault_injection {
         lines.push(format!(

@@ -191,7 +191,9 @@ impl Admission {
         }
         let mine = s.peers.get(&peer).map_or(0, |p| p.handshakes);
         if mine >= l.max_handshakes_per_peer {
-            return Err(RejectReason::BusyPeer {
+            // Its own reason: this cap is fixed, and naming --max-per-peer (which sets
+            // the transfers' share) would send the user to an option that does not help.
+            return Err(RejectReason::BusyPeerHandshakes {
                 active: mine as u64,
                 max: l.max_handshakes_per_peer as u64,
             });
@@ -375,9 +377,13 @@ mod tests {
         let a = Admission::new(limits());
         let h1 = a.handshake(A).unwrap();
         let _h2 = a.handshake(A).unwrap();
-        assert_eq!(
-            a.handshake(A).unwrap_err(),
-            RejectReason::BusyPeer { active: 2, max: 2 }
+        let busy = a.handshake(A).unwrap_err();
+        assert_eq!(busy, RejectReason::BusyPeerHandshakes { active: 2, max: 2 });
+        let words = busy.to_string();
+        assert!(
+            words.contains("2 sockets in their handshake, its limit per address 2")
+                && words.contains("not --max-per-peer"),
+            "{words}"
         );
         let _h3 = a.handshake(B).unwrap();
         assert_eq!(
@@ -395,7 +401,10 @@ mod tests {
         let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
         let _h1 = a.handshake(A).unwrap();
         let _h2 = a.handshake(mapped).unwrap();
-        assert!(matches!(a.handshake(A), Err(RejectReason::BusyPeer { .. })));
+        assert!(matches!(
+            a.handshake(A),
+            Err(RejectReason::BusyPeerHandshakes { .. })
+        ));
     }
 
     #[test]

@@ -7,7 +7,15 @@
 //! moved onto another offer (a larger one, say). The check happens before the receiver
 //! allocates anything for the transfer. The key itself never crosses the network.
 //!
-//! This authenticates the offer, not the data: the data is neither encrypted nor
+//! Every further stream of a TCP transfer (its socket 1..N, and a striped transfer's
+//! sockets on other rails, which may come from other addresses) proves the key in the
+//! same way on its own socket: the receiver answers its stream hello with a fresh nonce
+//! and the stream sends HMAC-SHA256 over the hello's bytes (which carry the
+//! connection's token) and that nonce, under a label of its own
+//! ([`Key::prove_stream`]), before the stream joins. The token alone, which travels in
+//! the clear, joins nothing at a receiver with a key.
+//!
+//! This authenticates the offer and the streams, not the data: the data is neither encrypted nor
 //! authenticated (every byte of it is verified against the pattern anyway).
 //!
 //! [`Challenge`]: crate::transfer::header::Challenge
@@ -25,6 +33,10 @@ pub const NONCE_LEN: usize = 16;
 pub const PROOF_LEN: usize = 32;
 /// The shortest key accepted: 128 bits.
 pub const MIN_KEY_LEN: usize = 16;
+/// What an offer's proof is for (the first bytes under the MAC).
+const OFFER_LABEL: &[u8] = b"gpu-rdma offer proof v1";
+/// What a joining stream's proof is for.
+const STREAM_LABEL: &[u8] = b"gpu-rdma stream proof v1";
 
 /// A shared secret, read from a file.
 #[derive(Clone)]
@@ -57,13 +69,41 @@ impl Key {
     }
 
     fn mac(&self, offer: &[u8], nonce: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
+        self.labelled(OFFER_LABEL, offer, nonce)
+    }
+
+    /// The MAC of `message` under `nonce`, for the use `label` names: a proof made for
+    /// one use (a stream's hello) cannot pass for another (an offer).
+    fn labelled(&self, label: &[u8], message: &[u8], nonce: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
         // HMAC takes keys of any length: this cannot fail.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
             .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
-        mac.update(b"gpu-rdma offer proof v1");
+        mac.update(label);
         mac.update(nonce);
-        mac.update(offer);
+        mac.update(message);
         mac
+    }
+
+    /// A joining stream's proof for its `hello` (the bytes it sent: they hold the
+    /// connection's token and the stream's index) under the receiver's `nonce` for it.
+    pub fn prove_stream(&self, hello: &[u8], nonce: &[u8; NONCE_LEN]) -> [u8; PROOF_LEN] {
+        self.labelled(STREAM_LABEL, hello, nonce)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Whether `proof` is this key's [`Key::prove_stream`] for `hello` under `nonce`
+    /// (compared in constant time).
+    pub fn verify_stream(
+        &self,
+        hello: &[u8],
+        nonce: &[u8; NONCE_LEN],
+        proof: &[u8; PROOF_LEN],
+    ) -> bool {
+        self.labelled(STREAM_LABEL, hello, nonce)
+            .verify_slice(proof)
+            .is_ok()
     }
 
     /// The sender's proof for `offer` (its bytes as sent) under `nonce`.
@@ -193,6 +233,25 @@ mod tests {
             "another offer"
         );
         assert!(!other.verify(offer, &n1, &proof), "another key");
+    }
+
+    #[test]
+    fn a_streams_proof_holds_only_for_its_hello_nonce_and_use() {
+        let key = Key::from_bytes(&[5; 32]).unwrap();
+        let other = Key::from_bytes(&[6; 32]).unwrap();
+        let (n1, n2) = ([1; NONCE_LEN], [2; NONCE_LEN]);
+        let hello = b"GRDS hello of stream 1, token 42";
+        let proof = key.prove_stream(hello, &n1);
+        assert!(key.verify_stream(hello, &n1, &proof));
+        assert!(!key.verify_stream(hello, &n2, &proof), "another nonce");
+        assert!(
+            !key.verify_stream(b"GRDS hello of stream 2, token 42", &n1, &proof),
+            "another stream's hello"
+        );
+        assert!(!other.verify_stream(hello, &n1, &proof), "another key");
+        // An offer's proof is not a stream's, nor the other way round.
+        assert!(!key.verify_stream(hello, &n1, &key.prove(hello, &n1)));
+        assert!(!key.verify(hello, &n1, &proof));
     }
 
     #[test]

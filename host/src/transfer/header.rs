@@ -65,7 +65,7 @@
 
 use crate::memory::Verification;
 use crate::server::key::NONCE_LEN;
-use crate::transfer::units::format_bytes;
+use crate::transfer::units::{format_bytes, format_bytes_apart};
 
 pub const VERSION: u16 = 2;
 /// Versions a receiver answers with a reject its sender can decode (see
@@ -216,11 +216,10 @@ impl Op {
 pub enum WireError {
     #[error("message too short: {got} bytes, need {need}")]
     Short { got: usize, need: usize },
-    #[error(
-        "no transfer header (magic {:02x} {:02x} {:02x} {:02x}, expected \"GRDM\"): is the sender using --raw?",
-        got[0], got[1], got[2], got[3]
-    )]
-    BadMagic { got: [u8; 4] },
+    /// `expected` says which message was awaited: the words name it (a name message
+    /// with another magic is no "transfer header", and `--raw` has nothing to do with it).
+    #[error("{}", bad_magic_words(*got, *expected))]
+    BadMagic { got: [u8; 4], expected: [u8; 4] },
     #[error("protocol version {got} is not supported (this side speaks version {VERSION})")]
     UnsupportedVersion { got: u16 },
     #[error("unknown operation code {code}")]
@@ -257,6 +256,39 @@ pub enum WireError {
     TooManyResends { count: u8 },
     #[error("not a file name ({len} bytes): a name is 1 to 255 bytes of UTF-8 without '/', '\\', control characters, and not '.' or '..'")]
     BadName { len: usize },
+    /// A name with a character that is not seen but changes what is: a right-to-left
+    /// override makes `report\u{202E}gnp.exe` show as "reportexe.png".
+    #[error("not a file name: it holds U+{code:04X}, an invisible Unicode format character (a bidirectional control, a zero-width character or the like) that would make the name show as other than it is")]
+    FormatCharInName { code: u32 },
+    /// A striped verbs transfer offered to, or a rail joining at, a receiver with a key:
+    /// a verbs join (a connect request of 16 bytes) carries no proof of the key, so the
+    /// receiver takes none (TCP's streams prove it; see `server::key`).
+    #[error("striped verbs transfers are not served with --key-file (a further rail's join cannot prove the key): send over one rail, or over TCP, whose streams prove it")]
+    KeyedVerbsStriping,
+}
+
+/// The words of [`WireError::BadMagic`].
+fn bad_magic_words(got: [u8; 4], expected: [u8; 4]) -> String {
+    let [a, b, c, d] = got;
+    let shown = String::from_utf8_lossy(&expected).into_owned();
+    if expected == HEADER_MAGIC {
+        return format!(
+            "no transfer header (magic {a:02x} {b:02x} {c:02x} {d:02x}, expected \"{shown}\"): is the sender using --raw?"
+        );
+    }
+    let what = match expected {
+        ACCEPT_MAGIC => "accept",
+        REJECT_MAGIC => "reject",
+        ACK_MAGIC => "ack",
+        JOIN_MAGIC => "rail join",
+        CHALLENGE_MAGIC => "key challenge",
+        PROOF_MAGIC => "proof of the key",
+        NAME_MAGIC => "name message",
+        RESEND_MAGIC => "resend request",
+        CHECKSUMS_MAGIC => "checksums message",
+        _ => "message",
+    };
+    format!("not a {what} (magic {a:02x} {b:02x} {c:02x} {d:02x}, expected \"{shown}\")")
 }
 
 impl WireError {
@@ -264,7 +296,11 @@ impl WireError {
     fn to_parts(self) -> (u16, u64, u64) {
         match self {
             WireError::Short { got, need } => (1, got as u64, need as u64),
-            WireError::BadMagic { got } => (2, u32::from_le_bytes(got) as u64, 0),
+            WireError::BadMagic { got, expected } => (
+                2,
+                u32::from_le_bytes(got) as u64,
+                u32::from_le_bytes(expected) as u64,
+            ),
             WireError::UnsupportedVersion { got } => (3, got as u64, 0),
             WireError::UnknownOp { code } => (4, code as u64, 0),
             WireError::UnknownFlags { flags } => (5, flags as u64, 0),
@@ -282,6 +318,8 @@ impl WireError {
             WireError::PatternOfOpaque => (17, 0, 0),
             WireError::TooManyResends { count } => (18, count as u64, 0),
             WireError::BadName { len } => (19, len as u64, 0),
+            WireError::FormatCharInName { code } => (20, code as u64, 0),
+            WireError::KeyedVerbsStriping => (21, 0, 0),
         }
     }
 
@@ -293,6 +331,11 @@ impl WireError {
             },
             2 => WireError::BadMagic {
                 got: (a as u32).to_le_bytes(),
+                // An older peer sends 0 here: its one bad magic was a header's.
+                expected: match b {
+                    0 => HEADER_MAGIC,
+                    b => (b as u32).to_le_bytes(),
+                },
             },
             3 => WireError::UnsupportedVersion { got: a as u16 },
             4 => WireError::UnknownOp { code: a as u8 },
@@ -313,6 +356,8 @@ impl WireError {
             17 => WireError::PatternOfOpaque,
             18 => WireError::TooManyResends { count: a as u8 },
             19 => WireError::BadName { len: a as usize },
+            20 => WireError::FormatCharInName { code: a as u32 },
+            21 => WireError::KeyedVerbsStriping,
             _ => return None,
         })
     }
@@ -365,7 +410,10 @@ fn open_versions<'a>(
     }
     let got: [u8; 4] = [buf[0], buf[1], buf[2], buf[3]];
     if got != magic {
-        return Err(WireError::BadMagic { got });
+        return Err(WireError::BadMagic {
+            got,
+            expected: magic,
+        });
     }
     if buf.len() < 6 {
         return Err(WireError::Short {
@@ -792,11 +840,11 @@ pub enum RejectReason {
     /// The header did not decode or failed its checks.
     #[error("{0}")]
     BadHeader(WireError),
-    #[error("size {} exceeds its --max-bytes {}", format_bytes(*requested), format_bytes(*max))]
+    #[error("size {} exceeds its --max-bytes {}", format_bytes_apart(*requested, *max).0, format_bytes_apart(*requested, *max).1)]
     TooLarge { requested: u64, max: u64 },
     #[error(
         "chunk size {} exceeds the largest message of its RDMA device ({}); use a smaller --chunk",
-        format_bytes(*chunk), format_bytes(*max)
+        format_bytes_apart(*chunk, *max).0, format_bytes_apart(*chunk, *max).1
     )]
     ChunkTooLarge { chunk: u64, max: u64 },
     #[error("it could not allocate or register {} for the data (see its log)", format_bytes(*bytes))]
@@ -823,9 +871,15 @@ pub enum RejectReason {
     /// Too many sockets are in their handshake at once, all peers together.
     #[error("receiver busy: {active} connections are in their handshake, its limit {max}; try again later")]
     BusyHandshakes { active: u64, max: u64 },
-    /// This peer's address holds its share already (handshakes or transfers).
+    /// This peer's address holds its share of transfers already (`--max-per-peer`).
     #[error("receiver busy: this address holds {active} of its {max} at once (--max-per-peer); try again later")]
     BusyPeer { active: u64, max: u64 },
+    /// This peer's address has its share of sockets in their handshake already: a fixed
+    /// limit ([`crate::server::admission::MAX_HANDSHAKES_PER_PEER`]), not
+    /// `--max-per-peer`. On the wire: code 11 of [`RejectReason::BusyPeer`] with sub-code
+    /// 1 (an older sender reads it as that).
+    #[error("receiver busy: this address has {active} sockets in their handshake, its limit per address {max} (fixed, not --max-per-peer); try again later")]
+    BusyPeerHandshakes { active: u64, max: u64 },
     /// Taking this transfer would put the receiver's open descriptors over its limit.
     #[error("receiver busy: {wanted} more sockets would put it over its {max} descriptors; try again later (or use fewer --streams)")]
     BusyDescriptors { wanted: u64, max: u64 },
@@ -882,6 +936,7 @@ impl RejectReason {
             RejectReason::BusyMemory { wanted, max } => (9, 0, wanted, max),
             RejectReason::BusyHandshakes { active, max } => (10, 0, active, max),
             RejectReason::BusyPeer { active, max } => (11, 0, active, max),
+            RejectReason::BusyPeerHandshakes { active, max } => (11, 1, active, max),
             RejectReason::BusyDescriptors { wanted, max } => (12, 0, wanted, max),
             RejectReason::NotAllowed => (13, 0, 0, 0),
             RejectReason::BadProof => (14, 0, 0, 0),
@@ -958,6 +1013,7 @@ impl RejectReason {
             8 => RejectReason::BusyConnections { active: a, max: b },
             9 => RejectReason::BusyMemory { wanted: a, max: b },
             10 => RejectReason::BusyHandshakes { active: a, max: b },
+            11 if sub == 1 => RejectReason::BusyPeerHandshakes { active: a, max: b },
             11 => RejectReason::BusyPeer { active: a, max: b },
             12 => RejectReason::BusyDescriptors { wanted: a, max: b },
             13 => RejectReason::NotAllowed,
@@ -1355,9 +1411,9 @@ pub fn decode_name_prefix(buf: &[u8]) -> Result<usize, WireError> {
     Ok(len)
 }
 
-/// `bytes` as a file name that stays in the directory it is written to: UTF-8, 1 to
-/// 255 bytes, no path separator (`/` or `\`), no NUL or other control character, not
-/// `.` or `..`.
+/// `bytes` as a file name that stays in the directory it is written to and shows as
+/// what it is: UTF-8, 1 to 255 bytes, no path separator (`/` or `\`), no NUL or other
+/// control character, no Unicode format character ([`is_format_char`]), not `.` or `..`.
 pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
     let bad = WireError::BadName { len: bytes.len() };
     let name = std::str::from_utf8(bytes).map_err(|_| bad)?;
@@ -1367,11 +1423,63 @@ pub fn checked_name(bytes: &[u8]) -> Result<&str, WireError> {
         && !name
             .chars()
             .any(|c| c == '/' || c == '\\' || c.is_control());
-    if fine {
-        Ok(name)
-    } else {
-        Err(bad)
+    if !fine {
+        return Err(bad);
     }
+    match name.chars().find(|&c| is_format_char(c)) {
+        Some(c) => Err(WireError::FormatCharInName { code: c as u32 }),
+        None => Ok(name),
+    }
+}
+
+/// Whether `c` is of Unicode's general category Cf (format, Unicode 15.1): not drawn,
+/// but it changes how the text around it is drawn (bidirectional overrides and
+/// isolates, zero-width characters, the byte order mark, the soft hyphen, ...). The
+/// standard library has no such test and a table of its own is short.
+pub fn is_format_char(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x00AD
+            | 0x0600..=0x0605
+            | 0x061C
+            | 0x06DD
+            | 0x070F
+            | 0x0890..=0x0891
+            | 0x08E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    )
+}
+
+/// `text` as it is safe to print to a terminal: control and format characters written
+/// as `\u{202e}`, so that a name (or a path holding one) shows as what it is, never
+/// reordered or hidden by the characters in it. A backslash stays as it is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unseen = |c: char| c.is_control() || is_format_char(c);
+    if !text.chars().any(unseen) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unseen(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The receiver's request to send chunks again: their checksums failed where they
@@ -1562,7 +1670,13 @@ mod tests {
     #[test]
     fn header_bad_magic_is_named() {
         let e = Header::decode(&[0u8; 56]).unwrap_err();
-        assert_eq!(e, WireError::BadMagic { got: [0; 4] });
+        assert_eq!(
+            e,
+            WireError::BadMagic {
+                got: [0; 4],
+                expected: HEADER_MAGIC
+            }
+        );
         assert!(e.to_string().contains("--raw"), "{e}");
     }
 
@@ -1666,12 +1780,52 @@ mod tests {
             assert!(checked_name(bad.as_bytes()).is_err(), "{bad:?}");
         }
         assert!(checked_name(&[0xff, 0xfe]).is_err(), "not UTF-8");
+        // Characters that are not drawn but change what is: refused, saying which.
+        for (bad, code) in [
+            ("report\u{202E}gnp.exe", 0x202E),
+            ("a\u{2066}b", 0x2066),
+            ("a\u{200F}", 0x200F),
+            ("zero\u{200B}width", 0x200B),
+            ("\u{FEFF}bom", 0xFEFF),
+            ("join\u{2060}er", 0x2060),
+            ("soft\u{AD}hyphen", 0xAD),
+            ("tag\u{E0041}", 0xE0041),
+        ] {
+            let e = checked_name(bad.as_bytes()).unwrap_err();
+            assert_eq!(e, WireError::FormatCharInName { code }, "{bad:?}");
+            assert!(encode_name(bad).is_err(), "{bad:?}");
+            let words = e.to_string();
+            assert!(
+                words.contains(&format!("U+{code:04X}")) && words.contains("format character"),
+                "{words}"
+            );
+        }
+        // Letters of other scripts are names like any other.
+        for good in ["données.bin", "файл", "模型.safetensors", "עברית.txt"] {
+            assert_eq!(checked_name(good.as_bytes()), Ok(good));
+        }
+        // The reason travels in a reject.
+        let reason = RejectReason::BadHeader(WireError::FormatCharInName { code: 0x202E });
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
+        let reason = RejectReason::BadHeader(WireError::KeyedVerbsStriping);
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
         let mut long = encode_name("abc").unwrap();
         long[6..8].copy_from_slice(&300u16.to_le_bytes());
         assert_eq!(
             decode_name_prefix(&long[..NAME_PREFIX_LEN]),
             Err(WireError::BadName { len: 300 })
         );
+    }
+
+    #[test]
+    fn names_print_with_their_unseen_characters_escaped() {
+        assert_eq!(printable("weights.bin"), "weights.bin");
+        assert_eq!(
+            printable("/out/report\u{202E}gnp.exe"),
+            "/out/report\\u{202e}gnp.exe"
+        );
+        assert_eq!(printable("a\tb\u{200B}c"), "a\\u{9}b\\u{200b}c");
+        assert_eq!(printable("données"), "données");
     }
 
     #[test]
@@ -1951,7 +2105,10 @@ mod tests {
         );
         let all = [
             too_large,
-            RejectReason::BadHeader(WireError::BadMagic { got: *b"abcd" }),
+            RejectReason::BadHeader(WireError::BadMagic {
+                got: *b"abcd",
+                expected: HEADER_MAGIC,
+            }),
             RejectReason::BadHeader(WireError::UnsupportedVersion { got: 7 }),
             RejectReason::BadHeader(WireError::ChunkLargerThanTotal { chunk: 8, total: 4 }),
             RejectReason::BadHeader(WireError::Short { got: 3, need: 32 }),
@@ -2009,6 +2166,77 @@ mod tests {
         assert_eq!(
             RejectReason::decode(&future),
             Some(RejectReason::Unknown { code: 77 })
+        );
+    }
+
+    #[test]
+    fn words_name_the_real_limit_and_the_message_awaited() {
+        // The per-address handshake cap is not --max-per-peer.
+        let cap = RejectReason::BusyPeerHandshakes {
+            active: 80,
+            max: 80,
+        };
+        let words = cap.to_string();
+        assert!(
+            words.contains("80 sockets in their handshake") && words.contains("not --max-per-peer"),
+            "{words}"
+        );
+        assert_eq!(RejectReason::decode(&cap.encode()), Some(cap));
+        // An older sender reads it as the per-peer share it knows.
+        let mut old = cap.encode();
+        old[8..10].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(
+            RejectReason::decode(&old),
+            Some(RejectReason::BusyPeer {
+                active: 80,
+                max: 80
+            })
+        );
+        // A name or proof message with a bad magic is not "no transfer header".
+        let mut name = encode_name("a.bin").unwrap();
+        name[0] = b'X';
+        let e = decode_name_prefix(&name[..NAME_PREFIX_LEN]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not a name message (magic 58 52 44 46, expected \"GRDF\")"
+        );
+        let reason = RejectReason::BadHeader(e);
+        assert_eq!(RejectReason::decode(&reason.encode()), Some(reason));
+        let mut proof = Proof { tag: [1; 32] }.encode();
+        proof[..4].copy_from_slice(b"GRDM");
+        let e = Proof::decode(&proof).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "not a proof of the key (magic 47 52 44 4d, expected \"GRDP\")"
+        );
+        assert!(!e.contains("--raw"));
+        // A header's still says --raw; so does an older peer's reject, which had no
+        // expected magic.
+        let e = Header::decode(&[0u8; HEADER_LEN]).unwrap_err();
+        assert!(e.to_string().contains("no transfer header") && e.to_string().contains("--raw"));
+        let mut older = RejectReason::BadHeader(e).encode();
+        older[20..28].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(
+            RejectReason::decode(&older),
+            Some(RejectReason::BadHeader(e))
+        );
+        // Sizes that round to the same words are shown in bytes.
+        let too_large = RejectReason::TooLarge {
+            requested: (64 << 20) + 4,
+            max: 64 << 20,
+        };
+        assert_eq!(
+            too_large.to_string(),
+            "size 67108868 bytes exceeds its --max-bytes 67108864 bytes"
+        );
+        let chunk = RejectReason::ChunkTooLarge {
+            chunk: (1 << 30) + 4,
+            max: 1 << 30,
+        };
+        assert!(
+            chunk.to_string().contains("1073741828 bytes exceeds")
+                && chunk.to_string().contains("(1073741824 bytes)"),
+            "{chunk}"
         );
     }
 

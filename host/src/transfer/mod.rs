@@ -24,7 +24,7 @@ pub use plan::{Chunk, ChunkPlan};
 pub use report::{ReceiverVerdict, RecvOutcome, RecvReport, SendReport};
 
 use crate::rdma::RdmaError;
-use units::format_bytes;
+use units::{format_bytes, format_bytes_apart};
 
 /// What a sender sends and how the receiver is to check it: the same for both
 /// transports, built by the CLI (or a library caller).
@@ -93,7 +93,7 @@ pub enum TransferError {
 
     #[error(
         "sender {peer} too slow: {} of {} in {seconds:.1} s, below this receiver's --min-rate {}/s",
-        format_bytes(*got), format_bytes(*total), format_bytes(*min_rate)
+        format_bytes_apart(*got, *total).0, format_bytes_apart(*got, *total).1, format_bytes(*min_rate)
     )]
     TooSlow {
         peer: String,

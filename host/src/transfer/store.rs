@@ -131,12 +131,11 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 impl Pending {
     fn create(final_path: &Path) -> Result<Pending> {
         let dir = final_path.parent().unwrap_or(Path::new("."));
-        let base = final_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        // A fixed prefix, not the final name: a name that fills NAME_MAX (255 bytes)
+        // leaves no room for a longer temporary one, and the transfer would be received
+        // whole only to fail here. The process id and a counter keep it unique.
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".{base}.partial-{}-{n}", std::process::id()));
+        let tmp = dir.join(format!(".gpu-rdma-partial-{}-{n}", std::process::id()));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -175,11 +174,7 @@ impl Pending {
         for k in 0..MAX_SUFFIX {
             let candidate = match k {
                 0 => self.final_path.clone(),
-                k => {
-                    let mut name = self.final_path.clone().into_os_string();
-                    name.push(format!(".{k}"));
-                    PathBuf::from(name)
-                }
+                k => numbered(&self.final_path, k),
             };
             match fs::hard_link(&self.tmp, &candidate) {
                 Ok(()) => {
@@ -224,6 +219,25 @@ impl Pending {
 
 /// Names tried for one transfer in a directory: `NAME` and `NAME.1` to `NAME.999`.
 const MAX_SUFFIX: u32 = 1000;
+
+/// The longest file name the file systems a receiver writes to take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// `path` with `.k` after its file name, the name cut (on a character boundary) so
+/// that the whole still fits [`NAME_MAX`]: a name of 255 bytes that is taken must still
+/// get an alternative, not fail with "File name too long" after the whole transfer.
+fn numbered(path: &Path, k: u32) -> PathBuf {
+    let suffix = format!(".{k}");
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut keep = name.len().min(NAME_MAX - suffix.len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    path.with_file_name(format!("{}{suffix}", &name[..keep]))
+}
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -317,6 +331,30 @@ mod tests {
         assert_eq!(fs::read(dir.join("notes.txt.2")).unwrap(), b"second");
         // No temporary file left behind.
         assert_eq!(names(&dir), ["notes.txt", "notes.txt.1", "notes.txt.2"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_name_of_255_bytes_is_stored_and_its_alternative_is_cut_to_fit() {
+        let dir = temp_dir("long");
+        let out = Output::parse(dir.to_str().unwrap()).unwrap();
+        // 'é' is 2 bytes: 127 of them and one 'x' make 255, and the cut for `.1` must
+        // fall between two of them, not inside one.
+        let long = format!("{}x", "é".repeat(127));
+        assert_eq!(long.len(), 255);
+        let store = |bytes: &'static [u8]| {
+            out.store_numbered(Some(&long), "p", 0, |w| Ok(w.write_all(bytes)?))
+                .unwrap()
+        };
+        assert!(store(b"first").ends_with(&long));
+        let second = store(b"second");
+        let cut = format!("{}.1", "é".repeat(126));
+        assert!(second.ends_with(&cut), "{second}");
+        assert_eq!(fs::read(dir.join(&long)).unwrap(), b"first");
+        assert_eq!(fs::read(dir.join(&cut)).unwrap(), b"second");
+        let mut want = vec![long.clone(), cut.clone()];
+        want.sort();
+        assert_eq!(names(&dir), want);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -66,6 +66,38 @@ pub fn format_bytes(n: u64) -> String {
     }
 }
 
+/// `a` and `b` as [`format_bytes`] shows them, unless the two would read as the same
+/// amount while they differ (64 MiB + 4 bytes and 64 MiB both show as "64 MiB", and "size
+/// 64 MiB exceeds 64 MiB" says nothing): then both as exact byte counts.
+pub fn format_bytes_apart(a: u64, b: u64) -> (String, String) {
+    if a != b && shown_amount(a) == shown_amount(b) {
+        (exact_bytes(a), exact_bytes(b))
+    } else {
+        (format_bytes(a), format_bytes(b))
+    }
+}
+
+/// The byte count the text of [`format_bytes`] stands for: `n` rounded as it is there
+/// (to two decimals of its unit).
+fn shown_amount(n: u64) -> u64 {
+    for (_, size) in UNITS {
+        if n >= size {
+            let hundredths = (n as f64 / size as f64 * 100.0).round();
+            return (hundredths / 100.0 * size as f64) as u64;
+        }
+    }
+    n
+}
+
+/// `67108868 bytes`: every digit.
+fn exact_bytes(n: u64) -> String {
+    if n == 1 {
+        "1 byte".into()
+    } else {
+        format!("{n} bytes")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +143,27 @@ mod tests {
         assert_eq!(format_bytes(1000), "1000 bytes");
         assert_eq!(format_bytes(1), "1 byte");
         assert_eq!(format_bytes(0), "0 bytes");
+    }
+
+    #[test]
+    fn two_counts_that_would_read_the_same_are_shown_exactly() {
+        let (a, b) = format_bytes_apart((64 << 20) + 4, 64 << 20);
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            ("67108868 bytes", "67108864 bytes")
+        );
+        // 1 GiB less 4 bytes rounds to "1024 MiB": the same amount as "1 GiB".
+        let (a, b) = format_bytes_apart((1 << 30) - 4, 1 << 30);
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            ("1073741820 bytes", "1073741824 bytes")
+        );
+        // Apart as shown: the units stay.
+        let (a, b) = format_bytes_apart(2 << 30, 1 << 30);
+        assert_eq!((a.as_str(), b.as_str()), ("2 GiB", "1 GiB"));
+        let (a, b) = format_bytes_apart(1536, 1024);
+        assert_eq!((a.as_str(), b.as_str()), ("1.5 KiB", "1 KiB"));
+        let (a, b) = format_bytes_apart(1 << 20, 1 << 20);
+        assert_eq!((a.as_str(), b.as_str()), ("1 MiB", "1 MiB"));
     }
 }

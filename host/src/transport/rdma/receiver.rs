@@ -40,7 +40,7 @@ use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
 use crate::transfer::header::{
     checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
-    RejectReason, VerbsProof, VerifyMode, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
+    RejectReason, VerbsProof, VerifyMode, WireError, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
     NAME_PREFIX_LEN, RAW_REPLY,
 };
 use crate::transfer::plan::ChunkPlan;
@@ -247,6 +247,17 @@ fn route_join(
             Err(Failure::Refuse(RejectReason::NotAllowed, None)),
         ));
     }
+    if cfg.key.is_some() {
+        // A join holds a token, no proof of the key: with a key it joins nothing (the
+        // token travelled in the clear, in rail 0's accept).
+        let reason = RejectReason::BadHeader(WireError::KeyedVerbsStriping);
+        let detail = Some(format!("rail {} of a striped transfer", join.rail));
+        return Some(conclude(
+            &request.id,
+            peer,
+            Err(Failure::Refuse(reason, detail)),
+        ));
+    }
     let sendable = match request.into_sendable() {
         Ok(s) => s,
         Err(request) => {
@@ -292,6 +303,11 @@ fn admit(
     }
     if let Some(key) = &cfg.key {
         check_proof(key, nonces, ip, &request.private_data)?;
+        // Its further rails could not join (see route_join): say so to the sender now,
+        // rather than have it fail over from every rail but the first.
+        if Header::decode(&request.private_data).is_ok_and(|h| h.striped) {
+            return Err(RejectReason::BadHeader(WireError::KeyedVerbsStriping));
+        }
     }
     let (wanted, books) = if cfg.raw {
         (cfg.max_bytes, Books::default())

@@ -22,7 +22,7 @@ use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, Repaired};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
-use crate::transfer::units::format_bytes;
+use crate::transfer::units::{format_bytes, format_bytes_apart};
 use crate::transfer::{gigabytes_per_second, PayloadOptions, SendReport, TransferError};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -195,11 +195,11 @@ pub(super) fn connect(
 pub(super) fn check_message_size(id: &CmId, bytes: u64, what: &str) -> Result<(), TransferError> {
     let port = id.port_info()?;
     if bytes > port.max_msg_sz as u64 {
+        // In exact bytes where the rounded sizes would read the same.
+        let (bytes, max) = format_bytes_apart(bytes, port.max_msg_sz as u64);
         return Err(TransferError::Protocol(format!(
-            "{what} of {} exceeds the largest message of RDMA device {} ({})",
-            format_bytes(bytes),
+            "{what} of {bytes} exceeds the largest message of RDMA device {} ({max})",
             id.device_name().unwrap_or_else(|| "?".into()),
-            format_bytes(port.max_msg_sz as u64)
         )));
     }
     Ok(())
@@ -369,9 +369,10 @@ fn connect_and_send(
         Err(e) => {
             conn.close(true, DISCONNECT_GRACE);
             let why = match e {
-                WireError::BadMagic { got: [0, 0, 0, 0] } | WireError::Short { got: 0, .. } => {
-                    "no accept data".to_string()
+                WireError::BadMagic {
+                    got: [0, 0, 0, 0], ..
                 }
+                | WireError::Short { got: 0, .. } => "no accept data".to_string(),
                 e => e.to_string(),
             };
             return Err(TransferError::NotFramed { peer: label, why });

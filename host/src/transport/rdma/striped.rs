@@ -68,6 +68,10 @@ pub fn why_not_striped(cfg: &SendConfig, reuse_connection: bool, raw: bool) -> O
         "--name/--input is not striped over verbs"
     } else if cfg.rails.len() > MAX_VERBS_RAILS as usize {
         "more than 8 rails"
+    } else if cfg.key.is_some() {
+        // A further rail's join carries no proof of the key, so a receiver with a key
+        // refuses it (WireError::KeyedVerbsStriping): rail 0 alone proves it.
+        "--key-file is not striped over verbs (a further rail's join cannot prove the key; TCP's streams can)"
     } else {
         return None;
     };

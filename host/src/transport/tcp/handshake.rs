@@ -1,8 +1,9 @@
 //! A socket's first message, read within one deadline for the whole handshake
 //! (`--timeout` from its accept, however the bytes trickle): a transfer offer (header and
 //! stream hello, and with `--key-file` the proof of the key over a fresh nonce) goes to
-//! the serving loop; a stream hello joins its transfer ([`super::routes`]); anything else
-//! is refused with its reason. Runs on a short-lived thread per socket, holding a
+//! the serving loop; a stream hello joins its transfer ([`super::routes`]), with a key
+//! only once it too has proved the key over a fresh nonce of its own; anything else is
+//! refused with its reason. Runs on a short-lived thread per socket, holding a
 //! handshake slot of the shared admission until it returns.
 
 use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
@@ -128,7 +129,8 @@ pub(super) fn handshake(
                 }
             }
             if let Some(key) = &cfg.key {
-                if let Err(why) = prove(key, &stream, &offer, cfg.timeout, deadline) {
+                if let Err(why) = prove(key, &stream, &offer, Proved::Offer, cfg.timeout, deadline)
+                {
                     return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
                 }
             }
@@ -157,10 +159,23 @@ pub(super) fn handshake(
             bytes[..4].copy_from_slice(&magic);
             bytes[4..].copy_from_slice(&rest);
             match Hello::decode(&bytes) {
-                Ok(hello) => match shared.routes.hand_over(stream, peer, hello) {
-                    Ok(()) => None,
-                    Err((stream, why)) => report(refuse_hello(stream, peer, why)),
-                },
+                Ok(hello) => {
+                    // With a key, the token is not enough (it travels in the clear, and
+                    // a striped transfer's streams may come from any address): the
+                    // stream proves the key before it joins anything.
+                    if let Some(key) = &cfg.key {
+                        let proved =
+                            prove(key, &stream, &bytes, Proved::Stream, cfg.timeout, deadline);
+                        if let Err(why) = proved {
+                            let why = format!("stream {} of a transfer: {why}", hello.index);
+                            return report(refuse(stream, peer, RejectReason::BadProof, Some(why)));
+                        }
+                    }
+                    match shared.routes.hand_over(stream, peer, hello) {
+                        Ok(()) => None,
+                        Err((stream, why)) => report(refuse_hello(stream, peer, why)),
+                    }
+                }
                 Err(e) => {
                     let reason = RejectReason::BadHeader(WireError::Inconsistent {
                         what: "bad stream hello",
@@ -172,18 +187,33 @@ pub(super) fn handshake(
         got => report(refuse(
             stream,
             peer,
-            RejectReason::BadHeader(WireError::BadMagic { got }),
+            // Neither an offer nor a stream hello: an offer is what a stranger should
+            // have sent (and a `--raw` sender's is what it sends instead).
+            RejectReason::BadHeader(WireError::BadMagic {
+                got,
+                expected: HEADER_MAGIC,
+            }),
             None,
         )),
     }
 }
 
-/// With `--key-file`: send a fresh nonce and check the sender's proof over the offer and
-/// it, within the handshake's deadline.
+/// What a socket proves the key for: the MACs differ ([`Key::prove_stream`]).
+#[derive(Clone, Copy)]
+enum Proved {
+    /// A transfer offer (header, hello, name).
+    Offer,
+    /// A further stream's hello.
+    Stream,
+}
+
+/// With `--key-file`: send a fresh nonce and check the sender's proof over `message` (the
+/// offer, or a stream's hello) and it, within the handshake's deadline.
 fn prove(
     key: &Key,
     stream: &TcpStream,
-    offer: &[u8],
+    message: &[u8],
+    proved: Proved,
     timeout: Duration,
     deadline: Instant,
 ) -> Result<(), String> {
@@ -199,7 +229,11 @@ fn prove(
         "waiting for the proof of the key (has the sender the same --key-file?)",
     )?;
     let proof = Proof::decode(&bytes).map_err(|e| format!("no proof of the key: {e}"))?;
-    if key.verify(offer, &nonce, &proof.tag) {
+    let good = match proved {
+        Proved::Offer => key.verify(message, &nonce, &proof.tag),
+        Proved::Stream => key.verify_stream(message, &nonce, &proof.tag),
+    };
+    if good {
         Ok(())
     } else {
         Err("the proof does not match this receiver's key".into())

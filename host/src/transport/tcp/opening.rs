@@ -1,9 +1,10 @@
 //! Opening a TCP sender's connection: the offer on the first socket (and, with a key,
-//! the proof), the receiver's answer, then the other streams with their hellos; over
+//! the proof), the receiver's answer, then the other streams with their hellos (and,
+//! with a key, each stream's own proof over a nonce of its own); over
 //! one rail as before rails, or over several (`--bind-interfaces`), every rail's sockets
 //! connected first so that the offer counts only the rails that connected.
 
-use super::frames::Hello;
+use super::frames::{Hello, HELLO_LEN};
 use super::rails::{Cooldowns, Rail};
 use super::sender::TcpSendConfig;
 use super::socket::{self, read_array};
@@ -44,13 +45,14 @@ fn no_receiver(peer: &str, e: &io::Error, timeout: Duration) -> TransferError {
 
 /// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or
 /// with a receiver that has a key, a challenge: prove the key over its nonce, then read
-/// the accept or reject that follows.
+/// the accept or reject that follows. Whether the key was asked for (then every further
+/// stream proves it too: [`prove_streams`]).
 fn answer_offer(
     control: &mut TcpStream,
     cfg: &TcpSendConfig,
     offer: &[u8],
     label: &str,
-) -> Result<(), TransferError> {
+) -> Result<bool, TransferError> {
     let mut challenged = false;
     loop {
         let answer: [u8; ACCEPT_LEN] = read_array(control).map_err(|e| {
@@ -62,7 +64,7 @@ fn answer_offer(
                 AcceptInfo::decode(&answer).map_err(|e| {
                     TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
                 })?;
-                return Ok(());
+                return Ok(challenged);
             }
             REJECT_MAGIC => {
                 return Err(match RejectReason::decode(&answer) {
@@ -98,6 +100,53 @@ fn answer_offer(
             }
         }
     }
+}
+
+/// With a receiver that has a key: each further stream (`streams[1..]`, whose hellos are
+/// `hellos[1..]`, all sent) reads its own challenge and answers with its proof over its
+/// hello and that nonce. The hellos went out first, so the receiver answers them all at
+/// once and this waits about one round trip, not one per stream.
+fn prove_streams(
+    streams: &mut [TcpStream],
+    hellos: &[[u8; HELLO_LEN]],
+    cfg: &TcpSendConfig,
+    label: &str,
+) -> Result<(), TransferError> {
+    let Some(key) = &cfg.key else {
+        return Err(TransferError::Protocol(format!(
+            "{label} serves only senders with its key: give this sender the same --key-file"
+        )));
+    };
+    for (index, (s, hello)) in streams.iter_mut().zip(hellos).enumerate().skip(1) {
+        let what = "waiting for the receiver's key challenge to a stream";
+        let answer: [u8; ACCEPT_LEN] = read_array(s).map_err(|e| {
+            TransferError::Protocol(format!(
+                "{label}: stream {index}: {}",
+                socket::why(&e, cfg.timeout, what)
+            ))
+        })?;
+        if answer[..4] == REJECT_MAGIC {
+            return Err(match RejectReason::decode(&answer) {
+                Some(reason) => TransferError::Rejected(reason),
+                None => TransferError::Protocol(format!("{label} sent an invalid reject")),
+            });
+        }
+        let challenge = Challenge::decode(&answer).map_err(|e| {
+            TransferError::Protocol(format!(
+                "{label} sent stream {index} an invalid key challenge: {e}"
+            ))
+        })?;
+        let proof = Proof {
+            tag: key.prove_stream(hello, &challenge.nonce),
+        };
+        s.write_all(&proof.encode()).map_err(|e| {
+            TransferError::Protocol(format!(
+                "{label}: stream {index}: {}",
+                socket::why(&e, cfg.timeout, "sending the proof of the key")
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// One rail, as before rails: the offer on the first socket, the other streams opened
@@ -136,7 +185,7 @@ pub(super) fn open_single(
     control
         .write_all(&offer)
         .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, label)?;
+    let keyed = answer_offer(&mut control, cfg, &offer, label)?;
     let mut streams = vec![control.try_clone().map_err(|e| broken(e.to_string()))?];
     for index in 1..cfg.streams {
         let mut s = super::rails::connect(rail, cfg.timeout)
@@ -144,6 +193,10 @@ pub(super) fn open_single(
         s.write_all(&hello(index))
             .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
         streams.push(s);
+    }
+    if keyed {
+        let hellos: Vec<_> = (0..cfg.streams).map(hello).collect();
+        prove_streams(&mut streams, &hellos, cfg, label)?;
     }
     Ok(Opened {
         control,
@@ -242,11 +295,16 @@ pub(super) fn open_striped(
     control
         .write_all(&offer)
         .map_err(|e| broken(socket::why(&e, cfg.timeout, "offering the transfer")))?;
-    answer_offer(&mut control, cfg, &offer, label)?;
-    for (index, s) in streams.iter_mut().enumerate().skip(1) {
-        let rail = (index / cfg.streams as usize) as u16;
-        s.write_all(&hello(index as u16, rail))
+    let keyed = answer_offer(&mut control, cfg, &offer, label)?;
+    let hellos: Vec<_> = (0..streams.len())
+        .map(|index| hello(index as u16, (index / cfg.streams as usize) as u16))
+        .collect();
+    for (s, hello) in streams.iter_mut().zip(&hellos).skip(1) {
+        s.write_all(hello)
             .map_err(|e| broken(socket::why(&e, cfg.timeout, "opening a stream")))?;
+    }
+    if keyed {
+        prove_streams(&mut streams, &hellos, cfg, label)?;
     }
     Ok(Opened {
         control,
