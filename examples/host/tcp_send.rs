@@ -94,7 +94,7 @@ fn run() -> Result<()> {
         // The built-in pattern, checked element by element (--verify pattern).
         payload: Default::default(),
         rails: Vec::new(),
-        rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+        rail_timeout: host::transport::tcp::DEFAULT_RAIL_TIMEOUT,
         test_silent_rail: None,
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.

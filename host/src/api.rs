@@ -107,7 +107,7 @@ impl Options {
                 faults: None,
             },
             rails: Vec::new(),
-            rail_timeout: crate::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+            rail_timeout: crate::transport::tcp::DEFAULT_RAIL_TIMEOUT,
             test_silent_rail: None,
         }
     }

@@ -110,7 +110,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         key: None,
         payload: host::transfer::PayloadOptions::default(),
         rails: Vec::new(),
-        rail_timeout: host::transport::tcp::sender::DEFAULT_RAIL_TIMEOUT,
+        rail_timeout: host::transport::tcp::DEFAULT_RAIL_TIMEOUT,
         test_silent_rail: None,
     };
     let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;

@@ -18,6 +18,7 @@
 //!   streams joining their transfer) and `striped` (a striped transfer's rounds: any
 //!   chunk on any stream, until every stream ended its pass) beside it.
 
+pub mod config;
 mod dispatch;
 pub mod frames;
 mod handshake;
@@ -32,8 +33,9 @@ pub mod streams;
 mod striped;
 pub mod wire;
 
+pub use config::{TcpSendConfig, DEFAULT_RAIL_TIMEOUT};
 pub use receiver::{serve, serve_on, serve_with, RecvMemory, TcpRecvConfig};
-pub use sender::{choose_source, send_repeated, tcp_plan, TcpSendConfig};
+pub use sender::{choose_source, send_repeated, tcp_plan};
 
 /// What the sender's output says the data went by ("Data sent successfully via ...").
 pub fn describe(path: crate::memory::DataPath, user_data: bool) -> &'static str {

@@ -4,9 +4,9 @@
 //! one rail as before rails, or over several (`--bind-interfaces`), every rail's sockets
 //! connected first so that the offer counts only the rails that connected.
 
+use super::config::TcpSendConfig;
 use super::frames::{Hello, HELLO_LEN};
 use super::rails::{Cooldowns, Rail};
-use super::sender::TcpSendConfig;
 use super::socket::{self, read_array};
 use crate::transfer::header::{
     AcceptInfo, Challenge, Header, Proof, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, CHALLENGE_MAGIC,

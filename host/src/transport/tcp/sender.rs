@@ -3,6 +3,7 @@
 //! answer the receiver's resend requests (corrupt or, striped, missing chunks) and read
 //! its ack after each transfer; what each rail carried, for the report.
 
+use super::config::TcpSendConfig;
 use super::frames::{MAX_MISSING_ROUNDS, MAX_STREAMS};
 use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
@@ -17,42 +18,10 @@ use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
-use crate::transfer::{PayloadOptions, SendReport, TransferError};
+use crate::transfer::{SendReport, TransferError};
 use std::io::{self, Read};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
-
-/// Everything the TCP sender needs, built by the CLI.
-#[derive(Debug, Clone)]
-pub struct TcpSendConfig {
-    pub peer: SocketAddr,
-    pub bytes: u64,
-    pub chunk: u64,
-    /// Chunks handed to the writer threads and not yet written.
-    pub depth: u32,
-    /// Sockets per connection (NCCL's NCCL_NSOCKS_PERTHREAD).
-    pub streams: u16,
-    /// Bound of every socket operation; restarts on progress.
-    pub timeout: Duration,
-    pub progress: bool,
-    pub protocol_version: u16,
-    /// `--key-file`: proves to a receiver with the same key that this sender may send.
-    pub key: Option<crate::server::Key>,
-    /// What is sent and how it is checked (protocol version 2).
-    pub payload: PayloadOptions,
-    /// The rails (`--bind-interfaces`, the receiver's addresses): more than one stripes
-    /// the transfer over them, `--streams` sockets each; empty: one rail to `peer`.
-    pub rails: Vec<Rail>,
-    /// A striped rail with chunks in flight that writes none for this long has failed.
-    pub rail_timeout: Duration,
-    /// TEST ONLY (`--test-silent-rail K`): rail K (0-based, among the rails that
-    /// connected) writes no end marker after its chunks, as a rail whose link died
-    /// silently right after its last chunk.
-    pub test_silent_rail: Option<usize>,
-}
-
-/// `--rail-timeout`'s default.
-pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Bytes of chunks copied out of the source for one batch of resends at most.
 const RESEND_BATCH_BYTES: u64 = 64 << 20;
