@@ -7,6 +7,7 @@
 //! its share back when dropped, so a transfer that ends by an error, a panic unwinding
 //! its thread or a refusal cannot leak its share.
 
+use super::allow::peer_key;
 use crate::transfer::RejectReason;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -146,12 +147,6 @@ struct State {
 pub struct Admission {
     limits: Limits,
     state: Mutex<State>,
-}
-
-/// The one address a peer is counted under (an IPv4 peer on a dual-stack socket arrives
-/// as `::ffff:a.b.c.d`).
-pub fn peer_key(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
 }
 
 impl Admission {

@@ -3,6 +3,12 @@
 
 use std::net::IpAddr;
 
+/// The one address a peer is known by, for the allow-list, admission's counts and the
+/// key's nonces alike (an IPv4 peer on a dual-stack socket arrives as `::ffff:a.b.c.d`).
+pub fn peer_key(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
 /// One network: `addr/prefix`; a bare address is the one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
@@ -12,7 +18,7 @@ pub struct Cidr {
 
 impl Cidr {
     fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, super::admission::peer_key(ip)) {
+        match (self.addr, peer_key(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let mask = u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
@@ -38,7 +44,7 @@ impl std::str::FromStr for Cidr {
         let addr: IpAddr = addr
             .parse()
             .map_err(|_| format!("`{text}` is not an address or network (e.g. 10.0.0.0/8)"))?;
-        let addr = super::admission::peer_key(addr);
+        let addr = peer_key(addr);
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,

@@ -180,7 +180,7 @@ impl Nonces {
             u64::from_le_bytes(id),
             Issued {
                 nonce,
-                peer: super::admission::peer_key(peer),
+                peer: super::allow::peer_key(peer),
                 at: now,
             },
         );
@@ -192,7 +192,7 @@ impl Nonces {
     pub fn take(&mut self, id: u64, peer: std::net::IpAddr) -> Option<[u8; NONCE_LEN]> {
         let issued = self.issued.remove(&id)?;
         let fresh = issued.at.elapsed() < self.ttl;
-        (fresh && issued.peer == super::admission::peer_key(peer)).then_some(issued.nonce)
+        (fresh && issued.peer == super::allow::peer_key(peer)).then_some(issued.nonce)
     }
 
     pub fn len(&self) -> usize {

@@ -7,7 +7,7 @@
 //! cannot be used to pile sockets up on the receiver.
 
 use super::frames::Hello;
-use crate::server::admission::peer_key;
+use crate::server::allow::peer_key;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
