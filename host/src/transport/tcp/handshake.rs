@@ -7,7 +7,7 @@
 //! handshake slot of the shared admission until it returns.
 
 use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
-use super::receiver::{refuse, refuse_hello, Event, Offer, Shared};
+use super::serving::{refuse, refuse_hello, Event, Offer, Shared};
 use super::socket::{self, ReadStop};
 use crate::server::admission::HandshakeSlot;
 use crate::server::Key;

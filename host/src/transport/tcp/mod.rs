@@ -28,6 +28,7 @@ pub mod rails;
 pub mod receiver;
 mod routes;
 pub mod sender;
+mod serving;
 pub mod socket;
 pub mod streams;
 mod striped;

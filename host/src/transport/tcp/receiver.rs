@@ -30,9 +30,9 @@
 //! with its own copy stream and upload ring; transfers into GPU memory run at once, each
 //! counted by the same admission.
 
-use super::frames::Hello;
 use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Reads, Stop, Which};
 use super::routes::Routes;
+use super::serving::{refuse, Event, Offer, Shared};
 use super::socket;
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
@@ -149,35 +149,6 @@ impl LandingKind {
             }
         }
     }
-}
-
-/// A transfer offer that passed its checks, for the serving loop.
-pub(super) struct Offer {
-    pub control: TcpStream,
-    pub peer: SocketAddr,
-    pub header: Header,
-    pub hello: Hello,
-    /// The sender's `--name` (checked: it stays inside a directory).
-    pub name: Option<String>,
-}
-
-pub(super) enum Event {
-    Offer(Offer),
-    /// A refusal or failure before any transfer was accepted: it is reported and
-    /// changes nothing else (`--once` goes on serving).
-    Outcome(RecvOutcome),
-    /// A transfer thread ended; `accepted`: its accept was sent (this uses `--once` up).
-    Served {
-        outcome: RecvOutcome,
-        accepted: bool,
-    },
-}
-
-/// What the accept loop, the handshakes and the transfer threads share.
-pub(super) struct Shared {
-    pub cfg: TcpRecvConfig,
-    pub admission: Arc<Admission>,
-    pub routes: Routes,
 }
 
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
@@ -409,32 +380,6 @@ fn accept_loop(
             });
         }
     }
-}
-
-/// Tell the peer why not (the sender prints it) without waiting on it, and close.
-pub(super) fn refuse(
-    stream: TcpStream,
-    peer: SocketAddr,
-    reason: RejectReason,
-    detail: Option<String>,
-) -> RecvOutcome {
-    let sent = socket::write_and_close(stream, &reason.encode());
-    let mut text = reason.to_string();
-    if let Some(detail) = detail {
-        text = format!("{text}: {detail}");
-    }
-    if let Err(e) = sent {
-        text = format!("{text} (and the reject could not be sent: {e})");
-    }
-    RecvOutcome::Rejected {
-        peer: peer.to_string(),
-        reason: text,
-    }
-}
-
-pub(super) fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {
-    let reason = RejectReason::BadHeader(WireError::Inconsistent { what });
-    refuse(stream, peer, reason, None)
 }
 
 type MakeLanding<'a> = dyn FnMut(usize, usize) -> anyhow::Result<Box<dyn Landing>> + 'a;
