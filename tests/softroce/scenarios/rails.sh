@@ -137,8 +137,9 @@ case_one_rail_unchanged() {
   stop receiver
 }
 
-# A receiver with --key-file: rail 0 proves the key; the other rails join by the token
-# rail 0 was given.
+# A receiver with --key-file: rail 0 proves the key; a further rail could join only by
+# the token rail 0 was given, so a keyed transfer goes over the first rail alone (the
+# sender says why).
 case_key() {
   head -c 32 /dev/urandom > /tmp/rails.key
   start receiver host recv --gpu none --transport rdma --timeout 10 --json --key-file /tmp/rails.key
