@@ -364,7 +364,7 @@ pub struct SendArgs {
 
     /// TCP only: sockets per connection, chunks spread over them round-robin (as NCCL's
     /// NCCL_NSOCKS_PERTHREAD), for links one socket cannot fill. `auto`: from this
-    /// machine, as a note says: at most half the cores, one per 25 Gbit/s of the
+    /// machine (a note says why where it picks more than one): at most half the cores, one per 25 Gbit/s of the
     /// interface the route to the receiver leaves by, 8 to this machine itself, 4 where
     /// the speed is not known, never more than 8.
     #[arg(long = "streams", value_name = "N|auto", default_value = "auto", value_parser = parse_streams)]
@@ -374,6 +374,10 @@ pub struct SendArgs {
     /// and the route to the receiver (`commands::send` sets it before anything is sent).
     #[arg(skip)]
     pub streams: u16,
+
+    /// Why `auto` chose more than one stream, said once before the first TCP transfer.
+    #[arg(skip)]
+    pub streams_note: Option<String>,
 
     /// TCP only: stripe the transfer over several local interfaces (rails), one socket
     /// set (--streams each) per local address, rail k from the k-th address to the k-th

@@ -173,6 +173,7 @@ fn measure(
     })?;
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
+        note_streams_once(args);
         reports = super::tcp::send(args, &cfg, &payload, &mut memory, transfers)?;
     } else if args.raw && payload.payload != Payload::Pattern {
         bail!("--raw sends the pattern only (no header says what the bytes are): drop --input");
@@ -623,22 +624,33 @@ fn verdict_words(v: &transfer::ReceiverVerdict, user_data: bool) -> String {
     }
 }
 
-/// `args` with `--streams` decided: as given, or from the machine for `auto` (a note
-/// says how, over TCP; RDMA has no streams).
+/// `args` with `--streams` decided: as given, or from the machine for `auto`. Where
+/// `auto` gives more than the one stream a transfer had before it was the default, a
+/// note says why, once, when the first TCP transfer starts (after every option check,
+/// so an error is still the first thing printed). RDMA has no streams.
 fn with_streams(args: &SendArgs, peer: SocketAddr, tcp: bool) -> SendArgs {
-    let streams = match args.streams_asked {
-        Streams::Count(n) => n,
+    let (streams, streams_note) = match args.streams_asked {
+        Streams::Count(n) => (n, None),
         Streams::Auto => {
             let choice = choose_streams(&StreamFacts::here(peer));
-            if tcp {
-                eprintln!("note: {}", choice.why);
-            }
-            choice.streams
+            let note = (tcp && choice.streams > 1).then_some(choice.why);
+            (choice.streams, note)
         }
     };
     SendArgs {
         streams,
+        streams_note,
         ..args.clone()
+    }
+}
+
+/// The `--streams auto` note, once per run (a sweep measures many sizes).
+fn note_streams_once(args: &SendArgs) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Some(note) = &args.streams_note {
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("note: {note}");
+        }
     }
 }
 
