@@ -228,7 +228,8 @@ pub type TestFn =
 pub type CloseFn = unsafe extern "C" fn(comm: Ptr) -> NcclResult;
 pub type GetDeviceMrFn =
     unsafe extern "C" fn(comm: Ptr, mhandle: Ptr, dptr_mhandle: PPtr) -> NcclResult;
-pub type IrecvConsumedFn = unsafe extern "C" fn(recv_comm: Ptr, n: c_int, request: Ptr) -> NcclResult;
+pub type IrecvConsumedFn =
+    unsafe extern "C" fn(recv_comm: Ptr, n: c_int, request: Ptr) -> NcclResult;
 pub type MakeVDeviceFn =
     unsafe extern "C" fn(d: *mut c_int, props: *mut NcclNetVDeviceProps) -> NcclResult;
 
@@ -251,7 +252,8 @@ pub type GetPropertiesV8Fn =
     unsafe extern "C" fn(dev: c_int, props: *mut NcclNetPropertiesV8) -> NcclResult;
 pub type ListenV11Fn =
     unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult;
-pub type ListenV8Fn = unsafe extern "C" fn(dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult;
+pub type ListenV8Fn =
+    unsafe extern "C" fn(dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult;
 pub type ConnectV11Fn = unsafe extern "C" fn(
     ctx: Ptr,
     dev: c_int,

@@ -101,7 +101,10 @@ mod tests {
             ("NCCL_GRDMA_TEST_INJECT_FAULTS", "100"),
         ])
         .unwrap();
-        assert_eq!((c.streams, c.checks, c.inject_one_in), (8, false, Some(100)));
+        assert_eq!(
+            (c.streams, c.checks, c.inject_one_in),
+            (8, false, Some(100))
+        );
         for (k, v) in [
             ("NCCL_GRDMA_STREAMS", "0"),
             ("NCCL_GRDMA_STREAMS", "17"),

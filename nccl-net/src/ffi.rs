@@ -54,7 +54,12 @@ fn device(dev: c_int) -> Result<&'static Device> {
     usize::try_from(dev)
         .ok()
         .and_then(|i| d.get(i))
-        .ok_or_else(|| NetError::invalid(format!("device {dev} does not exist (there are {})", d.len())))
+        .ok_or_else(|| {
+            NetError::invalid(format!(
+                "device {dev} does not exist (there are {})",
+                d.len()
+            ))
+        })
 }
 
 /// Runs an entry point: its error or panic becomes a logged `ncclResult_t`.
@@ -245,16 +250,28 @@ unsafe extern "C" fn get_properties_v8(dev: c_int, p: *mut NcclNetPropertiesV8) 
     })
 }
 
-unsafe extern "C" fn listen_v11(_ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn listen_v11(
+    _ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> NcclResult {
     // SAFETY: the same arguments.
     unsafe { listen_v8(dev, handle, listen_comm) }
 }
 
-unsafe extern "C" fn listen_v8(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn listen_v8(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> NcclResult {
     guard("listen", || {
         let lc = out(listen_comm, "listen: listenComm")?;
         *lc = std::ptr::null_mut();
-        let h = out(handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE], "listen: handle")?;
+        let h = out(
+            handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE],
+            "listen: handle",
+        )?;
         let d = device(dev)?;
         let cfg = Config::from_env()?;
         let (comm, handle) = ListenComm::new(d.addr, &cfg)?;
@@ -268,7 +285,10 @@ fn connect_common(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) 
     let sc = out(send_comm, "connect: sendComm")?;
     *sc = std::ptr::null_mut();
     device(dev)?;
-    let h = out(handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE], "connect: handle")?;
+    let h = out(
+        handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE],
+        "connect: handle",
+    )?;
     if let Some(comm) = crate::comm::connect::connect(h)? {
         *sc = Box::into_raw(comm) as *mut c_void;
     }
@@ -340,11 +360,19 @@ fn is_comm(comm: *mut c_void) -> bool {
     m == SEND_MAGIC || m == RECV_MAGIC
 }
 
-unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, kind: c_int, mhandle: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
     guard("regMr", || {
         let mh = out(mhandle, "regMr: mhandle")?;
         if !is_comm(comm) {
-            return Err(NetError::invalid("regMr: not a send or receive comm of this plugin"));
+            return Err(NetError::invalid(
+                "regMr: not a send or receive comm of this plugin",
+            ));
         }
         if kind != NCCL_PTR_HOST {
             return Err(NetError::internal(format!(
@@ -352,7 +380,11 @@ unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, k
                 match kind { NCCL_PTR_CUDA => "CUDA", NCCL_PTR_DMABUF => "dma-buf", _ => "unknown" }
             )));
         }
-        *mh = Box::into_raw(Box::new(Mr { magic: MR_MAGIC, start: data as usize, len: size })) as *mut c_void;
+        *mh = Box::into_raw(Box::new(Mr {
+            magic: MR_MAGIC,
+            start: data as usize,
+            len: size,
+        })) as *mut c_void;
         Ok(())
     })
 }
@@ -387,7 +419,14 @@ fn check_in_mr(mhandle: *mut c_void, data: *mut c_void, size: usize, what: &str)
     Ok(())
 }
 
-fn isend_common(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mhandle: *mut c_void, request: *mut *mut c_void) -> Result<()> {
+fn isend_common(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
     let rq = out(request, "isend: request")?;
     *rq = std::ptr::null_mut();
     // SAFETY: a send comm NCCL got from connect and has not closed.
@@ -402,35 +441,80 @@ fn isend_common(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_i
     Ok(())
 }
 
-unsafe extern "C" fn isend_v10(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mhandle: *mut c_void, _phandle: *mut c_void, request: *mut *mut c_void) -> NcclResult {
-    guard("isend", || isend_common(send_comm, data, size, tag, mhandle, request))
-}
-
-unsafe extern "C" fn isend_v9(send_comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mhandle: *mut c_void, request: *mut *mut c_void) -> NcclResult {
-    guard("isend", || isend_common(send_comm, data, size, tag, mhandle, request))
-}
-
-unsafe extern "C" fn isend_v8(send_comm: *mut c_void, data: *mut c_void, size: c_int, tag: c_int, mhandle: *mut c_void, request: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn isend_v10(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    _phandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
     guard("isend", || {
-        let size = usize::try_from(size).map_err(|_| NetError::invalid(format!("isend: size {size}")))?;
         isend_common(send_comm, data, size, tag, mhandle, request)
     })
 }
 
-fn irecv_common(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: &[usize], tags: *mut c_int, mhandles: *mut *mut c_void, request: *mut *mut c_void) -> Result<()> {
+unsafe extern "C" fn isend_v9(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    guard("isend", || {
+        isend_common(send_comm, data, size, tag, mhandle, request)
+    })
+}
+
+unsafe extern "C" fn isend_v8(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    guard("isend", || {
+        let size =
+            usize::try_from(size).map_err(|_| NetError::invalid(format!("isend: size {size}")))?;
+        isend_common(send_comm, data, size, tag, mhandle, request)
+    })
+}
+
+fn irecv_common(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: &[usize],
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
     let rq = out(request, "irecv: request")?;
     *rq = std::ptr::null_mut();
     // SAFETY: a receive comm NCCL got from accept and has not closed.
     let c: &mut RecvComm = unsafe { checked(recv_comm, RECV_MAGIC, "receive comm")? };
     let n = n as usize;
     if n == 0 || n > MAX_RECVS || data.is_null() || tags.is_null() {
-        return Err(NetError::invalid(format!("irecv: {n} buffers (1 to maxRecvs = {MAX_RECVS}, with data and tags)")));
+        return Err(NetError::invalid(format!(
+            "irecv: {n} buffers (1 to maxRecvs = {MAX_RECVS}, with data and tags)"
+        )));
     }
     let mut bufs = Vec::with_capacity(n);
     for (i, &size) in sizes.iter().enumerate().take(n) {
         // SAFETY: NCCL passes n-element arrays of buffers, tags, registrations.
         let (d, tag, mh) = unsafe {
-            (*data.add(i), *tags.add(i), if mhandles.is_null() { std::ptr::null_mut() } else { *mhandles.add(i) })
+            (
+                *data.add(i),
+                *tags.add(i),
+                if mhandles.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    *mhandles.add(i)
+                },
+            )
         };
         if d.is_null() && size > 0 {
             return Err(NetError::invalid(format!("irecv: buffer {i} is null")));
@@ -446,21 +530,68 @@ fn irecv_common(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes:
 
 fn sizes_of<T: Copy>(sizes: *mut T, n: c_int) -> Result<Vec<T>> {
     if sizes.is_null() || n <= 0 || n as usize > MAX_RECVS {
-        return Err(NetError::invalid(format!("irecv: {n} buffers (1 to maxRecvs = {MAX_RECVS}, with sizes)")));
+        return Err(NetError::invalid(format!(
+            "irecv: {n} buffers (1 to maxRecvs = {MAX_RECVS}, with sizes)"
+        )));
     }
     // SAFETY: NCCL passes an n-element array of sizes.
     Ok(unsafe { std::slice::from_raw_parts(sizes, n as usize) }.to_vec())
 }
 
-unsafe extern "C" fn irecv_v10(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, mhandles: *mut *mut c_void, _phandles: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
-    guard("irecv", || irecv_common(recv_comm, n, data, &sizes_of(sizes, n)?, tags, mhandles, request))
+unsafe extern "C" fn irecv_v10(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    _phandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    guard("irecv", || {
+        irecv_common(
+            recv_comm,
+            n,
+            data,
+            &sizes_of(sizes, n)?,
+            tags,
+            mhandles,
+            request,
+        )
+    })
 }
 
-unsafe extern "C" fn irecv_v9(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut usize, tags: *mut c_int, mhandles: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
-    guard("irecv", || irecv_common(recv_comm, n, data, &sizes_of(sizes, n)?, tags, mhandles, request))
+unsafe extern "C" fn irecv_v9(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    guard("irecv", || {
+        irecv_common(
+            recv_comm,
+            n,
+            data,
+            &sizes_of(sizes, n)?,
+            tags,
+            mhandles,
+            request,
+        )
+    })
 }
 
-unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut c_void, sizes: *mut c_int, tags: *mut c_int, mhandles: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn irecv_v8(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
     guard("irecv", || {
         let s: Vec<usize> = sizes_of(sizes, n)?
             .into_iter()
@@ -472,14 +603,25 @@ unsafe extern "C" fn irecv_v8(recv_comm: *mut c_void, n: c_int, data: *mut *mut 
 
 /// `iflush`: data lands in host memory, which the CPU sees at once: nothing to flush,
 /// no request (NCCL only flushes CUDA memory, which this plugin never claims).
-unsafe extern "C" fn iflush_fn(_recv_comm: *mut c_void, _n: c_int, _data: *mut *mut c_void, _sizes: *mut c_int, _mhandles: *mut *mut c_void, request: *mut *mut c_void) -> NcclResult {
+unsafe extern "C" fn iflush_fn(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _data: *mut *mut c_void,
+    _sizes: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
     guard("iflush", || {
         *out(request, "iflush: request")? = std::ptr::null_mut();
         Ok(())
     })
 }
 
-unsafe extern "C" fn test_fn(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
+unsafe extern "C" fn test_fn(
+    request: *mut c_void,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> NcclResult {
     guard("test", || {
         let d = out(done, "test: done")?;
         *d = 0;
@@ -552,7 +694,7 @@ unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
         let c: &mut ListenComm = unsafe { checked(comm, LISTEN_MAGIC, "listen comm")? };
         // SAFETY: made by Box::into_raw in listen; `c` is not used after this.
         let b = unsafe { Box::from_raw(c as *mut ListenComm) };
-        b.close();
+        (*b).close();
         Ok(())
     })
 }

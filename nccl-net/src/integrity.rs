@@ -29,7 +29,7 @@ impl FaultInjector {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
         self.state ^= self.state << 17;
-        self.one_in == 1 || self.state % self.one_in as u64 == 0
+        self.one_in == 1 || self.state.is_multiple_of(self.one_in as u64)
     }
 }
 
@@ -51,7 +51,10 @@ impl Counters {
             self.bytes,
             self.repaired,
             if self.injected > 0 {
-                format!(" ({} corrupted on purpose by NCCL_GRDMA_TEST_INJECT_FAULTS)", self.injected)
+                format!(
+                    " ({} corrupted on purpose by NCCL_GRDMA_TEST_INJECT_FAULTS)",
+                    self.injected
+                )
             } else {
                 String::new()
             }

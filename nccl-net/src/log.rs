@@ -27,7 +27,16 @@ pub fn emit(level: c_int, flags: c_ulong, file: &'static std::ffi::CStr, line: u
             let c = CString::new(text.replace('\0', "?")).unwrap_or_default();
             // SAFETY: NCCL's `ncclDebugLog` is a printf-like variadic; the format "%s"
             // consumes exactly the one `char*` passed, which lives across the call.
-            unsafe { f(level, flags, file.as_ptr(), line as c_int, c"%s".as_ptr(), c.as_ptr()) };
+            unsafe {
+                f(
+                    level,
+                    flags,
+                    file.as_ptr(),
+                    line as c_int,
+                    c"%s".as_ptr(),
+                    c.as_ptr(),
+                )
+            };
         }
         None if level == NCCL_LOG_WARN => eprintln!("{text}"),
         None => {}

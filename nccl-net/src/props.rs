@@ -70,10 +70,19 @@ pub fn select(ifaces: &[Iface], spec: Option<&str>) -> Vec<Iface> {
                 Some(r) => (true, r),
                 None => (false, rest),
             };
-            let pats: Vec<&str> = rest.split(',').map(str::trim).filter(|p| !p.is_empty()).collect();
+            let pats: Vec<&str> = rest
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .collect();
             let matches = |name: &str| {
-                pats.iter()
-                    .any(|p| if exact { name == *p } else { name.starts_with(p) })
+                pats.iter().any(|p| {
+                    if exact {
+                        name == *p
+                    } else {
+                        name.starts_with(p)
+                    }
+                })
             };
             usable
                 .into_iter()
@@ -126,7 +135,9 @@ pub fn list_interfaces() -> Result<Vec<Iface>> {
                 let addr = match family {
                     libc::AF_INET => {
                         let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                        Some(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()))
+                        Some(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ))
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
@@ -160,7 +171,9 @@ pub fn discover(spec: Option<&str>) -> Result<Vec<Device>> {
     let chosen = select(&ifaces, spec);
     if chosen.is_empty() {
         return Err(NetError::system(match spec {
-            Some(s) => format!("no interface that is up and has an address matches NCCL_SOCKET_IFNAME={s}"),
+            Some(s) => {
+                format!("no interface that is up and has an address matches NCCL_SOCKET_IFNAME={s}")
+            }
             None => "no interface that is up and has an address".to_string(),
         }));
     }
@@ -216,7 +229,10 @@ mod tests {
         // eth0 is down; eth1 has only IPv6, link-local skipped for the global one.
         assert_eq!(names(&got), ["eth1"]);
         assert_eq!(got[0].addr, "2001:db8::7".parse::<IpAddr>().unwrap());
-        let only_lo = vec![ifc("lo", true, "127.0.0.1"), ifc("docker0", true, "172.17.0.1")];
+        let only_lo = vec![
+            ifc("lo", true, "127.0.0.1"),
+            ifc("docker0", true, "172.17.0.1"),
+        ];
         assert_eq!(names(&select(&only_lo, None)), ["lo"]);
     }
 
@@ -224,12 +240,18 @@ mod tests {
     fn ifname_prefix_exact_and_exclude() {
         let m = machine();
         assert_eq!(names(&select(&m, Some("lo"))), ["lo"]);
-        assert_eq!(select(&m, Some("lo"))[0].addr, "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            select(&m, Some("lo"))[0].addr,
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
         assert_eq!(names(&select(&m, Some("e"))), ["eth1", "ens5"]);
         assert_eq!(names(&select(&m, Some("=ens"))), Vec::<&str>::new());
         assert_eq!(names(&select(&m, Some("=ens5,lo"))), ["lo", "ens5"]);
         assert_eq!(names(&select(&m, Some("^docker,lo"))), ["eth1", "ens5"]);
-        assert_eq!(names(&select(&m, Some("^=eth1"))), ["lo", "docker0", "ens5"]);
+        assert_eq!(
+            names(&select(&m, Some("^=eth1"))),
+            ["lo", "docker0", "ens5"]
+        );
     }
 
     #[test]
@@ -244,7 +266,11 @@ mod tests {
         std::fs::write(net.join("lo/speed"), "-1\n").unwrap();
         std::os::unix::fs::symlink(&pci, net.join("ens5/device")).unwrap();
         assert_eq!(sysfs_speed(&dir, "ens5"), Some(25000));
-        assert_eq!(sysfs_speed(&dir, "lo"), None, "a negative speed is no speed");
+        assert_eq!(
+            sysfs_speed(&dir, "lo"),
+            None,
+            "a negative speed is no speed"
+        );
         assert_eq!(sysfs_speed(&dir, "eth9"), None);
         assert_eq!(
             sysfs_pci_path(&dir, "ens5").unwrap(),

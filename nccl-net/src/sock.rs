@@ -20,7 +20,11 @@ pub enum Io {
 }
 
 fn nonblocking_stream(addr: &SocketAddr) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(*addr), Type::STREAM, Some(Protocol::TCP))?;
+    let s = Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
     s.set_nonblocking(true)?; // socket2 sets SOCK_CLOEXEC itself
     Ok(s)
 }
@@ -86,7 +90,10 @@ pub fn connect_done(s: &Socket) -> io::Result<bool> {
     }
     // POLLHUP/POLLERR without SO_ERROR: still a failure.
     if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
-        return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "connection failed"));
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "connection failed",
+        ));
     }
     Ok(pfd.revents & libc::POLLOUT != 0)
 }

@@ -85,17 +85,27 @@ impl Handle {
         }
         let v = u16_at(b, 4);
         if v != VERSION {
-            return err(format!("the handle has version {v}, this plugin speaks {VERSION}"));
+            return err(format!(
+                "the handle has version {v}, this plugin speaks {VERSION}"
+            ));
         }
         let streams = b[7];
         if streams == 0 || streams as usize > MAX_STREAMS {
-            return err(format!("the handle asks for {streams} streams (1 to {MAX_STREAMS})"));
+            return err(format!(
+                "the handle asks for {streams} streams (1 to {MAX_STREAMS})"
+            ));
         }
         let port = u16_at(b, 8);
         let ip = match b[6] {
             4 => IpAddr::V4(Ipv4Addr::new(b[16], b[17], b[18], b[19])),
-            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).unwrap_or([0; 16]))),
-            f => return err(format!("the handle's address family {f} is neither 4 nor 6")),
+            6 => IpAddr::V6(Ipv6Addr::from(
+                <[u8; 16]>::try_from(&b[16..32]).unwrap_or([0; 16]),
+            )),
+            f => {
+                return err(format!(
+                    "the handle's address family {f} is neither 4 nor 6"
+                ))
+            }
         };
         if port == 0 {
             return err("the handle's port is 0");
@@ -174,7 +184,9 @@ impl Layout {
                 count: 1,
             };
         }
-        let piece = total.div_ceil(streams.max(1) as u64).clamp(MIN_PIECE, MAX_PIECE);
+        let piece = total
+            .div_ceil(streams.max(1) as u64)
+            .clamp(MIN_PIECE, MAX_PIECE);
         Self {
             total,
             piece,
@@ -326,7 +338,9 @@ impl Ctrl {
         let body = match kind {
             1 => {
                 if n == 0 || n as usize > MAX_RECVS {
-                    return err(format!("a clear-to-send for {n} buffers (1 to {MAX_RECVS})"));
+                    return err(format!(
+                        "a clear-to-send for {n} buffers (1 to {MAX_RECVS})"
+                    ));
                 }
                 n as usize * 16
             }
@@ -442,7 +456,11 @@ mod tests {
             assert_eq!(next, total, "{total} over {streams}");
         }
         assert_eq!(Layout::new(4 << 20, 4).count, 4, "one piece per stream");
-        assert_eq!(Layout::new(64 << 10, 4).count, 2, "no piece below MIN_PIECE");
+        assert_eq!(
+            Layout::new(64 << 10, 4).count,
+            2,
+            "no piece below MIN_PIECE"
+        );
     }
 
     #[test]
@@ -462,7 +480,10 @@ mod tests {
             crc: 0xdead_beef,
         };
         assert_eq!(PieceHeader::decode(&h.encode(), 3).unwrap(), h);
-        assert!(PieceHeader::decode(&h.encode(), 4).is_err(), "another comm's layout");
+        assert!(
+            PieceHeader::decode(&h.encode(), 4).is_err(),
+            "another comm's layout"
+        );
         let mut b = h.encode();
         b[40] ^= 1; // len
         assert!(PieceHeader::decode(&b, 3).is_err());
@@ -477,7 +498,10 @@ mod tests {
             Ctrl::Cts {
                 id: 5,
                 slots: vec![
-                    PostedSlot { tag: -3, size: 1 << 33 },
+                    PostedSlot {
+                        tag: -3,
+                        size: 1 << 33,
+                    },
                     PostedSlot { tag: 7, size: 0 },
                 ],
             },
@@ -508,7 +532,11 @@ mod tests {
         }
         assert_eq!(at, b.len());
         let mut bad = Vec::new();
-        Ctrl::Cts { id: 1, slots: vec![] }.encode(&mut bad);
+        Ctrl::Cts {
+            id: 1,
+            slots: vec![],
+        }
+        .encode(&mut bad);
         assert!(Ctrl::decode(&bad).is_err(), "a clear-to-send for no buffer");
         let mut bad = vec![9u8; 16];
         bad[0] = 9;

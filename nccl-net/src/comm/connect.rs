@@ -4,8 +4,8 @@
 //! in a `Connecting` whose address sits in the handle's last 8 bytes. A registry of
 //! the live ones makes sure only an address this plugin put there is followed.
 
-use super::send::SendComm;
 use super::random_u64;
+use super::send::SendComm;
 use crate::config::Config;
 use crate::error::{io_err, NetError, Result};
 use crate::sock::{self, Io};
@@ -140,6 +140,8 @@ pub fn connect(handle_bytes: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
         handle, conns, cfg, ..
     } = *c;
     let mut socks = conns.into_iter().map(|c| c.sock);
-    let ctrl = socks.next().ok_or_else(|| NetError::internal("no control socket"))?;
+    let ctrl = socks
+        .next()
+        .ok_or_else(|| NetError::internal("no control socket"))?;
     Ok(Some(SendComm::new(ctrl, socks.collect(), handle, cfg)))
 }

@@ -7,7 +7,7 @@ use super::recv::RecvComm;
 use super::{random_u64, LISTEN_MAGIC};
 use crate::config::Config;
 use crate::error::{io_err, Result};
-use crate::log::{warn, info, NET};
+use crate::log::{info, warn, NET};
 use crate::sock::{self, Io};
 use crate::wire::{Ctrl, Handle, Hello, REJECT_BAD_HELLO, REJECT_BAD_TOKEN};
 use socket2::Socket;
@@ -89,7 +89,11 @@ impl ListenComm {
                 }
                 Ok(Io::Blocked) => {
                     if p.since.elapsed() > HELLO_TIMEOUT {
-                        warn!("a connection to {} sent no hello in {} s: dropped", self.addr, HELLO_TIMEOUT.as_secs());
+                        warn!(
+                            "a connection to {} sent no hello in {} s: dropped",
+                            self.addr,
+                            HELLO_TIMEOUT.as_secs()
+                        );
                         true
                     } else {
                         false
@@ -113,7 +117,9 @@ impl ListenComm {
             (g.ctrl.is_some() && g.data.iter().all(Option::is_some)).then_some(*id)
         });
         let Some(id) = full else { return Ok(None) };
-        let Some(g) = self.groups.remove(&id) else { return Ok(None) };
+        let Some(g) = self.groups.remove(&id) else {
+            return Ok(None);
+        };
         let (Some(ctrl), data) = (g.ctrl, g.data.into_iter().flatten().collect()) else {
             return Ok(None);
         };
@@ -130,7 +136,10 @@ impl ListenComm {
         let h = match Hello::decode(&p.hello) {
             Ok(h) => h,
             Err(e) => {
-                warn!("a connection to {} is not a grdma comm ({}): refused", self.addr, e.0);
+                warn!(
+                    "a connection to {} is not a grdma comm ({}): refused",
+                    self.addr, e.0
+                );
                 reject(&p.sock, REJECT_BAD_HELLO);
                 return;
             }
@@ -154,7 +163,10 @@ impl ListenComm {
             &mut g.data[h.index as usize - 1]
         };
         if place.is_some() {
-            warn!("a connection to {} repeated socket {} of one comm: refused", self.addr, h.index);
+            warn!(
+                "a connection to {} repeated socket {} of one comm: refused",
+                self.addr, h.index
+            );
             reject(&p.sock, REJECT_BAD_HELLO);
             return;
         }
@@ -162,5 +174,10 @@ impl ListenComm {
     }
 
     /// `closeListen`: the listening socket and any connection not yet accepted close.
-    pub fn close(self: Box<Self>) {}
+    pub fn close(self) {
+        if !self.pending.is_empty() || !self.groups.is_empty() {
+            info!(NET; "listen comm on {} closed with {} connections not accepted", self.addr,
+                self.pending.len() + self.groups.len());
+        }
+    }
 }

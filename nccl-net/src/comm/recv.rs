@@ -151,14 +151,20 @@ impl RecvComm {
                 .collect(),
         });
         let _ = self.progress();
-        Ok(Some(self.handles.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr(ri))))
+        Ok(Some(
+            self.handles
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |h| h.ptr(ri)),
+        ))
     }
 
     /// `test` on request `ri`: the received sizes, one per buffer, when done.
     pub fn test(&mut self, ri: usize) -> Result<Option<Vec<u64>>> {
         let r = self.progress();
         let Some(req) = self.reqs[ri].as_ref() else {
-            return Err(NetError::invalid("test: the request is not in flight on its receive comm"));
+            return Err(NetError::invalid(
+                "test: the request is not in flight on its receive comm",
+            ));
         };
         let acks_out = self.ctrl_sent == self.ctrl_out.len();
         if acks_out && req.slots.iter().all(|s| s.complete) {
@@ -202,8 +208,11 @@ impl RecvComm {
 
     fn flush_ctrl(&mut self) -> Result<()> {
         while self.ctrl_sent < self.ctrl_out.len() {
-            match sock::send(&self.ctrl, &[IoSlice::new(&self.ctrl_out[self.ctrl_sent..])])
-                .map_err(|e| io_err(format!("control socket to {}", self.peer), e))?
+            match sock::send(
+                &self.ctrl,
+                &[IoSlice::new(&self.ctrl_out[self.ctrl_sent..])],
+            )
+            .map_err(|e| io_err(format!("control socket to {}", self.peer), e))?
             {
                 Io::Moved(n) => self.ctrl_sent += n,
                 _ => return Ok(()),
@@ -271,14 +280,21 @@ impl RecvComm {
             .reqs
             .iter()
             .position(|r| r.as_ref().is_some_and(|r| r.id == h.cts_id))
-            .ok_or_else(|| bad(format!("a piece for receive {}, which is not posted", h.cts_id)))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "a piece for receive {}, which is not posted",
+                    h.cts_id
+                ))
+            })?;
         let Some(req) = self.reqs[ri].as_mut() else {
             return Err(NetError::internal("request vanished"));
         };
-        let slot = req
-            .slots
-            .get_mut(h.slot as usize)
-            .ok_or_else(|| bad(format!("a piece for buffer {} of a receive of {}", h.slot, 0)))?;
+        let slot = req.slots.get_mut(h.slot as usize).ok_or_else(|| {
+            bad(format!(
+                "a piece for buffer {} of a receive of {}",
+                h.slot, 0
+            ))
+        })?;
         if h.total > slot.posted {
             return Err(NetError::usage(format!(
                 "from {peer}: a message of {} bytes for a receive of {} bytes (tag {})",
@@ -300,7 +316,10 @@ impl RecvComm {
             )));
         }
         if msg.pieces[h.piece as usize] != Piece::Expected {
-            return Err(bad(format!("piece {} of message {}/{} arrived twice", h.piece, h.cts_id, h.slot)));
+            return Err(bad(format!(
+                "piece {} of message {}/{} arrived twice",
+                h.piece, h.cts_id, h.slot
+            )));
         }
         msg.pieces[h.piece as usize] = Piece::Arriving;
         let piece = RxPiece {
@@ -327,7 +346,8 @@ impl RecvComm {
             return Ok(());
         };
         // SAFETY: these `len` bytes of the irecv buffer were just written by recv.
-        let good = !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst, p.len) }) == p.crc;
+        let good =
+            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst, p.len) }) == p.crc;
         let Some(req) = self.reqs[p.req].as_mut() else {
             return Err(NetError::internal("request vanished"));
         };
@@ -347,7 +367,11 @@ impl RecvComm {
             if msg.bad.is_empty() {
                 slot.complete = true;
                 if msg.checked {
-                    Ctrl::Ack { id, slot: p.slot as u8 }.encode(&mut self.ctrl_out);
+                    Ctrl::Ack {
+                        id,
+                        slot: p.slot as u8,
+                    }
+                    .encode(&mut self.ctrl_out);
                 }
             } else {
                 let pieces = std::mem::take(&mut msg.bad);

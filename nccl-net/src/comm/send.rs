@@ -136,12 +136,12 @@ impl SendComm {
         let me = &mut *c as *mut Self as *mut c_void;
         c.handles = Some(Handles::new(true, me));
         info!(NET; "send comm to {} over {} sockets, checks {}{}", handle.addr, c.streams.len(),
-            if cfg.checks { "on" } else { "off" },
-            match (cfg.inject_one_in, cfg.checks) {
-                (Some(n), true) => format!(", corrupting 1 piece in {n} (NCCL_GRDMA_TEST_INJECT_FAULTS)"),
-                (Some(_), false) => ", NCCL_GRDMA_TEST_INJECT_FAULTS ignored: checks are off".into(),
-                _ => String::new(),
-            });
+        if cfg.checks { "on" } else { "off" },
+        match (cfg.inject_one_in, cfg.checks) {
+            (Some(n), true) => format!(", corrupting 1 piece in {n} (NCCL_GRDMA_TEST_INJECT_FAULTS)"),
+            (Some(_), false) => ", NCCL_GRDMA_TEST_INJECT_FAULTS ignored: checks are off".into(),
+            _ => String::new(),
+        });
         c
     }
 
@@ -157,7 +157,8 @@ impl SendComm {
         let Some(head) = self.cts.front_mut() else {
             return Ok(None);
         };
-        let Some(si) = (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
+        let Some(si) =
+            (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
         else {
             return Ok(None);
         };
@@ -191,14 +192,20 @@ impl SendComm {
         });
         // Start writing now; an error shows in this request's test.
         let _ = self.progress();
-        Ok(Some(self.handles.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr(ri))))
+        Ok(Some(
+            self.handles
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |h| h.ptr(ri)),
+        ))
     }
 
     /// `test` on request `ri`: `Some(size)` when done.
     pub fn test(&mut self, ri: usize) -> Result<Option<u64>> {
         let r = self.progress();
         let Some(req) = self.reqs[ri].as_ref() else {
-            return Err(NetError::invalid("test: the request is not in flight on its send comm"));
+            return Err(NetError::invalid(
+                "test: the request is not in flight on its send comm",
+            ));
         };
         let complete = if req.checked {
             req.acked
@@ -240,7 +247,9 @@ impl SendComm {
     fn read_ctrl(&mut self) -> Result<()> {
         let mut buf = [0u8; 4096];
         while !self.peer_closed {
-            match sock::recv(&self.ctrl, &mut buf).map_err(|e| io_err(format!("control socket from {}", self.peer), e))? {
+            match sock::recv(&self.ctrl, &mut buf)
+                .map_err(|e| io_err(format!("control socket from {}", self.peer), e))?
+            {
                 Io::Moved(n) => self.ctrl_in.extend_from_slice(&buf[..n]),
                 Io::Blocked => break,
                 Io::Closed => self.peer_closed = true,
@@ -336,7 +345,11 @@ impl SendComm {
         // `size` bytes), valid while the request is in flight.
         let data = unsafe { r.data.add(off as usize) };
         let bytes = unsafe { sock::raw_bytes(data, len as usize) };
-        let mut crc = if r.checked { integrity::crc32c(bytes) } else { 0 };
+        let mut crc = if r.checked {
+            integrity::crc32c(bytes)
+        } else {
+            0
+        };
         let mut flip = None;
         if let Some(inj) = self.injector.as_mut() {
             if inj.strike() {
