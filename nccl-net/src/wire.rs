@@ -18,8 +18,10 @@ pub const VERSION: u16 = 1;
 pub const MAX_RECVS: usize = 8;
 /// A message is cut into pieces of its size over the streams, within these bounds:
 /// small enough that a repair resends little and the CRC runs on cache-warm data,
-/// large enough that headers cost nothing.
-pub const MIN_PIECE: u64 = 32 << 10;
+/// large enough that headers and system calls cost little. NCCL's messages are often
+/// 128 KiB (`NCCL_P2P_NET_CHUNKSIZE`): those go whole, and NCCL's 8 steps in flight
+/// spread them over the sockets; larger ones are striped.
+pub const MIN_PIECE: u64 = 128 << 10;
 pub const MAX_PIECE: u64 = 1 << 20;
 /// Where `connect` keeps its progress in the handle between calls (NCCL hands the
 /// same handle back to each call; `listen` writes zeros there).
@@ -457,7 +459,7 @@ mod tests {
         }
         assert_eq!(Layout::new(4 << 20, 4).count, 4, "one piece per stream");
         assert_eq!(
-            Layout::new(64 << 10, 4).count,
+            Layout::new(256 << 10, 4).count,
             2,
             "no piece below MIN_PIECE"
         );

@@ -317,14 +317,15 @@ impl Drop for Net {
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
 }
 
 /// One message each way of `size` bytes into a buffer of `posted`, checked exactly.
@@ -1236,4 +1237,100 @@ fn a_killed_receiver_is_an_error_not_a_hang() {
         "{rc:?}"
     );
     net.close_send(s);
+}
+
+/// Raw comm pointers moved to the thread that drives them (one thread per comm, as
+/// NCCL's proxy threads do).
+struct SendPtr(*mut c_void);
+// SAFETY: a comm is used by one thread at a time; the pointer only moves.
+unsafe impl Send for SendPtr {}
+
+/// Loopback throughput, a sender thread and a receiver thread, `depth` messages in
+/// flight as NCCL keeps them (`NCCL_STEPS` = 8). Prints one JSON line per size.
+/// Not a CI test (numbers depend on the machine): `cargo test -p nccl-net --test
+/// harness -- --ignored bench_loopback --nocapture`.
+#[test]
+#[ignore = "a benchmark: run by hand"]
+fn bench_loopback() {
+    let net = Net::init();
+    let (s, r, l) = net.pair();
+    let depth = 8;
+    for (size, total) in [
+        (128usize << 10, 1usize << 30),
+        (512 << 10, 2 << 30),
+        (4 << 20, 2 << 30),
+        (64 << 20, 2 << 30),
+    ] {
+        let iters = total / size;
+        let (sp, rp) = (SendPtr(s), SendPtr(r));
+        let t0 = Instant::now();
+        let recv = std::thread::spawn(move || {
+            let net = Net {
+                t: v11(),
+                ctx: null_mut(),
+            };
+            let rp = rp;
+            let mut bufs: Vec<Vec<Vec<u8>>> = (0..depth).map(|_| vec![vec![0u8; size]]).collect();
+            let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
+            let (mut posted, mut done) = (0, 0);
+            while done < iters {
+                for k in 0..depth {
+                    match inflight[k] {
+                        None if posted < iters => {
+                            let req = net.irecv(rp.0, &mut bufs[k], &[0]);
+                            if !req.is_null() {
+                                inflight[k] = Some(req);
+                                posted += 1;
+                            }
+                        }
+                        Some(req) => {
+                            let (rc, d, _) = net.test(req);
+                            ok(rc, "test recv");
+                            if d {
+                                inflight[k] = None;
+                                done += 1;
+                            }
+                        }
+                        None => {}
+                    }
+                }
+            }
+            std::mem::forget(net); // no finalize for this borrowed context
+        });
+        let msg = pattern(size, 1);
+        let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
+        let (mut posted, mut done) = (0, 0);
+        while done < iters {
+            for slot in inflight.iter_mut() {
+                match *slot {
+                    None if posted < iters => {
+                        let (rc, req) = net.isend_once(sp.0, &msg, 0);
+                        ok(rc, "isend");
+                        if !req.is_null() {
+                            *slot = Some(req);
+                            posted += 1;
+                        }
+                    }
+                    Some(req) => {
+                        let (rc, d, _) = net.test(req);
+                        ok(rc, "test send");
+                        if d {
+                            *slot = None;
+                            done += 1;
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+        recv.join().unwrap();
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{{\"size\": {size}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"GBps\": {:.3}}}",
+            (size * iters) as f64 / secs / 1e9
+        );
+    }
+    net.close_send(s);
+    net.close_recv(r);
+    net.close_listen(l);
 }
