@@ -48,6 +48,11 @@ def iterations(nbytes):
     return max(3, min(20, (256 << 20) // nbytes))
 
 
+def nccl_version(torch):
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -149,7 +154,7 @@ def worker(args):
             "plugin": os.environ.get("NCCL_NET_PLUGIN", ""),
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
             "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "nccl": nccl_version(torch),
             "gpu": torch.cuda.get_device_name(0),
             "results": [
                 {"op": op, "bytes": b, "GBps": round(g, 4), "exact": ok, "iters": it}
