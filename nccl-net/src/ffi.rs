@@ -665,8 +665,10 @@ unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
         // SAFETY: a send comm of ours; NCCL closes it once.
         let c: &mut SendComm = unsafe { checked(comm, SEND_MAGIC, "send comm")? };
         // SAFETY: made by Box::into_raw in connect; `c` is not used after this.
-        let b = unsafe { Box::from_raw(c as *mut SendComm) };
+        let mut b = unsafe { Box::from_raw(c as *mut SendComm) };
+        // The threads stop and are joined before the comm (and its requests) is freed.
         b.close();
+        drop(b);
         Ok(())
     })
 }
@@ -679,8 +681,10 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
         // SAFETY: a receive comm of ours; NCCL closes it once.
         let c: &mut RecvComm = unsafe { checked(comm, RECV_MAGIC, "receive comm")? };
         // SAFETY: made by Box::into_raw in accept; `c` is not used after this.
-        let b = unsafe { Box::from_raw(c as *mut RecvComm) };
+        let mut b = unsafe { Box::from_raw(c as *mut RecvComm) };
+        // The threads stop and are joined before the comm (and its requests) is freed.
         b.close();
+        drop(b);
         Ok(())
     })
 }

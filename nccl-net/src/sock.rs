@@ -157,3 +157,109 @@ pub unsafe fn raw_bytes<'a>(ptr: *const u8, len: usize) -> &'a [u8] {
     // SAFETY: the caller's promise.
     unsafe { std::slice::from_raw_parts(ptr, len) }
 }
+
+/// An address in NCCL's memory (an `isend` or `irecv` buffer), carried from NCCL's
+/// call to the comm's I/O threads.
+///
+/// SAFETY contract, relied on wherever one is turned back into memory: NCCL keeps
+/// the buffer allocated and leaves it alone from `isend`/`irecv` until `test` reports
+/// the request done, or until the comm is closed. A request is reported done only
+/// when no I/O thread holds a piece of it any more (the sender counts pieces in the
+/// writers' hands, the receiver marks pieces being read); `close` joins the threads
+/// before it returns. So a thread touches a `RawBuf` only while NCCL's promise holds.
+#[derive(Clone, Copy, Debug)]
+pub struct RawBuf(pub *mut u8);
+
+// SAFETY: a plain address; what may be done through it is the contract above.
+unsafe impl Send for RawBuf {}
+// SAFETY: as above; every access goes through the contract's checks.
+unsafe impl Sync for RawBuf {}
+
+/// How long an I/O thread waits in one `poll` before it looks at its stop flag again.
+pub const POLL_MS: i32 = 100;
+
+/// Waits until `s` is readable (`write` false) or writable, or `POLL_MS` passed. An
+/// error or hang-up counts as ready: the next read or write reports it.
+pub fn wait(s: &Socket, write: bool) -> io::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(s),
+        events: if write { libc::POLLOUT } else { libc::POLLIN },
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a bounded timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// How `read_full` ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fill {
+    Done,
+    /// The peer closed after this many bytes.
+    Eof(usize),
+    /// The stop flag was raised (the comm is closing).
+    Stopped,
+}
+
+/// Reads exactly `len` bytes into `dst`, waiting as needed (an I/O thread's read).
+///
+/// # Safety
+/// As `recv_raw`: `dst..dst+len` is writable and nobody else's until the request
+/// completes (see [`RawBuf`]).
+pub unsafe fn read_full(
+    s: &Socket,
+    dst: *mut u8,
+    len: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> io::Result<Fill> {
+    let mut got = 0;
+    while got < len {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Fill::Stopped);
+        }
+        // SAFETY: `got < len`: inside the caller's range.
+        match unsafe { recv_raw(s, dst.add(got), len - got) }? {
+            Io::Moved(n) => got += n,
+            Io::Closed => return Ok(Fill::Eof(got)),
+            Io::Blocked => wait(s, false)?,
+        }
+    }
+    Ok(Fill::Done)
+}
+
+/// Writes every byte of `segs` in order, waiting as needed (an I/O thread's write);
+/// `false` if the stop flag was raised first.
+pub fn write_all(
+    s: &Socket,
+    segs: &[&[u8]],
+    stop: &std::sync::atomic::AtomicBool,
+) -> io::Result<bool> {
+    let total: usize = segs.iter().map(|x| x.len()).sum();
+    let mut sent = 0;
+    while sent < total {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let mut skip = sent;
+        let mut left = Vec::with_capacity(segs.len());
+        for x in segs {
+            if skip >= x.len() {
+                skip -= x.len();
+                continue;
+            }
+            left.push(IoSlice::new(&x[skip..]));
+            skip = 0;
+        }
+        match send(s, &left)? {
+            Io::Moved(n) => sent += n,
+            _ => wait(s, true)?,
+        }
+    }
+    Ok(true)
+}

@@ -143,5 +143,5 @@ pub fn connect(handle_bytes: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
     let ctrl = socks
         .next()
         .ok_or_else(|| NetError::internal("no control socket"))?;
-    Ok(Some(SendComm::new(ctrl, socks.collect(), handle, cfg)))
+    Ok(Some(SendComm::new(ctrl, socks.collect(), handle, cfg)?))
 }

@@ -123,7 +123,7 @@ impl ListenComm {
         let (Some(ctrl), data) = (g.ctrl, g.data.into_iter().flatten().collect()) else {
             return Ok(None);
         };
-        Ok(Some(RecvComm::new(ctrl, data)))
+        Ok(Some(RecvComm::new(ctrl, data)?))
     }
 
     fn place(&mut self, p: Pending) {

@@ -1,7 +1,10 @@
 //! The comms NCCL holds: a listen comm (`listen`, `accept`), a connection in progress
 //! (`connect`, kept between calls through the handle), and the send and receive comms
-//! with their requests and progress functions. NCCL drives everything: a comm moves
-//! only inside a call on it (`isend`, `irecv`, `test`), never on a thread of ours.
+//! with their requests. Each send and receive comm has its own I/O threads, one per
+//! data socket and one for the control socket (`threads`), which move the bytes
+//! between NCCL's buffers and the sockets, take and check the CRCs and answer the peer
+//! at once; NCCL's calls (`isend`, `irecv`, `test`) only look at and change the comm's
+//! shared state under its lock, and never wait on a socket.
 //!
 //! NCCL's contract, relied on throughout: one comm is used by one thread at a time; a
 //! buffer handed to `isend`/`irecv` stays valid and untouched until `test` reports its
@@ -11,6 +14,7 @@ pub mod connect;
 pub mod listen;
 pub mod recv;
 pub mod send;
+pub mod threads;
 
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{NetError, Result};
@@ -25,9 +29,6 @@ pub const REQUEST_MAGIC: u64 = u64::from_le_bytes(*b"grdReqst");
 
 /// Times one piece may fail its CRC before the sender gives up on the message.
 pub const MAX_RESENDS: u16 = 8;
-/// Bytes one progress call moves on one socket at most, so that one busy socket does
-/// not starve the others of the same comm within a call.
-pub const BUDGET_PER_SOCKET: usize = 8 << 20;
 
 /// What NCCL holds as a request: which comm, which of its slots. Allocated once per
 /// comm (all 32), freed when the comm closes; the comm's slot holds the state.

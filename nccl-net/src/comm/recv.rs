@@ -4,22 +4,34 @@
 //! where it landed; once every piece of a message arrived, the corrupt ones are asked
 //! for again (a NACK) or, all good, the message is acked. A request is done when every
 //! buffer's message arrived whole and good and the acks went out.
+//!
+//! Threads: one reader per data socket reads a header, finds the buffer, reads the
+//! bytes into it, checks the CRC, and sends the ack or NACK the moment a message's last
+//! piece is in (from that thread, without waiting for NCCL's next call); one control
+//! writer sends what the control socket could not take at once. NCCL's calls (`irecv`,
+//! `test`) only change the shared state under its lock and try one non-blocking send of
+//! the clear-to-send: they never wait.
 
-use super::{free_slot, Handles, BUDGET_PER_SOCKET, RECV_MAGIC};
+use super::threads::Workers;
+use super::{free_slot, Handles, RECV_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters};
-use crate::log::{info, NET};
-use crate::sock::{self, Io};
+use crate::log::{info, warn, NET};
+use crate::sock::{self, Fill, Io, RawBuf};
 use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot};
 use socket2::Socket;
 use std::ffi::c_void;
 use std::io::IoSlice;
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Piece {
     Expected,
+    /// A reader is writing it into NCCL's buffer: the request cannot complete.
     Arriving,
     Good,
 }
@@ -35,11 +47,14 @@ struct Msg {
 }
 
 struct RxSlot {
-    data: *mut u8,
+    data: RawBuf,
     posted: u64,
     tag: i32,
     msg: Option<Msg>,
-    complete: bool,
+    /// Every piece arrived and passed.
+    good: bool,
+    /// The control stream's byte count once this message's ack is out (0: no ack).
+    ack_at: u64,
 }
 
 struct RecvReq {
@@ -47,110 +62,191 @@ struct RecvReq {
     slots: Vec<RxSlot>,
 }
 
-struct RxPiece {
-    req: usize,
-    slot: usize,
-    piece: u32,
-    dst: *mut u8,
-    len: usize,
-    got: usize,
-    crc: u32,
-    checked: bool,
+/// The control frames on their way out. Whoever adds one tries a non-blocking send at
+/// once; what the socket did not take waits for the control writer thread. `busy`
+/// while that thread holds bytes outside the lock, so that nobody sends past them.
+#[derive(Default)]
+struct CtrlOut {
+    pending: Vec<u8>,
+    busy: bool,
+    queued: u64,
+    flushed: u64,
 }
 
-struct RxStream {
-    sock: Socket,
-    hdr: [u8; PieceHeader::LEN],
-    hdr_got: usize,
-    cur: Option<RxPiece>,
+struct State {
+    reqs: Vec<Option<RecvReq>>,
+    next_id: u64,
+    failed: Option<NetError>,
+    peer_closed: bool,
+    ctrl: CtrlOut,
+    counters: Counters,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// The control writer waits here for bytes the socket did not take.
+    ctrl_wake: Condvar,
+    stop: AtomicBool,
+    ctrl: Arc<Socket>,
+    streams: usize,
+    peer: String,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fail(&self, e: NetError) {
+        let mut st = self.lock();
+        if st.failed.is_none() && !self.stop.load(Ordering::Relaxed) {
+            st.failed = Some(e);
+        }
+        drop(st);
+        self.ctrl_wake.notify_all();
+    }
+
+    /// Queues `frame` and sends what the socket takes now; the stream position at
+    /// which it is out.
+    fn push_ctrl(&self, st: &mut State, frame: &Ctrl) -> Result<u64> {
+        let before = st.ctrl.pending.len();
+        frame.encode(&mut st.ctrl.pending);
+        // Counted, not derived from `pending`: the writer may hold earlier bytes.
+        st.ctrl.queued += (st.ctrl.pending.len() - before) as u64;
+        let end = st.ctrl.queued;
+        if !st.ctrl.busy {
+            while !st.ctrl.pending.is_empty() {
+                match sock::send(&self.ctrl, &[IoSlice::new(&st.ctrl.pending)])
+                    .map_err(|e| io_err(format!("control socket to {}", self.peer), e))?
+                {
+                    Io::Moved(n) => {
+                        st.ctrl.pending.drain(..n);
+                        st.ctrl.flushed += n as u64;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if !st.ctrl.pending.is_empty() {
+            self.ctrl_wake.notify_one();
+        }
+        Ok(end)
+    }
 }
 
 #[repr(C)]
 pub struct RecvComm {
     magic: u64,
-    ctrl: Socket,
-    ctrl_out: Vec<u8>,
-    ctrl_sent: usize,
-    streams: Vec<RxStream>,
-    reqs: Vec<Option<RecvReq>>,
+    shared: Arc<Shared>,
+    socks: Vec<Arc<Socket>>,
+    workers: Option<Workers>,
     handles: Option<Handles>,
-    next_id: u64,
-    failed: Option<NetError>,
-    peer_closed: bool,
-    peer: String,
-    counters: Counters,
 }
 
 impl RecvComm {
-    pub fn new(ctrl: Socket, data: Vec<Socket>) -> Box<Self> {
+    pub fn new(ctrl: Socket, data: Vec<Socket>) -> Result<Box<Self>> {
         let peer = ctrl
             .peer_addr()
             .ok()
             .and_then(|a| a.as_socket())
             .map_or_else(|| "?".to_string(), |a: SocketAddr| a.to_string());
-        let streams = data
-            .into_iter()
-            .map(|sock| RxStream {
-                sock,
-                hdr: [0; PieceHeader::LEN],
-                hdr_got: 0,
-                cur: None,
-            })
-            .collect::<Vec<_>>();
+        let streams = data.len();
+        let ctrl = Arc::new(ctrl);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                next_id: 1,
+                failed: None,
+                peer_closed: false,
+                ctrl: CtrlOut::default(),
+                counters: Counters::default(),
+            }),
+            ctrl_wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ctrl: ctrl.clone(),
+            streams,
+            peer,
+        });
+        let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
+        let mut socks = vec![ctrl];
+        socks.extend(data.iter().cloned());
         let mut c = Box::new(Self {
             magic: RECV_MAGIC,
-            ctrl,
-            ctrl_out: Vec::new(),
-            ctrl_sent: 0,
-            streams,
-            reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+            shared: shared.clone(),
+            socks,
+            workers: None,
             handles: None,
-            next_id: 1,
-            failed: None,
-            peer_closed: false,
-            peer,
-            counters: Counters::default(),
         });
+        let mut workers = Workers::default();
+        let spawned = (|| {
+            for (i, s) in data.into_iter().enumerate() {
+                let (sh, sp) = (shared.clone(), shared.clone());
+                workers.spawn(
+                    format!("grdma-rx{i}"),
+                    move || reader(&sh, &s, i),
+                    move |m| sp.fail(NetError::internal(format!("reader {i} panicked: {m}"))),
+                )?;
+            }
+            let (sh, sp) = (shared.clone(), shared.clone());
+            workers.spawn(
+                "grdma-rxctl".into(),
+                move || ctrl_writer(&sh),
+                move |m| sp.fail(NetError::internal(format!("control writer panicked: {m}"))),
+            )
+        })();
+        c.workers = Some(workers);
+        if let Err(e) = spawned {
+            c.stop();
+            return Err(io_err("starting the receive comm's threads", e));
+        }
         let me = &mut *c as *mut Self as *mut c_void;
         c.handles = Some(Handles::new(false, me));
-        info!(NET; "receive comm from {} over {} sockets", c.peer, c.streams.len());
-        c
+        info!(NET; "receive comm from {} over {} sockets (a reader thread each)", shared.peer, streams);
+        Ok(c)
     }
 
     /// `irecv` into `bufs` (address, size, tag): a request, or `None` when all 32 are
     /// in flight.
     pub fn irecv(&mut self, bufs: &[(*mut u8, u64, i32)]) -> Result<Option<*mut c_void>> {
-        self.progress()?;
-        if self.peer_closed {
-            return Err(self.closed_error());
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
         }
-        let Some(ri) = free_slot(&self.reqs) else {
+        if st.peer_closed {
+            return Err(closed_error(&shared.peer));
+        }
+        let Some(ri) = free_slot(&st.reqs) else {
             return Ok(None);
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        Ctrl::Cts {
+        let id = st.next_id;
+        st.next_id += 1;
+        // Registered before the clear-to-send goes out: the first piece may follow at once.
+        st.reqs[ri] = Some(RecvReq {
+            id,
+            slots: bufs
+                .iter()
+                .map(|&(data, posted, tag)| RxSlot {
+                    data: RawBuf(data),
+                    posted,
+                    tag,
+                    msg: None,
+                    good: false,
+                    ack_at: 0,
+                })
+                .collect(),
+        });
+        let cts = Ctrl::Cts {
             id,
             slots: bufs
                 .iter()
                 .map(|&(_, size, tag)| PostedSlot { tag, size })
                 .collect(),
+        };
+        if let Err(e) = shared.push_ctrl(&mut st, &cts) {
+            st.failed = Some(e.clone());
+            return Err(e);
         }
-        .encode(&mut self.ctrl_out);
-        self.reqs[ri] = Some(RecvReq {
-            id,
-            slots: bufs
-                .iter()
-                .map(|&(data, posted, tag)| RxSlot {
-                    data,
-                    posted,
-                    tag,
-                    msg: None,
-                    complete: false,
-                })
-                .collect(),
-        });
-        let _ = self.progress();
         Ok(Some(
             self.handles
                 .as_ref()
@@ -160,237 +256,264 @@ impl RecvComm {
 
     /// `test` on request `ri`: the received sizes, one per buffer, when done.
     pub fn test(&mut self, ri: usize) -> Result<Option<Vec<u64>>> {
-        let r = self.progress();
-        let Some(req) = self.reqs[ri].as_ref() else {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let flushed = st.ctrl.flushed;
+        let Some(req) = st.reqs[ri].as_ref() else {
             return Err(NetError::invalid(
                 "test: the request is not in flight on its receive comm",
             ));
         };
-        let acks_out = self.ctrl_sent == self.ctrl_out.len();
-        if acks_out && req.slots.iter().all(|s| s.complete) {
+        if req.slots.iter().all(|s| s.good && flushed >= s.ack_at) {
             let sizes: Vec<u64> = req
                 .slots
                 .iter()
                 .map(|s| s.msg.as_ref().map_or(0, |m| m.layout.total))
                 .collect();
-            self.counters.messages += sizes.len() as u64;
-            self.counters.bytes += sizes.iter().sum::<u64>();
-            self.reqs[ri] = None;
+            st.counters.messages += sizes.len() as u64;
+            st.counters.bytes += sizes.iter().sum::<u64>();
+            st.reqs[ri] = None;
             return Ok(Some(sizes));
         }
-        r?;
-        if self.peer_closed {
-            return Err(self.closed_error());
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(&shared.peer));
         }
         Ok(None)
     }
 
-    fn closed_error(&self) -> NetError {
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.ctrl_wake.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(w) = self.workers.take() {
+            let left = w.join();
+            if left > 0 {
+                warn!(
+                    "receive comm from {}: {left} I/O threads still running {} s after close; left behind",
+                    self.shared.peer,
+                    super::threads::JOIN_TIMEOUT.as_secs()
+                );
+            }
+        }
+    }
+
+    /// `closeRecv`: the threads stop and are joined, the sockets close with the comm;
+    /// the counters go to NCCL's log.
+    pub fn close(&mut self) {
+        self.stop();
+        let st = self.shared.lock();
+        info!(NET; "receive comm from {} closed: {}", self.shared.peer, st.counters.line());
+        integrity::RECEIVED.add(&st.counters);
+    }
+}
+
+fn closed_error(peer: &str) -> NetError {
+    NetError::remote(format!(
+        "the sender at {peer} closed the connection (its process ended or closed the comm)"
+    ))
+}
+
+/// A piece a reader is receiving, placed by its header.
+struct RxPiece {
+    req: usize,
+    slot: usize,
+    piece: u32,
+    dst: RawBuf,
+    len: usize,
+    crc: u32,
+    checked: bool,
+}
+
+/// One data socket's thread: header, bytes into NCCL's buffer, CRC, ack.
+fn reader(sh: &Shared, sock: &Socket, i: usize) {
+    let mid = || {
         NetError::remote(format!(
-            "the sender at {} closed the connection (its process ended or closed the comm)",
-            self.peer
+            "the sender at {} closed data socket {i} in the middle of a piece",
+            sh.peer
         ))
-    }
-
-    fn progress(&mut self) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        let r = self
-            .flush_ctrl()
-            .and_then(|_| self.read_streams())
-            .and_then(|_| self.flush_ctrl());
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r
-    }
-
-    fn flush_ctrl(&mut self) -> Result<()> {
-        while self.ctrl_sent < self.ctrl_out.len() {
-            match sock::send(
-                &self.ctrl,
-                &[IoSlice::new(&self.ctrl_out[self.ctrl_sent..])],
-            )
-            .map_err(|e| io_err(format!("control socket to {}", self.peer), e))?
-            {
-                Io::Moved(n) => self.ctrl_sent += n,
-                _ => return Ok(()),
+    };
+    loop {
+        let mut hdr = [0u8; PieceHeader::LEN];
+        // SAFETY: our own array, PieceHeader::LEN bytes.
+        match unsafe { sock::read_full(sock, hdr.as_mut_ptr(), hdr.len(), &sh.stop) } {
+            Ok(Fill::Done) => {}
+            Ok(Fill::Stopped) => return,
+            Ok(Fill::Eof(0)) => {
+                sh.lock().peer_closed = true;
+                return;
             }
+            Ok(Fill::Eof(_)) => return sh.fail(mid()),
+            Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
         }
-        self.ctrl_out.clear();
-        self.ctrl_sent = 0;
-        Ok(())
-    }
-
-    fn read_streams(&mut self) -> Result<()> {
-        for i in 0..self.streams.len() {
-            let mut budget = BUDGET_PER_SOCKET;
-            while budget > 0 {
-                let peer = &self.peer;
-                let s = &mut self.streams[i];
-                let io = match s.cur.as_mut() {
-                    None => sock::recv(&s.sock, &mut s.hdr[s.hdr_got..]),
-                    // SAFETY: `dst..dst+len` lies in an irecv buffer of a request in
-                    // flight (checked against its posted size in `start_piece`).
-                    Some(p) => unsafe { sock::recv_raw(&s.sock, p.dst.add(p.got), p.len - p.got) },
-                }
-                .map_err(|e| io_err(format!("data socket {i} from {peer}"), e))?;
-                match io {
-                    Io::Blocked => break,
-                    Io::Closed => {
-                        if s.cur.is_some() || s.hdr_got > 0 {
-                            return Err(NetError::remote(format!(
-                                "the sender at {peer} closed data socket {i} in the middle of a piece"
-                            )));
-                        }
-                        self.peer_closed = true;
-                        break;
-                    }
-                    Io::Moved(n) => {
-                        budget = budget.saturating_sub(n);
-                        match s.cur.as_mut() {
-                            None => {
-                                s.hdr_got += n;
-                                if s.hdr_got == PieceHeader::LEN {
-                                    s.hdr_got = 0;
-                                    let hdr = s.hdr;
-                                    self.start_piece(i, &hdr)?;
-                                }
-                            }
-                            Some(p) => {
-                                p.got += n;
-                                if p.got == p.len {
-                                    self.finish_piece(i)?;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn start_piece(&mut self, stream: usize, hdr: &[u8; PieceHeader::LEN]) -> Result<()> {
-        let peer = self.peer.clone();
-        let bad = |m: String| NetError::remote(format!("from {peer}: {m}"));
-        let h = PieceHeader::decode(hdr, self.streams.len()).map_err(|e| bad(e.0))?;
-        let ri = self
-            .reqs
-            .iter()
-            .position(|r| r.as_ref().is_some_and(|r| r.id == h.cts_id))
-            .ok_or_else(|| {
-                bad(format!(
-                    "a piece for receive {}, which is not posted",
-                    h.cts_id
-                ))
-            })?;
-        let Some(req) = self.reqs[ri].as_mut() else {
-            return Err(NetError::internal("request vanished"));
+        let p = match start_piece(&mut sh.lock(), sh, &hdr) {
+            Ok(p) => p,
+            Err(e) => return sh.fail(e),
         };
-        let slot = req.slots.get_mut(h.slot as usize).ok_or_else(|| {
+        // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
+        // against its posted size in `start_piece`), which cannot complete while the
+        // piece is `Arriving`: NCCL's promise (sock::RawBuf) holds.
+        match unsafe { sock::read_full(sock, p.dst.0, p.len, &sh.stop) } {
+            Ok(Fill::Done) => {}
+            Ok(Fill::Stopped) => return,
+            Ok(Fill::Eof(_)) => return sh.fail(mid()),
+            Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
+        }
+        // SAFETY: the bytes this thread just received into the buffer, as above.
+        let good =
+            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst.0, p.len) }) == p.crc;
+        let mut st = sh.lock();
+        if let Err(e) = finish_piece(&mut st, sh, &p, good) {
+            drop(st);
+            return sh.fail(e);
+        }
+    }
+}
+
+fn start_piece(st: &mut State, sh: &Shared, hdr: &[u8; PieceHeader::LEN]) -> Result<RxPiece> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let h = PieceHeader::decode(hdr, sh.streams).map_err(|e| bad(e.0))?;
+    let ri = st
+        .reqs
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| r.id == h.cts_id))
+        .ok_or_else(|| {
             bad(format!(
-                "a piece for buffer {} of a receive of {}",
-                h.slot, 0
+                "a piece for receive {}, which is not posted",
+                h.cts_id
             ))
         })?;
-        if h.total > slot.posted {
-            return Err(NetError::usage(format!(
-                "from {peer}: a message of {} bytes for a receive of {} bytes (tag {})",
-                h.total, slot.posted, slot.tag
-            )));
-        }
-        let layout = Layout::new(h.total, self.streams.len());
-        let msg = slot.msg.get_or_insert_with(|| Msg {
-            layout,
-            checked: h.checked,
-            pieces: vec![Piece::Expected; layout.count as usize],
-            outstanding: layout.count,
-            bad: Vec::new(),
-        });
-        if msg.layout != layout || msg.checked != h.checked {
-            return Err(bad(format!(
-                "piece {} says the message has {} bytes, an earlier one said {}",
-                h.piece, h.total, msg.layout.total
-            )));
-        }
-        if msg.pieces[h.piece as usize] != Piece::Expected {
-            return Err(bad(format!(
-                "piece {} of message {}/{} arrived twice",
-                h.piece, h.cts_id, h.slot
-            )));
-        }
-        msg.pieces[h.piece as usize] = Piece::Arriving;
-        let piece = RxPiece {
-            req: ri,
-            slot: h.slot as usize,
-            piece: h.piece,
-            // SAFETY: offset + len <= total <= posted size: inside the irecv buffer.
-            dst: unsafe { slot.data.add(h.offset as usize) },
-            len: h.len as usize,
-            got: 0,
-            crc: h.crc,
-            checked: h.checked,
-        };
-        let empty = piece.len == 0;
-        self.streams[stream].cur = Some(piece);
-        if empty {
-            self.finish_piece(stream)?;
-        }
-        Ok(())
+    let Some(req) = st.reqs[ri].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let n = req.slots.len();
+    let slot = req
+        .slots
+        .get_mut(h.slot as usize)
+        .ok_or_else(|| bad(format!("a piece for buffer {} of a receive of {n}", h.slot)))?;
+    if h.total > slot.posted {
+        return Err(NetError::usage(format!(
+            "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
+            sh.peer, h.total, slot.posted, slot.tag
+        )));
     }
+    let layout = Layout::new(h.total, sh.streams);
+    let msg = slot.msg.get_or_insert_with(|| Msg {
+        layout,
+        checked: h.checked,
+        pieces: vec![Piece::Expected; layout.count as usize],
+        outstanding: layout.count,
+        bad: Vec::new(),
+    });
+    if msg.layout != layout || msg.checked != h.checked {
+        return Err(bad(format!(
+            "piece {} says the message has {} bytes, an earlier one said {}",
+            h.piece, h.total, msg.layout.total
+        )));
+    }
+    if msg.pieces[h.piece as usize] != Piece::Expected {
+        return Err(bad(format!(
+            "piece {} of message {}/{} arrived twice",
+            h.piece, h.cts_id, h.slot
+        )));
+    }
+    msg.pieces[h.piece as usize] = Piece::Arriving;
+    Ok(RxPiece {
+        req: ri,
+        slot: h.slot as usize,
+        piece: h.piece,
+        // SAFETY: offset + len <= total <= posted size: inside the irecv buffer.
+        dst: RawBuf(unsafe { slot.data.0.add(h.offset as usize) }),
+        len: h.len as usize,
+        crc: h.crc,
+        checked: h.checked,
+    })
+}
 
-    fn finish_piece(&mut self, stream: usize) -> Result<()> {
-        let Some(p) = self.streams[stream].cur.take() else {
+fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<()> {
+    let Some(req) = st.reqs[p.req].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let id = req.id;
+    let slot = &mut req.slots[p.slot];
+    let Some(msg) = slot.msg.as_mut() else {
+        return Err(NetError::internal("message vanished"));
+    };
+    msg.outstanding -= 1;
+    if good {
+        msg.pieces[p.piece as usize] = Piece::Good;
+    } else {
+        msg.pieces[p.piece as usize] = Piece::Expected;
+        msg.bad.push(p.piece);
+    }
+    if msg.outstanding > 0 {
+        return Ok(());
+    }
+    let frame = if msg.bad.is_empty() {
+        if !msg.checked {
+            slot.good = true;
             return Ok(());
-        };
-        // SAFETY: these `len` bytes of the irecv buffer were just written by recv.
-        let good =
-            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst, p.len) }) == p.crc;
-        let Some(req) = self.reqs[p.req].as_mut() else {
-            return Err(NetError::internal("request vanished"));
-        };
-        let id = req.id;
-        let slot = &mut req.slots[p.slot];
-        let Some(msg) = slot.msg.as_mut() else {
-            return Err(NetError::internal("message vanished"));
-        };
-        msg.outstanding -= 1;
-        if good {
-            msg.pieces[p.piece as usize] = Piece::Good;
-        } else {
-            msg.pieces[p.piece as usize] = Piece::Expected;
-            msg.bad.push(p.piece);
         }
-        if msg.outstanding == 0 {
-            if msg.bad.is_empty() {
-                slot.complete = true;
-                if msg.checked {
-                    Ctrl::Ack {
-                        id,
-                        slot: p.slot as u8,
-                    }
-                    .encode(&mut self.ctrl_out);
+        Ctrl::Ack {
+            id,
+            slot: p.slot as u8,
+        }
+    } else {
+        let pieces = std::mem::take(&mut msg.bad);
+        msg.outstanding = pieces.len() as u32;
+        st.counters.repaired += pieces.len() as u64;
+        Ctrl::Nack {
+            id,
+            slot: p.slot as u8,
+            pieces,
+        }
+    };
+    let ack = matches!(frame, Ctrl::Ack { .. });
+    let at = sh.push_ctrl(st, &frame)?;
+    if ack {
+        if let Some(slot) = st.reqs[p.req].as_mut().map(|r| &mut r.slots[p.slot]) {
+            slot.ack_at = at;
+            slot.good = true;
+        }
+    }
+    Ok(())
+}
+
+/// The control socket's thread: sends what `push_ctrl` could not, in order.
+fn ctrl_writer(sh: &Shared) {
+    loop {
+        let bytes = {
+            let mut st = sh.lock();
+            loop {
+                if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
+                    return;
                 }
-            } else {
-                let pieces = std::mem::take(&mut msg.bad);
-                msg.outstanding = pieces.len() as u32;
-                self.counters.repaired += pieces.len() as u64;
-                Ctrl::Nack {
-                    id,
-                    slot: p.slot as u8,
-                    pieces,
+                if !st.ctrl.pending.is_empty() && !st.ctrl.busy {
+                    break;
                 }
-                .encode(&mut self.ctrl_out);
+                st = sh
+                    .ctrl_wake
+                    .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            st.ctrl.busy = true;
+            std::mem::take(&mut st.ctrl.pending)
+        };
+        let r = sock::write_all(&sh.ctrl, &[&bytes], &sh.stop);
+        let mut st = sh.lock();
+        st.ctrl.busy = false;
+        match r {
+            Ok(true) => st.ctrl.flushed += bytes.len() as u64,
+            Ok(false) => return,
+            Err(e) => {
+                drop(st);
+                return sh.fail(io_err(format!("control socket to {}", sh.peer), e));
             }
         }
-        Ok(())
-    }
-
-    /// `closeRecv`: the sockets close with the comm; the counters go to NCCL's log.
-    pub fn close(self: Box<Self>) {
-        info!(NET; "receive comm from {} closed: {}", self.peer, self.counters.line());
-        integrity::RECEIVED.add(&self.counters);
     }
 }

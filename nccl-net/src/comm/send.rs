@@ -1,23 +1,31 @@
 //! The send comm: NCCL's `isend` matched against the receiver's clear-to-send frames
 //! (a send waits, as a null request, until the receive it answers is posted), each
-//! message cut into pieces that go out on whichever data socket is free, with a
-//! CRC32C in each piece's header; a request is done when the receiver acked the
-//! message (checks on) or its last byte went out (checks off). Pieces the receiver
-//! found corrupt are sent again, up to `MAX_RESENDS` times each.
+//! message cut into pieces with a CRC32C in each piece's header; a request is done
+//! when the receiver acked the message (checks on) or its last byte went out (checks
+//! off). Pieces the receiver found corrupt are sent again, up to `MAX_RESENDS` times.
+//!
+//! Threads: one writer per data socket takes the next queued piece (any writer, any
+//! piece: the sockets share the load), takes its CRC and writes header and bytes
+//! straight from NCCL's buffer; one control reader takes clear-to-send, ack and resend
+//! frames as they arrive. NCCL's calls (`isend`, `test`) only look at and change the
+//! shared state under its lock: they never do I/O and never wait.
 
-use super::{free_slot, Handles, BUDGET_PER_SOCKET, MAX_RESENDS, SEND_MAGIC};
+use super::threads::Workers;
+use super::{free_slot, Handles, MAX_RESENDS, SEND_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::config::Config;
 use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters, FaultInjector};
-use crate::log::{info, NET};
-use crate::sock::{self, Io};
+use crate::log::{info, warn, NET};
+use crate::sock::{self, Io, RawBuf};
 use crate::wire::{Ctrl, Handle, Layout, PieceHeader, PostedSlot, MAX_RECVS};
 use socket2::Socket;
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::io::IoSlice;
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 struct Cts {
     id: u64,
@@ -26,12 +34,13 @@ struct Cts {
 }
 
 struct SendReq {
-    data: *const u8,
+    data: RawBuf,
     size: u64,
     cts_id: u64,
     slot: u8,
     layout: Layout,
-    /// Pieces queued or being written.
+    /// Pieces queued or in a writer's hands: the request is not done while any is,
+    /// so no thread reads NCCL's buffer after `test` handed it back.
     unsent: u32,
     /// Sends of each piece after the first.
     attempts: Vec<u16>,
@@ -39,122 +48,144 @@ struct SendReq {
     acked: bool,
 }
 
-/// A piece on its way out: the header, then `len` bytes of NCCL's memory, one of them
-/// possibly replaced by a corrupted copy (fault injection).
-struct TxFrame {
-    req: usize,
-    header: [u8; PieceHeader::LEN],
-    data: *const u8,
+struct State {
+    cts: VecDeque<Cts>,
+    reqs: Vec<Option<SendReq>>,
+    /// (request, piece) to write, in order; resends go first.
+    queue: VecDeque<(usize, u32)>,
+    failed: Option<NetError>,
+    peer_closed: bool,
+    injector: Option<FaultInjector>,
+    counters: Counters,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Writers wait here for pieces.
+    work: Condvar,
+    stop: AtomicBool,
+    peer: SocketAddr,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the comm's first failure; every later call on it returns it.
+    fn fail(&self, e: NetError) {
+        let mut st = self.lock();
+        if st.failed.is_none() && !self.stop.load(Ordering::Relaxed) {
+            st.failed = Some(e);
+        }
+        drop(st);
+        self.work.notify_all();
+    }
+}
+
+/// A piece a writer took from the queue, with what it needs outside the lock.
+struct Job {
+    ri: usize,
+    header: PieceHeader,
+    data: RawBuf,
     len: usize,
-    flip: Option<(usize, [u8; 1])>,
-    sent: usize,
-}
-
-impl TxFrame {
-    fn total(&self) -> usize {
-        PieceHeader::LEN + self.len
-    }
-
-    /// The bytes not yet sent, as at most four slices (header, data before the
-    /// corrupted byte, that byte, data after it).
-    fn remaining(&self) -> Vec<IoSlice<'_>> {
-        // SAFETY: `data..data+len` is an isend buffer of a request still in flight
-        // (a frame only exists for one), which NCCL leaves alone until `test` says done.
-        let data = unsafe { sock::raw_bytes(self.data, self.len) };
-        let mut segs: Vec<&[u8]> = vec![&self.header];
-        match &self.flip {
-            Some((at, b)) => {
-                segs.push(&data[..*at]);
-                segs.push(b);
-                segs.push(&data[at + 1..]);
-            }
-            None => segs.push(data),
-        }
-        let mut skip = self.sent;
-        let mut out = Vec::with_capacity(4);
-        for s in segs {
-            if skip >= s.len() {
-                skip -= s.len();
-                continue;
-            }
-            out.push(IoSlice::new(&s[skip..]));
-            skip = 0;
-        }
-        out
-    }
-}
-
-struct TxStream {
-    sock: Socket,
-    frame: Option<TxFrame>,
+    /// Fault injection: corrupt this piece (after its CRC was taken).
+    corrupt: bool,
 }
 
 #[repr(C)]
 pub struct SendComm {
     magic: u64,
-    ctrl: Socket,
-    ctrl_in: Vec<u8>,
-    streams: Vec<TxStream>,
-    cts: VecDeque<Cts>,
-    reqs: Vec<Option<SendReq>>,
+    shared: Arc<Shared>,
+    socks: Vec<Arc<Socket>>,
+    workers: Option<Workers>,
     handles: Option<Handles>,
-    queue: VecDeque<(usize, u32)>,
-    failed: Option<NetError>,
-    peer_closed: bool,
-    peer: SocketAddr,
+    streams: usize,
     checks: bool,
-    injector: Option<FaultInjector>,
-    counters: Counters,
 }
 
 impl SendComm {
-    pub fn new(ctrl: Socket, data: Vec<Socket>, handle: Handle, cfg: Config) -> Box<Self> {
-        let streams = data
-            .into_iter()
-            .map(|sock| TxStream { sock, frame: None })
-            .collect::<Vec<_>>();
+    pub fn new(ctrl: Socket, data: Vec<Socket>, handle: Handle, cfg: Config) -> Result<Box<Self>> {
         let injector = match (cfg.inject_one_in, cfg.checks) {
             (Some(n), true) => Some(FaultInjector::new(n, handle.token ^ super::random_u64())),
             _ => None,
         };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                cts: VecDeque::new(),
+                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                queue: VecDeque::new(),
+                failed: None,
+                peer_closed: false,
+                injector,
+                counters: Counters::default(),
+            }),
+            work: Condvar::new(),
+            stop: AtomicBool::new(false),
+            peer: handle.addr,
+        });
+        let streams = data.len();
+        let ctrl = Arc::new(ctrl);
+        let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
+        let mut workers = Workers::default();
+        let mut socks = vec![ctrl.clone()];
+        socks.extend(data.iter().cloned());
         let mut c = Box::new(Self {
             magic: SEND_MAGIC,
-            ctrl,
-            ctrl_in: Vec::new(),
-            streams,
-            cts: VecDeque::new(),
-            reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+            shared: shared.clone(),
+            socks,
+            workers: None,
             handles: None,
-            queue: VecDeque::new(),
-            failed: None,
-            peer_closed: false,
-            peer: handle.addr,
+            streams,
             checks: cfg.checks,
-            injector,
-            counters: Counters::default(),
         });
+        let spawned = (|| {
+            for (i, s) in data.into_iter().enumerate() {
+                let (sh, sp) = (shared.clone(), shared.clone());
+                workers.spawn(
+                    format!("grdma-tx{i}"),
+                    move || writer(&sh, &s, i),
+                    move |m| sp.fail(NetError::internal(format!("writer {i} panicked: {m}"))),
+                )?;
+            }
+            let (sh, sp) = (shared.clone(), shared.clone());
+            workers.spawn(
+                "grdma-txctl".into(),
+                move || ctrl_reader(&sh, &ctrl),
+                move |m| sp.fail(NetError::internal(format!("control reader panicked: {m}"))),
+            )
+        })();
+        c.workers = Some(workers);
+        if let Err(e) = spawned {
+            c.stop();
+            return Err(io_err("starting the send comm's threads", e));
+        }
         let me = &mut *c as *mut Self as *mut c_void;
         c.handles = Some(Handles::new(true, me));
-        info!(NET; "send comm to {} over {} sockets, checks {}{}", handle.addr, c.streams.len(),
+        info!(NET; "send comm to {} over {} sockets (a writer thread each), checks {}{}", handle.addr, streams,
         if cfg.checks { "on" } else { "off" },
         match (cfg.inject_one_in, cfg.checks) {
             (Some(n), true) => format!(", corrupting 1 piece in {n} (NCCL_GRDMA_TEST_INJECT_FAULTS)"),
             (Some(_), false) => ", NCCL_GRDMA_TEST_INJECT_FAULTS ignored: checks are off".into(),
             _ => String::new(),
         });
-        c
+        Ok(c)
     }
 
     /// `isend`: a request, or `None` while the matching receive is not posted yet.
     pub fn isend(&mut self, data: *const u8, size: u64, tag: i32) -> Result<Option<*mut c_void>> {
-        self.progress()?;
-        if self.peer_closed {
-            return Err(self.closed_error());
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
         }
-        let Some(ri) = free_slot(&self.reqs) else {
+        if st.peer_closed {
+            return Err(closed_error(shared.peer));
+        }
+        let Some(ri) = free_slot(&st.reqs) else {
             return Ok(None);
         };
-        let Some(head) = self.cts.front_mut() else {
+        let Some(head) = st.cts.front_mut() else {
             return Ok(None);
         };
         let Some(si) =
@@ -167,20 +198,20 @@ impl SendComm {
             return Err(NetError::usage(format!(
                 "isend to {}: message of {size} bytes for a receive of {posted} bytes (tag {tag}): \
                  the ranks disagree on sizes (NCCL_PROTO, NCCL_ALGO or buffer settings differ?)",
-                self.peer
+                shared.peer
             )));
         }
         head.matched[si] = true;
         let cts_id = head.id;
         if head.matched.iter().all(|&m| m) {
-            self.cts.pop_front();
+            st.cts.pop_front();
         }
-        let layout = Layout::new(size, self.streams.len());
+        let layout = Layout::new(size, self.streams);
         for p in 0..layout.count {
-            self.queue.push_back((ri, p));
+            st.queue.push_back((ri, p));
         }
-        self.reqs[ri] = Some(SendReq {
-            data,
+        st.reqs[ri] = Some(SendReq {
+            data: RawBuf(data as *mut u8),
             size,
             cts_id,
             slot: si as u8,
@@ -190,8 +221,8 @@ impl SendComm {
             checked: self.checks,
             acked: false,
         });
-        // Start writing now; an error shows in this request's test.
-        let _ = self.progress();
+        drop(st);
+        wake(&shared.work, layout.count as usize, self.streams);
         Ok(Some(
             self.handles
                 .as_ref()
@@ -201,168 +232,84 @@ impl SendComm {
 
     /// `test` on request `ri`: `Some(size)` when done.
     pub fn test(&mut self, ri: usize) -> Result<Option<u64>> {
-        let r = self.progress();
-        let Some(req) = self.reqs[ri].as_ref() else {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let Some(req) = st.reqs[ri].as_ref() else {
             return Err(NetError::invalid(
                 "test: the request is not in flight on its send comm",
             ));
         };
-        let complete = if req.checked {
-            req.acked
-        } else {
-            req.unsent == 0
-        };
-        if complete {
+        if req.unsent == 0 && (req.acked || !req.checked) {
             let size = req.size;
-            self.counters.messages += 1;
-            self.counters.bytes += size;
-            self.reqs[ri] = None;
+            st.counters.messages += 1;
+            st.counters.bytes += size;
+            st.reqs[ri] = None;
             return Ok(Some(size));
         }
-        r?;
-        if self.peer_closed {
-            return Err(self.closed_error());
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(shared.peer));
         }
         Ok(None)
     }
 
-    fn closed_error(&self) -> NetError {
-        NetError::remote(format!(
-            "the receiver at {} closed the connection (its process ended or closed the comm)",
-            self.peer
-        ))
-    }
-
-    fn progress(&mut self) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
+    /// Stops the threads: the flag, a wake-up, the sockets shut (which ends any wait
+    /// on them at once), then a bounded join.
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.work.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
         }
-        let r = self.read_ctrl().and_then(|_| self.write_streams());
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r
-    }
-
-    fn read_ctrl(&mut self) -> Result<()> {
-        let mut buf = [0u8; 4096];
-        while !self.peer_closed {
-            match sock::recv(&self.ctrl, &mut buf)
-                .map_err(|e| io_err(format!("control socket from {}", self.peer), e))?
-            {
-                Io::Moved(n) => self.ctrl_in.extend_from_slice(&buf[..n]),
-                Io::Blocked => break,
-                Io::Closed => self.peer_closed = true,
+        if let Some(w) = self.workers.take() {
+            let left = w.join();
+            if left > 0 {
+                warn!(
+                    "send comm to {}: {left} I/O threads still running {} s after close; left behind",
+                    self.shared.peer,
+                    super::threads::JOIN_TIMEOUT.as_secs()
+                );
             }
         }
-        let mut at = 0;
-        loop {
-            let frame = Ctrl::decode(&self.ctrl_in[at..]).map_err(|e| {
-                NetError::remote(format!("control frame from {}: {}", self.peer, e.0))
-            })?;
-            let Some((frame, len)) = frame else { break };
-            at += len;
-            self.on_ctrl(frame)?;
-        }
-        self.ctrl_in.drain(..at);
-        Ok(())
     }
 
-    fn on_ctrl(&mut self, frame: Ctrl) -> Result<()> {
-        let peer = self.peer;
-        let find = |reqs: &[Option<SendReq>], id: u64, slot: u8| {
-            reqs.iter().position(|r| {
-                r.as_ref()
-                    .is_some_and(|r| r.cts_id == id && r.slot == slot && !r.acked)
-            })
+    /// `closeSend`: the threads stop and are joined, the sockets close with the comm;
+    /// the counters go to NCCL's log.
+    pub fn close(&mut self) {
+        self.stop();
+        let st = self.shared.lock();
+        info!(NET; "send comm to {} closed: {}", self.shared.peer, st.counters.line());
+        integrity::SENT.add(&st.counters);
+    }
+}
+
+fn closed_error(peer: SocketAddr) -> NetError {
+    NetError::remote(format!(
+        "the receiver at {peer} closed the connection (its process ended or closed the comm)"
+    ))
+}
+
+/// Wakes writers for `pieces` new pieces (all of them when there is one per writer).
+fn wake(c: &Condvar, pieces: usize, writers: usize) {
+    if pieces >= writers {
+        c.notify_all();
+    } else {
+        for _ in 0..pieces {
+            c.notify_one();
+        }
+    }
+}
+
+/// The next piece to write, taken off the queue with its header (CRC still 0).
+fn next_job(st: &mut State) -> Option<Job> {
+    while let Some((ri, p)) = st.queue.pop_front() {
+        let Some(r) = st.reqs[ri].as_ref() else {
+            continue;
         };
-        match frame {
-            Ctrl::Cts { id, slots } => {
-                if self.cts.len() >= NCCL_NET_MAX_REQUESTS || slots.len() > MAX_RECVS {
-                    return Err(NetError::remote(format!(
-                        "{peer} posted more receives than NCCL allows in flight"
-                    )));
-                }
-                let matched = vec![false; slots.len()];
-                self.cts.push_back(Cts { id, slots, matched });
-            }
-            Ctrl::Ack { id, slot } => {
-                let ri = find(&self.reqs, id, slot).ok_or_else(|| {
-                    NetError::remote(format!("{peer} acked message {id}/{slot}, which is not in flight"))
-                })?;
-                if let Some(r) = self.reqs[ri].as_mut() {
-                    r.acked = true;
-                }
-            }
-            Ctrl::Nack { id, slot, pieces } => {
-                let ri = find(&self.reqs, id, slot).ok_or_else(|| {
-                    NetError::remote(format!(
-                        "{peer} asked again for message {id}/{slot}, which is not in flight"
-                    ))
-                })?;
-                let Some(r) = self.reqs[ri].as_mut() else {
-                    return Ok(());
-                };
-                for &p in pieces.iter().rev() {
-                    if p >= r.layout.count {
-                        return Err(NetError::remote(format!(
-                            "{peer} asked again for piece {p} of a message of {} pieces",
-                            r.layout.count
-                        )));
-                    }
-                    r.attempts[p as usize] += 1;
-                    if r.attempts[p as usize] > MAX_RESENDS {
-                        return Err(NetError::remote(format!(
-                            "piece {p} of a {}-byte message to {peer} failed its CRC32C at the receiver {} times; \
-                             giving up (a link or host that corrupts data; NCCL_GRDMA_TEST_INJECT_FAULTS set?)",
-                            r.size,
-                            MAX_RESENDS + 1
-                        )));
-                    }
-                    r.unsent += 1;
-                    self.queue.push_front((ri, p));
-                }
-                self.counters.repaired += pieces.len() as u64;
-            }
-            Ctrl::Reject { reason } => {
-                return Err(NetError::remote(format!(
-                    "the listener at {peer} refused this connection ({}): the handle is not the one that listener made",
-                    match reason {
-                        crate::wire::REJECT_BAD_TOKEN => "wrong token",
-                        _ => "bad hello",
-                    }
-                )))
-            }
-        }
-        Ok(())
-    }
-
-    fn next_frame(&mut self) -> Option<TxFrame> {
-        let (ri, p) = self.queue.pop_front()?;
-        let r = self.reqs[ri].as_ref()?;
         let (off, len) = r.layout.range(p);
-        // SAFETY: offset and length lie within the isend buffer (Layout covers exactly
-        // `size` bytes), valid while the request is in flight.
-        let data = unsafe { r.data.add(off as usize) };
-        let bytes = unsafe { sock::raw_bytes(data, len as usize) };
-        let mut crc = if r.checked {
-            integrity::crc32c(bytes)
-        } else {
-            0
-        };
-        let mut flip = None;
-        if let Some(inj) = self.injector.as_mut() {
-            if inj.strike() {
-                self.counters.injected += 1;
-                if len > 0 {
-                    let at = len as usize / 2;
-                    flip = Some((at, [bytes[at] ^ 0x10]));
-                } else {
-                    crc ^= 1;
-                }
-            }
-        }
-        let h = PieceHeader {
+        let header = PieceHeader {
             checked: r.checked,
             slot: r.slot,
             attempt: r.attempts[p as usize],
@@ -372,61 +319,212 @@ impl SendComm {
             total: r.size,
             offset: off,
             len,
-            crc,
+            crc: 0,
         };
-        Some(TxFrame {
-            req: ri,
-            header: h.encode(),
+        // SAFETY: offset + len <= size (Layout covers exactly `size` bytes): inside
+        // the isend buffer.
+        let data = RawBuf(unsafe { r.data.0.add(off as usize) });
+        let corrupt = st.injector.as_mut().is_some_and(FaultInjector::strike);
+        if corrupt {
+            st.counters.injected += 1;
+        }
+        return Some(Job {
+            ri,
+            header,
             data,
             len: len as usize,
-            flip,
-            sent: 0,
-        })
+            corrupt,
+        });
     }
+    None
+}
 
-    fn write_streams(&mut self) -> Result<()> {
-        let n = self.streams.len();
-        let mut budget = vec![BUDGET_PER_SOCKET; n];
-        let mut blocked = vec![false; n];
-        loop {
-            let mut moved = false;
-            for i in 0..n {
-                if blocked[i] || budget[i] == 0 {
-                    continue;
+/// One data socket's thread: takes pieces, checksums them, writes them.
+fn writer(sh: &Shared, sock: &Socket, i: usize) {
+    loop {
+        let job = {
+            let mut st = sh.lock();
+            loop {
+                if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
+                    return;
                 }
-                if self.streams[i].frame.is_none() {
-                    self.streams[i].frame = self.next_frame();
+                if let Some(j) = next_job(&mut st) {
+                    break j;
                 }
-                let peer = self.peer;
-                let s = &mut self.streams[i];
-                let Some(f) = s.frame.as_mut() else { continue };
-                let io = sock::send(&s.sock, &f.remaining())
-                    .map_err(|e| io_err(format!("data socket {i} to {peer}"), e))?;
-                match io {
-                    Io::Moved(k) => {
-                        f.sent += k;
-                        budget[i] = budget[i].saturating_sub(k);
-                        moved = true;
-                        if f.sent == f.total() {
-                            let ri = f.req;
-                            s.frame = None;
-                            if let Some(r) = self.reqs[ri].as_mut() {
-                                r.unsent -= 1;
-                            }
-                        }
-                    }
-                    _ => blocked[i] = true,
-                }
+                st = sh
+                    .work
+                    .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
             }
-            if !moved {
-                return Ok(());
+        };
+        // SAFETY: the piece lies in the isend buffer of request `job.ri`, which stays
+        // in flight (its `unsent` counts this piece) until this thread is done with it
+        // below: NCCL's promise (sock::RawBuf) holds for the whole write.
+        let bytes = unsafe { sock::raw_bytes(job.data.0, job.len) };
+        let mut h = job.header;
+        if h.checked {
+            h.crc = integrity::crc32c(bytes);
+        }
+        let mut flip = [0u8; 1];
+        let mut at = job.len;
+        if job.corrupt {
+            if job.len > 0 {
+                at = job.len / 2;
+                flip[0] = bytes[at] ^ 0x10;
+            } else {
+                h.crc ^= 1;
             }
         }
+        let hb = h.encode();
+        let segs: [&[u8]; 4] = if at < job.len {
+            [&hb, &bytes[..at], &flip, &bytes[at + 1..]]
+        } else {
+            [&hb, bytes, &[], &[]]
+        };
+        match sock::write_all(sock, &segs, &sh.stop) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                sh.fail(io_err(format!("data socket {i} to {}", sh.peer), e));
+                return;
+            }
+        }
+        let mut st = sh.lock();
+        if let Some(r) = st.reqs[job.ri].as_mut() {
+            r.unsent -= 1;
+        }
     }
+}
 
-    /// `closeSend`: the sockets close with the comm; the counters go to NCCL's log.
-    pub fn close(self: Box<Self>) {
-        info!(NET; "send comm to {} closed: {}", self.peer, self.counters.line());
-        integrity::SENT.add(&self.counters);
+/// The control socket's thread: reads the receiver's frames and acts on each.
+fn ctrl_reader(sh: &Shared, sock: &Socket) {
+    let mut input = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if sh.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match sock::recv(sock, &mut buf) {
+            Ok(Io::Moved(n)) => input.extend_from_slice(&buf[..n]),
+            Ok(Io::Blocked) => {
+                if let Err(e) = sock::wait(sock, false) {
+                    sh.fail(io_err(format!("control socket from {}", sh.peer), e));
+                    return;
+                }
+                continue;
+            }
+            Ok(Io::Closed) => {
+                sh.lock().peer_closed = true;
+                sh.work.notify_all();
+                return;
+            }
+            Err(e) => {
+                sh.fail(io_err(format!("control socket from {}", sh.peer), e));
+                return;
+            }
+        }
+        let mut at = 0;
+        let mut st = sh.lock();
+        let mut requeued = 0;
+        let r = loop {
+            match Ctrl::decode(&input[at..]) {
+                Ok(Some((frame, len))) => {
+                    at += len;
+                    match on_ctrl(&mut st, sh.peer, frame) {
+                        Ok(n) => requeued += n,
+                        Err(e) => break Err(e),
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    break Err(NetError::remote(format!(
+                        "control frame from {}: {}",
+                        sh.peer, e.0
+                    )))
+                }
+            }
+        };
+        drop(st);
+        input.drain(..at);
+        if let Err(e) = r {
+            sh.fail(e);
+            return;
+        }
+        if requeued > 0 {
+            sh.work.notify_all();
+        }
     }
+}
+
+/// One frame from the receiver; the number of pieces queued again.
+fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
+    let find = |reqs: &[Option<SendReq>], id: u64, slot: u8| {
+        reqs.iter().position(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.cts_id == id && r.slot == slot && !r.acked)
+        })
+    };
+    match frame {
+        Ctrl::Cts { id, slots } => {
+            if st.cts.len() >= NCCL_NET_MAX_REQUESTS || slots.len() > MAX_RECVS {
+                return Err(NetError::remote(format!(
+                    "{peer} posted more receives than NCCL allows in flight"
+                )));
+            }
+            let matched = vec![false; slots.len()];
+            st.cts.push_back(Cts { id, slots, matched });
+        }
+        Ctrl::Ack { id, slot } => {
+            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
+                NetError::remote(format!(
+                    "{peer} acked message {id}/{slot}, which is not in flight"
+                ))
+            })?;
+            if let Some(r) = st.reqs[ri].as_mut() {
+                r.acked = true;
+            }
+        }
+        Ctrl::Nack { id, slot, pieces } => {
+            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
+                NetError::remote(format!(
+                    "{peer} asked again for message {id}/{slot}, which is not in flight"
+                ))
+            })?;
+            let Some(r) = st.reqs[ri].as_mut() else {
+                return Ok(0);
+            };
+            for &p in pieces.iter().rev() {
+                if p >= r.layout.count {
+                    return Err(NetError::remote(format!(
+                        "{peer} asked again for piece {p} of a message of {} pieces",
+                        r.layout.count
+                    )));
+                }
+                r.attempts[p as usize] += 1;
+                if r.attempts[p as usize] > MAX_RESENDS {
+                    return Err(NetError::remote(format!(
+                        "piece {p} of a {}-byte message to {peer} failed its CRC32C at the receiver {} times; \
+                         giving up (a link or host that corrupts data; NCCL_GRDMA_TEST_INJECT_FAULTS set?)",
+                        r.size,
+                        MAX_RESENDS + 1
+                    )));
+                }
+                r.unsent += 1;
+                st.queue.push_front((ri, p));
+            }
+            st.counters.repaired += pieces.len() as u64;
+            return Ok(pieces.len());
+        }
+        Ctrl::Reject { reason } => {
+            return Err(NetError::remote(format!(
+                "the listener at {peer} refused this connection ({}): the handle is not the one that listener made",
+                match reason {
+                    crate::wire::REJECT_BAD_TOKEN => "wrong token",
+                    _ => "bad hello",
+                }
+            )))
+        }
+    }
+    Ok(0)
 }
