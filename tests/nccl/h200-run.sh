@@ -6,6 +6,9 @@
 #   tests/nccl/h200-run.sh                       # logs and JSON under $OUT (or target/nccl-h200)
 #   PLUGIN=/path/libnccl-net-grdma.so MAX_BYTES=256MiB tests/nccl/h200-run.sh
 #   RUNS="socket-default grdma-default" tests/nccl/h200-run.sh   # a subset (one run is about a minute)
+#   RUNS=streams-sweep tests/nccl/h200-run.sh    # send/recv at SWEEP_BYTES (256MiB) only, NCCL's
+#       defaults: grdma at NCCL_GRDMA_STREAMS=1,2,4,8 against Socket at NCCL_SOCKET_NTHREADS=1,2,4,8
+#       (one socket per thread); about 20 s per point
 #
 # PLUGIN defaults to target/plugin/libnccl-net-grdma.so (tests/nccl/build-plugin.sh, run
 # here if cargo is present). Each configuration writes <label>.json and <label>.log
@@ -33,22 +36,23 @@ echo "h200-run: plugin $PLUGIN (needs ${newest:-?}), streams $STREAMS, sizes 1Ki
 "$PY" -c 'import torch; print("h200-run: torch", torch.__version__, "NCCL", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
 
 TUNED=(NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_BUFFSIZE=16777216)
-# NCCL's Socket with as many sockets as the plugin has streams (on one helper thread;
-# the plugin moves them all on NCCL's proxy thread).
-SOCKET_TUNED=(NCCL_NSOCKS_PERTHREAD="$STREAMS" NCCL_SOCKET_NTHREADS=1)
+# NCCL's Socket with as many sockets as the plugin has streams, a helper thread each
+# (as the plugin has a writer or reader thread per socket).
+SOCKET_TUNED=(NCCL_NSOCKS_PERTHREAD=1 NCCL_SOCKET_NTHREADS="$STREAMS")
 GRDMA=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=grdma NCCL_GRDMA_STREAMS="$STREAMS")
 
 ALL_RUNS="socket-default grdma-default socket-tuned grdma-tuned grdma-tuned-checks-off grdma-faults-1e3"
 RUNS="${RUNS:-$ALL_RUNS}"
+SWEEP_BYTES="${SWEEP_BYTES:-256MiB}"
 fail=0
-run() { # label, expected "via NET/x", env...
+run() { # label, expected "via NET/x", env...   (BENCH_ARGS: extra torch_bench.py arguments)
     local label=$1 via=$2
     shift 2
     case " $RUNS " in *" $label "*) ;; *) return ;; esac
     echo "==> $label: $*"
     if ! env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$@" \
         "$PY" tests/nccl/torch_bench.py --label "$label" --out "$OUT/$label.json" \
-        --max-bytes "$MAX_BYTES" >"$OUT/$label.log" 2>&1; then
+        --max-bytes "$MAX_BYTES" ${BENCH_ARGS:-} >"$OUT/$label.log" 2>&1; then
         echo "h200-run: $label FAILED (see $OUT/$label.log)"; tail -20 "$OUT/$label.log"; fail=1; return
     fi
     grep -E ' (send_recv|all_reduce) ' "$OUT/$label.log" | tail -4
@@ -63,6 +67,17 @@ run socket-tuned Socket NCCL_NET=Socket "${TUNED[@]}" "${SOCKET_TUNED[@]}"
 run grdma-tuned grdma "${GRDMA[@]}" "${TUNED[@]}"
 run grdma-tuned-checks-off grdma "${GRDMA[@]}" "${TUNED[@]}" NCCL_GRDMA_CHECKS=0
 run grdma-faults-1e3 grdma "${GRDMA[@]}" NCCL_GRDMA_TEST_INJECT_FAULTS=1000
+
+if [[ " $RUNS " == *" streams-sweep "* ]]; then
+    for n in 1 2 4 8; do
+        RUNS="grdma-streams-$n socket-threads-$n" MAX_BYTES="$SWEEP_BYTES" \
+            BENCH_ARGS="--ops send_recv --min-bytes $SWEEP_BYTES" \
+            run "grdma-streams-$n" grdma NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=grdma NCCL_GRDMA_STREAMS="$n"
+        RUNS="grdma-streams-$n socket-threads-$n" MAX_BYTES="$SWEEP_BYTES" \
+            BENCH_ARGS="--ops send_recv --min-bytes $SWEEP_BYTES" \
+            run "socket-threads-$n" Socket NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=1 NCCL_SOCKET_NTHREADS="$n"
+    done
+fi
 
 # The injected faults must have been repaired (the bytes were exact, or the run failed).
 if [ -f "$OUT/grdma-faults-1e3.log" ] && [[ " $RUNS " == *" grdma-faults-1e3 "* ]]; then
@@ -83,7 +98,9 @@ for f in sorted(os.listdir(out)):
         runs[d["label"]] = d
 table = {l: {f'{r["op"]}/{r["bytes"]}': r["GBps"] for r in d["results"]} for l, d in runs.items()}
 ratios = {}
-for a, b in (("grdma-default", "socket-default"), ("grdma-tuned", "socket-tuned")):
+pairs = [("grdma-default", "socket-default"), ("grdma-tuned", "socket-tuned")]
+pairs += [(f"grdma-streams-{n}", f"socket-threads-{n}") for n in (1, 2, 4, 8)]
+for a, b in pairs:
     if a in table and b in table:
         ratios[f"{a}/{b}"] = {k: round(v / table[b][k], 3) for k, v in table[a].items() if table[b].get(k)}
 doc = {"runs": table, "ratios": ratios,

@@ -2,14 +2,15 @@
 """Two ranks on one GPU talking through NCCL's net layer, as PyTorch users run it.
 
     python3 tests/nccl/torch_bench.py --out results.json [--label NAME] [--max-bytes 1GiB]
+        [--min-bytes 1KiB] [--ops send_recv,all_reduce,all_gather,broadcast]
 
 Spawns two worker processes (no torchrun) with RANK / WORLD_SIZE / MASTER_ADDR=127.0.0.1
 and a different NCCL_HOSTID each, so NCCL takes them for two hosts and carries every
 byte through its net plugin (NCCL_NET=grdma with NCCL_NET_PLUGIN=..., or NCCL_NET=Socket
 for the reference): NCCL_SOCKET_IFNAME=lo, NCCL_NVLS_ENABLE=0. Both ranks use cuda:0.
 
-For each size from 1 KiB to --max-bytes (x4 steps): send/recv (rank 0 to rank 1),
-all_reduce (int32 sum), all_gather and broadcast. Each op runs once checked bit-exact
+For each size from --min-bytes (1 KiB) to --max-bytes (x4 steps): send/recv (rank 0 to
+rank 1), all_reduce (int32 sum), all_gather and broadcast (--ops picks a subset). Each op runs once checked bit-exact
 on the GPU (torch.equal against the expected tensor, computed on the GPU), then timed
 over several iterations and checked again. GB/s is the payload per rank per second
 (send/recv: the message; all_reduce, broadcast: the tensor; all_gather: the output),
@@ -35,8 +36,8 @@ def parse_size(s):
     return int(s)
 
 
-def sizes_up_to(max_bytes):
-    out, s = [], 1 << 10
+def sizes_up_to(max_bytes, min_bytes=1 << 10):
+    out, s = [], min_bytes
     while s <= max_bytes:
         out.append(s)
         s *= 4
@@ -88,11 +89,9 @@ def worker(args):
         return bool(t.item())
 
     results = []
-    for nbytes in sizes_up_to(args.max_bytes):
-        n = nbytes // 4
-        iters = iterations(nbytes)
 
-        # send/recv, rank 0 -> rank 1
+    def send_recv(nbytes, n, iters):
+        # rank 0 -> rank 1
         src = pattern(n, 1)
         dst = torch.zeros(n, dtype=torch.int32, device=dev)
 
@@ -110,6 +109,7 @@ def worker(args):
         results.append(("send_recv", nbytes, nbytes / t / 1e9, all_ok(ok1 and ok2), iters))
         del src, dst
 
+    def all_reduce(nbytes, n, iters):
         # all_reduce (int32 sum: exact)
         mine = pattern(n, 10 + rank)
         expect = pattern(n, 10) + pattern(n, 11)
@@ -124,6 +124,7 @@ def worker(args):
         results.append(("all_reduce", nbytes, nbytes / t / 1e9, all_ok(ok1 and ok2), iters))
         del mine, expect, x, scratch
 
+    def all_gather(nbytes, n, iters):
         # all_gather (into one tensor)
         mine = pattern(n, 20 + rank)
         expect = torch.cat([pattern(n, 20), pattern(n, 21)])
@@ -136,6 +137,7 @@ def worker(args):
         results.append(("all_gather", nbytes, 2 * nbytes / t / 1e9, all_ok(ok1 and ok2), iters))
         del mine, expect, out
 
+    def broadcast(nbytes, n, iters):
         # broadcast from rank 0
         expect = pattern(n, 30)
         x = expect.clone() if rank == 0 else torch.zeros(n, dtype=torch.int32, device=dev)
@@ -145,6 +147,20 @@ def worker(args):
         ok2 = torch.equal(x, expect)
         results.append(("broadcast", nbytes, nbytes / t / 1e9, all_ok(ok1 and ok2), iters))
         del expect, x
+
+    ops = set(args.ops.split(","))
+    for nbytes in sizes_up_to(args.max_bytes, args.min_bytes):
+        n = nbytes // 4
+        iters = iterations(nbytes)
+
+        if "send_recv" in ops:
+            send_recv(nbytes, n, iters)
+        if "all_reduce" in ops:
+            all_reduce(nbytes, n, iters)
+        if "all_gather" in ops:
+            all_gather(nbytes, n, iters)
+        if "broadcast" in ops:
+            broadcast(nbytes, n, iters)
         torch.cuda.empty_cache()
 
     if rank == 0:
@@ -187,6 +203,9 @@ def main():
     ap.add_argument("--out", required=True, help="JSON results file")
     ap.add_argument("--label", default=os.environ.get("NCCL_NET", "default"))
     ap.add_argument("--max-bytes", default="1GiB", type=parse_size)
+    ap.add_argument("--min-bytes", default="1KiB", type=parse_size)
+    ap.add_argument("--ops", default="send_recv,all_reduce,all_gather,broadcast",
+                    help="comma-separated subset of the ops")
     ap.add_argument("--timeout", default=1800, type=int, help="seconds for the whole run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -209,7 +228,8 @@ def main():
             NCCL_NVLS_ENABLE="0",
         )
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", args.out,
-               "--label", args.label, "--max-bytes", str(args.max_bytes)]
+               "--label", args.label, "--max-bytes", str(args.max_bytes),
+               "--min-bytes", str(args.min_bytes), "--ops", args.ops]
         procs.append(subprocess.Popen(cmd, env=env))
     deadline = time.time() + args.timeout
     codes = [None, None]
