@@ -139,9 +139,21 @@ fn received(r: io::Result<usize>) -> io::Result<Io> {
 /// ours from `irecv` until `test` reports the request done (or the comm is closed).
 pub unsafe fn recv_raw(s: &Socket, dst: *mut u8, len: usize) -> io::Result<Io> {
     // SAFETY: the caller's promise; MaybeUninit because NCCL's buffer may never have
-    // been written (recv does not read it).
+    // been written (recv does not read it). MSG_WAITALL: on a blocking socket (an I/O
+    // thread's data socket) the kernel fills the whole range before waking us, one
+    // system call per piece, returning less only at its timeout, a signal or EOF.
     let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut MaybeUninit<u8>, len) };
-    received(s.recv(buf))
+    received(s.recv_with_flags(buf, libc::MSG_WAITALL))
+}
+
+/// Makes `s` blocking with `POLL_MS` timeouts on reads and writes: for a socket that
+/// only an I/O thread uses, so that a whole piece is one call, and a stuck peer still
+/// hands control back to the thread (to look at its stop flag) every `POLL_MS`.
+pub fn set_thread_io(s: &Socket) -> io::Result<()> {
+    let t = Some(std::time::Duration::from_millis(POLL_MS as u64));
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(t)?;
+    s.set_write_timeout(t)
 }
 
 /// NCCL's memory at `ptr` as bytes.

@@ -1286,12 +1286,14 @@ unsafe impl Send for SendPtr {}
 fn bench_loopback() {
     let net = Net::init();
     let (s, r, l) = net.pair();
-    let depth = 8;
-    for (size, total) in [
-        (128usize << 10, 1usize << 30),
-        (512 << 10, 2 << 30),
-        (4 << 20, 2 << 30),
-        (64 << 20, 2 << 30),
+    // (size, bytes in all, messages in flight): the first row is one small message at a
+    // time, a round trip's latency (NCCL's small sends); the rest NCCL's 8 steps.
+    for (size, total, depth) in [
+        (4usize << 10, 40usize << 20, 1usize),
+        (128 << 10, 1 << 30, 8),
+        (512 << 10, 2 << 30, 8),
+        (4 << 20, 2 << 30, 8),
+        (64 << 20, 2 << 30, 8),
     ] {
         let iters = total / size;
         let (sp, rp) = (SendPtr(s), SendPtr(r));
@@ -1371,7 +1373,8 @@ fn bench_loopback() {
         recv.join().unwrap();
         let secs = t0.elapsed().as_secs_f64();
         println!(
-            "{{\"size\": {size}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"GBps\": {:.3}}}",
+            "{{\"size\": {size}, \"depth\": {depth}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {:.3}}}",
+            secs * 1e6 / iters as f64,
             (size * iters) as f64 / secs / 1e9
         );
     }

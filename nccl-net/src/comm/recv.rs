@@ -167,6 +167,9 @@ impl RecvComm {
             streams,
             peer,
         });
+        for s in &data {
+            sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
+        }
         let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
         let mut socks = vec![ctrl];
         socks.extend(data.iter().cloned());

@@ -126,6 +126,9 @@ impl SendComm {
         });
         let streams = data.len();
         let ctrl = Arc::new(ctrl);
+        for s in &data {
+            sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
+        }
         let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
         let mut workers = Workers::default();
         let mut socks = vec![ctrl.clone()];
