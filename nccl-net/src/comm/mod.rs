@@ -112,3 +112,56 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
     // the only reference while the call runs.
     Ok(unsafe { &mut *(p as *mut T) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::recv::RecvComm;
+    use super::send::SendComm;
+    use crate::config::Config;
+    use crate::wire::Handle;
+    use socket2::Socket;
+    use std::net::{TcpListener, TcpStream};
+
+    /// `n` connected loopback pairs, non-blocking as connect and accept make them.
+    fn pairs(n: usize) -> (Vec<Socket>, Vec<Socket>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            for x in [&c, &s] {
+                x.set_nonblocking(true).unwrap();
+            }
+            a.push(Socket::from(c));
+            b.push(Socket::from(s));
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn a_dropped_comm_stops_its_threads() {
+        let (mut tx, mut rx) = pairs(3);
+        let cfg = Config {
+            streams: 2,
+            checks: true,
+            inject_one_in: None,
+        };
+        let handle = Handle {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            streams: 2,
+            token: 1,
+        };
+        let s = SendComm::new(tx.remove(0), tx, handle, cfg).unwrap();
+        let r = RecvComm::new(rx.remove(0), rx).unwrap();
+        let (ws, wr) = (s.shared_weak(), r.shared_weak());
+        // Dropped, not closed (an error path): the threads, which hold the shared
+        // state, must be gone when the drop returns.
+        drop(s);
+        drop(r);
+        assert!(ws.upgrade().is_none(), "a send comm's threads outlived it");
+        assert!(
+            wr.upgrade().is_none(),
+            "a receive comm's threads outlived it"
+        );
+    }
+}

@@ -287,6 +287,12 @@ impl RecvComm {
         Ok(None)
     }
 
+    /// The shared state, weakly (the tests see whether the threads let it go).
+    #[cfg(test)]
+    pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
+        Arc::downgrade(&self.shared)
+    }
+
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.ctrl_wake.notify_all();
@@ -312,6 +318,13 @@ impl RecvComm {
         let st = self.shared.lock();
         info!(NET; "receive comm from {} closed: {}", self.shared.peer, st.counters.line());
         integrity::RECEIVED.add(&st.counters);
+    }
+}
+
+impl Drop for RecvComm {
+    /// A comm dropped without `close` (an error path) still stops and joins its threads.
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

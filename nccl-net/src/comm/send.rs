@@ -260,6 +260,12 @@ impl SendComm {
 
     /// Stops the threads: the flag, a wake-up, the sockets shut (which ends any wait
     /// on them at once), then a bounded join.
+    /// The shared state, weakly (the tests see whether the threads let it go).
+    #[cfg(test)]
+    pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
+        Arc::downgrade(&self.shared)
+    }
+
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.work.notify_all();
@@ -285,6 +291,13 @@ impl SendComm {
         let st = self.shared.lock();
         info!(NET; "send comm to {} closed: {}", self.shared.peer, st.counters.line());
         integrity::SENT.add(&st.counters);
+    }
+}
+
+impl Drop for SendComm {
+    /// A comm dropped without `close` (an error path) still stops and joins its threads.
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
