@@ -204,7 +204,8 @@ impl RecvComm {
         }
         let me = &mut *c as *mut Self as *mut c_void;
         c.handles = Some(Handles::new(false, me));
-        info!(NET; "receive comm from {} over {} sockets (a reader thread each)", shared.peer, streams);
+        info!(NET; "receive comm from {} over {} sockets (a reader thread each, on {} CPUs)", shared.peer, streams,
+            super::threads::cpus_allowed());
         Ok(c)
     }
 

@@ -165,7 +165,8 @@ impl SendComm {
         }
         let me = &mut *c as *mut Self as *mut c_void;
         c.handles = Some(Handles::new(true, me));
-        info!(NET; "send comm to {} over {} sockets (a writer thread each), checks {}{}", handle.addr, streams,
+        info!(NET; "send comm to {} over {} sockets (a writer thread each, on {} CPUs), checks {}{}", handle.addr, streams,
+        super::threads::cpus_allowed(),
         if cfg.checks { "on" } else { "off" },
         match (cfg.inject_one_in, cfg.checks) {
             (Some(n), true) => format!(", corrupting 1 piece in {n} (NCCL_GRDMA_TEST_INJECT_FAULTS)"),

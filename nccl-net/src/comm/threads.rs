@@ -77,3 +77,47 @@ impl Workers {
         0
     }
 }
+
+/// How many CPUs the calling thread may run on (its threads inherit the set): for the
+/// log, since NCCL runs `connect` and `accept` on its proxy threads, whose affinity it
+/// may narrow. 0 if the kernel does not say.
+pub fn cpus_allowed() -> usize {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // its size into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        libc::CPU_COUNT(&set) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpus_allowed_follows_the_threads_affinity() {
+        assert!(super::cpus_allowed() >= 1);
+        // A thread narrowed to the first CPU it may use sees exactly one.
+        let one = std::thread::spawn(|| {
+            // SAFETY: a set built with the libc macros, set on this thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+                let first = (0..libc::CPU_SETSIZE as usize)
+                    .find(|&c| libc::CPU_ISSET(c, &set))
+                    .unwrap();
+                libc::CPU_ZERO(&mut set);
+                libc::CPU_SET(first, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0
+                );
+            }
+            super::cpus_allowed()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(one, 1);
+    }
+}
