@@ -125,10 +125,11 @@ impl SendComm {
             peer: handle.addr,
         });
         let streams = data.len();
-        let ctrl = Arc::new(ctrl);
-        for s in &data {
-            sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
+        // Every socket of a send comm is its threads' alone (NCCL's calls do no I/O).
+        for s in data.iter().chain([&ctrl]) {
+            sock::set_thread_io(s).map_err(|e| io_err("setting up a socket", e))?;
         }
+        let ctrl = Arc::new(ctrl);
         let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
         let mut workers = Workers::default();
         let mut socks = vec![ctrl.clone()];
@@ -424,13 +425,8 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
         }
         match sock::recv(sock, &mut buf) {
             Ok(Io::Moved(n)) => input.extend_from_slice(&buf[..n]),
-            Ok(Io::Blocked) => {
-                if let Err(e) = sock::wait(sock, false) {
-                    sh.fail(io_err(format!("control socket from {}", sh.peer), e));
-                    return;
-                }
-                continue;
-            }
+            // A blocking socket's 100 ms timeout passed with nothing: look at the flag.
+            Ok(Io::Blocked) => continue,
             Ok(Io::Closed) => {
                 sh.lock().peer_closed = true;
                 sh.work.notify_all();
