@@ -1095,6 +1095,21 @@ fn child_scenario() {
             assert!(logged(|l, s| l == NCCL_LOG_WARN && s.contains("panic")));
             println!("still alive after the panic");
         }
+        "panic_writer" => {
+            let net = Net::init();
+            let (s, r, l) = net.pair();
+            let mut bufs = vec![vec![0u8; 4096]];
+            let rr = net.irecv(r, &mut bufs, &[0]);
+            let sr = net.isend(s, &pattern(4096, 1), 0, &[rr]);
+            assert_eq!(net.wait_error(sr, &[rr]), NcclResult::INTERNAL_ERROR);
+            assert!(logged(
+                |l, s| l == NCCL_LOG_WARN && s.contains("panicked: NCCL_GRDMA_TEST_PANIC=writer")
+            ));
+            net.close_send(s);
+            net.close_recv(r);
+            net.close_listen(l);
+            println!("still alive after the writer's panic");
+        }
         "refcount" => {
             let a = Net::init();
             let b = Net::init();
@@ -1202,6 +1217,13 @@ fn a_panic_becomes_an_internal_error() {
     let out = child("panic", &[("NCCL_GRDMA_TEST_PANIC", "devices")]);
     assert_child_ok(&out, "panic");
     assert!(String::from_utf8_lossy(&out.stdout).contains("still alive after the panic"));
+}
+
+#[test]
+fn a_panic_in_an_io_thread_fails_the_comm() {
+    let out = child("panic_writer", &[("NCCL_GRDMA_TEST_PANIC", "writer")]);
+    assert_child_ok(&out, "a writer thread's panic");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("still alive after the writer's panic"));
 }
 
 #[test]

@@ -132,6 +132,8 @@ impl SendComm {
         let ctrl = Arc::new(ctrl);
         let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
         let mut workers = Workers::default();
+        // Tests only: a writer that panics on its first piece (the comm must fail, not hang).
+        let panic_writer = std::env::var_os("NCCL_GRDMA_TEST_PANIC").is_some_and(|v| v == "writer");
         let mut socks = vec![ctrl.clone()];
         socks.extend(data.iter().cloned());
         let mut c = Box::new(Self {
@@ -148,7 +150,7 @@ impl SendComm {
                 let (sh, sp) = (shared.clone(), shared.clone());
                 workers.spawn(
                     format!("grdma-tx{i}"),
-                    move || writer(&sh, &s, i),
+                    move || writer(&sh, &s, i, panic_writer),
                     move |m| sp.fail(NetError::internal(format!("writer {i} panicked: {m}"))),
                 )?;
             }
@@ -358,7 +360,7 @@ fn next_job(st: &mut State) -> Option<Job> {
 }
 
 /// One data socket's thread: takes pieces, checksums them, writes them.
-fn writer(sh: &Shared, sock: &Socket, i: usize) {
+fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
     loop {
         let job = {
             let mut st = sh.lock();
@@ -376,6 +378,9 @@ fn writer(sh: &Shared, sock: &Socket, i: usize) {
                     .0;
             }
         };
+        if test_panic {
+            panic!("NCCL_GRDMA_TEST_PANIC=writer");
+        }
         // SAFETY: the piece lies in the isend buffer of request `job.ri`, which stays
         // in flight (its `unsent` counts this piece) until this thread is done with it
         // below: NCCL's promise (sock::RawBuf) holds for the whole write.
