@@ -9,6 +9,9 @@
 #   RUNS=streams-sweep tests/nccl/h200-run.sh    # send/recv at SWEEP_BYTES (256MiB) only, NCCL's
 #       defaults: grdma at NCCL_GRDMA_STREAMS=1,2,4,8 against Socket at NCCL_SOCKET_NTHREADS=1,2,4,8
 #       (one socket per thread); about 20 s per point
+#   RUNS=plugin-bench HARNESS=path/to/harness-<hash> tests/nccl/h200-run.sh   # the plugin alone,
+#       no NCCL, no GPU: nccl-net/tests/harness.rs's bench_loopback at NCCL_GRDMA_STREAMS=1,4,8
+#       (cargo test --release -p nccl-net --test harness --no-run prints the binary); seconds each
 #
 # PLUGIN defaults to target/plugin/libnccl-net-grdma.so (tests/nccl/build-plugin.sh, run
 # here if cargo is present). Each configuration writes <label>.json and <label>.log
@@ -77,6 +80,22 @@ if [[ " $RUNS " == *" streams-sweep "* ]]; then
             BENCH_ARGS="--ops send_recv --min-bytes $SWEEP_BYTES" \
             run "socket-threads-$n" Socket NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=1 NCCL_SOCKET_NTHREADS="$n"
     done
+fi
+
+if [[ " $RUNS " == *" plugin-bench "* ]]; then
+    if [ -x "${HARNESS:-}" ]; then
+        for n in 1 4 8; do
+            echo "==> plugin-bench-$n: bench_loopback, NCCL_GRDMA_STREAMS=$n"
+            if NCCL_GRDMA_PLUGIN="$PLUGIN" NCCL_GRDMA_STREAMS="$n" timeout 120 "$HARNESS" --ignored \
+                --exact bench_loopback --nocapture >"$OUT/plugin-bench-$n.log" 2>&1; then
+                grep GBps "$OUT/plugin-bench-$n.log" | tee "$OUT/plugin-bench-$n.jsonl"
+            else
+                echo "h200-run: plugin-bench-$n FAILED (see $OUT/plugin-bench-$n.log)"; fail=1
+            fi
+        done
+    else
+        echo "h200-run: plugin-bench needs HARNESS=<the harness test binary>"; fail=1
+    fi
 fi
 
 # The injected faults must have been repaired (the bytes were exact, or the run failed).
