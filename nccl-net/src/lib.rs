@@ -13,6 +13,7 @@
 //! - `wire`: every byte that is not data (handle, hellos, piece headers, control);
 //! - `integrity`: CRC32C, fault injection, counters;
 //! - `sock`: thin non-blocking socket wrappers over raw memory;
+//! - `trace`: NCCL_GRDMA_TRACE's per-request timeline;
 //! - `comm`: listen/connect/accept and the send and receive comms with their progress.
 
 pub mod abi;
@@ -24,4 +25,5 @@ mod integrity;
 mod log;
 mod props;
 mod sock;
+mod trace;
 mod wire;

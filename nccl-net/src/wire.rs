@@ -12,7 +12,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub const HANDLE_MAGIC: [u8; 4] = *b"GRDN";
 pub const HELLO_MAGIC: [u8; 4] = *b"GRDH";
 pub const PIECE_MAGIC: [u8; 4] = *b"GRDP";
-pub const VERSION: u16 = 1;
+/// 2: eager sends (a message may go before its receive is posted, into the
+/// receiver's bounce buffer, and be placed by a later match frame).
+pub const VERSION: u16 = 2;
 
 /// The receives one `irecv` may group (`maxRecvs`), each with its tag.
 pub const MAX_RECVS: usize = 8;
@@ -204,10 +206,23 @@ impl Layout {
 }
 
 pub const FLAG_CHECKED: u8 = 1;
+/// A header-only frame on a data socket: eager message `offset` (its sequence number)
+/// belongs in buffer `slot` of receive `cts_id`. No bytes follow.
+pub const FLAG_MATCH: u8 = 2;
+/// The `slot` of a piece of an eager message: sent before the sender saw the
+/// receive it belongs to; `cts_id` is then the message's eager sequence number.
+pub const EAGER_SLOT: u8 = 0xff;
+/// The largest message the sender sends eagerly (NCCL's chunks: 128 KiB by default,
+/// `NCCL_P2P_NET_CHUNKSIZE` up to a few MiB), and the most bytes of eager messages
+/// per comm not yet placed (the receiver's bounce memory, per comm, stays near this).
+pub const EAGER_MAX: u64 = 4 << 20;
+pub const EAGER_BUDGET: u64 = 16 << 20;
 
 /// In front of each piece on a data socket. The piece's `len` bytes follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PieceHeader {
+    /// A match frame (`FLAG_MATCH`), not a piece: see there.
+    pub matched: bool,
     /// The piece carries a CRC32C the receiver must check (and ack the message).
     pub checked: bool,
     /// Which of the receive's grouped buffers (tags) the message is for.
@@ -230,7 +245,7 @@ impl PieceHeader {
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0..4].copy_from_slice(&PIECE_MAGIC);
-        b[4] = if self.checked { FLAG_CHECKED } else { 0 };
+        b[4] = if self.checked { FLAG_CHECKED } else { 0 } | if self.matched { FLAG_MATCH } else { 0 };
         b[5] = self.slot;
         b[6..8].copy_from_slice(&self.attempt.to_le_bytes());
         b[8..16].copy_from_slice(&self.cts_id.to_le_bytes());
@@ -249,10 +264,11 @@ impl PieceHeader {
         if b[0..4] != PIECE_MAGIC {
             return err(format!("bad piece magic {:02x?}", &b[0..4]));
         }
-        if b[4] & !FLAG_CHECKED != 0 {
+        if b[4] & !(FLAG_CHECKED | FLAG_MATCH) != 0 {
             return err(format!("unknown piece flags {:#x}", b[4]));
         }
         let h = Self {
+            matched: b[4] & FLAG_MATCH != 0,
             checked: b[4] & FLAG_CHECKED != 0,
             slot: b[5],
             attempt: u16_at(b, 6),
@@ -264,6 +280,15 @@ impl PieceHeader {
             len: u32_at(b, 40),
             crc: u32_at(b, 44),
         };
+        if h.matched {
+            if h.len != 0 || h.slot as usize >= MAX_RECVS {
+                return err(format!(
+                    "a match frame for buffer {} with {} bytes",
+                    h.slot, h.len
+                ));
+            }
+            return Ok(h);
+        }
         let l = Layout::new(h.total, streams);
         if h.pieces != l.count || h.piece >= l.count || l.range(h.piece) != (h.offset, h.len) {
             return err(format!(
@@ -470,6 +495,7 @@ mod tests {
         let l = Layout::new(1_500_000, 3);
         let (offset, len) = l.range(2);
         let h = PieceHeader {
+            matched: false,
             checked: true,
             slot: 1,
             attempt: 2,

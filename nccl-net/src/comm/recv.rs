@@ -5,6 +5,13 @@
 //! for again (a NACK) or, all good, the message is acked. A request is done when every
 //! buffer's message arrived whole and good and the acks went out.
 //!
+//! Eager messages (sent before the sender saw this receive's clear-to-send) land in
+//! a bounce buffer of this comm, are checked and acked there (so the sender's request
+//! completes without waiting for this side's `irecv`: NCCL posts the next receive only
+//! after the GPU consumed the last one, and a sender that waited for it would tie each
+//! step to the receiving GPU), and are copied into NCCL's buffer once the sender's
+//! match frame says which receive and buffer they belong to.
+//!
 //! Threads: one reader per data socket reads a header, finds the buffer, reads the
 //! bytes into it, checks the CRC, and sends the ack or NACK the moment a message's last
 //! piece is in (from that thread, without waiting for NCCL's next call); one control
@@ -19,7 +26,9 @@ use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters};
 use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
-use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot};
+use crate::trace::Trace;
+use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_MAX, EAGER_SLOT};
+use std::collections::HashMap;
 use socket2::Socket;
 use std::ffi::c_void;
 use std::io::IoSlice;
@@ -58,6 +67,8 @@ struct RxSlot {
 }
 
 struct RecvReq {
+    /// Trace number (NCCL_GRDMA_TRACE).
+    tn: u64,
     id: u64,
     slots: Vec<RxSlot>,
 }
@@ -73,8 +84,25 @@ struct CtrlOut {
     flushed: u64,
 }
 
+/// An eager message: its bytes in a bounce buffer until a match frame places it.
+#[derive(Default)]
+struct Eager {
+    msg: Option<Msg>,
+    /// The bounce buffer (allocated at the first piece; never resized after, so the
+    /// address the readers write to stays put).
+    buf: Vec<u8>,
+    /// Where it belongs (request, buffer), once the match frame came.
+    target: Option<(usize, usize)>,
+    /// Arrived whole and good (and acked, checks on).
+    good: bool,
+    ack_at: u64,
+}
+
 struct State {
     reqs: Vec<Option<RecvReq>>,
+    eager: HashMap<u64, Eager>,
+    /// Requests made (trace numbers).
+    made: u64,
     next_id: u64,
     failed: Option<NetError>,
     peer_closed: bool,
@@ -90,6 +118,7 @@ struct Shared {
     ctrl: Arc<Socket>,
     streams: usize,
     peer: String,
+    trace: Trace,
 }
 
 impl Shared {
@@ -155,6 +184,8 @@ impl RecvComm {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                eager: HashMap::new(),
+                made: 0,
                 next_id: 1,
                 failed: None,
                 peer_closed: false,
@@ -166,6 +197,7 @@ impl RecvComm {
             ctrl: ctrl.clone(),
             streams,
             peer,
+            trace: Trace::from_env(),
         });
         for s in &data {
             sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
@@ -225,8 +257,20 @@ impl RecvComm {
         };
         let id = st.next_id;
         st.next_id += 1;
+        let tn = st.made;
+        st.made += 1;
+        shared.trace.event(
+            "recv",
+            tn,
+            format_args!(
+                "irecv {} buffers ({} B first) as {id}",
+                bufs.len(),
+                bufs[0].1
+            ),
+        );
         // Registered before the clear-to-send goes out: the first piece may follow at once.
         st.reqs[ri] = Some(RecvReq {
+            tn,
             id,
             slots: bufs
                 .iter()
@@ -247,9 +291,19 @@ impl RecvComm {
                 .map(|&(_, size, tag)| PostedSlot { tag, size })
                 .collect(),
         };
-        if let Err(e) = shared.push_ctrl(&mut st, &cts) {
-            st.failed = Some(e.clone());
-            return Err(e);
+        match shared.push_ctrl(&mut st, &cts) {
+            Ok(at) => shared.trace.event(
+                "recv",
+                tn,
+                format_args!(
+                    "clear-to-send {id} {}",
+                    if st.ctrl.flushed >= at { "sent" } else { "queued" }
+                ),
+            ),
+            Err(e) => {
+                st.failed = Some(e.clone());
+                return Err(e);
+            }
         }
         Ok(Some(
             self.handles
@@ -274,6 +328,7 @@ impl RecvComm {
                 .iter()
                 .map(|s| s.msg.as_ref().map_or(0, |m| m.layout.total))
                 .collect();
+            shared.trace.event("recv", req.tn, format_args!("test done"));
             st.counters.messages += sizes.len() as u64;
             st.counters.bytes += sizes.iter().sum::<u64>();
             st.reqs[ri] = None;
@@ -337,6 +392,9 @@ fn closed_error(peer: &str) -> NetError {
 
 /// A piece a reader is receiving, placed by its header.
 struct RxPiece {
+    /// An eager message's sequence number (its bytes go to the bounce buffer).
+    eager: Option<u64>,
+    tn: u64,
     req: usize,
     slot: usize,
     piece: u32,
@@ -368,9 +426,14 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
         }
         let p = match start_piece(&mut sh.lock(), sh, &hdr) {
-            Ok(p) => p,
+            Ok(Some(p)) => p,
+            // A match frame: handled, nothing follows it.
+            Ok(None) => continue,
             Err(e) => return sh.fail(e),
         };
+        if p.piece == 0 {
+            sh.trace.event("recv", p.tn, format_args!("first byte read (socket {i})"));
+        }
         // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
         // against its posted size in `start_piece`), which cannot complete while the
         // piece is `Arriving`: NCCL's promise (sock::RawBuf) holds.
@@ -391,9 +454,20 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
     }
 }
 
-fn start_piece(st: &mut State, sh: &Shared, hdr: &[u8; PieceHeader::LEN]) -> Result<RxPiece> {
+fn start_piece(
+    st: &mut State,
+    sh: &Shared,
+    hdr: &[u8; PieceHeader::LEN],
+) -> Result<Option<RxPiece>> {
     let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
     let h = PieceHeader::decode(hdr, sh.streams).map_err(|e| bad(e.0))?;
+    if h.matched {
+        on_match(st, sh, h.offset, h.cts_id, h.slot as usize)?;
+        return Ok(None);
+    }
+    if h.slot == EAGER_SLOT {
+        return start_eager(st, sh, &h).map(Some);
+    }
     let ri = st
         .reqs
         .iter()
@@ -439,7 +513,9 @@ fn start_piece(st: &mut State, sh: &Shared, hdr: &[u8; PieceHeader::LEN]) -> Res
         )));
     }
     msg.pieces[h.piece as usize] = Piece::Arriving;
-    Ok(RxPiece {
+    Ok(Some(RxPiece {
+        eager: None,
+        tn: req.tn,
         req: ri,
         slot: h.slot as usize,
         piece: h.piece,
@@ -448,10 +524,146 @@ fn start_piece(st: &mut State, sh: &Shared, hdr: &[u8; PieceHeader::LEN]) -> Res
         len: h.len as usize,
         crc: h.crc,
         checked: h.checked,
+    }))
+}
+
+/// A piece of eager message `h.cts_id`: into its bounce buffer.
+fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let seq = h.cts_id;
+    if h.total > EAGER_MAX {
+        return Err(bad(format!(
+            "an eager message of {} bytes (at most {EAGER_MAX})",
+            h.total
+        )));
+    }
+    let layout = Layout::new(h.total, sh.streams);
+    let e = st.eager.entry(seq).or_default();
+    let msg = e.msg.get_or_insert_with(|| Msg {
+        layout,
+        checked: h.checked,
+        pieces: vec![Piece::Expected; layout.count as usize],
+        outstanding: layout.count,
+        bad: Vec::new(),
+    });
+    if msg.layout != layout || msg.checked != h.checked {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} says it has {} bytes, an earlier one said {}",
+            h.piece, h.total, msg.layout.total
+        )));
+    }
+    if msg.pieces[h.piece as usize] != Piece::Expected {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} arrived twice",
+            h.piece
+        )));
+    }
+    msg.pieces[h.piece as usize] = Piece::Arriving;
+    if e.buf.len() as u64 != h.total {
+        e.buf = vec![0u8; h.total as usize];
+    }
+    Ok(RxPiece {
+        eager: Some(seq),
+        tn: seq,
+        req: 0,
+        slot: 0,
+        piece: h.piece,
+        // SAFETY: offset + len <= total = the bounce buffer's length (decode checked
+        // the layout); the buffer is not resized or freed while a piece of it is
+        // Arriving (allocated before the first piece, dropped only once all are Good).
+        dst: RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) }),
+        len: h.len as usize,
+        crc: h.crc,
+        checked: h.checked,
     })
 }
 
+/// The sender's match frame: eager message `seq` belongs in buffer `slot` of receive
+/// `cts_id`.
+fn on_match(st: &mut State, sh: &Shared, seq: u64, cts_id: u64, slot: usize) -> Result<()> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let ri = st
+        .reqs
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| r.id == cts_id))
+        .ok_or_else(|| {
+            bad(format!(
+                "eager message {seq} matched to receive {cts_id}, which is not posted"
+            ))
+        })?;
+    let (tn, n) = st.reqs[ri]
+        .as_ref()
+        .map_or((0, 0), |r| (r.tn, r.slots.len()));
+    if slot >= n {
+        return Err(bad(format!(
+            "eager message {seq} matched to buffer {slot} of a receive of {n}"
+        )));
+    }
+    let e = st.eager.entry(seq).or_default();
+    if e.target.is_some() {
+        return Err(bad(format!("eager message {seq} matched twice")));
+    }
+    e.target = Some((ri, slot));
+    let good = e.good;
+    sh.trace.event(
+        "recv",
+        tn,
+        format_args!("eager {seq} matched to buffer {slot}"),
+    );
+    if good {
+        place(st, sh, seq)?;
+    }
+    Ok(())
+}
+
+/// Copies eager message `seq` (whole, good, matched) into its NCCL buffer, which is
+/// then done as if the message had arrived there.
+fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
+    let Some(e) = st.eager.remove(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    let (Some((ri, si)), Some(msg)) = (e.target, e.msg) else {
+        return Err(NetError::internal("eager message placed unmatched"));
+    };
+    let Some(req) = st.reqs[ri].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let (tn, id) = (req.tn, req.id);
+    let slot = &mut req.slots[si];
+    if slot.msg.is_some() || slot.good {
+        return Err(NetError::remote(format!(
+            "from {}: eager message {seq} for buffer {si} of receive {id}, which has a message already",
+            sh.peer
+        )));
+    }
+    if msg.layout.total > slot.posted {
+        return Err(NetError::usage(format!(
+            "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
+            sh.peer, msg.layout.total, slot.posted, slot.tag
+        )));
+    }
+    // SAFETY: total <= posted: inside the irecv buffer, which stays ours until its
+    // request completes (it cannot before this slot is good, set below); the source is
+    // this comm's bounce buffer of `total` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(e.buf.as_ptr(), slot.data.0, msg.layout.total as usize)
+    };
+    slot.msg = Some(msg);
+    slot.ack_at = e.ack_at;
+    slot.good = true;
+    sh.trace.event(
+        "recv",
+        tn,
+        format_args!("eager {seq} copied into buffer {si}"),
+    );
+    Ok(())
+}
+
+
 fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<()> {
+    if let Some(seq) = p.eager {
+        return finish_eager(st, sh, p, seq, good);
+    }
     let Some(req) = st.reqs[p.req].as_mut() else {
         return Err(NetError::internal("request vanished"));
     };
@@ -491,6 +703,11 @@ fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<
     };
     let ack = matches!(frame, Ctrl::Ack { .. });
     let at = sh.push_ctrl(st, &frame)?;
+    sh.trace.event(
+        "recv",
+        p.tn,
+        format_args!("last byte read, {} sent", if ack { "ack" } else { "resend request" }),
+    );
     if ack {
         if let Some(slot) = st.reqs[p.req].as_mut().map(|r| &mut r.slots[p.slot]) {
             slot.ack_at = at;
@@ -533,4 +750,61 @@ fn ctrl_writer(sh: &Shared) {
             }
         }
     }
+}
+
+/// A piece of eager message `seq` is in (good or not): as `finish_piece`, for the
+/// bounce buffer; once whole and good it is acked, and placed if already matched.
+fn finish_eager(st: &mut State, sh: &Shared, p: &RxPiece, seq: u64, good: bool) -> Result<()> {
+    let Some(msg) = st.eager.get_mut(&seq).and_then(|e| e.msg.as_mut()) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    msg.outstanding -= 1;
+    if good {
+        msg.pieces[p.piece as usize] = Piece::Good;
+    } else {
+        msg.pieces[p.piece as usize] = Piece::Expected;
+        msg.bad.push(p.piece);
+    }
+    if msg.outstanding > 0 {
+        return Ok(());
+    }
+    let checked = msg.checked;
+    if !msg.bad.is_empty() {
+        let pieces = std::mem::take(&mut msg.bad);
+        msg.outstanding = pieces.len() as u32;
+        st.counters.repaired += pieces.len() as u64;
+        let nack = Ctrl::Nack {
+            id: seq,
+            slot: EAGER_SLOT,
+            pieces,
+        };
+        sh.push_ctrl(st, &nack)?;
+        return Ok(());
+    }
+    let at = if checked {
+        let ack = Ctrl::Ack {
+            id: seq,
+            slot: EAGER_SLOT,
+        };
+        sh.push_ctrl(st, &ack)?
+    } else {
+        0
+    };
+    sh.trace.note(
+        "recv",
+        seq,
+        format_args!(
+            "eager {seq}: last byte read into the bounce buffer{}",
+            if checked { ", ack sent" } else { "" }
+        ),
+    );
+    let Some(e) = st.eager.get_mut(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    e.good = true;
+    e.ack_at = at;
+    if e.target.is_some() {
+        place(st, sh, seq)?;
+    }
+    Ok(())
 }

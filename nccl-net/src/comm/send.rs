@@ -1,6 +1,8 @@
-//! The send comm: NCCL's `isend` matched against the receiver's clear-to-send frames
-//! (a send waits, as a null request, until the receive it answers is posted), each
-//! message cut into pieces with a CRC32C in each piece's header; a request is done
+//! The send comm: NCCL's `isend` matched against the receiver's clear-to-send frames,
+//! or, while no receive is known to be posted, sent at once as an eager message (up to
+//! `EAGER_MAX` bytes, `EAGER_BUDGET` per comm not yet placed) that the receiver keeps
+//! in a bounce buffer until a match frame from this side places it; each message cut
+//! into pieces with a CRC32C in each piece's header; a request is done
 //! when the receiver acked the message (checks on) or its last byte went out (checks
 //! off). Pieces the receiver found corrupt are sent again, up to `MAX_RESENDS` times.
 //!
@@ -18,7 +20,10 @@ use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters, FaultInjector};
 use crate::log::{info, warn, NET};
 use crate::sock::{self, Io, RawBuf};
-use crate::wire::{Ctrl, Handle, Layout, PieceHeader, PostedSlot, MAX_RECVS};
+use crate::trace::Trace;
+use crate::wire::{
+    Ctrl, Handle, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_SLOT, MAX_RECVS,
+};
 use socket2::Socket;
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -34,6 +39,8 @@ struct Cts {
 }
 
 struct SendReq {
+    /// Trace number (NCCL_GRDMA_TRACE).
+    tn: u64,
     data: RawBuf,
     size: u64,
     cts_id: u64,
@@ -48,11 +55,34 @@ struct SendReq {
     acked: bool,
 }
 
+/// An eager message the sender has not yet matched to a receive (in isend order).
+struct Unresolved {
+    seq: u64,
+    tag: i32,
+    size: u64,
+}
+
+/// What a writer does next: a piece of a request, or a match frame.
+#[derive(Clone, Copy)]
+enum Work {
+    Piece(usize, u32),
+    Match { seq: u64, cts_id: u64, slot: u8 },
+}
+
 struct State {
     cts: VecDeque<Cts>,
     reqs: Vec<Option<SendReq>>,
-    /// (request, piece) to write, in order; resends go first.
-    queue: VecDeque<(usize, u32)>,
+    /// Pieces and match frames to write, in order; resends go first.
+    queue: VecDeque<Work>,
+    /// Eager messages sent before their receive was known, oldest first: every later
+    /// message goes eager too (or waits), so that messages match receives in order.
+    unresolved: VecDeque<Unresolved>,
+    /// Bytes of `unresolved` (bounded by EAGER_BUDGET).
+    eager_bytes: u64,
+    /// The next eager message's sequence number.
+    eager_seq: u64,
+    /// Requests made (trace numbers).
+    made: u64,
     failed: Option<NetError>,
     peer_closed: bool,
     injector: Option<FaultInjector>,
@@ -65,6 +95,7 @@ struct Shared {
     work: Condvar,
     stop: AtomicBool,
     peer: SocketAddr,
+    trace: Trace,
 }
 
 impl Shared {
@@ -85,7 +116,9 @@ impl Shared {
 
 /// A piece a writer took from the queue, with what it needs outside the lock.
 struct Job {
-    ri: usize,
+    /// The request the piece belongs to (None: a match frame).
+    ri: Option<usize>,
+    tn: u64,
     header: PieceHeader,
     data: RawBuf,
     len: usize,
@@ -115,6 +148,10 @@ impl SendComm {
                 cts: VecDeque::new(),
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 queue: VecDeque::new(),
+                unresolved: VecDeque::new(),
+                eager_bytes: 0,
+                eager_seq: 0,
+                made: 0,
                 failed: None,
                 peer_closed: false,
                 injector,
@@ -123,6 +160,7 @@ impl SendComm {
             work: Condvar::new(),
             stop: AtomicBool::new(false),
             peer: handle.addr,
+            trace: Trace::from_env(),
         });
         let streams = data.len();
         // Every socket of a send comm is its threads' alone (NCCL's calls do no I/O).
@@ -192,36 +230,41 @@ impl SendComm {
         let Some(ri) = free_slot(&st.reqs) else {
             return Ok(None);
         };
-        let Some(head) = st.cts.front_mut() else {
-            return Ok(None);
+        let (cts_id, slot) = match direct_match(&mut st, shared.peer, size, tag)? {
+            Some(m) => m,
+            None => {
+                // No receive known for this message: eager if it fits, else wait for
+                // the clear-to-send (a null request, NCCL calls again).
+                if size > EAGER_MAX || st.eager_bytes + size > EAGER_BUDGET {
+                    return Ok(None);
+                }
+                let seq = st.eager_seq;
+                st.eager_seq += 1;
+                st.eager_bytes += size;
+                st.unresolved.push_back(Unresolved { seq, tag, size });
+                (seq, EAGER_SLOT)
+            }
         };
-        let Some(si) =
-            (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
-        else {
-            return Ok(None);
-        };
-        let posted = head.slots[si].size;
-        if size > posted {
-            return Err(NetError::usage(format!(
-                "isend to {}: message of {size} bytes for a receive of {posted} bytes (tag {tag}): \
-                 the ranks disagree on sizes (NCCL_PROTO, NCCL_ALGO or buffer settings differ?)",
-                shared.peer
-            )));
-        }
-        head.matched[si] = true;
-        let cts_id = head.id;
-        if head.matched.iter().all(|&m| m) {
-            st.cts.pop_front();
-        }
         let layout = Layout::new(size, self.streams);
         for p in 0..layout.count {
-            st.queue.push_back((ri, p));
+            st.queue.push_back(Work::Piece(ri, p));
         }
+        let tn = st.made;
+        st.made += 1;
+        shared.trace.event(
+            "send",
+            tn,
+            format_args!(
+                "isend {size} B tag {tag} {} {cts_id}/{slot}",
+                if slot == EAGER_SLOT { "eager" } else { "to" }
+            ),
+        );
         st.reqs[ri] = Some(SendReq {
+            tn,
             data: RawBuf(data as *mut u8),
             size,
             cts_id,
-            slot: si as u8,
+            slot,
             layout,
             unsent: layout.count,
             attempts: vec![0; layout.count as usize],
@@ -248,6 +291,7 @@ impl SendComm {
         };
         if req.unsent == 0 && (req.acked || !req.checked) {
             let size = req.size;
+            shared.trace.event("send", req.tn, format_args!("test done"));
             st.counters.messages += 1;
             st.counters.bytes += size;
             st.reqs[ri] = None;
@@ -324,12 +368,38 @@ fn wake(c: &Condvar, pieces: usize, writers: usize) {
 
 /// The next piece to write, taken off the queue with its header (CRC still 0).
 fn next_job(st: &mut State) -> Option<Job> {
-    while let Some((ri, p)) = st.queue.pop_front() {
+    while let Some(w) = st.queue.pop_front() {
+        let (ri, p) = match w {
+            Work::Piece(ri, p) => (ri, p),
+            Work::Match { seq, cts_id, slot } => {
+                return Some(Job {
+                    ri: None,
+                    tn: u64::MAX,
+                    header: PieceHeader {
+                        matched: true,
+                        checked: false,
+                        slot,
+                        attempt: 0,
+                        cts_id,
+                        piece: 0,
+                        pieces: 0,
+                        total: 0,
+                        offset: seq,
+                        len: 0,
+                        crc: 0,
+                    },
+                    data: RawBuf(std::ptr::null_mut()),
+                    len: 0,
+                    corrupt: false,
+                })
+            }
+        };
         let Some(r) = st.reqs[ri].as_ref() else {
             continue;
         };
         let (off, len) = r.layout.range(p);
         let header = PieceHeader {
+            matched: false,
             checked: r.checked,
             slot: r.slot,
             attempt: r.attempts[p as usize],
@@ -349,7 +419,8 @@ fn next_job(st: &mut State) -> Option<Job> {
             st.counters.injected += 1;
         }
         return Some(Job {
-            ri,
+            ri: Some(ri),
+            tn: r.tn,
             header,
             data,
             len: len as usize,
@@ -380,6 +451,14 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         };
         if test_panic {
             panic!("NCCL_GRDMA_TEST_PANIC=writer");
+        }
+        let h0 = job.header;
+        if !h0.matched && h0.piece == 0 {
+            sh.trace.event(
+                "send",
+                job.tn,
+                format_args!("first byte written (socket {i}, attempt {})", h0.attempt),
+            );
         }
         // SAFETY: the piece lies in the isend buffer of request `job.ri`, which stays
         // in flight (its `unsent` counts this piece) until this thread is done with it
@@ -413,8 +492,25 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
                 return;
             }
         }
+        if h0.matched {
+            sh.trace.note(
+                "send",
+                h0.offset,
+                format_args!(
+                    "eager {} placed: match frame to {}/{} written",
+                    h0.offset, h0.cts_id, h0.slot
+                ),
+            );
+        } else if h0.piece + 1 == h0.pieces {
+            sh.trace.event(
+                "send",
+                job.tn,
+                format_args!("last byte written (socket {i})"),
+            );
+        }
+        let Some(ri) = job.ri else { continue };
         let mut st = sh.lock();
-        if let Some(r) = st.reqs[job.ri].as_mut() {
+        if let Some(r) = st.reqs[ri].as_mut() {
             r.unsent -= 1;
         }
     }
@@ -449,7 +545,7 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
             match Ctrl::decode(&input[at..]) {
                 Ok(Some((frame, len))) => {
                     at += len;
-                    match on_ctrl(&mut st, sh.peer, frame) {
+                    match on_ctrl(&mut st, sh.peer, &sh.trace, frame) {
                         Ok(n) => requeued += n,
                         Err(e) => break Err(e),
                     }
@@ -476,7 +572,7 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
 }
 
 /// One frame from the receiver; the number of pieces queued again.
-fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
+fn on_ctrl(st: &mut State, peer: SocketAddr, trace: &Trace, frame: Ctrl) -> Result<usize> {
     let find = |reqs: &[Option<SendReq>], id: u64, slot: u8| {
         reqs.iter().position(|r| {
             r.as_ref()
@@ -491,7 +587,13 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
                 )));
             }
             let matched = vec![false; slots.len()];
+            trace.note(
+                "send",
+                id,
+                format_args!("clear-to-send {id} received ({} buffers)", slots.len()),
+            );
             st.cts.push_back(Cts { id, slots, matched });
+            return resolve(st, peer, trace);
         }
         Ctrl::Ack { id, slot } => {
             let ri = find(&st.reqs, id, slot).ok_or_else(|| {
@@ -501,6 +603,7 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
             })?;
             if let Some(r) = st.reqs[ri].as_mut() {
                 r.acked = true;
+                trace.event("send", r.tn, format_args!("ack received"));
             }
         }
         Ctrl::Nack { id, slot, pieces } => {
@@ -529,7 +632,7 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
                     )));
                 }
                 r.unsent += 1;
-                st.queue.push_front((ri, p));
+                st.queue.push_front(Work::Piece(ri, p));
             }
             st.counters.repaired += pieces.len() as u64;
             return Ok(pieces.len());
@@ -545,4 +648,79 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, frame: Ctrl) -> Result<usize> {
         }
     }
     Ok(0)
+}
+
+/// Matches a message of `size` bytes with `tag` to the oldest clear-to-send, unless an
+/// eager message is still unmatched (then this one must go after it): the receive and
+/// buffer, or `None` when none is known.
+fn direct_match(st: &mut State, peer: SocketAddr, size: u64, tag: i32) -> Result<Option<(u64, u8)>> {
+    if !st.unresolved.is_empty() {
+        return Ok(None);
+    }
+    let Some(head) = st.cts.front_mut() else {
+        return Ok(None);
+    };
+    let Some(si) = (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
+    else {
+        return Err(NetError::usage(format!(
+            "isend to {peer}: tag {tag}, but the oldest receive posted has no free buffer with that tag \
+             (tags {:?}): the ranks disagree on the order of messages",
+            head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
+        )));
+    };
+    let posted = head.slots[si].size;
+    if size > posted {
+        return Err(size_error(peer, size, posted, tag));
+    }
+    head.matched[si] = true;
+    let id = head.id;
+    if head.matched.iter().all(|&m| m) {
+        st.cts.pop_front();
+    }
+    Ok(Some((id, si as u8)))
+}
+
+fn size_error(peer: SocketAddr, size: u64, posted: u64, tag: i32) -> NetError {
+    NetError::usage(format!(
+        "isend to {peer}: message of {size} bytes for a receive of {posted} bytes (tag {tag}): \
+         the ranks disagree on sizes (NCCL_PROTO, NCCL_ALGO or buffer settings differ?)"
+    ))
+}
+
+/// Matches the unmatched eager messages, oldest first, to the clear-to-send frames now
+/// known, by the rule `isend` uses, and queues a match frame for each; the number
+/// queued. An error (size or tag) fails the comm: the message went already.
+fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
+    let mut n = 0;
+    while let (Some(u), Some(head)) = (st.unresolved.front(), st.cts.front_mut()) {
+        let Some(si) =
+            (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == u.tag)
+        else {
+            return Err(NetError::usage(format!(
+                "eager message {} to {peer} (tag {}): the receive posted for it has no free buffer \
+                 with that tag (tags {:?}): the ranks disagree on the order of messages",
+                u.seq,
+                u.tag,
+                head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
+            )));
+        };
+        if u.size > head.slots[si].size {
+            return Err(size_error(peer, u.size, head.slots[si].size, u.tag));
+        }
+        head.matched[si] = true;
+        let (seq, cts_id) = (u.seq, head.id);
+        if head.matched.iter().all(|&m| m) {
+            st.cts.pop_front();
+        }
+        st.eager_bytes -= u.size;
+        st.unresolved.pop_front();
+        trace.note("send", seq, format_args!("eager {seq} matched to {cts_id}/{si}"));
+        st.queue.push_back(Work::Match {
+            seq,
+            cts_id,
+            slot: si as u8,
+        });
+        n += 1;
+    }
+    Ok(n)
 }
