@@ -245,7 +245,8 @@ impl PieceHeader {
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0..4].copy_from_slice(&PIECE_MAGIC);
-        b[4] = if self.checked { FLAG_CHECKED } else { 0 } | if self.matched { FLAG_MATCH } else { 0 };
+        b[4] =
+            if self.checked { FLAG_CHECKED } else { 0 } | if self.matched { FLAG_MATCH } else { 0 };
         b[5] = self.slot;
         b[6..8].copy_from_slice(&self.attempt.to_le_bytes());
         b[8..16].copy_from_slice(&self.cts_id.to_le_bytes());

@@ -538,6 +538,194 @@ fn io_threads_move_data_and_ack_without_polling() {
     net.close_listen(l);
 }
 
+/// NCCL's receiver posts step k+1's `irecv` only after its GPU consumed step k, and
+/// its sender's GPU may only go on once the sends complete: a send must complete with
+/// no receive posted (eagerly, into the receiver's bounce buffer, checked and acked
+/// there), or every step waits for the other rank's GPU (two ranks on one GPU: a
+/// GPU time slice per step). Here every send completes before any receive is posted;
+/// the receives, posted later (one buffer each and grouped), get the exact bytes.
+#[test]
+fn sends_complete_before_their_receives_are_posted() {
+    let net = Net::init();
+    let (s, r, l) = net.pair();
+    let lens = [
+        1024usize,
+        128 << 10,
+        128 << 10,
+        0,
+        2 << 20,
+        128 << 10,
+        777,
+        4 << 20,
+    ];
+    let msgs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, 300 + i as u64))
+        .collect();
+    let t0 = Instant::now();
+    let mut sreqs = Vec::new();
+    for m in &msgs {
+        let req = loop {
+            let (rc, req) = net.isend_once(s, m, 5);
+            ok(rc, "isend");
+            if !req.is_null() {
+                break req;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "a send of {} bytes waited for its receive to be posted (isend refused while no receive was posted)",
+                m.len()
+            );
+            std::thread::yield_now();
+        };
+        sreqs.push(req);
+    }
+    net.wait_all(&sreqs);
+    // Now the receives: 4 alone, then 2 groups of 2 (NCCL's grouped receives, one tag).
+    let mut bufs: Vec<Vec<Vec<u8>>> = vec![
+        vec![vec![0u8; 4 << 20]],
+        vec![vec![0u8; 4 << 20]],
+        vec![vec![0u8; 4 << 20]],
+        vec![vec![0u8; 16]],
+        vec![vec![0u8; 4 << 20], vec![0u8; 4 << 20]],
+        vec![vec![0u8; 4 << 20], vec![0u8; 4 << 20]],
+    ];
+    let rreqs: Vec<_> = bufs
+        .iter_mut()
+        .map(|b| {
+            let tags = vec![5; b.len()];
+            net.irecv(r, b, &tags)
+        })
+        .collect();
+    let sizes = net.wait_all(&rreqs);
+    let mut k = 0;
+    for (i, b) in bufs.iter().enumerate() {
+        for (j, buf) in b.iter().enumerate() {
+            assert_eq!(
+                sizes[i][j] as usize, lens[k],
+                "received size of message {k}"
+            );
+            assert!(buf[..lens[k]] == msgs[k][..], "the bytes of message {k}");
+            assert!(
+                buf[lens[k]..].iter().all(|&x| x == 0),
+                "nothing past message {k}"
+            );
+            k += 1;
+        }
+    }
+    // And the usual order (receive first) still works after the eager ones.
+    round_trip(&net, s, r, 100_000, 200_000, 9);
+    net.close_send(s);
+    net.close_recv(r);
+    net.close_listen(l);
+}
+
+/// One small operation at a time, ordered as NCCL orders them when the receiving
+/// GPU runs only after the sending one: the sender's proxy sends and tests until done,
+/// only then the receiver's proxy posts the receive and tests it, only then the next
+/// send. One thread per side, yielding when idle as NCCL's proxy does. Averages well
+/// under a timer tick here, unless a step waits on a timeout or on the other side.
+#[test]
+fn small_ops_in_nccls_order_are_not_timer_bound() {
+    let net = Net::init();
+    let (s, r, l) = net.pair();
+    const OPS: usize = 300;
+    let (to_recv, sent) = std::sync::mpsc::channel::<()>();
+    let (to_send, received) = std::sync::mpsc::channel::<()>();
+    let rp = SendPtr(r);
+    let recv = std::thread::spawn(move || {
+        let net = Net {
+            t: v11(),
+            ctx: null_mut(),
+        };
+        let rp = rp;
+        let t0 = Instant::now();
+        for k in 0..OPS {
+            // The sender finished op k before this side posts its receive.
+            loop {
+                match sent.try_recv() {
+                    Ok(()) => break,
+                    Err(_) => {
+                        assert!(t0.elapsed() < DEADLINE, "op {k}: the send never completed");
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            let mut bufs = vec![vec![0u8; 4096]];
+            let req = net.irecv(rp.0, &mut bufs, &[1]);
+            assert!(!req.is_null());
+            loop {
+                let (rc, d, sz) = net.test(req);
+                ok(rc, "test recv");
+                if d {
+                    assert_eq!(sz[0], 1024);
+                    assert!(
+                        bufs[0][..1024] == pattern(1024, k as u64)[..],
+                        "op {k}'s bytes"
+                    );
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < DEADLINE,
+                    "op {k}: the receive never completed"
+                );
+                std::thread::yield_now();
+            }
+            to_send.send(()).unwrap();
+        }
+        std::mem::forget(net); // no finalize for this borrowed context
+    });
+    let t0 = Instant::now();
+    for k in 0..OPS {
+        let msg = pattern(1024, k as u64);
+        let req = loop {
+            let (rc, req) = net.isend_once(s, &msg, 1);
+            ok(rc, "isend");
+            if !req.is_null() {
+                break req;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "op {k}: the send waited for a receive that NCCL posts only after the send completed"
+            );
+            std::thread::yield_now();
+        };
+        loop {
+            let (rc, d, _) = net.test(req);
+            ok(rc, "test send");
+            if d {
+                break;
+            }
+            assert!(t0.elapsed() < DEADLINE, "op {k}: the send never completed");
+            std::thread::yield_now();
+        }
+        to_recv.send(()).unwrap();
+        loop {
+            match received.try_recv() {
+                Ok(()) => break,
+                Err(_) => {
+                    assert!(
+                        t0.elapsed() < DEADLINE,
+                        "op {k}: the receive never completed"
+                    );
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / OPS as f64;
+    recv.join().unwrap();
+    eprintln!("small_ops_in_nccls_order: {us:.1} us per 1 KiB op");
+    assert!(
+        us < 500.0,
+        "{us:.0} us per 1 KiB op (bound 500): a step waits on a timer"
+    );
+    net.close_send(s);
+    net.close_recv(r);
+    net.close_listen(l);
+}
+
 #[test]
 fn smaller_than_posted_and_larger_refused() {
     let net = Net::init();

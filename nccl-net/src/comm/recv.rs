@@ -28,8 +28,8 @@ use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_MAX, EAGER_SLOT};
-use std::collections::HashMap;
 use socket2::Socket;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::io::IoSlice;
 use std::net::{Shutdown, SocketAddr};
@@ -297,7 +297,11 @@ impl RecvComm {
                 tn,
                 format_args!(
                     "clear-to-send {id} {}",
-                    if st.ctrl.flushed >= at { "sent" } else { "queued" }
+                    if st.ctrl.flushed >= at {
+                        "sent"
+                    } else {
+                        "queued"
+                    }
                 ),
             ),
             Err(e) => {
@@ -328,7 +332,9 @@ impl RecvComm {
                 .iter()
                 .map(|s| s.msg.as_ref().map_or(0, |m| m.layout.total))
                 .collect();
-            shared.trace.event("recv", req.tn, format_args!("test done"));
+            shared
+                .trace
+                .event("recv", req.tn, format_args!("test done"));
             st.counters.messages += sizes.len() as u64;
             st.counters.bytes += sizes.iter().sum::<u64>();
             st.reqs[ri] = None;
@@ -432,7 +438,8 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             Err(e) => return sh.fail(e),
         };
         if p.piece == 0 {
-            sh.trace.event("recv", p.tn, format_args!("first byte read (socket {i})"));
+            sh.trace
+                .event("recv", p.tn, format_args!("first byte read (socket {i})"));
         }
         // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
         // against its posted size in `start_piece`), which cannot complete while the
@@ -659,7 +666,6 @@ fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
     Ok(())
 }
 
-
 fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<()> {
     if let Some(seq) = p.eager {
         return finish_eager(st, sh, p, seq, good);
@@ -706,7 +712,10 @@ fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<
     sh.trace.event(
         "recv",
         p.tn,
-        format_args!("last byte read, {} sent", if ack { "ack" } else { "resend request" }),
+        format_args!(
+            "last byte read, {} sent",
+            if ack { "ack" } else { "resend request" }
+        ),
     );
     if ack {
         if let Some(slot) = st.reqs[p.req].as_mut().map(|r| &mut r.slots[p.slot]) {

@@ -291,7 +291,9 @@ impl SendComm {
         };
         if req.unsent == 0 && (req.acked || !req.checked) {
             let size = req.size;
-            shared.trace.event("send", req.tn, format_args!("test done"));
+            shared
+                .trace
+                .event("send", req.tn, format_args!("test done"));
             st.counters.messages += 1;
             st.counters.bytes += size;
             st.reqs[ri] = None;
@@ -653,7 +655,12 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, trace: &Trace, frame: Ctrl) -> Resu
 /// Matches a message of `size` bytes with `tag` to the oldest clear-to-send, unless an
 /// eager message is still unmatched (then this one must go after it): the receive and
 /// buffer, or `None` when none is known.
-fn direct_match(st: &mut State, peer: SocketAddr, size: u64, tag: i32) -> Result<Option<(u64, u8)>> {
+fn direct_match(
+    st: &mut State,
+    peer: SocketAddr,
+    size: u64,
+    tag: i32,
+) -> Result<Option<(u64, u8)>> {
     if !st.unresolved.is_empty() {
         return Ok(None);
     }
@@ -714,7 +721,11 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
         }
         st.eager_bytes -= u.size;
         st.unresolved.pop_front();
-        trace.note("send", seq, format_args!("eager {seq} matched to {cts_id}/{si}"));
+        trace.note(
+            "send",
+            seq,
+            format_args!("eager {seq} matched to {cts_id}/{si}"),
+        );
         st.queue.push_back(Work::Match {
             seq,
             cts_id,
