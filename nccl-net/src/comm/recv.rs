@@ -64,6 +64,8 @@ struct RxSlot {
     good: bool,
     /// The control stream's byte count once this message's ack is out (0: no ack).
     ack_at: u64,
+    /// An eager message is being copied in (by a reader, outside the lock).
+    placing: bool,
 }
 
 struct RecvReq {
@@ -101,6 +103,8 @@ struct Eager {
 struct State {
     reqs: Vec<Option<RecvReq>>,
     eager: HashMap<u64, Eager>,
+    /// Eager messages to copy into their buffers: (seq, request, buffer, message).
+    to_place: Vec<(u64, usize, usize, Eager)>,
     /// Requests made (trace numbers).
     made: u64,
     next_id: u64,
@@ -185,6 +189,7 @@ impl RecvComm {
             state: Mutex::new(State {
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 eager: HashMap::new(),
+                to_place: Vec::new(),
                 made: 0,
                 next_id: 1,
                 failed: None,
@@ -281,6 +286,7 @@ impl RecvComm {
                     msg: None,
                     good: false,
                     ack_at: 0,
+                    placing: false,
                 })
                 .collect(),
         });
@@ -431,11 +437,21 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             Ok(Fill::Eof(_)) => return sh.fail(mid()),
             Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
         }
-        let p = match start_piece(&mut sh.lock(), sh, &hdr) {
-            Ok(Some(p)) => p,
-            // A match frame: handled, nothing follows it.
-            Ok(None) => continue,
-            Err(e) => return sh.fail(e),
+        let mut st = sh.lock();
+        let p = match start_piece(&mut st, sh, &hdr) {
+            Ok(Some(p)) => {
+                drop(st);
+                p
+            }
+            // A match frame: handled (the copy it may have queued is done here); no bytes follow.
+            Ok(None) => {
+                copy_placed(sh, st);
+                continue;
+            }
+            Err(e) => {
+                drop(st);
+                return sh.fail(e);
+            }
         };
         if p.piece == 0 {
             sh.trace
@@ -458,6 +474,7 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             drop(st);
             return sh.fail(e);
         }
+        copy_placed(sh, st);
     }
 }
 
@@ -623,47 +640,79 @@ fn on_match(st: &mut State, sh: &Shared, seq: u64, cts_id: u64, slot: usize) -> 
     Ok(())
 }
 
-/// Copies eager message `seq` (whole, good, matched) into its NCCL buffer, which is
-/// then done as if the message had arrived there.
+/// Eager message `seq` (whole, good, matched) is to be copied into its NCCL buffer:
+/// queued for the reader that holds the lock to copy once it let go of it (a copy of
+/// megabytes under the lock would hold every other reader of the comm).
 fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
     let Some(e) = st.eager.remove(&seq) else {
         return Err(NetError::internal("eager message vanished"));
     };
-    let (Some((ri, si)), Some(msg)) = (e.target, e.msg) else {
+    let (Some((ri, si)), Some(total)) = (e.target, e.msg.as_ref().map(|m| m.layout.total)) else {
         return Err(NetError::internal("eager message placed unmatched"));
     };
     let Some(req) = st.reqs[ri].as_mut() else {
         return Err(NetError::internal("request vanished"));
     };
-    let (tn, id) = (req.tn, req.id);
+    let id = req.id;
     let slot = &mut req.slots[si];
-    if slot.msg.is_some() || slot.good {
+    if slot.msg.is_some() || slot.good || slot.placing {
         return Err(NetError::remote(format!(
             "from {}: eager message {seq} for buffer {si} of receive {id}, which has a message already",
             sh.peer
         )));
     }
-    if msg.layout.total > slot.posted {
+    if total > slot.posted {
         return Err(NetError::usage(format!(
             "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
-            sh.peer, msg.layout.total, slot.posted, slot.tag
+            sh.peer, total, slot.posted, slot.tag
         )));
     }
-    // SAFETY: total <= posted: inside the irecv buffer, which stays ours until its
-    // request completes (it cannot before this slot is good, set below); the source is
-    // this comm's bounce buffer of `total` bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(e.buf.as_ptr(), slot.data.0, msg.layout.total as usize)
-    };
-    slot.msg = Some(msg);
-    slot.ack_at = e.ack_at;
-    slot.good = true;
-    sh.trace.event(
-        "recv",
-        tn,
-        format_args!("eager {seq} copied into buffer {si}"),
-    );
+    slot.placing = true;
+    st.to_place.push((seq, ri, si, e));
     Ok(())
+}
+
+/// Copies the eager messages `place` queued, outside the lock, then marks their
+/// buffers done. The request cannot complete meanwhile (its buffer is not good yet),
+/// so NCCL's buffer stays ours for the copy; `close` joins this thread first.
+fn copy_placed<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) {
+    while !st.to_place.is_empty() {
+        let work = std::mem::take(&mut st.to_place);
+        let dsts: Vec<RawBuf> = work
+            .iter()
+            .map(|&(_, ri, si, _)| {
+                st.reqs[ri]
+                    .as_ref()
+                    .map_or(RawBuf(std::ptr::null_mut()), |r| r.slots[si].data)
+            })
+            .collect();
+        drop(st);
+        for ((_, _, _, e), dst) in work.iter().zip(&dsts) {
+            if !dst.0.is_null() {
+                // SAFETY: place() checked len <= the posted size: inside the irecv
+                // buffer, ours until its request completes (not before `good`, below);
+                // the source is the message's own bounce buffer.
+                unsafe { std::ptr::copy_nonoverlapping(e.buf.as_ptr(), dst.0, e.buf.len()) };
+            }
+        }
+        st = sh.lock();
+        for (seq, ri, si, e) in work {
+            let Some(req) = st.reqs[ri].as_mut() else {
+                continue;
+            };
+            let tn = req.tn;
+            let slot = &mut req.slots[si];
+            slot.msg = e.msg;
+            slot.ack_at = e.ack_at;
+            slot.placing = false;
+            slot.good = true;
+            sh.trace.event(
+                "recv",
+                tn,
+                format_args!("eager {seq} copied into buffer {si}"),
+            );
+        }
+    }
 }
 
 fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<()> {
