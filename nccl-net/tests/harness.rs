@@ -677,7 +677,9 @@ fn small_ops_in_nccls_order_are_not_timer_bound() {
         std::mem::forget(net); // no finalize for this borrowed context
     });
     let t0 = Instant::now();
+    let mut per_op = Vec::with_capacity(OPS);
     for k in 0..OPS {
+        let t_op = Instant::now();
         let msg = pattern(1024, k as u64);
         let req = loop {
             let (rc, req) = net.isend_once(s, &msg, 1);
@@ -713,13 +715,18 @@ fn small_ops_in_nccls_order_are_not_timer_bound() {
                 }
             }
         }
+        per_op.push(t_op.elapsed().as_secs_f64() * 1e6);
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / OPS as f64;
     recv.join().unwrap();
-    eprintln!("small_ops_in_nccls_order: {us:.1} us per 1 KiB op");
+    per_op.sort_by(f64::total_cmp);
+    let median = per_op[OPS / 2];
+    eprintln!("small_ops_in_nccls_order: {us:.1} us per 1 KiB op on average, median {median:.1}");
+    // The median: the other tests share this machine's cores and stall a few ops; a
+    // wait bound to a timer would slow every one.
     assert!(
-        us < 500.0,
-        "{us:.0} us per 1 KiB op (bound 500): a step waits on a timer"
+        median < 500.0,
+        "{median:.0} us per 1 KiB op, median (bound 500): a step waits on a timer or on the other side"
     );
     net.close_send(s);
     net.close_recv(r);

@@ -53,6 +53,9 @@ struct SendReq {
     attempts: Vec<u16>,
     checked: bool,
     acked: bool,
+    /// Pieces a writer took (an eager message none of whose pieces went yet can still
+    /// become a direct one when its clear-to-send arrives: no bounce, no match frame).
+    taken: u32,
 }
 
 /// An eager message the sender has not yet matched to a receive (in isend order).
@@ -270,6 +273,7 @@ impl SendComm {
             attempts: vec![0; layout.count as usize],
             checked: self.checks,
             acked: false,
+            taken: 0,
         });
         drop(st);
         wake(&shared.work, layout.count as usize, self.streams);
@@ -396,9 +400,10 @@ fn next_job(st: &mut State) -> Option<Job> {
                 })
             }
         };
-        let Some(r) = st.reqs[ri].as_ref() else {
+        let Some(r) = st.reqs[ri].as_mut() else {
             continue;
         };
+        r.taken += 1;
         let (off, len) = r.layout.range(p);
         let header = PieceHeader {
             matched: false,
@@ -721,6 +726,22 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
         }
         st.eager_bytes -= u.size;
         st.unresolved.pop_front();
+        // Not a byte of it went yet: it goes straight to its buffer instead.
+        if let Some(r) = st
+            .reqs
+            .iter_mut()
+            .flatten()
+            .find(|r| r.slot == EAGER_SLOT && r.cts_id == seq && r.taken == 0)
+        {
+            r.cts_id = cts_id;
+            r.slot = si as u8;
+            trace.note(
+                "send",
+                seq,
+                format_args!("eager {seq} not yet written: sent to {cts_id}/{si} instead"),
+            );
+            continue;
+        }
         trace.note(
             "send",
             seq,
