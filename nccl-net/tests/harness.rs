@@ -548,6 +548,15 @@ fn io_threads_move_data_and_ack_without_polling() {
 fn sends_complete_before_their_receives_are_posted() {
     let net = Net::init();
     let (s, r, l) = net.pair();
+    sends_then_receives(&net, s, r);
+    net.close_send(s);
+    net.close_recv(r);
+    net.close_listen(l);
+}
+
+/// The body of `sends_complete_before_their_receives_are_posted` (also run with
+/// faults injected and the trace on, in a child).
+fn sends_then_receives(net: &Net, s: *mut c_void, r: *mut c_void) {
     let lens = [
         1024usize,
         128 << 10,
@@ -615,10 +624,7 @@ fn sends_complete_before_their_receives_are_posted() {
         }
     }
     // And the usual order (receive first) still works after the eager ones.
-    round_trip(&net, s, r, 100_000, 200_000, 9);
-    net.close_send(s);
-    net.close_recv(r);
-    net.close_listen(l);
+    round_trip(net, s, r, 100_000, 200_000, 9);
 }
 
 /// One small operation at a time, ordered as NCCL orders them when the receiving
@@ -1239,19 +1245,40 @@ fn child(scenario: &str, env: &[(&str, &str)]) -> std::process::Output {
         cmd.env(k, v);
     }
     let mut c = cmd.spawn().unwrap();
+    // Drained while the child runs: a child that logs more than a pipe holds (the
+    // trace) would block on a full pipe otherwise.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out_t = drain(c.stdout.take().map(|x| Box::new(x) as _));
+    let err_t = drain(c.stderr.take().map(|x| Box::new(x) as _));
     let t0 = Instant::now();
-    while c.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
         if t0.elapsed() > DEADLINE * 2 {
+            // The child this test spawned, by its handle.
             let _ = c.kill();
-            let out = c.wait_with_output().unwrap();
+            let _ = c.wait();
             panic!(
                 "child {scenario} hung: {}",
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&err_t.join().unwrap())
             );
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
     }
-    c.wait_with_output().unwrap()
 }
 
 #[test]
@@ -1269,6 +1296,18 @@ fn child_scenario() {
                 for k in 0..4 {
                     round_trip(&net, s, r, size, size, (i * 10 + k) as u64);
                 }
+            }
+            net.close_send(s);
+            net.close_recv(r);
+            net.close_listen(l);
+        }
+        "eager" => {
+            let net = Net::init();
+            let (s, r, l) = net.pair();
+            sends_then_receives(&net, s, r);
+            // Past the trace's bound (200 requests per comm).
+            for k in 0..220 {
+                round_trip(&net, s, r, 100, 100, k);
             }
             net.close_send(s);
             net.close_recv(r);
@@ -1392,6 +1431,50 @@ fn injected_faults_are_repaired_exactly() {
     assert!(
         err.contains("corrupted on purpose"),
         "the sender counts its injections"
+    );
+}
+
+/// Eager messages (sent before their receive) with 1 piece in 3 corrupted: repaired
+/// from the bounce buffer before the send completes, placed exactly (the child checks
+/// the bytes); with NCCL_GRDMA_TRACE=1 each request's steps are in NCCL's log, for the
+/// first 200 requests of a comm only.
+#[test]
+fn eager_sends_are_repaired_and_traced() {
+    let out = child(
+        "eager",
+        &[
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
+            ("NCCL_GRDMA_TRACE", "1"),
+        ],
+    );
+    let err = assert_child_ok(&out, "eager sends with faults and the trace");
+    let line = err
+        .lines()
+        .find(|l| l.contains("receive comm from") && l.contains("closed"))
+        .expect("the receiver's counters line");
+    assert!(!line.contains(" 0 pieces repaired"), "{line}");
+    for want in [
+        "trace send req 0 +",
+        "isend 1024 B tag 5 eager 0/255",
+        "first byte written",
+        "last byte written",
+        "ack received",
+        "clear-to-send 1 received",
+        "eager 0 matched to 1/0",
+        "match frame to 1/0 written",
+        "trace recv req 0 +",
+        "clear-to-send 1 sent",
+        "last byte read into the bounce buffer, ack sent",
+        "eager 0 copied into buffer 0",
+        "first byte read",
+        "test done",
+        "trace send req 199 +",
+    ] {
+        assert!(err.contains(want), "no trace line with {want:?}");
+    }
+    assert!(
+        !err.contains("trace send req 200 ") && !err.contains("trace recv req 200 "),
+        "traced past the first 200 requests"
     );
 }
 

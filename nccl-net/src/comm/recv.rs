@@ -454,8 +454,16 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             }
         };
         if p.piece == 0 {
-            sh.trace
-                .event("recv", p.tn, format_args!("first byte read (socket {i})"));
+            match p.eager {
+                Some(seq) => sh.trace.note(
+                    "recv",
+                    seq,
+                    format_args!("eager {seq}: first byte read (socket {i})"),
+                ),
+                None => sh
+                    .trace
+                    .event("recv", p.tn, format_args!("first byte read (socket {i})")),
+            }
         }
         // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
         // against its posted size in `start_piece`), which cannot complete while the
