@@ -9,6 +9,8 @@
 #   RUNS=streams-sweep tests/nccl/h200-run.sh    # send/recv at SWEEP_BYTES (256MiB) only, NCCL's
 #       defaults: grdma at NCCL_GRDMA_STREAMS=1,2,4,8 against Socket at NCCL_SOCKET_NTHREADS=1,2,4,8
 #       (one socket per thread); about 20 s per point
+#   RUNS=grdma-trace tests/nccl/h200-run.sh      # send/recv 1KiB..1MiB with NCCL_GRDMA_TRACE=1:
+#       every step of each comm's first 200 requests in grdma-trace.log (where an op's time goes)
 #   RUNS=plugin-bench HARNESS=path/to/harness-<hash> tests/nccl/h200-run.sh   # the plugin alone,
 #       no NCCL, no GPU: nccl-net/tests/harness.rs's bench_loopback at NCCL_GRDMA_STREAMS=1,4,8
 #       (cargo test --release -p nccl-net --test harness --no-run prints the binary); seconds each
@@ -80,6 +82,14 @@ if [[ " $RUNS " == *" streams-sweep "* ]]; then
             BENCH_ARGS="--ops send_recv --min-bytes $SWEEP_BYTES" \
             run "socket-threads-$n" Socket NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=1 NCCL_SOCKET_NTHREADS="$n"
     done
+fi
+
+# NCCL_GRDMA_TRACE=1: each comm's first 200 requests step by step in the log (isend/irecv,
+# clear-to-send, first/last byte, ack, eager match and copy, test done), send/recv to 1 MiB.
+if [[ " $RUNS " == *" grdma-trace "* ]]; then
+    MAX_BYTES=1MiB BENCH_ARGS="--ops send_recv" \
+        run grdma-trace grdma "${GRDMA[@]}" NCCL_GRDMA_TRACE=1
+    echo "h200-run: grdma-trace: $(grep -c 'NET/grdma : trace ' "$OUT/grdma-trace.log" || true) trace lines in $OUT/grdma-trace.log"
 fi
 
 if [[ " $RUNS " == *" plugin-bench "* ]]; then
