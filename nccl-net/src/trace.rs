@@ -1,8 +1,9 @@
 //! `NCCL_GRDMA_TRACE=1`: one INFO line per step of each of a comm's first
 //! `TRACE_REQUESTS` requests (isend/irecv called, clear-to-send sent and received,
 //! first and last byte written and read, ack sent and received, test done), stamped in
-//! microseconds since the comm was made, so that a run under NCCL shows where an
-//! operation's time goes. Off (and free) unless set.
+//! microseconds since the comm was made and, after `@`, the wall clock's microseconds
+//! (the same clock for both ranks on one host, so their lines can be merged), so that
+//! a run under NCCL shows where an operation's time goes. Off (and free) unless set.
 
 use crate::log::{info, NET};
 use std::time::Instant;
@@ -33,7 +34,7 @@ impl Trace {
     pub fn note(&self, comm: &str, key: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (key <= TRACE_REQUESTS, self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} #{key} +{us}us {what}");
+            info!(NET; "trace {comm} #{key} +{us}us @{} {what}", wall_us());
         }
     }
 
@@ -41,7 +42,14 @@ impl Trace {
     pub fn event(&self, comm: &str, n: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (self.on(n), self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} req {n} +{us}us {what}");
+            info!(NET; "trace {comm} req {n} +{us}us @{} {what}", wall_us());
         }
     }
+}
+
+/// Microseconds since the Unix epoch (0 if the clock is before it).
+fn wall_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
 }
