@@ -145,6 +145,7 @@ mod tests {
             streams: 2,
             checks: true,
             inject_one_in: None,
+            eager_max: crate::config::DEFAULT_EAGER_MAX,
         };
         let handle = Handle {
             addr: "127.0.0.1:9".parse().unwrap(),

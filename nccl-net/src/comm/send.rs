@@ -138,6 +138,8 @@ pub struct SendComm {
     handles: Option<Handles>,
     streams: usize,
     checks: bool,
+    /// `NCCL_GRDMA_EAGER_MAX`.
+    eager_max: u64,
 }
 
 impl SendComm {
@@ -185,6 +187,7 @@ impl SendComm {
             handles: None,
             streams,
             checks: cfg.checks,
+            eager_max: cfg.eager_max,
         });
         let spawned = (|| {
             for (i, s) in data.into_iter().enumerate() {
@@ -238,7 +241,7 @@ impl SendComm {
             None => {
                 // No receive known for this message: eager if it fits, else wait for
                 // the clear-to-send (a null request, NCCL calls again).
-                if size > EAGER_MAX || st.eager_bytes + size > EAGER_BUDGET {
+                if size > self.eager_max.min(EAGER_MAX) || st.eager_bytes + size > EAGER_BUDGET {
                     return Ok(None);
                 }
                 let seq = st.eager_seq;
