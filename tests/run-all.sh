@@ -9,8 +9,8 @@
 # 2. checks formatting and lints (both builds: with CUDA, and the receiver without);
 # 3. builds the no-CUDA binaries the Soft-RoCE guests run (host, the rdma-loopback example);
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
-#    with a reason where there is no GPU), the tutorial's examples (examples/) and the
-#    RDMA tests inside the guests;
+#    with a reason where there is no GPU), the tutorial's examples (examples/), the
+#    NCCL net plugin's harness (nccl-net/tests/) and the RDMA tests inside the guests;
 # 5. runs the host-memory modules under Miri;
 # 6. fuzzes the wire-format decoders for 30 s.
 # Besides: the PTX kept in gpu-kernels/ptx/ is checked against this build's, and a crate
@@ -49,6 +49,12 @@ step "the PTX kept for stable builds is this build's, byte for byte (tests/kept-
 bash tests/kept-ptx.sh check
 step "a user's crate outside the workspace, on stable Rust, with GPU support (tests/outside-crate.sh)"
 bash tests/outside-crate.sh
+
+step "building the NCCL net plugin (nccl-net/, tests/nccl/build-plugin.sh)"
+# The harness (nccl-net/tests/harness.rs) dlopens this very .so and drives it as NCCL
+# does, a few seconds; without the variable it would build its own copy.
+NCCL_GRDMA_PLUGIN="$(bash tests/nccl/build-plugin.sh)"
+export NCCL_GRDMA_PLUGIN
 
 step "cargo test"
 cargo test --workspace --locked

@@ -1,0 +1,168 @@
+//! The comms NCCL holds: a listen comm (`listen`, `accept`), a connection in progress
+//! (`connect`, kept between calls through the handle), and the send and receive comms
+//! with their requests. Each send and receive comm has its own I/O threads, one per
+//! data socket and one for the control socket (`threads`), which move the bytes
+//! between NCCL's buffers and the sockets, take and check the CRCs and answer the peer
+//! at once; NCCL's calls (`isend`, `irecv`, `test`) only look at and change the comm's
+//! shared state under its lock, and never wait on a socket.
+//!
+//! NCCL's contract, relied on throughout: one comm is used by one thread at a time; a
+//! buffer handed to `isend`/`irecv` stays valid and untouched until `test` reports its
+//! request done; at most `NCCL_NET_MAX_REQUESTS` requests per comm are in flight.
+
+pub mod connect;
+pub mod listen;
+pub mod recv;
+pub mod send;
+pub mod threads;
+
+use crate::abi::NCCL_NET_MAX_REQUESTS;
+use crate::error::{NetError, Result};
+use std::ffi::c_void;
+
+/// The first field of each object this plugin hands NCCL as a `void*`, checked on
+/// every call so that a pointer of the wrong kind is an error and not a crash later.
+pub const LISTEN_MAGIC: u64 = u64::from_le_bytes(*b"grdListn");
+pub const SEND_MAGIC: u64 = u64::from_le_bytes(*b"grdSendC");
+pub const RECV_MAGIC: u64 = u64::from_le_bytes(*b"grdRecvC");
+pub const REQUEST_MAGIC: u64 = u64::from_le_bytes(*b"grdReqst");
+
+/// Times one piece may fail its CRC before the sender gives up on the message.
+pub const MAX_RESENDS: u16 = 8;
+
+/// What NCCL holds as a request: which comm, which of its slots. Allocated once per
+/// comm (all 32), freed when the comm closes; the comm's slot holds the state.
+#[repr(C)]
+pub struct RequestHandle {
+    pub magic: u64,
+    pub send: bool,
+    pub comm: *mut c_void,
+    pub index: usize,
+}
+
+/// The comm's request handles, at addresses that stay put while the comm lives.
+pub struct Handles(*mut [RequestHandle; NCCL_NET_MAX_REQUESTS]);
+
+impl Handles {
+    pub fn new(send: bool, comm: *mut c_void) -> Self {
+        let arr: [RequestHandle; NCCL_NET_MAX_REQUESTS] =
+            std::array::from_fn(|index| RequestHandle {
+                magic: REQUEST_MAGIC,
+                send,
+                comm,
+                index,
+            });
+        // A raw pointer, not a Box field, so that a `&mut` to the comm does not claim
+        // the handles NCCL reads through its own pointers.
+        Self(Box::into_raw(Box::new(arr)))
+    }
+
+    pub fn ptr(&self, index: usize) -> *mut c_void {
+        // SAFETY: `self.0` is a live allocation of NCCL_NET_MAX_REQUESTS handles
+        // until drop; `index` is a slot number below that (the callers' slots).
+        unsafe { std::ptr::addr_of_mut!((*self.0)[index]) as *mut c_void }
+    }
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        // SAFETY: allocated by Box::into_raw in `new`, freed once here.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
+/// Finds a free request slot.
+pub fn free_slot<T>(slots: &[Option<T>]) -> Option<usize> {
+    slots.iter().position(Option::is_none)
+}
+
+/// A random 64-bit value for tokens and ids (from the kernel's generator).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut c_void, 8, 0) };
+    if n == 8 {
+        return u64::from_le_bytes(b);
+    }
+    // No getrandom (very old kernels): time and address, still unlikely to collide.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ ((&b as *const _ as u64) << 16) ^ std::process::id() as u64
+}
+
+/// NCCL's `void*` as one of our objects, after checking its magic.
+///
+/// # Safety
+/// `p` must be null or a pointer this plugin handed NCCL that NCCL has not closed.
+pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a mut T> {
+    if p.is_null() {
+        return Err(NetError::invalid(format!("{what} is null")));
+    }
+    // SAFETY: every object we hand out starts with a u64 magic (repr(C)); reading it
+    // is valid for any pointer of ours, and the caller promised it is one.
+    if unsafe { *(p as *const u64) } != magic {
+        return Err(NetError::invalid(format!(
+            "{what} {p:?} is not a {what} of this plugin"
+        )));
+    }
+    // SAFETY: the caller promised a live object of ours; the magic says it is a T (the
+    // kinds share no magic); NCCL uses one comm from one thread at a time, so this is
+    // the only reference while the call runs.
+    Ok(unsafe { &mut *(p as *mut T) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recv::RecvComm;
+    use super::send::SendComm;
+    use crate::config::Config;
+    use crate::wire::Handle;
+    use socket2::Socket;
+    use std::net::{TcpListener, TcpStream};
+
+    /// `n` connected loopback pairs, non-blocking as connect and accept make them.
+    fn pairs(n: usize) -> (Vec<Socket>, Vec<Socket>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            for x in [&c, &s] {
+                x.set_nonblocking(true).unwrap();
+            }
+            a.push(Socket::from(c));
+            b.push(Socket::from(s));
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn a_dropped_comm_stops_its_threads() {
+        let (mut tx, mut rx) = pairs(3);
+        let cfg = Config {
+            streams: 2,
+            checks: true,
+            inject_one_in: None,
+            eager_max: crate::config::DEFAULT_EAGER_MAX,
+        };
+        let handle = Handle {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            streams: 2,
+            token: 1,
+        };
+        let s = SendComm::new(tx.remove(0), tx, handle, cfg).unwrap();
+        let r = RecvComm::new(rx.remove(0), rx).unwrap();
+        let (ws, wr) = (s.shared_weak(), r.shared_weak());
+        // Dropped, not closed (an error path): the threads, which hold the shared
+        // state, must be gone when the drop returns.
+        drop(s);
+        drop(r);
+        assert!(ws.upgrade().is_none(), "a send comm's threads outlived it");
+        assert!(
+            wr.upgrade().is_none(),
+            "a receive comm's threads outlived it"
+        );
+    }
+}

@@ -1,0 +1,876 @@
+//! The receive comm: each `irecv` (1 to `MAX_RECVS` buffers, each with a tag) is
+//! announced to the sender with a clear-to-send frame; pieces land straight in NCCL's
+//! buffers from whichever data socket carries them; each piece's CRC32C is checked
+//! where it landed; once every piece of a message arrived, the corrupt ones are asked
+//! for again (a NACK) or, all good, the message is acked. A request is done when every
+//! buffer's message arrived whole and good and the acks went out.
+//!
+//! Eager messages (sent before the sender saw this receive's clear-to-send) land in
+//! a bounce buffer of this comm, are checked and acked there (so the sender's request
+//! completes without waiting for this side's `irecv`: NCCL posts the next receive only
+//! after the GPU consumed the last one, and a sender that waited for it would tie each
+//! step to the receiving GPU), and are copied into NCCL's buffer once the sender's
+//! match frame says which receive and buffer they belong to.
+//!
+//! Threads: one reader per data socket reads a header, finds the buffer, reads the
+//! bytes into it, checks the CRC, and sends the ack or NACK the moment a message's last
+//! piece is in (from that thread, without waiting for NCCL's next call); one control
+//! writer sends what the control socket could not take at once. NCCL's calls (`irecv`,
+//! `test`) only change the shared state under its lock and try one non-blocking send of
+//! the clear-to-send: they never wait.
+
+use super::threads::Workers;
+use super::{free_slot, Handles, RECV_MAGIC};
+use crate::abi::NCCL_NET_MAX_REQUESTS;
+use crate::error::{io_err, NetError, Result};
+use crate::integrity::{self, Counters};
+use crate::log::{info, warn, NET};
+use crate::sock::{self, Fill, Io, RawBuf};
+use crate::trace::Trace;
+use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_MAX, EAGER_SLOT};
+use socket2::Socket;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::io::IoSlice;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    Expected,
+    /// A reader is writing it into NCCL's buffer: the request cannot complete.
+    Arriving,
+    Good,
+}
+
+struct Msg {
+    layout: Layout,
+    checked: bool,
+    pieces: Vec<Piece>,
+    /// Pieces not yet arrived (in this round).
+    outstanding: u32,
+    /// Pieces of this round that failed their CRC.
+    bad: Vec<u32>,
+}
+
+struct RxSlot {
+    data: RawBuf,
+    posted: u64,
+    tag: i32,
+    msg: Option<Msg>,
+    /// Every piece arrived and passed.
+    good: bool,
+    /// The control stream's byte count once this message's ack is out (0: no ack).
+    ack_at: u64,
+    /// An eager message is being copied in (by a reader, outside the lock).
+    placing: bool,
+}
+
+struct RecvReq {
+    /// Trace number (NCCL_GRDMA_TRACE).
+    tn: u64,
+    id: u64,
+    slots: Vec<RxSlot>,
+}
+
+/// The control frames on their way out. Whoever adds one tries a non-blocking send at
+/// once; what the socket did not take waits for the control writer thread. `busy`
+/// while that thread holds bytes outside the lock, so that nobody sends past them.
+#[derive(Default)]
+struct CtrlOut {
+    pending: Vec<u8>,
+    busy: bool,
+    queued: u64,
+    flushed: u64,
+}
+
+/// An eager message: its bytes in a bounce buffer until a match frame places it.
+#[derive(Default)]
+struct Eager {
+    msg: Option<Msg>,
+    /// The bounce buffer (allocated at the first piece; never resized after, so the
+    /// address the readers write to stays put).
+    buf: Vec<u8>,
+    /// Where it belongs (request, buffer), once the match frame came.
+    target: Option<(usize, usize)>,
+    /// Arrived whole and good (and acked, checks on).
+    good: bool,
+    ack_at: u64,
+}
+
+struct State {
+    reqs: Vec<Option<RecvReq>>,
+    eager: HashMap<u64, Eager>,
+    /// Eager messages to copy into their buffers: (seq, request, buffer, message).
+    to_place: Vec<(u64, usize, usize, Eager)>,
+    /// Requests made (trace numbers).
+    made: u64,
+    next_id: u64,
+    failed: Option<NetError>,
+    peer_closed: bool,
+    ctrl: CtrlOut,
+    counters: Counters,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// The control writer waits here for bytes the socket did not take.
+    ctrl_wake: Condvar,
+    stop: AtomicBool,
+    ctrl: Arc<Socket>,
+    streams: usize,
+    peer: String,
+    trace: Trace,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fail(&self, e: NetError) {
+        let mut st = self.lock();
+        if st.failed.is_none() && !self.stop.load(Ordering::Relaxed) {
+            st.failed = Some(e);
+        }
+        drop(st);
+        self.ctrl_wake.notify_all();
+    }
+
+    /// Queues `frame` and sends what the socket takes now; the stream position at
+    /// which it is out.
+    fn push_ctrl(&self, st: &mut State, frame: &Ctrl) -> Result<u64> {
+        let before = st.ctrl.pending.len();
+        frame.encode(&mut st.ctrl.pending);
+        // Counted, not derived from `pending`: the writer may hold earlier bytes.
+        st.ctrl.queued += (st.ctrl.pending.len() - before) as u64;
+        let end = st.ctrl.queued;
+        if !st.ctrl.busy {
+            while !st.ctrl.pending.is_empty() {
+                match sock::send(&self.ctrl, &[IoSlice::new(&st.ctrl.pending)])
+                    .map_err(|e| io_err(format!("control socket to {}", self.peer), e))?
+                {
+                    Io::Moved(n) => {
+                        st.ctrl.pending.drain(..n);
+                        st.ctrl.flushed += n as u64;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if !st.ctrl.pending.is_empty() {
+            self.ctrl_wake.notify_one();
+        }
+        Ok(end)
+    }
+}
+
+#[repr(C)]
+pub struct RecvComm {
+    magic: u64,
+    shared: Arc<Shared>,
+    socks: Vec<Arc<Socket>>,
+    workers: Option<Workers>,
+    handles: Option<Handles>,
+}
+
+impl RecvComm {
+    pub fn new(ctrl: Socket, data: Vec<Socket>) -> Result<Box<Self>> {
+        let peer = ctrl
+            .peer_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map_or_else(|| "?".to_string(), |a: SocketAddr| a.to_string());
+        let streams = data.len();
+        let ctrl = Arc::new(ctrl);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                eager: HashMap::new(),
+                to_place: Vec::new(),
+                made: 0,
+                next_id: 1,
+                failed: None,
+                peer_closed: false,
+                ctrl: CtrlOut::default(),
+                counters: Counters::default(),
+            }),
+            ctrl_wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ctrl: ctrl.clone(),
+            streams,
+            peer,
+            trace: Trace::from_env(),
+        });
+        for s in &data {
+            sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
+        }
+        let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
+        let mut socks = vec![ctrl];
+        socks.extend(data.iter().cloned());
+        let mut c = Box::new(Self {
+            magic: RECV_MAGIC,
+            shared: shared.clone(),
+            socks,
+            workers: None,
+            handles: None,
+        });
+        let mut workers = Workers::default();
+        let spawned = (|| {
+            for (i, s) in data.into_iter().enumerate() {
+                let (sh, sp) = (shared.clone(), shared.clone());
+                workers.spawn(
+                    format!("grdma-rx{i}"),
+                    move || reader(&sh, &s, i),
+                    move |m| sp.fail(NetError::internal(format!("reader {i} panicked: {m}"))),
+                )?;
+            }
+            let (sh, sp) = (shared.clone(), shared.clone());
+            workers.spawn(
+                "grdma-rxctl".into(),
+                move || ctrl_writer(&sh),
+                move |m| sp.fail(NetError::internal(format!("control writer panicked: {m}"))),
+            )
+        })();
+        c.workers = Some(workers);
+        if let Err(e) = spawned {
+            c.stop();
+            return Err(io_err("starting the receive comm's threads", e));
+        }
+        let me = &mut *c as *mut Self as *mut c_void;
+        c.handles = Some(Handles::new(false, me));
+        info!(NET; "receive comm from {} over {} sockets (a reader thread each, on {} CPUs)", shared.peer, streams,
+            super::threads::cpus_allowed());
+        Ok(c)
+    }
+
+    /// `irecv` into `bufs` (address, size, tag): a request, or `None` when all 32 are
+    /// in flight.
+    pub fn irecv(&mut self, bufs: &[(*mut u8, u64, i32)]) -> Result<Option<*mut c_void>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(&shared.peer));
+        }
+        let Some(ri) = free_slot(&st.reqs) else {
+            return Ok(None);
+        };
+        let id = st.next_id;
+        st.next_id += 1;
+        let tn = st.made;
+        st.made += 1;
+        shared.trace.event(
+            "recv",
+            tn,
+            format_args!(
+                "irecv {} buffers ({} B first) as {id}",
+                bufs.len(),
+                bufs[0].1
+            ),
+        );
+        // Registered before the clear-to-send goes out: the first piece may follow at once.
+        st.reqs[ri] = Some(RecvReq {
+            tn,
+            id,
+            slots: bufs
+                .iter()
+                .map(|&(data, posted, tag)| RxSlot {
+                    data: RawBuf(data),
+                    posted,
+                    tag,
+                    msg: None,
+                    good: false,
+                    ack_at: 0,
+                    placing: false,
+                })
+                .collect(),
+        });
+        let cts = Ctrl::Cts {
+            id,
+            slots: bufs
+                .iter()
+                .map(|&(_, size, tag)| PostedSlot { tag, size })
+                .collect(),
+        };
+        match shared.push_ctrl(&mut st, &cts) {
+            Ok(at) => shared.trace.event(
+                "recv",
+                tn,
+                format_args!(
+                    "clear-to-send {id} {}",
+                    if st.ctrl.flushed >= at {
+                        "sent"
+                    } else {
+                        "queued"
+                    }
+                ),
+            ),
+            Err(e) => {
+                st.failed = Some(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(Some(
+            self.handles
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |h| h.ptr(ri)),
+        ))
+    }
+
+    /// `test` on request `ri`: the received sizes, one per buffer, when done.
+    pub fn test(&mut self, ri: usize) -> Result<Option<Vec<u64>>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let flushed = st.ctrl.flushed;
+        let Some(req) = st.reqs[ri].as_ref() else {
+            return Err(NetError::invalid(
+                "test: the request is not in flight on its receive comm",
+            ));
+        };
+        if req.slots.iter().all(|s| s.good && flushed >= s.ack_at) {
+            let sizes: Vec<u64> = req
+                .slots
+                .iter()
+                .map(|s| s.msg.as_ref().map_or(0, |m| m.layout.total))
+                .collect();
+            shared
+                .trace
+                .event("recv", req.tn, format_args!("test done"));
+            st.counters.messages += sizes.len() as u64;
+            st.counters.bytes += sizes.iter().sum::<u64>();
+            st.reqs[ri] = None;
+            return Ok(Some(sizes));
+        }
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(&shared.peer));
+        }
+        Ok(None)
+    }
+
+    /// The shared state, weakly (the tests see whether the threads let it go).
+    #[cfg(test)]
+    pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
+        Arc::downgrade(&self.shared)
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.ctrl_wake.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(w) = self.workers.take() {
+            let left = w.join();
+            if left > 0 {
+                warn!(
+                    "receive comm from {}: {left} I/O threads still running {} s after close; left behind",
+                    self.shared.peer,
+                    super::threads::JOIN_TIMEOUT.as_secs()
+                );
+            }
+        }
+    }
+
+    /// `closeRecv`: the threads stop and are joined, the sockets close with the comm;
+    /// the counters go to NCCL's log.
+    pub fn close(&mut self) {
+        self.stop();
+        let st = self.shared.lock();
+        info!(NET; "receive comm from {} closed: {}", self.shared.peer, st.counters.line());
+        integrity::RECEIVED.add(&st.counters);
+    }
+}
+
+impl Drop for RecvComm {
+    /// A comm dropped without `close` (an error path) still stops and joins its threads.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn closed_error(peer: &str) -> NetError {
+    NetError::remote(format!(
+        "the sender at {peer} closed the connection (its process ended or closed the comm)"
+    ))
+}
+
+/// A piece a reader is receiving, placed by its header.
+struct RxPiece {
+    /// An eager message's sequence number (its bytes go to the bounce buffer).
+    eager: Option<u64>,
+    tn: u64,
+    req: usize,
+    slot: usize,
+    piece: u32,
+    dst: RawBuf,
+    len: usize,
+    crc: u32,
+    checked: bool,
+}
+
+/// One data socket's thread: header, bytes into NCCL's buffer, CRC, ack.
+fn reader(sh: &Shared, sock: &Socket, i: usize) {
+    let mid = || {
+        NetError::remote(format!(
+            "the sender at {} closed data socket {i} in the middle of a piece",
+            sh.peer
+        ))
+    };
+    loop {
+        let mut hdr = [0u8; PieceHeader::LEN];
+        // SAFETY: our own array, PieceHeader::LEN bytes.
+        match unsafe { sock::read_full(sock, hdr.as_mut_ptr(), hdr.len(), &sh.stop) } {
+            Ok(Fill::Done) => {}
+            Ok(Fill::Stopped) => return,
+            Ok(Fill::Eof(0)) => {
+                sh.lock().peer_closed = true;
+                return;
+            }
+            Ok(Fill::Eof(_)) => return sh.fail(mid()),
+            Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
+        }
+        let mut st = sh.lock();
+        let p = match start_piece(&mut st, sh, &hdr) {
+            Ok(Some(p)) => {
+                drop(st);
+                p
+            }
+            // A match frame: handled (the copy it may have queued is done here); no bytes follow.
+            Ok(None) => {
+                copy_placed(sh, st);
+                continue;
+            }
+            Err(e) => {
+                drop(st);
+                return sh.fail(e);
+            }
+        };
+        if p.piece == 0 {
+            match p.eager {
+                Some(seq) => sh.trace.note(
+                    "recv",
+                    seq,
+                    format_args!("eager {seq}: first byte read (socket {i})"),
+                ),
+                None => sh
+                    .trace
+                    .event("recv", p.tn, format_args!("first byte read (socket {i})")),
+            }
+        }
+        // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
+        // against its posted size in `start_piece`), which cannot complete while the
+        // piece is `Arriving`: NCCL's promise (sock::RawBuf) holds.
+        match unsafe { sock::read_full(sock, p.dst.0, p.len, &sh.stop) } {
+            Ok(Fill::Done) => {}
+            Ok(Fill::Stopped) => return,
+            Ok(Fill::Eof(_)) => return sh.fail(mid()),
+            Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
+        }
+        // SAFETY: the bytes this thread just received into the buffer, as above.
+        let good =
+            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst.0, p.len) }) == p.crc;
+        let mut st = sh.lock();
+        if let Err(e) = finish_piece(&mut st, sh, &p, good) {
+            drop(st);
+            return sh.fail(e);
+        }
+        copy_placed(sh, st);
+    }
+}
+
+fn start_piece(
+    st: &mut State,
+    sh: &Shared,
+    hdr: &[u8; PieceHeader::LEN],
+) -> Result<Option<RxPiece>> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let h = PieceHeader::decode(hdr, sh.streams).map_err(|e| bad(e.0))?;
+    if h.matched {
+        on_match(st, sh, h.offset, h.cts_id, h.slot as usize)?;
+        return Ok(None);
+    }
+    if h.slot == EAGER_SLOT {
+        return start_eager(st, sh, &h).map(Some);
+    }
+    let ri = st
+        .reqs
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| r.id == h.cts_id))
+        .ok_or_else(|| {
+            bad(format!(
+                "a piece for receive {}, which is not posted",
+                h.cts_id
+            ))
+        })?;
+    let Some(req) = st.reqs[ri].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let n = req.slots.len();
+    let slot = req
+        .slots
+        .get_mut(h.slot as usize)
+        .ok_or_else(|| bad(format!("a piece for buffer {} of a receive of {n}", h.slot)))?;
+    if h.total > slot.posted {
+        return Err(NetError::usage(format!(
+            "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
+            sh.peer, h.total, slot.posted, slot.tag
+        )));
+    }
+    let layout = Layout::new(h.total, sh.streams);
+    let msg = slot.msg.get_or_insert_with(|| Msg {
+        layout,
+        checked: h.checked,
+        pieces: vec![Piece::Expected; layout.count as usize],
+        outstanding: layout.count,
+        bad: Vec::new(),
+    });
+    if msg.layout != layout || msg.checked != h.checked {
+        return Err(bad(format!(
+            "piece {} says the message has {} bytes, an earlier one said {}",
+            h.piece, h.total, msg.layout.total
+        )));
+    }
+    if msg.pieces[h.piece as usize] != Piece::Expected {
+        return Err(bad(format!(
+            "piece {} of message {}/{} arrived twice",
+            h.piece, h.cts_id, h.slot
+        )));
+    }
+    msg.pieces[h.piece as usize] = Piece::Arriving;
+    Ok(Some(RxPiece {
+        eager: None,
+        tn: req.tn,
+        req: ri,
+        slot: h.slot as usize,
+        piece: h.piece,
+        // SAFETY: offset + len <= total <= posted size: inside the irecv buffer.
+        dst: RawBuf(unsafe { slot.data.0.add(h.offset as usize) }),
+        len: h.len as usize,
+        crc: h.crc,
+        checked: h.checked,
+    }))
+}
+
+/// A piece of eager message `h.cts_id`: into its bounce buffer.
+fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let seq = h.cts_id;
+    if h.total > EAGER_MAX {
+        return Err(bad(format!(
+            "an eager message of {} bytes (at most {EAGER_MAX})",
+            h.total
+        )));
+    }
+    let layout = Layout::new(h.total, sh.streams);
+    let e = st.eager.entry(seq).or_default();
+    let msg = e.msg.get_or_insert_with(|| Msg {
+        layout,
+        checked: h.checked,
+        pieces: vec![Piece::Expected; layout.count as usize],
+        outstanding: layout.count,
+        bad: Vec::new(),
+    });
+    if msg.layout != layout || msg.checked != h.checked {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} says it has {} bytes, an earlier one said {}",
+            h.piece, h.total, msg.layout.total
+        )));
+    }
+    if msg.pieces[h.piece as usize] != Piece::Expected {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} arrived twice",
+            h.piece
+        )));
+    }
+    msg.pieces[h.piece as usize] = Piece::Arriving;
+    if e.buf.len() as u64 != h.total {
+        e.buf = vec![0u8; h.total as usize];
+    }
+    Ok(RxPiece {
+        eager: Some(seq),
+        tn: seq,
+        req: 0,
+        slot: 0,
+        piece: h.piece,
+        // SAFETY: offset + len <= total = the bounce buffer's length (decode checked
+        // the layout); the buffer is not resized or freed while a piece of it is
+        // Arriving (allocated before the first piece, dropped only once all are Good).
+        dst: RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) }),
+        len: h.len as usize,
+        crc: h.crc,
+        checked: h.checked,
+    })
+}
+
+/// The sender's match frame: eager message `seq` belongs in buffer `slot` of receive
+/// `cts_id`.
+fn on_match(st: &mut State, sh: &Shared, seq: u64, cts_id: u64, slot: usize) -> Result<()> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let ri = st
+        .reqs
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| r.id == cts_id))
+        .ok_or_else(|| {
+            bad(format!(
+                "eager message {seq} matched to receive {cts_id}, which is not posted"
+            ))
+        })?;
+    let (tn, n) = st.reqs[ri]
+        .as_ref()
+        .map_or((0, 0), |r| (r.tn, r.slots.len()));
+    if slot >= n {
+        return Err(bad(format!(
+            "eager message {seq} matched to buffer {slot} of a receive of {n}"
+        )));
+    }
+    let e = st.eager.entry(seq).or_default();
+    if e.target.is_some() {
+        return Err(bad(format!("eager message {seq} matched twice")));
+    }
+    e.target = Some((ri, slot));
+    let good = e.good;
+    sh.trace.event(
+        "recv",
+        tn,
+        format_args!("eager {seq} matched to buffer {slot}"),
+    );
+    if good {
+        place(st, sh, seq)?;
+    }
+    Ok(())
+}
+
+/// Eager message `seq` (whole, good, matched) is to be copied into its NCCL buffer:
+/// queued for the reader that holds the lock to copy once it let go of it (a copy of
+/// megabytes under the lock would hold every other reader of the comm).
+fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
+    let Some(e) = st.eager.remove(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    let (Some((ri, si)), Some(total)) = (e.target, e.msg.as_ref().map(|m| m.layout.total)) else {
+        return Err(NetError::internal("eager message placed unmatched"));
+    };
+    let Some(req) = st.reqs[ri].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let id = req.id;
+    let slot = &mut req.slots[si];
+    if slot.msg.is_some() || slot.good || slot.placing {
+        return Err(NetError::remote(format!(
+            "from {}: eager message {seq} for buffer {si} of receive {id}, which has a message already",
+            sh.peer
+        )));
+    }
+    if total > slot.posted {
+        return Err(NetError::usage(format!(
+            "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
+            sh.peer, total, slot.posted, slot.tag
+        )));
+    }
+    slot.placing = true;
+    st.to_place.push((seq, ri, si, e));
+    Ok(())
+}
+
+/// Copies the eager messages `place` queued, outside the lock, then marks their
+/// buffers done. The request cannot complete meanwhile (its buffer is not good yet),
+/// so NCCL's buffer stays ours for the copy; `close` joins this thread first.
+fn copy_placed<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) {
+    while !st.to_place.is_empty() {
+        let work = std::mem::take(&mut st.to_place);
+        let dsts: Vec<RawBuf> = work
+            .iter()
+            .map(|&(_, ri, si, _)| {
+                st.reqs[ri]
+                    .as_ref()
+                    .map_or(RawBuf(std::ptr::null_mut()), |r| r.slots[si].data)
+            })
+            .collect();
+        drop(st);
+        for ((_, _, _, e), dst) in work.iter().zip(&dsts) {
+            if !dst.0.is_null() {
+                // SAFETY: place() checked len <= the posted size: inside the irecv
+                // buffer, ours until its request completes (not before `good`, below);
+                // the source is the message's own bounce buffer.
+                unsafe { std::ptr::copy_nonoverlapping(e.buf.as_ptr(), dst.0, e.buf.len()) };
+            }
+        }
+        st = sh.lock();
+        for (seq, ri, si, e) in work {
+            let Some(req) = st.reqs[ri].as_mut() else {
+                continue;
+            };
+            let tn = req.tn;
+            let slot = &mut req.slots[si];
+            slot.msg = e.msg;
+            slot.ack_at = e.ack_at;
+            slot.placing = false;
+            slot.good = true;
+            sh.trace.event(
+                "recv",
+                tn,
+                format_args!("eager {seq} copied into buffer {si}"),
+            );
+        }
+    }
+}
+
+fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<()> {
+    if let Some(seq) = p.eager {
+        return finish_eager(st, sh, p, seq, good);
+    }
+    let Some(req) = st.reqs[p.req].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let id = req.id;
+    let slot = &mut req.slots[p.slot];
+    let Some(msg) = slot.msg.as_mut() else {
+        return Err(NetError::internal("message vanished"));
+    };
+    msg.outstanding -= 1;
+    if good {
+        msg.pieces[p.piece as usize] = Piece::Good;
+    } else {
+        msg.pieces[p.piece as usize] = Piece::Expected;
+        msg.bad.push(p.piece);
+    }
+    if msg.outstanding > 0 {
+        return Ok(());
+    }
+    let frame = if msg.bad.is_empty() {
+        if !msg.checked {
+            slot.good = true;
+            return Ok(());
+        }
+        Ctrl::Ack {
+            id,
+            slot: p.slot as u8,
+        }
+    } else {
+        let pieces = std::mem::take(&mut msg.bad);
+        msg.outstanding = pieces.len() as u32;
+        st.counters.repaired += pieces.len() as u64;
+        Ctrl::Nack {
+            id,
+            slot: p.slot as u8,
+            pieces,
+        }
+    };
+    let ack = matches!(frame, Ctrl::Ack { .. });
+    let at = sh.push_ctrl(st, &frame)?;
+    sh.trace.event(
+        "recv",
+        p.tn,
+        format_args!(
+            "last byte read, {} sent",
+            if ack { "ack" } else { "resend request" }
+        ),
+    );
+    if ack {
+        if let Some(slot) = st.reqs[p.req].as_mut().map(|r| &mut r.slots[p.slot]) {
+            slot.ack_at = at;
+            slot.good = true;
+        }
+    }
+    Ok(())
+}
+
+/// The control socket's thread: sends what `push_ctrl` could not, in order.
+fn ctrl_writer(sh: &Shared) {
+    loop {
+        let bytes = {
+            let mut st = sh.lock();
+            loop {
+                if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
+                    return;
+                }
+                if !st.ctrl.pending.is_empty() && !st.ctrl.busy {
+                    break;
+                }
+                st = sh
+                    .ctrl_wake
+                    .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            st.ctrl.busy = true;
+            std::mem::take(&mut st.ctrl.pending)
+        };
+        let r = sock::write_all(&sh.ctrl, &[&bytes], &sh.stop);
+        let mut st = sh.lock();
+        st.ctrl.busy = false;
+        match r {
+            Ok(true) => st.ctrl.flushed += bytes.len() as u64,
+            Ok(false) => return,
+            Err(e) => {
+                drop(st);
+                return sh.fail(io_err(format!("control socket to {}", sh.peer), e));
+            }
+        }
+    }
+}
+
+/// A piece of eager message `seq` is in (good or not): as `finish_piece`, for the
+/// bounce buffer; once whole and good it is acked, and placed if already matched.
+fn finish_eager(st: &mut State, sh: &Shared, p: &RxPiece, seq: u64, good: bool) -> Result<()> {
+    let Some(msg) = st.eager.get_mut(&seq).and_then(|e| e.msg.as_mut()) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    msg.outstanding -= 1;
+    if good {
+        msg.pieces[p.piece as usize] = Piece::Good;
+    } else {
+        msg.pieces[p.piece as usize] = Piece::Expected;
+        msg.bad.push(p.piece);
+    }
+    if msg.outstanding > 0 {
+        return Ok(());
+    }
+    let checked = msg.checked;
+    if !msg.bad.is_empty() {
+        let pieces = std::mem::take(&mut msg.bad);
+        msg.outstanding = pieces.len() as u32;
+        st.counters.repaired += pieces.len() as u64;
+        let nack = Ctrl::Nack {
+            id: seq,
+            slot: EAGER_SLOT,
+            pieces,
+        };
+        sh.push_ctrl(st, &nack)?;
+        return Ok(());
+    }
+    let at = if checked {
+        let ack = Ctrl::Ack {
+            id: seq,
+            slot: EAGER_SLOT,
+        };
+        sh.push_ctrl(st, &ack)?
+    } else {
+        0
+    };
+    sh.trace.note(
+        "recv",
+        seq,
+        format_args!(
+            "eager {seq}: last byte read into the bounce buffer{}",
+            if checked { ", ack sent" } else { "" }
+        ),
+    );
+    let Some(e) = st.eager.get_mut(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    e.good = true;
+    e.ack_at = at;
+    if e.target.is_some() {
+        place(st, sh, seq)?;
+    }
+    Ok(())
+}

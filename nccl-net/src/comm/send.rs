@@ -1,0 +1,761 @@
+//! The send comm: NCCL's `isend` matched against the receiver's clear-to-send frames,
+//! or, while no receive is known to be posted, sent at once as an eager message (up to
+//! `EAGER_MAX` bytes, `EAGER_BUDGET` per comm not yet placed) that the receiver keeps
+//! in a bounce buffer until a match frame from this side places it; each message cut
+//! into pieces with a CRC32C in each piece's header; a request is done
+//! when the receiver acked the message (checks on) or its last byte went out (checks
+//! off). Pieces the receiver found corrupt are sent again, up to `MAX_RESENDS` times.
+//!
+//! Threads: one writer per data socket takes the next queued piece (any writer, any
+//! piece: the sockets share the load), takes its CRC and writes header and bytes
+//! straight from NCCL's buffer; one control reader takes clear-to-send, ack and resend
+//! frames as they arrive. NCCL's calls (`isend`, `test`) only look at and change the
+//! shared state under its lock: they never do I/O and never wait.
+
+use super::threads::Workers;
+use super::{free_slot, Handles, MAX_RESENDS, SEND_MAGIC};
+use crate::abi::NCCL_NET_MAX_REQUESTS;
+use crate::config::Config;
+use crate::error::{io_err, NetError, Result};
+use crate::integrity::{self, Counters, FaultInjector};
+use crate::log::{info, warn, NET};
+use crate::sock::{self, Io, RawBuf};
+use crate::trace::Trace;
+use crate::wire::{
+    Ctrl, Handle, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_SLOT, MAX_RECVS,
+};
+use socket2::Socket;
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+struct Cts {
+    id: u64,
+    slots: Vec<PostedSlot>,
+    matched: Vec<bool>,
+}
+
+struct SendReq {
+    /// Trace number (NCCL_GRDMA_TRACE).
+    tn: u64,
+    data: RawBuf,
+    size: u64,
+    cts_id: u64,
+    slot: u8,
+    layout: Layout,
+    /// Pieces queued or in a writer's hands: the request is not done while any is,
+    /// so no thread reads NCCL's buffer after `test` handed it back.
+    unsent: u32,
+    /// Sends of each piece after the first.
+    attempts: Vec<u16>,
+    checked: bool,
+    acked: bool,
+    /// Pieces a writer took (an eager message none of whose pieces went yet can still
+    /// become a direct one when its clear-to-send arrives: no bounce, no match frame).
+    taken: u32,
+}
+
+/// An eager message the sender has not yet matched to a receive (in isend order).
+struct Unresolved {
+    seq: u64,
+    tag: i32,
+    size: u64,
+}
+
+/// What a writer does next: a piece of a request, or a match frame.
+#[derive(Clone, Copy)]
+enum Work {
+    Piece(usize, u32),
+    Match { seq: u64, cts_id: u64, slot: u8 },
+}
+
+struct State {
+    cts: VecDeque<Cts>,
+    reqs: Vec<Option<SendReq>>,
+    /// Pieces and match frames to write, in order; resends go first.
+    queue: VecDeque<Work>,
+    /// Eager messages sent before their receive was known, oldest first: every later
+    /// message goes eager too (or waits), so that messages match receives in order.
+    unresolved: VecDeque<Unresolved>,
+    /// Bytes of `unresolved` (bounded by EAGER_BUDGET).
+    eager_bytes: u64,
+    /// The next eager message's sequence number.
+    eager_seq: u64,
+    /// Requests made (trace numbers).
+    made: u64,
+    failed: Option<NetError>,
+    peer_closed: bool,
+    injector: Option<FaultInjector>,
+    counters: Counters,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Writers wait here for pieces.
+    work: Condvar,
+    stop: AtomicBool,
+    peer: SocketAddr,
+    trace: Trace,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the comm's first failure; every later call on it returns it.
+    fn fail(&self, e: NetError) {
+        let mut st = self.lock();
+        if st.failed.is_none() && !self.stop.load(Ordering::Relaxed) {
+            st.failed = Some(e);
+        }
+        drop(st);
+        self.work.notify_all();
+    }
+}
+
+/// A piece a writer took from the queue, with what it needs outside the lock.
+struct Job {
+    /// The request the piece belongs to (None: a match frame).
+    ri: Option<usize>,
+    tn: u64,
+    header: PieceHeader,
+    data: RawBuf,
+    len: usize,
+    /// Fault injection: corrupt this piece (after its CRC was taken).
+    corrupt: bool,
+}
+
+#[repr(C)]
+pub struct SendComm {
+    magic: u64,
+    shared: Arc<Shared>,
+    socks: Vec<Arc<Socket>>,
+    workers: Option<Workers>,
+    handles: Option<Handles>,
+    streams: usize,
+    checks: bool,
+    /// `NCCL_GRDMA_EAGER_MAX`.
+    eager_max: u64,
+}
+
+impl SendComm {
+    pub fn new(ctrl: Socket, data: Vec<Socket>, handle: Handle, cfg: Config) -> Result<Box<Self>> {
+        let injector = match (cfg.inject_one_in, cfg.checks) {
+            (Some(n), true) => Some(FaultInjector::new(n, handle.token ^ super::random_u64())),
+            _ => None,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                cts: VecDeque::new(),
+                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                queue: VecDeque::new(),
+                unresolved: VecDeque::new(),
+                eager_bytes: 0,
+                eager_seq: 0,
+                made: 0,
+                failed: None,
+                peer_closed: false,
+                injector,
+                counters: Counters::default(),
+            }),
+            work: Condvar::new(),
+            stop: AtomicBool::new(false),
+            peer: handle.addr,
+            trace: Trace::from_env(),
+        });
+        let streams = data.len();
+        // Every socket of a send comm is its threads' alone (NCCL's calls do no I/O).
+        for s in data.iter().chain([&ctrl]) {
+            sock::set_thread_io(s).map_err(|e| io_err("setting up a socket", e))?;
+        }
+        let ctrl = Arc::new(ctrl);
+        let data: Vec<Arc<Socket>> = data.into_iter().map(Arc::new).collect();
+        let mut workers = Workers::default();
+        // Tests only: a writer that panics on its first piece (the comm must fail, not hang).
+        let panic_writer = std::env::var_os("NCCL_GRDMA_TEST_PANIC").is_some_and(|v| v == "writer");
+        let mut socks = vec![ctrl.clone()];
+        socks.extend(data.iter().cloned());
+        let mut c = Box::new(Self {
+            magic: SEND_MAGIC,
+            shared: shared.clone(),
+            socks,
+            workers: None,
+            handles: None,
+            streams,
+            checks: cfg.checks,
+            eager_max: cfg.eager_max,
+        });
+        let spawned = (|| {
+            for (i, s) in data.into_iter().enumerate() {
+                let (sh, sp) = (shared.clone(), shared.clone());
+                workers.spawn(
+                    format!("grdma-tx{i}"),
+                    move || writer(&sh, &s, i, panic_writer),
+                    move |m| sp.fail(NetError::internal(format!("writer {i} panicked: {m}"))),
+                )?;
+            }
+            let (sh, sp) = (shared.clone(), shared.clone());
+            workers.spawn(
+                "grdma-txctl".into(),
+                move || ctrl_reader(&sh, &ctrl),
+                move |m| sp.fail(NetError::internal(format!("control reader panicked: {m}"))),
+            )
+        })();
+        c.workers = Some(workers);
+        if let Err(e) = spawned {
+            c.stop();
+            return Err(io_err("starting the send comm's threads", e));
+        }
+        let me = &mut *c as *mut Self as *mut c_void;
+        c.handles = Some(Handles::new(true, me));
+        info!(NET; "send comm to {} over {} sockets (a writer thread each, on {} CPUs), checks {}{}", handle.addr, streams,
+        super::threads::cpus_allowed(),
+        if cfg.checks { "on" } else { "off" },
+        match (cfg.inject_one_in, cfg.checks) {
+            (Some(n), true) => format!(", corrupting 1 piece in {n} (NCCL_GRDMA_TEST_INJECT_FAULTS)"),
+            (Some(_), false) => ", NCCL_GRDMA_TEST_INJECT_FAULTS ignored: checks are off".into(),
+            _ => String::new(),
+        });
+        Ok(c)
+    }
+
+    /// `isend`: a request, or `None` while the matching receive is not posted yet.
+    pub fn isend(&mut self, data: *const u8, size: u64, tag: i32) -> Result<Option<*mut c_void>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(shared.peer));
+        }
+        let Some(ri) = free_slot(&st.reqs) else {
+            return Ok(None);
+        };
+        let (cts_id, slot) = match direct_match(&mut st, shared.peer, size, tag)? {
+            Some(m) => m,
+            None => {
+                // No receive known for this message: eager if it fits, else wait for
+                // the clear-to-send (a null request, NCCL calls again).
+                if size > self.eager_max.min(EAGER_MAX) || st.eager_bytes + size > EAGER_BUDGET {
+                    return Ok(None);
+                }
+                let seq = st.eager_seq;
+                st.eager_seq += 1;
+                st.eager_bytes += size;
+                st.unresolved.push_back(Unresolved { seq, tag, size });
+                (seq, EAGER_SLOT)
+            }
+        };
+        let layout = Layout::new(size, self.streams);
+        for p in 0..layout.count {
+            st.queue.push_back(Work::Piece(ri, p));
+        }
+        let tn = st.made;
+        st.made += 1;
+        shared.trace.event(
+            "send",
+            tn,
+            format_args!(
+                "isend {size} B tag {tag} {} {cts_id}/{slot}",
+                if slot == EAGER_SLOT { "eager" } else { "to" }
+            ),
+        );
+        st.reqs[ri] = Some(SendReq {
+            tn,
+            data: RawBuf(data as *mut u8),
+            size,
+            cts_id,
+            slot,
+            layout,
+            unsent: layout.count,
+            attempts: vec![0; layout.count as usize],
+            checked: self.checks,
+            acked: false,
+            taken: 0,
+        });
+        drop(st);
+        wake(&shared.work, layout.count as usize, self.streams);
+        Ok(Some(
+            self.handles
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |h| h.ptr(ri)),
+        ))
+    }
+
+    /// `test` on request `ri`: `Some(size)` when done.
+    pub fn test(&mut self, ri: usize) -> Result<Option<u64>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let Some(req) = st.reqs[ri].as_ref() else {
+            return Err(NetError::invalid(
+                "test: the request is not in flight on its send comm",
+            ));
+        };
+        if req.unsent == 0 && (req.acked || !req.checked) {
+            let size = req.size;
+            shared
+                .trace
+                .event("send", req.tn, format_args!("test done"));
+            st.counters.messages += 1;
+            st.counters.bytes += size;
+            st.reqs[ri] = None;
+            return Ok(Some(size));
+        }
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.peer_closed {
+            return Err(closed_error(shared.peer));
+        }
+        Ok(None)
+    }
+
+    /// Stops the threads: the flag, a wake-up, the sockets shut (which ends any wait
+    /// on them at once), then a bounded join.
+    /// The shared state, weakly (the tests see whether the threads let it go).
+    #[cfg(test)]
+    pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
+        Arc::downgrade(&self.shared)
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.work.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(w) = self.workers.take() {
+            let left = w.join();
+            if left > 0 {
+                warn!(
+                    "send comm to {}: {left} I/O threads still running {} s after close; left behind",
+                    self.shared.peer,
+                    super::threads::JOIN_TIMEOUT.as_secs()
+                );
+            }
+        }
+    }
+
+    /// `closeSend`: the threads stop and are joined, the sockets close with the comm;
+    /// the counters go to NCCL's log.
+    pub fn close(&mut self) {
+        self.stop();
+        let st = self.shared.lock();
+        info!(NET; "send comm to {} closed: {}", self.shared.peer, st.counters.line());
+        integrity::SENT.add(&st.counters);
+    }
+}
+
+impl Drop for SendComm {
+    /// A comm dropped without `close` (an error path) still stops and joins its threads.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn closed_error(peer: SocketAddr) -> NetError {
+    NetError::remote(format!(
+        "the receiver at {peer} closed the connection (its process ended or closed the comm)"
+    ))
+}
+
+/// Wakes writers for `pieces` new pieces (all of them when there is one per writer).
+fn wake(c: &Condvar, pieces: usize, writers: usize) {
+    if pieces >= writers {
+        c.notify_all();
+    } else {
+        for _ in 0..pieces {
+            c.notify_one();
+        }
+    }
+}
+
+/// The next piece to write, taken off the queue with its header (CRC still 0).
+fn next_job(st: &mut State) -> Option<Job> {
+    while let Some(w) = st.queue.pop_front() {
+        let (ri, p) = match w {
+            Work::Piece(ri, p) => (ri, p),
+            Work::Match { seq, cts_id, slot } => {
+                return Some(Job {
+                    ri: None,
+                    tn: u64::MAX,
+                    header: PieceHeader {
+                        matched: true,
+                        checked: false,
+                        slot,
+                        attempt: 0,
+                        cts_id,
+                        piece: 0,
+                        pieces: 0,
+                        total: 0,
+                        offset: seq,
+                        len: 0,
+                        crc: 0,
+                    },
+                    data: RawBuf(std::ptr::null_mut()),
+                    len: 0,
+                    corrupt: false,
+                })
+            }
+        };
+        let Some(r) = st.reqs[ri].as_mut() else {
+            continue;
+        };
+        r.taken += 1;
+        let (off, len) = r.layout.range(p);
+        let header = PieceHeader {
+            matched: false,
+            checked: r.checked,
+            slot: r.slot,
+            attempt: r.attempts[p as usize],
+            cts_id: r.cts_id,
+            piece: p,
+            pieces: r.layout.count,
+            total: r.size,
+            offset: off,
+            len,
+            crc: 0,
+        };
+        // SAFETY: offset + len <= size (Layout covers exactly `size` bytes): inside
+        // the isend buffer.
+        let data = RawBuf(unsafe { r.data.0.add(off as usize) });
+        let corrupt = st.injector.as_mut().is_some_and(FaultInjector::strike);
+        if corrupt {
+            st.counters.injected += 1;
+        }
+        return Some(Job {
+            ri: Some(ri),
+            tn: r.tn,
+            header,
+            data,
+            len: len as usize,
+            corrupt,
+        });
+    }
+    None
+}
+
+/// One data socket's thread: takes pieces, checksums them, writes them.
+fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
+    loop {
+        let job = {
+            let mut st = sh.lock();
+            loop {
+                if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
+                    return;
+                }
+                if let Some(j) = next_job(&mut st) {
+                    break j;
+                }
+                st = sh
+                    .work
+                    .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        };
+        if test_panic {
+            panic!("NCCL_GRDMA_TEST_PANIC=writer");
+        }
+        let h0 = job.header;
+        if !h0.matched && h0.piece == 0 {
+            sh.trace.event(
+                "send",
+                job.tn,
+                format_args!("first byte written (socket {i}, attempt {})", h0.attempt),
+            );
+        }
+        // SAFETY: the piece lies in the isend buffer of request `job.ri`, which stays
+        // in flight (its `unsent` counts this piece) until this thread is done with it
+        // below: NCCL's promise (sock::RawBuf) holds for the whole write.
+        let bytes = unsafe { sock::raw_bytes(job.data.0, job.len) };
+        let mut h = job.header;
+        if h.checked {
+            h.crc = integrity::crc32c(bytes);
+        }
+        let mut flip = [0u8; 1];
+        let mut at = job.len;
+        if job.corrupt {
+            if job.len > 0 {
+                at = job.len / 2;
+                flip[0] = bytes[at] ^ 0x10;
+            } else {
+                h.crc ^= 1;
+            }
+        }
+        let hb = h.encode();
+        let segs: [&[u8]; 4] = if at < job.len {
+            [&hb, &bytes[..at], &flip, &bytes[at + 1..]]
+        } else {
+            [&hb, bytes, &[], &[]]
+        };
+        match sock::write_all(sock, &segs, &sh.stop) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                sh.fail(io_err(format!("data socket {i} to {}", sh.peer), e));
+                return;
+            }
+        }
+        if h0.matched {
+            sh.trace.note(
+                "send",
+                h0.offset,
+                format_args!(
+                    "eager {} placed: match frame to {}/{} written",
+                    h0.offset, h0.cts_id, h0.slot
+                ),
+            );
+        } else if h0.piece + 1 == h0.pieces {
+            sh.trace.event(
+                "send",
+                job.tn,
+                format_args!("last byte written (socket {i})"),
+            );
+        }
+        let Some(ri) = job.ri else { continue };
+        let mut st = sh.lock();
+        if let Some(r) = st.reqs[ri].as_mut() {
+            r.unsent -= 1;
+        }
+    }
+}
+
+/// The control socket's thread: reads the receiver's frames and acts on each.
+fn ctrl_reader(sh: &Shared, sock: &Socket) {
+    let mut input = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if sh.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match sock::recv(sock, &mut buf) {
+            Ok(Io::Moved(n)) => input.extend_from_slice(&buf[..n]),
+            // A blocking socket's 100 ms timeout passed with nothing: look at the flag.
+            Ok(Io::Blocked) => continue,
+            Ok(Io::Closed) => {
+                sh.lock().peer_closed = true;
+                sh.work.notify_all();
+                return;
+            }
+            Err(e) => {
+                sh.fail(io_err(format!("control socket from {}", sh.peer), e));
+                return;
+            }
+        }
+        let mut at = 0;
+        let mut st = sh.lock();
+        let mut requeued = 0;
+        let r = loop {
+            match Ctrl::decode(&input[at..]) {
+                Ok(Some((frame, len))) => {
+                    at += len;
+                    match on_ctrl(&mut st, sh.peer, &sh.trace, frame) {
+                        Ok(n) => requeued += n,
+                        Err(e) => break Err(e),
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    break Err(NetError::remote(format!(
+                        "control frame from {}: {}",
+                        sh.peer, e.0
+                    )))
+                }
+            }
+        };
+        drop(st);
+        input.drain(..at);
+        if let Err(e) = r {
+            sh.fail(e);
+            return;
+        }
+        if requeued > 0 {
+            sh.work.notify_all();
+        }
+    }
+}
+
+/// One frame from the receiver; the number of pieces queued again.
+fn on_ctrl(st: &mut State, peer: SocketAddr, trace: &Trace, frame: Ctrl) -> Result<usize> {
+    let find = |reqs: &[Option<SendReq>], id: u64, slot: u8| {
+        reqs.iter().position(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.cts_id == id && r.slot == slot && !r.acked)
+        })
+    };
+    match frame {
+        Ctrl::Cts { id, slots } => {
+            if st.cts.len() >= NCCL_NET_MAX_REQUESTS || slots.len() > MAX_RECVS {
+                return Err(NetError::remote(format!(
+                    "{peer} posted more receives than NCCL allows in flight"
+                )));
+            }
+            let matched = vec![false; slots.len()];
+            trace.note(
+                "send",
+                id,
+                format_args!("clear-to-send {id} received ({} buffers)", slots.len()),
+            );
+            st.cts.push_back(Cts { id, slots, matched });
+            return resolve(st, peer, trace);
+        }
+        Ctrl::Ack { id, slot } => {
+            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
+                NetError::remote(format!(
+                    "{peer} acked message {id}/{slot}, which is not in flight"
+                ))
+            })?;
+            if let Some(r) = st.reqs[ri].as_mut() {
+                r.acked = true;
+                trace.event("send", r.tn, format_args!("ack received"));
+            }
+        }
+        Ctrl::Nack { id, slot, pieces } => {
+            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
+                NetError::remote(format!(
+                    "{peer} asked again for message {id}/{slot}, which is not in flight"
+                ))
+            })?;
+            let Some(r) = st.reqs[ri].as_mut() else {
+                return Ok(0);
+            };
+            for &p in pieces.iter().rev() {
+                if p >= r.layout.count {
+                    return Err(NetError::remote(format!(
+                        "{peer} asked again for piece {p} of a message of {} pieces",
+                        r.layout.count
+                    )));
+                }
+                r.attempts[p as usize] += 1;
+                if r.attempts[p as usize] > MAX_RESENDS {
+                    return Err(NetError::remote(format!(
+                        "piece {p} of a {}-byte message to {peer} failed its CRC32C at the receiver {} times; \
+                         giving up (a link or host that corrupts data; NCCL_GRDMA_TEST_INJECT_FAULTS set?)",
+                        r.size,
+                        MAX_RESENDS + 1
+                    )));
+                }
+                r.unsent += 1;
+                st.queue.push_front(Work::Piece(ri, p));
+            }
+            st.counters.repaired += pieces.len() as u64;
+            return Ok(pieces.len());
+        }
+        Ctrl::Reject { reason } => {
+            return Err(NetError::remote(format!(
+                "the listener at {peer} refused this connection ({}): the handle is not the one that listener made",
+                match reason {
+                    crate::wire::REJECT_BAD_TOKEN => "wrong token",
+                    _ => "bad hello",
+                }
+            )))
+        }
+    }
+    Ok(0)
+}
+
+/// Matches a message of `size` bytes with `tag` to the oldest clear-to-send, unless an
+/// eager message is still unmatched (then this one must go after it): the receive and
+/// buffer, or `None` when none is known.
+fn direct_match(
+    st: &mut State,
+    peer: SocketAddr,
+    size: u64,
+    tag: i32,
+) -> Result<Option<(u64, u8)>> {
+    if !st.unresolved.is_empty() {
+        return Ok(None);
+    }
+    let Some(head) = st.cts.front_mut() else {
+        return Ok(None);
+    };
+    let Some(si) = (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
+    else {
+        return Err(NetError::usage(format!(
+            "isend to {peer}: tag {tag}, but the oldest receive posted has no free buffer with that tag \
+             (tags {:?}): the ranks disagree on the order of messages",
+            head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
+        )));
+    };
+    let posted = head.slots[si].size;
+    if size > posted {
+        return Err(size_error(peer, size, posted, tag));
+    }
+    head.matched[si] = true;
+    let id = head.id;
+    if head.matched.iter().all(|&m| m) {
+        st.cts.pop_front();
+    }
+    Ok(Some((id, si as u8)))
+}
+
+fn size_error(peer: SocketAddr, size: u64, posted: u64, tag: i32) -> NetError {
+    NetError::usage(format!(
+        "isend to {peer}: message of {size} bytes for a receive of {posted} bytes (tag {tag}): \
+         the ranks disagree on sizes (NCCL_PROTO, NCCL_ALGO or buffer settings differ?)"
+    ))
+}
+
+/// Matches the unmatched eager messages, oldest first, to the clear-to-send frames now
+/// known, by the rule `isend` uses, and queues a match frame for each; the number
+/// queued. An error (size or tag) fails the comm: the message went already.
+fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
+    let mut n = 0;
+    while let (Some(u), Some(head)) = (st.unresolved.front(), st.cts.front_mut()) {
+        let Some(si) =
+            (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == u.tag)
+        else {
+            return Err(NetError::usage(format!(
+                "eager message {} to {peer} (tag {}): the receive posted for it has no free buffer \
+                 with that tag (tags {:?}): the ranks disagree on the order of messages",
+                u.seq,
+                u.tag,
+                head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
+            )));
+        };
+        if u.size > head.slots[si].size {
+            return Err(size_error(peer, u.size, head.slots[si].size, u.tag));
+        }
+        head.matched[si] = true;
+        let (seq, cts_id) = (u.seq, head.id);
+        if head.matched.iter().all(|&m| m) {
+            st.cts.pop_front();
+        }
+        st.eager_bytes -= u.size;
+        st.unresolved.pop_front();
+        // Not a byte of it went yet: it goes straight to its buffer instead.
+        if let Some(r) = st
+            .reqs
+            .iter_mut()
+            .flatten()
+            .find(|r| r.slot == EAGER_SLOT && r.cts_id == seq && r.taken == 0)
+        {
+            r.cts_id = cts_id;
+            r.slot = si as u8;
+            trace.note(
+                "send",
+                seq,
+                format_args!("eager {seq} not yet written: sent to {cts_id}/{si} instead"),
+            );
+            continue;
+        }
+        trace.note(
+            "send",
+            seq,
+            format_args!("eager {seq} matched to {cts_id}/{si}"),
+        );
+        st.queue.push_back(Work::Match {
+            seq,
+            cts_id,
+            slot: si as u8,
+        });
+        n += 1;
+    }
+    Ok(n)
+}

@@ -1,0 +1,155 @@
+//! The environment variables, read into one typed value when a comm is made (so one
+//! process can hold comms made under different settings, as the tests do).
+
+use crate::error::{NetError, Result};
+
+/// Sockets per comm for data when `NCCL_GRDMA_STREAMS` is unset.
+pub const DEFAULT_STREAMS: usize = 4;
+/// The most data sockets a comm may have (the handle carries the count in a byte).
+pub const MAX_STREAMS: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `NCCL_GRDMA_STREAMS`: data sockets per comm, 1..=16 (the listener's value is
+    /// the one both ends use: it travels in the handle).
+    pub streams: usize,
+    /// `NCCL_GRDMA_CHECKS`: a CRC32C per piece, checked by the receiver, bad pieces
+    /// sent again (on unless `0`). The sender's setting decides for its messages.
+    pub checks: bool,
+    /// `NCCL_GRDMA_TEST_INJECT_FAULTS=N`: flip one bit in about 1 of N pieces sent,
+    /// after its CRC is taken, so the receiver's check fails and repair runs (tests).
+    pub inject_one_in: Option<u32>,
+    /// `NCCL_GRDMA_EAGER_MAX`: the largest message sent before its receive is known
+    /// (bytes, 0: none; at most `wire::EAGER_MAX`). Small messages gain (NCCL's
+    /// default 128 KiB chunks: no wait on the other rank's GPU), large ones lose the
+    /// receiver's bounce copy, so above this they wait for the clear-to-send.
+    pub eager_max: u64,
+}
+
+/// `NCCL_GRDMA_EAGER_MAX` when unset: NCCL's default chunks go eagerly, tuned 2 MiB
+/// chunks straight into the posted buffer (H200: 4.2 GB/s send/recv at the defaults
+/// eager, against 0.93 waiting; tuned 11.3 waiting, against 4.0 eager).
+pub const DEFAULT_EAGER_MAX: u64 = 1 << 20;
+
+impl Config {
+    pub fn from_env() -> Result<Self> {
+        Self::parse(|k| std::env::var(k).ok())
+    }
+
+    /// The same from any lookup (the tests feed a map).
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let streams = match get("NCCL_GRDMA_STREAMS") {
+            None => DEFAULT_STREAMS,
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_STREAMS).contains(&n) => n,
+                _ => {
+                    return Err(NetError::invalid(format!(
+                        "NCCL_GRDMA_STREAMS={v:?}: expected a number of sockets from 1 to {MAX_STREAMS}"
+                    )))
+                }
+            },
+        };
+        let checks = match get("NCCL_GRDMA_CHECKS").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                return Err(NetError::invalid(format!(
+                    "NCCL_GRDMA_CHECKS={v:?}: expected 1 (checks on, the default) or 0 (off)"
+                )))
+            }
+        };
+        let inject_one_in = match get("NCCL_GRDMA_TEST_INJECT_FAULTS") {
+            None => None,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(_) => {
+                    return Err(NetError::invalid(format!(
+                        "NCCL_GRDMA_TEST_INJECT_FAULTS={v:?}: expected N, to corrupt 1 piece in N (0: none)"
+                    )))
+                }
+            },
+        };
+        let eager_max = match get("NCCL_GRDMA_EAGER_MAX") {
+            None => DEFAULT_EAGER_MAX,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n <= crate::wire::EAGER_MAX => n,
+                _ => {
+                    return Err(NetError::invalid(format!(
+                        "NCCL_GRDMA_EAGER_MAX={v:?}: expected bytes from 0 (never eager) to {}",
+                        crate::wire::EAGER_MAX
+                    )))
+                }
+            },
+        };
+        Ok(Self {
+            streams,
+            checks,
+            inject_one_in,
+            eager_max,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config> {
+        Config::parse(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(
+            c,
+            Config {
+                streams: 4,
+                checks: true,
+                inject_one_in: None,
+                eager_max: DEFAULT_EAGER_MAX,
+            }
+        );
+    }
+
+    #[test]
+    fn values_and_refusals() {
+        let c = parse(&[
+            ("NCCL_GRDMA_STREAMS", "8"),
+            ("NCCL_GRDMA_CHECKS", "0"),
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "100"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.streams, c.checks, c.inject_one_in),
+            (8, false, Some(100))
+        );
+        assert_eq!(
+            parse(&[("NCCL_GRDMA_EAGER_MAX", "0")]).unwrap().eager_max,
+            0
+        );
+        for (k, v) in [
+            ("NCCL_GRDMA_STREAMS", "0"),
+            ("NCCL_GRDMA_STREAMS", "17"),
+            ("NCCL_GRDMA_STREAMS", "four"),
+            ("NCCL_GRDMA_CHECKS", "yes"),
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "-1"),
+            ("NCCL_GRDMA_EAGER_MAX", "4194305"),
+            ("NCCL_GRDMA_EAGER_MAX", "1MiB"),
+        ] {
+            let e = parse(&[(k, v)]).unwrap_err();
+            assert!(e.msg.starts_with(k), "{e}");
+        }
+        assert_eq!(
+            parse(&[("NCCL_GRDMA_TEST_INJECT_FAULTS", "0")])
+                .unwrap()
+                .inject_one_in,
+            None
+        );
+    }
+}

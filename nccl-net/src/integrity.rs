@@ -1,0 +1,132 @@
+//! The integrity of each piece: its CRC32C (Castagnoli; the `crc32c` crate, the same
+//! one `host` uses, with the SSE4.2/ARMv8 instruction), the test-only fault injector
+//! that corrupts a piece after its CRC was taken, and the counters NCCL's log gets.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// Decides which pieces `NCCL_GRDMA_TEST_INJECT_FAULTS=N` corrupts: about one in N,
+/// from a xorshift generator seeded per comm (reproducible for one seed).
+#[derive(Debug)]
+pub struct FaultInjector {
+    one_in: u32,
+    state: u64,
+}
+
+impl FaultInjector {
+    pub fn new(one_in: u32, seed: u64) -> Self {
+        Self {
+            one_in,
+            state: seed | 1,
+        }
+    }
+
+    /// True for the pieces to corrupt.
+    pub fn strike(&mut self) -> bool {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.one_in == 1 || self.state.is_multiple_of(self.one_in as u64)
+    }
+}
+
+/// Messages and bytes moved, and pieces repaired (sent again after a failed CRC).
+/// One per comm, summed into the process's totals when the comm closes.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub messages: u64,
+    pub bytes: u64,
+    pub repaired: u64,
+    pub injected: u64,
+}
+
+impl Counters {
+    pub fn line(&self) -> String {
+        format!(
+            "{} messages, {} bytes, {} pieces repaired{}",
+            self.messages,
+            self.bytes,
+            self.repaired,
+            if self.injected > 0 {
+                format!(
+                    " ({} corrupted on purpose by NCCL_GRDMA_TEST_INJECT_FAULTS)",
+                    self.injected
+                )
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// The process's totals since it loaded the plugin, per direction.
+pub struct Totals {
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    repaired: AtomicU64,
+    injected: AtomicU64,
+}
+
+pub static SENT: Totals = Totals::new();
+pub static RECEIVED: Totals = Totals::new();
+
+impl Totals {
+    const fn new() -> Self {
+        Self {
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            repaired: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    pub fn add(&self, c: &Counters) {
+        self.messages.fetch_add(c.messages, Ordering::Relaxed);
+        self.bytes.fetch_add(c.bytes, Ordering::Relaxed);
+        self.repaired.fetch_add(c.repaired, Ordering::Relaxed);
+        self.injected.fetch_add(c.injected, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> Counters {
+        Counters {
+            messages: self.messages.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            repaired: self.repaired.load(Ordering::Relaxed),
+            injected: self.injected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_known_value() {
+        // The CRC32C check value (RFC 3720 B.4): "123456789" -> 0xE3069283.
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+    }
+
+    #[test]
+    fn injector_rate() {
+        let mut f = FaultInjector::new(10, 42);
+        let hits = (0..100_000).filter(|_| f.strike()).count();
+        assert!((8_000..12_000).contains(&hits), "{hits}");
+        let mut all = FaultInjector::new(1, 42);
+        assert!((0..100).all(|_| all.strike()));
+    }
+
+    #[test]
+    fn counters_line() {
+        let c = Counters {
+            messages: 3,
+            bytes: 4096,
+            repaired: 1,
+            injected: 0,
+        };
+        assert_eq!(c.line(), "3 messages, 4096 bytes, 1 pieces repaired");
+    }
+}
