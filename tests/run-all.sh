@@ -57,7 +57,7 @@ NCCL_GRDMA_PLUGIN="$(bash tests/nccl/build-plugin.sh)"
 export NCCL_GRDMA_PLUGIN
 
 step "cargo test"
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
 
 step "Miri over the host-memory modules (host buffers, the schedule, the memcpy wire and its thread, wire formats)"
 # Miri checks for undefined behaviour as the code runs: use after free, data races
