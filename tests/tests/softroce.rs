@@ -2765,6 +2765,25 @@ fn rails_two_guests_rail_0_going_down_fails_over_like_any_rail_and_the_ack_comes
     ));
 }
 
+/// Sender `label` of case `c` exited 0 after one verified transfer with no rails report
+/// (it went over one rail, unstriped).
+fn verified_unstriped(c: &Case, label: &str) {
+    c.rc(label, 0);
+    c.no_error(label);
+    let it = c.iterations(label);
+    c.check(
+        it.len() == 1 && it[0]["receiver"]["status"] == "verified",
+        &format!("`{label}` verified"),
+    );
+    c.check(
+        it[0]["rails"].as_array().is_some_and(Vec::is_empty),
+        &format!(
+            "`{label}`: no rails report (not striped): {}",
+            it[0]["rails"]
+        ),
+    );
+}
+
 #[test]
 fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
     let Some(run) = rails("rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail")
@@ -2773,17 +2792,7 @@ fn rails_one_address_is_unchanged_and_send_mode_uses_the_first_rail() {
     };
     let c = run.case('a', "one_rail_unchanged");
     for label in ["one", "send_op"] {
-        c.rc(label, 0);
-        c.no_error(label);
-        let it = c.iterations(label);
-        c.check(
-            it.len() == 1 && it[0]["receiver"]["status"] == "verified",
-            &format!("`{label}` verified"),
-        );
-        c.check(
-            it[0]["rails"].as_array().is_some_and(Vec::is_empty),
-            &format!("`{label}`: no rails report: {}", it[0]["rails"]),
-        );
+        verified_unstriped(c, label);
     }
     c.find(
         "send_op",
@@ -2804,17 +2813,7 @@ fn rails_a_key_keeps_a_verbs_transfer_on_one_rail_and_says_why() {
     };
     let c = run.case('a', "key");
     let label = "keyed";
-    c.rc(label, 0);
-    c.no_error(label);
-    let it = c.iterations(label);
-    c.check(
-        it.len() == 1 && it[0]["receiver"]["status"] == "verified",
-        &format!("`{label}` verified"),
-    );
-    c.check(
-        it[0]["rails"].as_array().is_some_and(Vec::is_empty),
-        &format!("`{label}`: not striped: {}", it[0]["rails"]),
-    );
+    verified_unstriped(c, label);
     c.find(
         label,
         0,
