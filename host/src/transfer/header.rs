@@ -331,10 +331,13 @@ impl WireError {
             },
             2 => WireError::BadMagic {
                 got: (a as u32).to_le_bytes(),
-                // An older peer sends 0 here: its one bad magic was a header's.
-                expected: match b {
+                // An older peer sends 0 here: its one bad magic was a header's. The
+                // word is taken as the 32 bits it was sent as first, so a value whose
+                // upper bits alone are set reads as that 0 too, and encodes back to
+                // the same (cargo fuzz found `expected: [0; 4]` decoding, then GRDM).
+                expected: match b as u32 {
                     0 => HEADER_MAGIC,
-                    b => (b as u32).to_le_bytes(),
+                    m => m.to_le_bytes(),
                 },
             },
             3 => WireError::UnsupportedVersion { got: a as u16 },
@@ -2463,5 +2466,31 @@ mod tests {
         ] {
             assert_eq!(RejectReason::decode(&r.encode()), Some(r));
         }
+    }
+
+    #[test]
+    fn a_bad_magic_decodes_to_what_it_encodes_back_to() {
+        // From the fuzzer: an "expected" word with only its upper 32 bits set.
+        for b in [
+            0u64,
+            1 << 32,
+            0xffff_ffff_0000_0000,
+            u32::from_le_bytes(*b"GRDF") as u64,
+        ] {
+            let e = WireError::from_parts(2, 0x49b2_49b2, b).unwrap();
+            let (sub, a, b2) = e.to_parts();
+            assert_eq!(
+                WireError::from_parts(sub, a, b2),
+                Some(e),
+                "expected word {b:#x}"
+            );
+        }
+        assert_eq!(
+            WireError::from_parts(2, 0, 1 << 32),
+            Some(WireError::BadMagic {
+                got: [0; 4],
+                expected: HEADER_MAGIC
+            })
+        );
     }
 }
