@@ -2,11 +2,10 @@
 //! process can hold comms made under different settings, as the tests do).
 
 use crate::error::{NetError, Result};
+use crate::wire::{EAGER_MAX, MAX_STREAMS};
 
 /// Sockets per comm for data when `NCCL_GRDMA_STREAMS` is unset.
 pub const DEFAULT_STREAMS: usize = 4;
-/// The most data sockets a comm may have (the handle carries the count in a byte).
-pub const MAX_STREAMS: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -73,11 +72,11 @@ impl Config {
         let eager_max = match get("NCCL_GRDMA_EAGER_MAX") {
             None => DEFAULT_EAGER_MAX,
             Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n <= crate::wire::EAGER_MAX => n,
+                Ok(n) if n <= EAGER_MAX => n,
                 _ => {
                     return Err(NetError::invalid(format!(
                         "NCCL_GRDMA_EAGER_MAX={v:?}: expected bytes from 0 (never eager) to {}",
-                        crate::wire::EAGER_MAX
+                        EAGER_MAX
                     )))
                 }
             },

@@ -6,8 +6,10 @@
 //! well-behaved peer.
 
 use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
-use crate::config::MAX_STREAMS;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The most data sockets a comm may have (the handle carries the count in a byte).
+pub const MAX_STREAMS: usize = 16;
 
 pub const HANDLE_MAGIC: [u8; 4] = *b"GRDN";
 pub const HELLO_MAGIC: [u8; 4] = *b"GRDH";
