@@ -48,30 +48,29 @@ fn main() {
     )
     .expect("write the digest into OUT_DIR");
     let mode = std::env::var("HOST_PTX").unwrap_or_default();
-    let build = match mode.as_str() {
-        "built" => true,
-        "kept" => false,
-        "" | "auto" => ptx_builder::PtxBuilder::toolchain_can_build().is_ok(),
+    // Ok: build the PTX here; Err: use the kept copy, and why not built (for its error).
+    let build: Result<(), String> = match mode.as_str() {
+        "built" => Ok(()),
+        "kept" => Err("HOST_PTX=kept".to_string()),
+        "" | "auto" => ptx_builder::PtxBuilder::toolchain_can_build().map_err(|e| e.to_string()),
         other => fail(&format!(
             "HOST_PTX={other}: expected `built`, `kept` or `auto`"
         )),
     };
-    if build {
-        let ptx = builder
-            .build(&out_dir)
-            .unwrap_or_else(|e| fail(&format!("building the GPU kernels to PTX: {e}")));
-        std::fs::copy(&ptx, out_dir.join("kernels.ptx")).expect("copy the PTX into OUT_DIR");
-        warn_if_kept_is_stale(&ptx, &digest);
-    } else {
-        use_kept(&out_dir, &digest);
+    match build {
+        Ok(()) => {
+            let ptx = builder
+                .build(&out_dir)
+                .unwrap_or_else(|e| fail(&format!("building the GPU kernels to PTX: {e}")));
+            std::fs::copy(&ptx, out_dir.join("kernels.ptx")).expect("copy the PTX into OUT_DIR");
+            warn_if_kept_is_stale(&ptx, &digest);
+        }
+        Err(why_not_built) => use_kept(&out_dir, &digest, &why_not_built),
     }
 }
 
 /// Copy the kept PTX into OUT_DIR, if it is still the sources'.
-fn use_kept(out_dir: &Path, digest: &str) {
-    let why_not_built = ptx_builder::PtxBuilder::toolchain_can_build()
-        .err()
-        .map_or_else(|| "HOST_PTX=kept".to_string(), |e| e.to_string());
+fn use_kept(out_dir: &Path, digest: &str, why_not_built: &str) {
     let kept = std::fs::read_to_string(KEPT_DIGEST).unwrap_or_default();
     if kept.trim() != digest {
         fail(&format!(

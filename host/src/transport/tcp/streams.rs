@@ -125,7 +125,6 @@ fn route_to(peer: SocketAddr, proc: &Path, sys: &Path) -> Route {
         .and_then(|s| s.local_addr());
     match local {
         Ok(local) if local.ip().is_loopback() || local.ip() == peer.ip() => Route::Loopback,
-        Ok(_) if peer.ip().is_loopback() => Route::Loopback,
         Ok(_) => match interface_for(peer.ip(), proc) {
             Some(interface) => Route::Link {
                 mbps: link_speed(sys, &interface),
