@@ -74,8 +74,11 @@ pub(crate) fn skewed_page_aligned_within(
 /// Device memory from `cuMemAlloc`.
 pub struct DeviceBuffer {
     gpu: Rc<Gpu>,
-    /// What cuMemAlloc returned (freed in Drop).
+    /// What cuMemAlloc returned (freed in Drop); for memory a caller lent
+    /// ([`DeviceBuffer::borrowed`]), byte 0, never freed here.
     allocation: u64,
+    /// Whether Drop frees `allocation` (false: the caller's memory, lent).
+    owned: bool,
     /// Byte 0 of the buffer (the allocation itself, or its first page boundary).
     ptr: u64,
     /// The bytes asked for.
@@ -94,7 +97,28 @@ impl DeviceBuffer {
             ptr: allocation,
             len,
             pages: None,
+            owned: true,
         })
+    }
+
+    /// `len` bytes at the GPU address `ptr` that a library caller allocated (a torch
+    /// tensor's storage, say), used for one transfer and never freed here.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be device memory of `gpu`'s context (the device's primary
+    /// context, which is what CUDA's runtime and PyTorch allocate in), stay allocated
+    /// until the value is dropped, and be read or written by nothing else meanwhile (no
+    /// kernel or copy of the caller's still queued on it: the caller waits for its
+    /// streams first).
+    pub(crate) unsafe fn borrowed(gpu: &Rc<Gpu>, ptr: u64, len: usize) -> DeviceBuffer {
+        DeviceBuffer {
+            gpu: gpu.clone(),
+            allocation: ptr,
+            ptr,
+            len,
+            pages: None,
+            owned: false,
+        }
     }
 
     /// `len` bytes starting on a 64 KiB GPU page, with the rest of its last page also
@@ -119,6 +143,7 @@ impl DeviceBuffer {
             ptr: allocation,
             len,
             pages: None,
+            owned: true,
         };
         let Some((start, pages)) = skewed_page_aligned_within(allocation, allocated, len, skew)
         else {
@@ -274,6 +299,10 @@ impl Drop for DeviceBuffer {
         // Queued work (an unsafe launch's caller must have waited, but be defensive)
         // finishes before the memory goes back.
         let _ = self.gpu.synchronize();
+        if !self.owned {
+            // The caller's memory goes back to it as it is.
+            return;
+        }
         let Ok(bound) = self.gpu.bind() else {
             eprintln!("warning: GPU memory not freed: its CUDA context could not be bound");
             return;

@@ -227,6 +227,13 @@ impl Gpu {
             .context("the GPU failed while running queued work")
     }
 
+    /// Wait for everything queued in this GPU's context, on any stream: a library
+    /// caller's kernels (a tensor written on a side stream just before it is sent).
+    pub fn synchronize_context(&self) -> Result<()> {
+        driver::ctx_synchronize(&self.bind()?)
+            .context("the GPU failed while running queued work")
+    }
+
     /// The checks every launch makes: the memory is this GPU's, 16-byte aligned, whole
     /// elements. Returns the element count.
     pub(super) fn kernel_elements(
@@ -324,6 +331,32 @@ impl Gpu {
     pub fn fill_d32(&self, memory: &mut (impl GpuMemoryMut + ?Sized), value: u32) -> Result<()> {
         // SAFETY: we synchronise before the borrow ends.
         unsafe { self.launch_memset_d32(memory, value)? };
+        self.synchronize()
+    }
+
+    /// Fill `memory` with `value` and wait, whatever its alignment and length (memory a
+    /// caller lent need not be whole aligned words): 32-bit words where it is, else
+    /// bytes, every byte then `value`'s first (little-endian) byte.
+    pub fn fill_any(&self, memory: &mut (impl GpuMemoryMut + ?Sized), value: u32) -> Result<()> {
+        if self.kernel_elements("cuMemsetD32", memory).is_ok() {
+            return self.fill_d32(memory, value);
+        }
+        if !std::ptr::eq(Rc::as_ptr(memory.gpu()), self) {
+            bail!("memset: the memory belongs to another GPU value");
+        }
+        let bound = self.bind()?;
+        // SAFETY: memory of this context (checked), which is bound, `byte_len` bytes
+        // (GpuMemory's promise); the exclusive borrow keeps everyone else off it, and we
+        // synchronise before it ends.
+        unsafe {
+            driver::memset_d8_async(
+                &bound,
+                memory.device_ptr(),
+                value.to_le_bytes()[0],
+                memory.byte_len(),
+                &self.stream,
+            )?
+        };
         self.synchronize()
     }
 }

@@ -521,6 +521,24 @@ pub(crate) unsafe fn memset_d32_async(
     })
 }
 
+/// `cuMemsetD8Async`.
+///
+/// # Safety
+/// `[ptr, ptr + count)` must be device memory of the bound context that nothing else
+/// reads or writes until the stream has passed the memset.
+pub(crate) unsafe fn memset_d8_async(
+    _bound: &Bound<'_>,
+    ptr: CUdeviceptr,
+    value: u8,
+    count: usize,
+    stream: &Stream,
+) -> DriverResult<()> {
+    // SAFETY: the caller's contract; the stream is alive (borrowed).
+    check("cuMemsetD8Async", unsafe {
+        ffi::cuMemsetD8Async(ptr, value, count, stream.raw)
+    })
+}
+
 /// `cuMemcpyDtoHAsync`.
 ///
 /// # Safety
@@ -601,6 +619,13 @@ pub(crate) unsafe fn memcpy_htod_async(
 /// races a copy the CUDA runtime still thinks is in flight. NVIDIA's GPUDirect RDMA guide
 /// asks for it on memory shared with a third-party device. The driver fails for an
 /// address that is not in one of its allocations.
+/// `cuCtxSynchronize`: wait for all work queued in the bound context, on every stream
+/// (a library caller's too).
+pub(crate) fn ctx_synchronize(_bound: &Bound<'_>) -> DriverResult<()> {
+    // SAFETY: no arguments; the bound context is current on this thread.
+    check("cuCtxSynchronize", unsafe { ffi::cuCtxSynchronize() })
+}
+
 pub(crate) fn set_sync_memops(_bound: &Bound<'_>, ptr: CUdeviceptr) -> DriverResult<()> {
     let enable: c_int = 1;
     // SAFETY: the value pointer is valid for the call; the driver looks ptr up among its

@@ -122,6 +122,8 @@ extern "C" {
     pub fn cuStreamDestroy(stream: CUstream) -> RawResult;
     #[link_name = "cuStreamSynchronize"]
     pub fn cuStreamSynchronize(stream: CUstream) -> RawResult;
+    #[link_name = "cuCtxSynchronize"]
+    pub fn cuCtxSynchronize() -> RawResult;
 
     #[link_name = "cuEventCreate"]
     pub fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> RawResult;
@@ -154,6 +156,13 @@ extern "C" {
     pub fn cuMemsetD32Async(
         ptr: CUdeviceptr,
         value: c_uint,
+        count: usize,
+        stream: CUstream,
+    ) -> RawResult;
+    #[link_name = "cuMemsetD8Async"]
+    pub fn cuMemsetD8Async(
+        ptr: CUdeviceptr,
+        value: std::os::raw::c_uchar,
         count: usize,
         stream: CUstream,
     ) -> RawResult;

@@ -128,8 +128,26 @@ impl DeviceUpload {
         let words = len
             .checked_next_multiple_of(4)
             .ok_or_else(|| anyhow::anyhow!("{len} bytes of GPU memory cannot be allocated"))?;
-        let mut memory = DeviceBuffer::page_aligned(gpu, words)?;
-        gpu.fill_d32(&mut memory, POISON)?;
+        let memory = DeviceBuffer::page_aligned(gpu, words)?;
+        Self::over(gpu, memory, len, chunk, writers)
+    }
+
+    /// As [`new`](Self::new), into `memory` (of `gpu`) that is there already: a caller's
+    /// own ([`DeviceBuffer::borrowed`]), of any alignment. The first `len` bytes are filled.
+    pub fn over(
+        gpu: &Rc<Gpu>,
+        mut memory: DeviceBuffer,
+        len: usize,
+        chunk: usize,
+        writers: usize,
+    ) -> Result<Self> {
+        if memory.len() < len {
+            bail!(
+                "{len} bytes do not fit a GPU buffer of {} bytes",
+                memory.len()
+            );
+        }
+        gpu.fill_any(&mut memory, POISON)?;
         let writers = writers.max(1);
         let slot_bytes = chunk.clamp(1, MAX_SLOT_BYTES).min(len.max(1));
         let Some(ring_bytes) = ring_bytes(writers, slot_bytes) else {
@@ -167,7 +185,7 @@ impl DeviceUpload {
     pub fn poison(&mut self) -> Result<()> {
         self.finish()?;
         let gpu = self.memory.gpu().clone();
-        gpu.fill_d32(&mut self.memory, POISON)
+        gpu.fill_any(&mut self.memory, POISON)
     }
 
     /// Wait for every queued copy: the device memory then holds what arrived.

@@ -15,7 +15,8 @@ const PAGE: usize = 4096;
 /// elements, small enough to stay in the CPU's cache).
 const COPY_BLOCK: usize = 64 * 1024;
 
-/// A page-aligned, heap-allocated byte buffer.
+/// A page-aligned, heap-allocated byte buffer, or (made only inside the crate, see
+/// [`HostBuffer::borrowed`]) memory a library caller owns and lends for one transfer.
 ///
 /// The NIC may write it (a receiver's buffer, registered for remote write) while a memory
 /// region borrows it, so shared methods reach its bytes only through its raw pointer,
@@ -25,7 +26,8 @@ const COPY_BLOCK: usize = 64 * 1024;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// How it was allocated, freed with it in Drop; `None`: the caller's memory, lent.
+    layout: Option<Layout>,
 }
 
 // SAFETY: HostBuffer owns its allocation exclusively, like a Vec<u8>; it is not Sync, so
@@ -46,7 +48,28 @@ impl HostBuffer {
         let Some(ptr) = NonNull::new(raw) else {
             bail!("cannot allocate {len} bytes of host memory");
         };
-        Ok(HostBuffer { ptr, len, layout })
+        Ok(HostBuffer {
+            ptr,
+            len,
+            layout: Some(layout),
+        })
+    }
+
+    /// `len` bytes at `ptr` that a library caller owns (a Python buffer, a slice it lent
+    /// for the length of a call), used as a receive buffer and never freed here.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be memory that is valid for reads and writes and is read
+    /// or written by nothing else (no Rust reference, no other thread) from this call
+    /// until the value is dropped, and stays allocated until then. It need not be
+    /// aligned: nothing reads it as anything but bytes ([`as_i32_mut`](Self::as_i32_mut)
+    /// panics on such memory).
+    pub(crate) unsafe fn borrowed(ptr: NonNull<u8>, len: usize) -> HostBuffer {
+        HostBuffer {
+            ptr,
+            len,
+            layout: None,
+        }
     }
 
     /// A buffer for receiving: filled with [`POISON`], so nothing in it verifies before
@@ -95,8 +118,16 @@ impl HostBuffer {
     }
 
     /// The whole elements of the buffer (a trailing partial element is left out).
+    ///
+    /// # Panics
+    /// On memory a caller lent ([`borrowed`](Self::borrowed)) that is not aligned for
+    /// `i32` (only the pattern is written this way, into buffers allocated here).
     pub fn as_i32_mut(&mut self) -> &mut [i32] {
-        // SAFETY: the allocation is page-aligned, so aligned for i32, and holds at least
+        assert!(
+            self.ptr.as_ptr().cast::<i32>().is_aligned(),
+            "a buffer that is not aligned for i32 read as i32s"
+        );
+        // SAFETY: the memory is aligned for i32 (asserted; allocations here are page-aligned) and holds at least
         // len / 4 initialised i32s; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len / 4) }
     }
@@ -211,13 +242,16 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
+        // Lent memory goes back to its owner as it is.
+        let Some(layout) = self.layout else { return };
         // SAFETY: allocated in zeroed() with this layout, freed once; registrations borrow
         // the buffer, so none is left.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
     }
 }
 
-// SAFETY: the allocation lives, unmoved, until Drop, which cannot run while borrowed.
+// SAFETY: the memory lives, unmoved, until Drop (an allocation of ours, or lent memory,
+// which `borrowed`'s caller keeps valid until then), and Drop cannot run while borrowed.
 unsafe impl Registrable for HostBuffer {
     fn target(&self) -> RegistrationTarget<'_> {
         RegistrationTarget::Host {

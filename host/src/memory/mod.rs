@@ -5,10 +5,12 @@
 
 pub mod factory;
 pub mod host_buffer;
+pub mod lent;
 pub mod select;
 
 pub use factory::{GpuChoice, GpuSelection, SendMemory, SinkFactory};
 pub use host_buffer::HostBuffer;
+pub use lent::LentBytes;
 pub use select::CheckMemory;
 
 use anyhow::Result;

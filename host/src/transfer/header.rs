@@ -918,6 +918,14 @@ pub enum RejectReason {
         per_chunk: u64,
         max: u64,
     },
+    /// The receiver takes the transfer into memory its caller gave it (the library's
+    /// `receive_into`), which holds exactly `expected` bytes: an offer of any other size
+    /// is refused before a byte lands.
+    #[error(
+        "it receives into a buffer of exactly {} bytes, and this offer is {} bytes",
+        *expected, *offered
+    )]
+    SizeMismatch { offered: u64, expected: u64 },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -956,6 +964,7 @@ impl RejectReason {
                 per_chunk,
                 max,
             } => (18, per_chunk.min(u16::MAX as u64) as u16, chunks, max),
+            RejectReason::SizeMismatch { offered, expected } => (19, 0, offered, expected),
             // What that older receiver sent: "version VERSION is not supported", in its
             // own version.
             RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
@@ -1033,6 +1042,10 @@ impl RejectReason {
                 chunks: a,
                 per_chunk: sub as u64,
                 max: b,
+            },
+            19 => RejectReason::SizeMismatch {
+                offered: a,
+                expected: b,
             },
             _ => RejectReason::Unknown { code },
         })
@@ -2150,6 +2163,10 @@ mod tests {
                 chunks: 1 << 24,
                 per_chunk: 48,
                 max: 16 << 20,
+            },
+            RejectReason::SizeMismatch {
+                offered: 4097,
+                expected: 4096,
             },
         ];
         for r in all {

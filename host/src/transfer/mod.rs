@@ -106,6 +106,11 @@ pub enum TransferError {
     #[error("{0}")]
     Protocol(String),
 
+    /// A receiver that waits a bounded time for its sender (the library's) saw none
+    /// whose transfer it took within it.
+    #[error("no transfer arrived within {} (the receive's wait)", crate::rdma::format_duration(*waited))]
+    NoSender { waited: std::time::Duration },
+
     #[error(
         "transfer to {peer} failed: {} chunk(s) still failed their CRC32C after {rounds} round(s) of resends (--max-resends): chunk(s) {}",
         chunks.len(), list_chunks(chunks)

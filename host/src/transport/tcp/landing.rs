@@ -218,6 +218,67 @@ impl HostLanding {
     pub fn new(len: usize) -> anyhow::Result<Self> {
         Ok(HostLanding(HostBuffer::poisoned(len)?))
     }
+
+    /// Into `buffer`, which is there already (a caller's own memory, lent).
+    pub fn over(buffer: HostBuffer) -> anyhow::Result<Self> {
+        RecvSink::poison(&buffer)?;
+        Ok(HostLanding(buffer))
+    }
+}
+
+/// A landing in memory a caller lent, holding the lender's token until it is dropped:
+/// the lender ([`crate::memory::lent::Returned::wait`]) takes its memory back only when
+/// the landing, and every thread it reads with, is gone.
+pub struct LentLanding {
+    // Field order is drop order: the landing before the token.
+    inner: Box<dyn Landing>,
+    _in_use: std::sync::mpsc::Sender<()>,
+}
+
+impl LentLanding {
+    pub fn new(inner: Box<dyn Landing>, in_use: std::sync::mpsc::Sender<()>) -> Self {
+        LentLanding {
+            inner,
+            _in_use: in_use,
+        }
+    }
+}
+
+impl Landing for LentLanding {
+    fn poison(&mut self) -> anyhow::Result<()> {
+        self.inner.poison()
+    }
+    fn receive(
+        &mut self,
+        streams: &[TcpStream],
+        reads: Reads<'_>,
+        which: Which<'_>,
+    ) -> Result<(), Stop> {
+        self.inner.receive(streams, reads, which)
+    }
+    fn failed_chunks(
+        &mut self,
+        plan: &ChunkPlan,
+        which: Which<'_>,
+        checks: &ChunkChecks,
+    ) -> anyhow::Result<Vec<u32>> {
+        self.inner.failed_chunks(plan, which, checks)
+    }
+    fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {
+        self.inner.write_out(len, out)
+    }
+    fn verify(&self, len: usize) -> anyhow::Result<Verification> {
+        self.inner.verify(len)
+    }
+    fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
+        self.inner.first_values(count)
+    }
+    fn path(&self) -> DataPath {
+        self.inner.path()
+    }
+    fn host_bytes(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.inner.host_bytes(len)
+    }
 }
 
 impl Landing for HostLanding {
@@ -415,6 +476,20 @@ impl DeviceLanding {
         Ok(DeviceLanding {
             gpu: gpu.clone(),
             upload: crate::gpu::upload::DeviceUpload::new(gpu, len, chunk, streams)?,
+        })
+    }
+
+    /// Into `memory` of `gpu`, which is there already (a caller's own, lent).
+    pub fn over(
+        gpu: &std::rc::Rc<crate::gpu::Gpu>,
+        memory: crate::gpu::allocations::DeviceBuffer,
+        chunk: usize,
+        streams: usize,
+    ) -> anyhow::Result<Self> {
+        let len = memory.len();
+        Ok(DeviceLanding {
+            gpu: gpu.clone(),
+            upload: crate::gpu::upload::DeviceUpload::over(gpu, memory, len, chunk, streams)?,
         })
     }
 }

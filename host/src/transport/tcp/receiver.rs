@@ -30,10 +30,13 @@
 //! with its own copy stream and upload ring; transfers into GPU memory run at once, each
 //! counted by the same admission.
 
-use super::landing::{ChunkChecks, HostLanding, Landing, ReadLimits, Reads, Stop, Which};
+use super::landing::{
+    ChunkChecks, HostLanding, Landing, LentLanding, ReadLimits, Reads, Stop, Which,
+};
 use super::routes::Routes;
 use super::serving::{refuse, Event, Offer, Shared};
 use super::socket;
+use crate::memory::lent::{LentPlace, LentTarget};
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
@@ -88,6 +91,9 @@ pub enum RecvMemory {
     /// GPU memory of this GPU, verified by the verify kernel.
     #[cfg(feature = "cuda")]
     Device(std::rc::Rc<crate::gpu::Gpu>),
+    /// Memory a library caller lent (host or GPU), for one transfer of exactly its size:
+    /// taken by the first offer admitted (`--once` receivers, the library's).
+    Lent(std::sync::Mutex<Option<LentTarget>>),
 }
 
 impl RecvMemory {
@@ -97,22 +103,81 @@ impl RecvMemory {
     fn bytes_for(&self, total: u64, chunk: u64, streams: u16) -> u64 {
         match self {
             RecvMemory::Host => total,
+            // The caller's memory is there already; into GPU memory, the upload ring.
+            RecvMemory::Lent(target) => {
+                let on_gpu = target
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .is_some_and(|t| !matches!(t.place, LentPlace::Host(_)));
+                match on_gpu {
+                    false => 0,
+                    true => usize::try_from(chunk.min(total))
+                        .ok()
+                        .and_then(|c| upload_ring_bytes(streams as usize, c))
+                        .map_or(u64::MAX, |r| r as u64),
+                }
+            }
             // The device buffer and the upload ring's page-locked slots.
             #[cfg(feature = "cuda")]
             RecvMemory::Device(_) => {
                 let ring = usize::try_from(chunk.min(total))
                     .ok()
-                    .and_then(|c| crate::gpu::upload::ring_bytes(streams as usize, c))
+                    .and_then(|c| upload_ring_bytes(streams as usize, c))
                     .map_or(u64::MAX, |r| r as u64);
                 total.saturating_add(ring)
             }
         }
     }
+
+    /// Why an offer cannot be taken into this memory at all, before admission: a lent
+    /// buffer takes one transfer of exactly its size.
+    fn refuses(&self, header: &Header) -> Option<(RejectReason, Option<String>)> {
+        let RecvMemory::Lent(target) = self else {
+            return None;
+        };
+        let target = target.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(target) = target.as_ref() else {
+            // Taken by a transfer in progress (admission allows one at a time).
+            return Some((
+                RejectReason::BusyConnections { active: 1, max: 1 },
+                None,
+            ));
+        };
+        if header.total_bytes != target.len as u64 {
+            let reason = RejectReason::SizeMismatch {
+                offered: header.total_bytes,
+                expected: target.len as u64,
+            };
+            return Some((reason, None));
+        }
+        if header.transfers > 1 {
+            let reason = RejectReason::BadHeader(WireError::Inconsistent {
+                what: "several transfers into one caller's buffer",
+            });
+            return Some((reason, Some("a --reuse-connection offer into one buffer".into())));
+        }
+        None
+    }
+}
+
+/// The page-locked ring an upload into GPU memory holds (none without the GPU).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn upload_ring_bytes(streams: usize, chunk: usize) -> Option<usize> {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::upload::ring_bytes(streams, chunk);
+    #[cfg(not(feature = "cuda"))]
+    None
 }
 
 /// What a transfer thread makes its landing from: `Send`, unlike the GPU itself.
 enum LandingKind {
     Host,
+    /// A caller's memory; `None`: taken already (the transfer is refused).
+    Lent {
+        target: Option<LentTarget>,
+        streams: usize,
+    },
     #[cfg(feature = "cuda")]
     Device {
         ordinal: u32,
@@ -129,6 +194,12 @@ impl RecvMemory {
                 streams: offer.hello.count as usize,
             };
         }
+        if let RecvMemory::Lent(target) = self {
+            return LandingKind::Lent {
+                target: target.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                streams: offer.hello.count as usize,
+            };
+        }
         let _ = offer;
         LandingKind::Host
     }
@@ -137,9 +208,18 @@ impl RecvMemory {
 impl LandingKind {
     /// The landing for a transfer of `len` bytes in chunks of `chunk`, on this thread.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn make(&self, len: usize, chunk: usize) -> anyhow::Result<Box<dyn Landing>> {
+    fn make(&mut self, len: usize, chunk: usize) -> anyhow::Result<Box<dyn Landing>> {
         match *self {
             LandingKind::Host => Ok(Box::new(HostLanding::new(len)?)),
+            LandingKind::Lent {
+                ref mut target,
+                streams,
+            } => {
+                let target = target
+                    .take()
+                    .ok_or_else(|| anyhow::anyhow!("the caller's buffer is in use"))?;
+                lent_landing(target, len, chunk, streams)
+            }
             #[cfg(feature = "cuda")]
             LandingKind::Device { ordinal, streams } => {
                 let gpu = crate::gpu::Gpu::open(ordinal)?;
@@ -149,6 +229,41 @@ impl LandingKind {
             }
         }
     }
+}
+
+/// The landing in a caller's memory: its bytes as they are, in place.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn lent_landing(
+    target: LentTarget,
+    len: usize,
+    chunk: usize,
+    streams: usize,
+) -> anyhow::Result<Box<dyn Landing>> {
+    if target.len != len {
+        anyhow::bail!("{len} bytes offered into a buffer of {}", target.len);
+    }
+    let in_use = target.in_use();
+    let inner: Box<dyn Landing> = match target.place {
+        LentPlace::Host(ptr) => {
+            // SAFETY: LentTarget::new's caller promised `len` bytes at `ptr` for this
+            // transfer alone until the last token (`in_use`, held by the landing below
+            // and so dropped after this buffer) is gone.
+            let buffer = unsafe { crate::memory::HostBuffer::borrowed(ptr, len) };
+            Box::new(HostLanding::over(buffer)?)
+        }
+        #[cfg(feature = "cuda")]
+        LentPlace::Device { ordinal, ptr } => {
+            let gpu = crate::gpu::Gpu::open(ordinal)?;
+            // SAFETY: as above, device memory of that device's primary context, which
+            // `Gpu::open` binds.
+            let memory = unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
+            Box::new(super::landing::DeviceLanding::over(&gpu, memory, chunk, streams)?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        LentPlace::Device { .. } => anyhow::bail!("this build has no GPU support (the cuda feature)"),
+    };
+    drop(target);
+    Ok(Box::new(LentLanding::new(inner, in_use)))
 }
 
 /// Listen on `cfg.bind` and serve transfers, telling `report` about each. Returns only
@@ -182,18 +297,22 @@ pub fn serve_with(
     let listener = TcpListener::bind(cfg.bind).map_err(|e| {
         TransferError::Protocol(format!("cannot listen on {} (TCP): {e}", cfg.bind))
     })?;
-    serve_listener(listener, cfg, memory, admission, report)
+    serve_listener(listener, cfg, memory, admission, None, report)
 }
 
 /// [`serve`] on a listener bound already (the library's [`crate::api::Listener`], whose
-/// port is known before anything is served).
+/// port is known before anything is served). With `wait`, a receiver that has no
+/// transfer in progress gives up once `wait` has passed since the call
+/// ([`TransferError::NoSender`]); one that has waits for it to end.
 pub fn serve_on(
     listener: TcpListener,
     cfg: &TcpRecvConfig,
     memory: &RecvMemory,
+    wait: Option<Duration>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    serve_listener(listener, cfg, memory, &admission_of(cfg), report)
+    let give_up = wait.map(|w| (Instant::now() + w, w));
+    serve_listener(listener, cfg, memory, &admission_of(cfg), give_up, report)
 }
 
 fn serve_listener(
@@ -201,6 +320,7 @@ fn serve_listener(
     cfg: &TcpRecvConfig,
     memory: &RecvMemory,
     admission: &Arc<Admission>,
+    give_up: Option<(Instant, Duration)>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let addr = listener
@@ -227,8 +347,18 @@ fn serve_listener(
     };
     let _stop_on_return = StopOnDrop(stop, Some(accepter));
 
+    // Transfer threads started and not yet served: a bounded wait ends only between them.
+    let mut in_flight = 0usize;
     loop {
-        let Ok(event) = rx.recv_timeout(Duration::from_secs(1)) else {
+        let mut poll = Duration::from_secs(1);
+        if let Some((at, waited)) = give_up {
+            let now = Instant::now();
+            if in_flight == 0 && now >= at {
+                return Err(TransferError::NoSender { waited });
+            }
+            poll = poll.min(at.saturating_duration_since(now).max(ACCEPT_POLL));
+        }
+        let Ok(event) = rx.recv_timeout(poll) else {
             continue;
         };
         match event {
@@ -242,6 +372,10 @@ fn serve_listener(
                     // The control socket, its clone, and the other streams.
                     descriptors: offer.hello.count as u64 + 1,
                 };
+                if let Some((reason, why)) = memory.refuses(&offer.header) {
+                    report(&refuse(offer.control, offer.peer, reason, why));
+                    continue;
+                }
                 // Chunks checked by checksum or striped keep books per chunk, counted
                 // with the buffers: tiny chunks would cost many times their data.
                 let books = Books::of(
@@ -258,7 +392,7 @@ fn serve_listener(
                 };
                 // Every transfer is served on a thread of its own, into host or GPU
                 // memory alike, so none waits for another's trickle.
-                let landing = memory.landing_for(&offer);
+                let mut landing = memory.landing_for(&offer);
                 let (events, shared) = (events.clone(), shared.clone());
                 let peer = offer.peer;
                 let spawned = std::thread::Builder::new()
@@ -270,15 +404,17 @@ fn serve_listener(
                             });
                         let _ = events.send(Event::Served { outcome, accepted });
                     });
-                if let Err(e) = spawned {
-                    report(&RecvOutcome::Failed {
+                match spawned {
+                    Ok(_) => in_flight += 1,
+                    Err(e) => report(&RecvOutcome::Failed {
                         peer: peer.to_string(),
                         error: format!("cannot start a transfer thread: {e}"),
-                    });
+                    }),
                 }
             }
             Event::Outcome(outcome) => report(&outcome),
             Event::Served { outcome, accepted } => {
+                in_flight = in_flight.saturating_sub(1);
                 report(&outcome);
                 if cfg.once && accepted {
                     return Ok(completed_ok(&outcome));

@@ -1,0 +1,480 @@
+//! The library: send bytes you own to a `host recv` (or to a [`Listener`]), and receive
+//! them into memory of yours, with the same options the command line has ([`Options`];
+//! `host` builds its transfers from the same values). Over TCP, which every machine has;
+//! the verbs path is the command line's (`host <ip> <port> --transport rdma`).
+//!
+//! ```
+//! use host::api::{self, Options};
+//!
+//! # fn main() -> Result<(), api::Error> {
+//! // The receiving side: one verified transfer, in place into a buffer of yours.
+//! let opts = Options::default();
+//! let listener = api::Listener::bind("127.0.0.1:0".parse().unwrap(), &opts)?;
+//! let addr = listener.local_addr();
+//! let receiving = std::thread::spawn(move || {
+//!     let mut buf = vec![0u8; 4097];
+//!     listener.receive_into(&mut buf).map(|report| (report, buf))
+//! });
+//!
+//! // The sending side: any bytes, checked by CRC32C per chunk, repaired if need be.
+//! let mut data = vec![0u8; 4097];
+//! data[..5].copy_from_slice(b"hello");
+//! let endpoint = api::connect(addr, &opts)?;
+//! let report = endpoint.send(&data, Some("greeting"))?;
+//! assert!(report.receiver.is_some_and(|v| v.ok()));
+//!
+//! let (received, buf) = receiving.join().unwrap()?;
+//! assert_eq!(buf, data);
+//! assert_eq!(received.integrity.name.as_deref(), Some("greeting"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`connect`] gives an [`Endpoint`]: [`Endpoint::send`] (bytes, in place),
+//!   [`Endpoint::send_file`], and [`Endpoint::start_send`], which returns a [`Pending`]
+//!   at once; `send_device` sends GPU memory you allocated (the `cuda` feature: the
+//!   checksum kernel computes every chunk's CRC32C on the GPU, the chunks go through a
+//!   page-locked staging ring).
+//! - [`Listener::bind`] gives a [`Listener`]: [`Listener::receive`] (bytes of ours),
+//!   [`Listener::receive_into`] (in place into yours; an offer of another size is refused
+//!   before a byte lands), `receive_into_device` (a `DeviceBuffer`, checked by the
+//!   checksum kernel on the GPU), [`Listener::start_receive_into`].
+//! - Every failure is an [`Error`]: one line of words and an [`ErrorKind`].
+//!
+//! `examples/host/send_buffer.rs` and `receive_buffer.rs` show both ends; the Python
+//! module (`python/`) is built on these calls.
+
+mod error;
+mod pending;
+mod receive;
+mod send;
+
+pub use error::{Error, ErrorKind};
+pub use pending::Pending;
+pub use receive::{Listener, Received};
+#[cfg(feature = "cuda")]
+pub use send::{send_device, send_device_lent};
+pub use send::{connect, send_host, send_source, Endpoint};
+
+use crate::server::Key;
+use crate::transfer::header::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
+use crate::transfer::PayloadOptions;
+use crate::transport::tcp::frames::MAX_STREAMS;
+use crate::transport::tcp::TcpSendConfig;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How a transfer is made and checked: the command line's options of the same names.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--chunk`: bytes per chunk (one frame, one CRC32C).
+    pub chunk: u64,
+    /// `--depth`: chunks handed to the socket writers and not yet written.
+    pub depth: u32,
+    /// `--streams`: sockets per connection.
+    pub streams: u16,
+    /// `--timeout`: the bound of every wait.
+    pub timeout: Duration,
+    /// `--verify`; `None`: the payload's default (CRC32C for your data).
+    pub verify: Option<VerifyMode>,
+    /// `--max-resends`.
+    pub max_resends: u8,
+    /// `--name`.
+    pub name: Option<String>,
+    /// `--key-file`, read.
+    pub key: Option<Key>,
+    /// `--max-bytes` (receiving into bytes of ours; receiving into a buffer of yours, its
+    /// size is the limit).
+    pub max_bytes: u64,
+    /// `--min-rate` (receiving): a transfer of N bytes must be done within
+    /// `timeout + N / min_rate`, so a sender that trickles cannot hold a receive for
+    /// ever. 0 turns the rule off.
+    pub min_rate: u64,
+    /// Receiving: how long a receive waits for a sender to come; `None`, as long as
+    /// none does (as `accept` waits).
+    pub wait: Option<Duration>,
+    /// Test only (`--test-inject-faults 1/N`): flip a bit in every Nth chunk after its
+    /// CRC32C was computed, so the receiver's checks and the resends are exercised.
+    #[doc(hidden)]
+    pub test_inject_faults: Option<crate::transfer::faults::FaultInjector>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            chunk: 1 << 20,
+            depth: 16,
+            streams: 1,
+            timeout: Duration::from_secs(10),
+            verify: None,
+            max_resends: DEFAULT_MAX_RESENDS,
+            name: None,
+            key: None,
+            max_bytes: 1 << 30,
+            min_rate: 1 << 20,
+            wait: None,
+            test_inject_faults: None,
+        }
+    }
+}
+
+impl Options {
+    /// The checks a send makes of its options before any connection.
+    ///
+    /// # Errors
+    /// An option out of range ([`ErrorKind::InvalidArgument`]), with its flag's name.
+    pub fn check(&self) -> Result<(), Error> {
+        let bad = |what: String| Err(Error::new(ErrorKind::InvalidArgument, what));
+        if self.chunk == 0 || self.chunk > u32::MAX as u64 {
+            return bad(format!("--chunk {} is outside 1..=4294967295 bytes", self.chunk));
+        }
+        if !(1..=MAX_STREAMS).contains(&self.streams) {
+            return bad(format!("--streams {} is outside 1..={MAX_STREAMS}", self.streams));
+        }
+        if self.depth == 0 {
+            return bad("--depth 0: at least one chunk must be in flight".into());
+        }
+        if self.max_resends > MAX_RESENDS {
+            return bad(format!(
+                "--max-resends {} is outside 0..={MAX_RESENDS}",
+                self.max_resends
+            ));
+        }
+        if self.timeout.is_zero() {
+            return bad("--timeout 0: every wait needs a bound".into());
+        }
+        if let Some(name) = &self.name {
+            if let Err(e) = crate::transfer::header::encode_name(name) {
+                return bad(format!("--name {name:?}: {e}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The TCP sender's configuration for `bytes` of `payload` to `peer`.
+    pub fn tcp_send_config(&self, peer: SocketAddr, bytes: u64, payload: Payload) -> TcpSendConfig {
+        TcpSendConfig {
+            peer,
+            bytes,
+            chunk: self.chunk.min(bytes.max(1)),
+            depth: self.depth,
+            streams: self.streams,
+            timeout: self.timeout,
+            progress: false,
+            protocol_version: crate::transfer::header::VERSION,
+            key: self.key.clone(),
+            payload: PayloadOptions {
+                payload,
+                verify: self.verify.unwrap_or(VerifyMode::default_for(payload)),
+                max_resends: self.max_resends,
+                name: self.name.clone(),
+                faults: self.test_inject_faults,
+            },
+            rails: Vec::new(),
+            rail_timeout: crate::transport::tcp::DEFAULT_RAIL_TIMEOUT,
+            test_silent_rail: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A caller's mistakes, made through the safe API: each is an error, none a panic
+    //! or a wait without end.
+    use super::*;
+    use crate::memory::HostBuffer;
+    use std::io::Write as _;
+    use std::time::Instant;
+
+    fn listener(opts: &Options) -> (SocketAddr, std::thread::JoinHandle<Result<Received, Error>>) {
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = l.local_addr();
+        (addr, std::thread::spawn(move || l.receive_one()))
+    }
+
+    #[test]
+    fn options_out_of_range_are_errors_before_anything_is_sent() {
+        let data = HostBuffer::zeroed(4096).unwrap();
+        // Nobody listens on port 1 of loopback: an option that passed its check would
+        // fail on the connection instead, with another message.
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let bad = [
+            Options {
+                chunk: 0,
+                ..Options::default()
+            },
+            Options {
+                streams: 0,
+                ..Options::default()
+            },
+            Options {
+                depth: 0,
+                ..Options::default()
+            },
+            Options {
+                max_resends: 200,
+                ..Options::default()
+            },
+            Options {
+                name: Some("../escape".into()),
+                ..Options::default()
+            },
+        ];
+        let unreachable = send_host(nowhere, &data, &Options::default())
+            .unwrap_err()
+            .to_string();
+        for opts in bad {
+            let e = send_host(nowhere, &data, &opts).unwrap_err().to_string();
+            assert_ne!(e, unreachable, "{opts:?} reached the network");
+            eprintln!("{e}");
+        }
+    }
+
+    #[test]
+    fn an_empty_buffer_is_refused_before_anything_is_sent() {
+        let data = HostBuffer::zeroed(0).unwrap();
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let e = send_host(nowhere, &data, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "nothing to transfer (size 0)");
+    }
+
+    #[test]
+    fn a_sender_that_trickles_cannot_hold_receive_one() {
+        // 1 MiB offered at a --min-rate of 1 MiB/s, --timeout 1 s: over within ~2 s.
+        let opts = Options {
+            timeout: Duration::from_secs(1),
+            ..Options::default()
+        };
+        let (addr, receiving) = listener(&opts);
+        let header = crate::transfer::header::Header::of(
+            crate::transfer::header::Op::Send,
+            1 << 20,
+            1 << 20,
+            16,
+            Payload::Opaque,
+        )
+        .unwrap();
+        let hello = crate::transport::tcp::frames::Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 1,
+        };
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
+            .unwrap();
+        let t0 = Instant::now();
+        // A byte every 0.5 s: no single wait reaches --timeout.
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(500));
+                if s.write_all(&[0]).is_err() {
+                    break;
+                }
+            }
+        });
+        let got = receiving.join().unwrap();
+        let took = t0.elapsed();
+        assert!(got.is_err(), "a trickled transfer verified?");
+        assert!(took < Duration::from_secs(4), "held for {took:?}");
+        assert!(format!("{:#}", got.unwrap_err()).contains("too slow"));
+        trickle.join().unwrap();
+    }
+
+    /// Bytes that say where they are: a wrong offset or a stale chunk shows.
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+            .collect()
+    }
+
+    fn bound(opts: &Options) -> Listener {
+        Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap()
+    }
+
+    #[test]
+    fn receive_into_lands_odd_sizes_in_place_with_the_senders_name() {
+        let opts = Options {
+            chunk: 64 << 10,
+            ..Options::default()
+        };
+        for len in [1usize, 3, 4097, (1 << 20) + 3] {
+            let listener = bound(&opts);
+            let addr = listener.local_addr();
+            let data = pattern(len, len as u8);
+            let receiving = std::thread::spawn(move || {
+                let mut buf = vec![0u8; len];
+                let at = buf.as_ptr();
+                let report = listener.receive_into(&mut buf);
+                // Landed where it was asked to, not in a buffer of the library's.
+                assert_eq!(buf.as_ptr(), at);
+                report.map(|r| (r, buf))
+            });
+            let sent = connect(addr, &opts)
+                .unwrap()
+                .send(&data, Some("odd"))
+                .unwrap();
+            assert!(sent.receiver.is_some_and(|v| v.ok()));
+            let (report, buf) = receiving.join().unwrap().unwrap();
+            assert!(buf == data, "{len} bytes differ");
+            assert_eq!(report.bytes, len as u64);
+            assert_eq!(report.integrity.name.as_deref(), Some("odd"));
+            assert!(report.integrity.chunks_checked > 0);
+        }
+    }
+
+    #[test]
+    fn an_offer_of_another_size_is_refused_before_a_byte_lands() {
+        let opts = Options {
+            wait: Some(Duration::from_millis(1500)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            let mut buf = vec![0xabu8; 100];
+            let r = listener.receive_into(&mut buf);
+            (r, buf)
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        for len in [101usize, 99] {
+            let e = endpoint.send(&pattern(len, 1), None).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+            assert!(
+                e.message().contains("exactly 100 bytes"),
+                "{}",
+                e.message()
+            );
+        }
+        let (r, buf) = receiving.join().unwrap();
+        // Nobody sent the right size within the wait: a timeout, and the buffer as it was.
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(buf.iter().all(|&b| b == 0xab));
+    }
+
+    #[test]
+    fn a_receive_with_no_sender_ends_at_its_wait() {
+        let opts = Options {
+            wait: Some(Duration::from_millis(300)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let t0 = Instant::now();
+        let e = listener.receive().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // And the listener serves the next receive.
+        let addr = listener.local_addr();
+        let sending = std::thread::spawn(move || {
+            connect(addr, &Options::default())
+                .unwrap()
+                .send(b"after", None)
+        });
+        let got = listener.receive();
+        assert_eq!(got.unwrap().bytes, b"after");
+        sending.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn one_endpoint_and_one_listener_carry_a_hundred_transfers() {
+        let opts = Options::default();
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            let mut sizes = Vec::new();
+            for i in 0..100usize {
+                let mut buf = vec![0u8; 1000 + i];
+                listener.receive_into(&mut buf).unwrap();
+                assert!(buf == pattern(1000 + i, i as u8), "transfer {i} differs");
+                sizes.push(buf.len());
+            }
+            sizes
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        for i in 0..100usize {
+            endpoint.send(&pattern(1000 + i, i as u8), None).unwrap();
+        }
+        let sizes = receiving.join().unwrap();
+        assert_eq!(sizes.len(), 100);
+    }
+
+    #[test]
+    fn pending_transfers_are_polled_to_their_end_and_give_the_memory_back() {
+        let opts = Options {
+            chunk: 256 << 10,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let data = pattern((8 << 20) + 1, 7);
+        let mut receiving = listener.start_receive_into(vec![0u8; data.len()]).unwrap();
+        let mut sending = connect(addr, &opts)
+            .unwrap()
+            .start_send(data.clone(), None)
+            .unwrap();
+        let t0 = Instant::now();
+        let mut polls = 0u64;
+        while !(sending.is_done() && receiving.is_done()) {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never done");
+            polls += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(polls > 0);
+        let (sent, back) = sending.wait();
+        assert!(sent.unwrap().receiver.is_some_and(|v| v.ok()));
+        assert!(back == data);
+        let (got, buf) = receiving.wait();
+        got.unwrap();
+        assert!(buf == data);
+    }
+
+    #[test]
+    fn injected_faults_are_repaired_into_the_callers_buffer() {
+        let opts = Options {
+            chunk: 64 << 10,
+            test_inject_faults: Some(crate::transfer::faults::FaultInjector::parse("1/3").unwrap()),
+            max_resends: 8,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let data = pattern((4 << 20) + 5, 3);
+        let len = data.len();
+        let receiving = std::thread::spawn(move || {
+            let mut buf = vec![0u8; len];
+            listener.receive_into(&mut buf).map(|r| (r, buf))
+        });
+        connect(addr, &opts).unwrap().send(&data, None).unwrap();
+        let (report, buf) = receiving.join().unwrap().unwrap();
+        assert!(buf == data);
+        assert!(!report.integrity.repaired.is_empty(), "nothing was repaired");
+    }
+
+    #[test]
+    fn a_wrong_key_is_rejected_with_its_kind() {
+        let key = |b: u8| Some(crate::server::Key::from_bytes(&[b; 32]).unwrap());
+        let recv_opts = Options {
+            key: key(1),
+            wait: Some(Duration::from_secs(2)),
+            ..Options::default()
+        };
+        let listener = bound(&recv_opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || listener.receive());
+        let e = connect(
+            addr,
+            &Options {
+                key: key(2),
+                ..Options::default()
+            },
+        )
+        .unwrap()
+        .send(b"secret", None)
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+        assert_eq!(receiving.join().unwrap().unwrap_err().kind(), ErrorKind::TimedOut);
+    }
+}

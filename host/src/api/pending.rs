@@ -1,0 +1,98 @@
+//! Transfers that run while the caller goes on: [`Endpoint::start_send`] and
+//! [`Listener::start_receive_into`] return a [`Pending`] at once, which the caller polls
+//! ([`Pending::is_done`]) or waits for ([`Pending::wait_timeout`], [`Pending::wait`]).
+//! The memory moves with the transfer (a `Vec<u8>` the caller gets back), so nothing the
+//! caller holds is touched after the call returns.
+
+use super::error::{Error, ErrorKind};
+use super::receive::Listener;
+use super::send::Endpoint;
+use crate::transfer::{RecvReport, SendReport};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A transfer running on a thread of its own; its result once it is done.
+pub struct Pending<T> {
+    rx: mpsc::Receiver<T>,
+    result: Option<T>,
+}
+
+impl<T: Send + 'static> Pending<T> {
+    fn spawn(name: &str, work: impl FnOnce() -> T + Send + 'static) -> Result<Pending<T>, Error> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _ = tx.send(work());
+            })
+            .map_err(|e| Error::new(ErrorKind::Other, format!("cannot start a thread: {e}")))?;
+        Ok(Pending { rx, result: None })
+    }
+
+    /// Whether the transfer has ended (its result is then ready): never waits.
+    pub fn is_done(&mut self) -> bool {
+        if self.result.is_none() {
+            self.result = self.rx.try_recv().ok();
+        }
+        self.result.is_some()
+    }
+
+    /// Wait up to `timeout` for the transfer to end; its result, if it has.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<&T> {
+        if self.result.is_none() {
+            self.result = self.rx.recv_timeout(timeout).ok();
+        }
+        self.result.as_ref()
+    }
+
+    /// Wait for the transfer to end (every transfer is bounded by its options'
+    /// `timeout`, so this returns).
+    ///
+    /// # Panics
+    /// If the transfer's thread panicked (a bug: every error is a value).
+    pub fn wait(mut self) -> T {
+        match self.result.take() {
+            Some(r) => r,
+            None => self
+                .rx
+                .recv()
+                .expect("a transfer thread ended without a result"),
+        }
+    }
+}
+
+impl Endpoint {
+    /// Start sending `data` (moved in; it comes back with the result) and return at once.
+    ///
+    /// # Errors
+    /// No thread could be started. The transfer's own errors are in the result.
+    pub fn start_send(
+        &self,
+        data: Vec<u8>,
+        name: Option<String>,
+    ) -> Result<Pending<(Result<SendReport, Error>, Vec<u8>)>, Error> {
+        let endpoint = self.clone();
+        Pending::spawn("api-send", move || {
+            let result = endpoint.send(&data, name.as_deref());
+            (result, data)
+        })
+    }
+}
+
+impl Listener {
+    /// Start receiving one transfer into `buf` (moved in; it comes back, filled, with the
+    /// result) and return at once. As [`Listener::receive_into`] otherwise.
+    ///
+    /// # Errors
+    /// The listener could not be duplicated for the thread, or no thread started.
+    pub fn start_receive_into(
+        &self,
+        mut buf: Vec<u8>,
+    ) -> Result<Pending<(Result<RecvReport, Error>, Vec<u8>)>, Error> {
+        let listener = self.try_clone()?;
+        Pending::spawn("api-receive", move || {
+            let result = listener.receive_into(&mut buf);
+            (result, buf)
+        })
+    }
+}

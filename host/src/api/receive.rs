@@ -1,0 +1,231 @@
+//! The receiving side of the library: a bound [`Listener`] that takes one transfer at a
+//! time, into bytes of its own ([`Listener::receive`]) or in place into memory the caller
+//! owns ([`Listener::receive_into`], and GPU memory with `receive_into_device`).
+
+use super::error::{Error, ErrorKind};
+use super::Options;
+use crate::memory::lent::{LentPlace, LentTarget};
+use crate::server::AllowList;
+use crate::transfer::store::Output;
+use crate::transfer::{RecvOutcome, RecvReport};
+use crate::transport::tcp::{self, RecvMemory, TcpRecvConfig};
+use std::net::{SocketAddr, TcpListener};
+use std::ptr::NonNull;
+
+/// A verified transfer, received into bytes of the library's.
+#[derive(Debug)]
+pub struct Received {
+    /// The sender's `--name`, if it gave one.
+    pub name: Option<String>,
+    pub bytes: Vec<u8>,
+    pub report: RecvReport,
+}
+
+/// A bound TCP receiver (the port is taken when this returns, so a sender may start).
+/// Each receive serves one transfer; call again for the next (the same port: senders
+/// that come in between wait in the listen queue).
+pub struct Listener {
+    listener: TcpListener,
+    opts: Options,
+}
+
+impl Listener {
+    /// Listen on `addr` (port 0: the system picks; see [`local_addr`](Self::local_addr)).
+    ///
+    /// # Errors
+    /// The address cannot be bound (in use, not this machine's).
+    pub fn bind(addr: SocketAddr, opts: &Options) -> Result<Listener, Error> {
+        let listener = TcpListener::bind(addr).map_err(|e| {
+            Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {addr}: {e}"))
+        })?;
+        Ok(Listener {
+            listener,
+            opts: opts.clone(),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The options receives use.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// A second handle on the same bound socket (for a receive on another thread).
+    ///
+    /// # Errors
+    /// The system refused to duplicate the socket (out of descriptors).
+    pub fn try_clone(&self) -> Result<Listener, Error> {
+        Ok(Listener {
+            listener: self.listener.try_clone().map_err(|e| {
+                Error::new(ErrorKind::Other, format!("cannot duplicate the listener: {e}"))
+            })?,
+            opts: self.opts.clone(),
+        })
+    }
+
+    /// Receive one transfer into bytes of the library's, handed back if every check
+    /// passed (the report says what was checked and repaired). Waits for a sender as long
+    /// as [`Options::wait`] says (`None`: as long as none comes); once one has come,
+    /// every wait is bounded by `timeout` and the transfer by `min_rate`.
+    ///
+    /// # Errors
+    /// The transfer failed or did not pass its checks, or no sender came within the wait
+    /// ([`ErrorKind`] says which).
+    pub fn receive(&self) -> Result<Received, Error> {
+        let (to, from) = std::sync::mpsc::channel();
+        let report = self.serve_one(
+            &RecvMemory::Host,
+            Some(Output::Memory(to)),
+            self.opts.max_bytes,
+        )?;
+        let (name, bytes) = from.try_recv().map_err(|_| {
+            Error::new(
+                ErrorKind::Other,
+                "the transfer verified but its bytes were not handed over",
+            )
+        })?;
+        Ok(Received {
+            name,
+            bytes,
+            report,
+        })
+    }
+
+    /// [`receive`](Self::receive), consuming the listener (the first version's API).
+    ///
+    /// # Errors
+    /// As for [`receive`](Self::receive).
+    pub fn receive_one(self) -> Result<Received, Error> {
+        self.receive()
+    }
+
+    /// Receive one transfer in place into `buf`: the bytes land where they belong, with
+    /// no copy and no allocation of the data's size. Only an offer of exactly
+    /// `buf.len()` bytes is taken; any other is refused (the sender gets
+    /// [`ErrorKind::Rejected`]) before a byte is written, and the receive goes on waiting.
+    /// On an error the bytes of `buf` are unspecified (a part may have landed).
+    ///
+    /// # Errors
+    /// As for [`receive`](Self::receive).
+    pub fn receive_into(&self, buf: &mut [u8]) -> Result<RecvReport, Error> {
+        let Some(ptr) = NonNull::new(buf.as_mut_ptr()).filter(|_| !buf.is_empty()) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "an empty buffer cannot receive a transfer",
+            ));
+        };
+        // SAFETY: `buf` is borrowed mutably for this call, valid for reads and writes of
+        // its length, and reached by nobody else meanwhile; `receive_lent` returns only
+        // after every use of it has ended (it waits for the lent target's return).
+        unsafe { self.receive_lent(LentPlace::Host(ptr), buf.len()) }
+    }
+
+    /// Receive one transfer in place into GPU memory of the caller's: the chunks go
+    /// through a page-locked ring into `buf` and the checksum kernel checks them there.
+    /// As [`receive_into`](Self::receive_into) otherwise.
+    ///
+    /// # Errors
+    /// As for [`receive`](Self::receive).
+    #[cfg(feature = "cuda")]
+    pub fn receive_into_device(
+        &self,
+        buf: &mut crate::gpu::allocations::DeviceBuffer,
+    ) -> Result<RecvReport, Error> {
+        use crate::gpu::context::GpuMemory;
+        if buf.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "an empty buffer cannot receive a transfer",
+            ));
+        }
+        let place = LentPlace::Device {
+            ordinal: buf.gpu().ordinal(),
+            ptr: buf.device_ptr(),
+        };
+        // Nothing of ours may be queued on the buffer while the transfer's own GPU value
+        // writes it.
+        buf.gpu()
+            .synchronize()
+            .map_err(|e| Error::new(ErrorKind::Other, format!("{e:#}")))?;
+        // SAFETY: `buf` is borrowed mutably for this call: device memory of its GPU's
+        // primary context (Gpu::open's), allocated until it is dropped, which the borrow
+        // prevents, and reached by nobody else meanwhile; `receive_lent` returns only
+        // after every use of it has ended.
+        unsafe { self.receive_lent(place, buf.len()) }
+    }
+
+    /// Receive one transfer in place into `len` bytes at `place` (the Python module's
+    /// buffers and tensors).
+    ///
+    /// # Safety
+    /// As for [`LentTarget::new`]: the memory is valid for reads and writes of `len`
+    /// bytes and touched by nothing else until this returns (it returns only after every
+    /// use of the memory has ended).
+    ///
+    /// # Errors
+    /// As for [`receive`](Self::receive).
+    pub unsafe fn receive_lent(&self, place: LentPlace, len: usize) -> Result<RecvReport, Error> {
+        // SAFETY: the caller's contract, passed on; we wait for `returned` below before
+        // we return, whatever the serve did.
+        let (target, returned) = unsafe { LentTarget::new(place, len) };
+        let memory = RecvMemory::Lent(std::sync::Mutex::new(Some(target)));
+        // Offers of any other size than the buffer's are refused by the lent memory
+        // itself ("exactly N bytes"), those beyond --max-bytes before that.
+        let max_bytes = self.opts.max_bytes.max(len as u64);
+        let served = self.serve_one(&memory, None, max_bytes);
+        // The target, if no transfer took it, goes with `memory`; one that did is held by
+        // its landing until that transfer's thread has dropped it.
+        drop(memory);
+        returned.wait();
+        served
+    }
+
+    /// Serve until one transfer was accepted; its report if every check passed.
+    fn serve_one(
+        &self,
+        memory: &RecvMemory,
+        output: Option<Output>,
+        max_bytes: u64,
+    ) -> Result<RecvReport, Error> {
+        let listener = self.try_clone()?.listener;
+        let cfg = TcpRecvConfig {
+            bind: self.local_addr(),
+            once: true,
+            max_bytes,
+            timeout: self.opts.timeout,
+            max_connections: 1,
+            // Room for one transfer of --max-bytes and the books of its chunks (checked
+            // chunks keep some per chunk, counted by admission with the data): twice the
+            // data holds chunks down to a few dozen bytes.
+            max_memory: max_bytes.saturating_mul(2),
+            min_rate: self.opts.min_rate,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: self.opts.key.clone(),
+            output,
+        };
+        let mut last = None;
+        let mut report = |o: &RecvOutcome| {
+            if !matches!(o, RecvOutcome::Listening { .. }) {
+                last = Some(o.clone());
+            }
+        };
+        tcp::serve_on(listener, &cfg, memory, self.opts.wait, &mut report)?;
+        match last {
+            Some(RecvOutcome::Completed(report)) if report.ok() => Ok(report),
+            Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),
+            Some(RecvOutcome::Failed { peer, error }) => {
+                Err(Error::from_words(format!("transfer from {peer}: {error}")))
+            }
+            other => Err(Error::new(
+                ErrorKind::Other,
+                format!("no transfer was received ({other:?})"),
+            )),
+        }
+    }
+}
