@@ -55,6 +55,12 @@ impl Listener {
         &self.opts
     }
 
+    /// The same listener with other options (a receive with its own wait, say).
+    pub fn with_options(mut self, opts: &Options) -> Listener {
+        self.opts = opts.clone();
+        self
+    }
+
     /// A second handle on the same bound socket (for a receive on another thread).
     ///
     /// # Errors

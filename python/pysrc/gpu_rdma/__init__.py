@@ -1,0 +1,44 @@
+"""gpu_rdma: send and receive bytes, NumPy arrays, torch tensors (CPU and CUDA, without a
+copy) and files between machines, every chunk checked by CRC32C and sent again if it
+fails.
+
+    import gpu_rdma
+    listener = gpu_rdma.listen("0.0.0.0:7000")          # receiving machine
+    report = listener.recv_into(tensor)                  # lands in place, checked
+
+    endpoint = gpu_rdma.connect("10.0.0.2:7000")         # sending machine
+    report = endpoint.send(tensor)                       # returns once verified
+
+Transfers run over TCP (the library's transport today), on as many sockets as the
+machine and link suggest (``streams=None``), as ``host`` does on the command line.
+Reports are dicts (the JSON the command line prints); failures are exceptions, all
+subclasses of ``TransferError``.
+"""
+
+from ._native import (
+    ChecksumFailed,
+    Endpoint,
+    Handle,
+    Listener,
+    PeerGone,
+    Rejected,
+    TimedOut,
+    TransferError,
+    Unreachable,
+    connect,
+    listen,
+)
+
+__all__ = [
+    "listen",
+    "connect",
+    "Listener",
+    "Endpoint",
+    "Handle",
+    "TransferError",
+    "Rejected",
+    "ChecksumFailed",
+    "TimedOut",
+    "PeerGone",
+    "Unreachable",
+]

@@ -1,0 +1,111 @@
+"""Type stubs of gpu_rdma's native module (python/src/lib.rs)."""
+
+import os
+from typing import Any, Optional, Union
+
+Report = dict[str, Any]
+"""A transfer's report: the JSON the command line prints (``host --json``), as a dict."""
+
+Sendable = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", Any]
+"""bytes, any buffer-protocol object (NumPy arrays), an object with ``__dlpack__`` or
+``__cuda_array_interface__`` (torch tensors on the CPU or a CUDA GPU), or a file path."""
+
+class TransferError(Exception):
+    """A transfer failed; the subclass says how, the message what happened."""
+
+class Rejected(TransferError):
+    """The peer refused the transfer before any data: too large, the wrong size for the
+    buffer it receives into, busy, not allowed, or a key that did not match."""
+
+class ChecksumFailed(TransferError):
+    """Chunks still failed their CRC32C after every resend allowed (``max_resends``)."""
+
+class TimedOut(TransferError):
+    """A wait ran out: nothing moved for ``timeout``, a sender below ``min_rate``, or no
+    transfer within a receive's ``timeout``."""
+
+class PeerGone(TransferError):
+    """The peer closed or reset the connection before the transfer ended."""
+
+class Unreachable(TransferError):
+    """Nobody accepts connections at the address."""
+
+class Handle:
+    """A transfer in progress (``send_async``, ``recv_into_async``). The memory it uses
+    stays held until it ends, whatever happens to the handle."""
+
+    def done(self) -> bool:
+        """Whether the transfer has ended (never waits)."""
+    def wait(self, timeout: Optional[float] = None) -> Report:
+        """Wait for the end (at most ``timeout`` seconds) and return the report; raise the
+        transfer's exception, or TimedOut if ``timeout`` passed first (the transfer goes
+        on: wait again). Ctrl-C raises KeyboardInterrupt; the transfer then runs on to
+        its own end or timeout in the background."""
+    @property
+    def report(self) -> Optional[Report]:
+        """The report once the transfer has ended well; None while it runs."""
+
+class Listener:
+    """A bound TCP receiver. Each ``recv``/``recv_into`` takes one transfer."""
+
+    @property
+    def address(self) -> str:
+        """The bound address, "host:port"."""
+    @property
+    def port(self) -> int: ...
+    def recv(self, timeout: Optional[float] = None) -> bytes:
+        """Receive one transfer and return its bytes. ``timeout``: seconds to wait for a
+        sender (None: the listener's ``wait``; by default as long as none comes)."""
+    def recv_into(self, target: Any, timeout: Optional[float] = None) -> Report:
+        """Receive one transfer in place into ``target`` (a writable buffer, NumPy array,
+        or torch tensor on the CPU or a CUDA GPU: no copy). Only a transfer of exactly
+        ``target``'s size in bytes is taken; any other sender gets Rejected before a
+        byte lands, and the receive goes on waiting."""
+    def recv_into_async(self, target: Any, timeout: Optional[float] = None) -> Handle:
+        """``recv_into`` that returns a Handle at once."""
+
+class Endpoint:
+    """A peer to send to, and the options every send to it uses. Each send opens its own
+    connection and returns once the receiver has verified every chunk."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def streams(self) -> int:
+        """Sockets per transfer."""
+    def send(self, obj: Sendable, name: Optional[str] = None) -> Report:
+        """Send ``obj`` (read in place) or the file at a path; the report once verified."""
+    def send_async(self, obj: Sendable, name: Optional[str] = None) -> Handle:
+        """``send`` that returns a Handle at once."""
+
+def listen(
+    address: str = "127.0.0.1:0",
+    *,
+    timeout: float = 10.0,
+    wait: Optional[float] = None,
+    max_bytes: int = 1 << 30,
+    min_rate: int = 1 << 20,
+    key_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> Listener:
+    """Listen on ``address`` (port 0 picks a free one). ``timeout`` bounds every wait once
+    a sender has come; ``wait`` how long a receive waits for one (None: as long as none
+    comes); ``max_bytes`` the largest ``recv``; ``min_rate`` (bytes/s) the slowest
+    sender served; ``key_file``: serve only senders with the same key."""
+
+def connect(
+    address: str,
+    *,
+    transport: str = "auto",
+    streams: Optional[int] = None,
+    key_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    chunk: int = 1 << 20,
+    timeout: float = 10.0,
+    max_resends: int = 3,
+    test_inject_faults: Optional[str] = None,
+) -> Endpoint:
+    """An endpoint for the receiver at ``address``. ``transport``: "auto" or "tcp" (the
+    library runs over TCP today); ``streams``: sockets per transfer (None: chosen from
+    this machine's cores and the link, as ``host --streams auto``); ``chunk``: bytes per
+    CRC32C; ``max_resends``: rounds of resends of chunks that failed;
+    ``test_inject_faults="1/N"`` (tests only) flips a bit in one chunk in N after its
+    CRC32C, so the repair is seen to work."""

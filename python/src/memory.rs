@@ -1,0 +1,290 @@
+//! The memory behind a Python object, found without a copy and held until the transfer
+//! that uses it has ended:
+//!
+//! - a CUDA tensor or array: `__dlpack__` (DLPack's capsule; kept alive, so its producer
+//!   keeps the memory), or `__cuda_array_interface__`;
+//! - host memory: the buffer protocol (bytes, bytearray, memoryview, NumPy arrays,
+//!   array.array), or `__dlpack__` on the CPU (torch's CPU tensors have no buffer).
+//!
+//! Only C-contiguous memory is taken (the bytes in order); anything else is refused with
+//! a `ValueError` saying so.
+
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+
+/// Where the bytes are.
+#[derive(Debug, Clone, Copy)]
+pub enum Place {
+    Host(NonNull<u8>),
+    /// Device memory of GPU `ordinal` (CUDA's device numbering).
+    Device {
+        ordinal: u32,
+        ptr: u64,
+    },
+}
+
+/// What keeps the memory alive and ours: released under the GIL when dropped.
+enum Hold {
+    /// A buffer-protocol view (`PyObject_GetBuffer`), released by `PyBuffer_Release`.
+    Buffer(Box<ffi::Py_buffer>),
+    /// The object that owns the memory (a DLPack capsule, whose destructor calls the
+    /// producer's deleter; an object with `__cuda_array_interface__`).
+    Owner(#[allow(dead_code)] Py<PyAny>),
+}
+
+/// The bytes of a Python object, held.
+pub struct Region {
+    pub place: Place,
+    pub len: usize,
+    hold: Option<Hold>,
+}
+
+// SAFETY: a Region is moved to the thread that runs its transfer. Its raw parts are plain
+// addresses; what it holds is released only in `release`/Drop with the GIL taken (the
+// Py_buffer's release and the owner's decref both need it, and get it there).
+unsafe impl Send for Region {}
+
+impl Region {
+    /// Give the memory back to its owner (under the GIL).
+    pub fn release(mut self, py: Python<'_>) {
+        self.release_held(py);
+    }
+
+    fn release_held(&mut self, _py: Python<'_>) {
+        match self.hold.take() {
+            Some(Hold::Buffer(mut view)) => {
+                // SAFETY: a view filled by PyObject_GetBuffer and released once (taken out
+                // of the Option); the GIL is held (the token).
+                unsafe { ffi::PyBuffer_Release(&mut *view) };
+            }
+            Some(Hold::Owner(owner)) => drop(owner),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.hold.is_some() {
+            Python::attach(|py| self.release_held(py));
+        }
+    }
+}
+
+/// DLPack's device types (dlpack.h, `DLDeviceType`).
+const KDL_CPU: i32 = 1;
+const KDL_CUDA: i32 = 2;
+const KDL_CUDA_HOST: i32 = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+/// dlpack.h's `DLTensor` (the layout of DLPack 0.x and 1.x alike).
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+/// dlpack.h's `DLManagedTensor` (the unversioned capsule, named "dltensor").
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+
+/// The bytes of `shape` elements of `dtype`, if the strides say C order.
+fn contiguous_bytes(shape: &[i64], strides: Option<&[i64]>, item_bytes: u64) -> PyResult<u64> {
+    let mut elements: u64 = 1;
+    for &d in shape {
+        let d = u64::try_from(d).map_err(|_| PyValueError::new_err("a negative dimension"))?;
+        elements = elements
+            .checked_mul(d)
+            .ok_or_else(|| PyValueError::new_err("the tensor's size overflows"))?;
+    }
+    if let Some(strides) = strides {
+        // C order: each dimension's stride is the product of the later ones (dimensions
+        // of size 1 may have any stride).
+        let mut expected: i64 = 1;
+        for (&d, &s) in shape.iter().zip(strides).rev() {
+            if d != 1 && s != expected {
+                return Err(PyValueError::new_err(
+                    "the tensor is not contiguous (C order): call .contiguous() first",
+                ));
+            }
+            expected = expected.saturating_mul(d);
+        }
+    }
+    elements
+        .checked_mul(item_bytes)
+        .ok_or_else(|| PyValueError::new_err("the tensor's size overflows"))
+}
+
+/// The memory of a DLPack capsule's tensor (the capsule is kept as the owner).
+fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
+    // No stream argument: the producer orders its pending work before the capsule for
+    // the default stream, and the transfer waits for the whole context on top of that.
+    let capsule = obj.call_method0("__dlpack__")?;
+    let capsule = capsule
+        .cast::<PyCapsule>()
+        .map_err(|_| PyTypeError::new_err("__dlpack__ did not return a capsule"))?;
+    // SAFETY: a capsule, asked for by its DLPack name; the pointer is valid while the
+    // capsule lives and is not consumed ("used_dltensor"), which we never do: we keep
+    // the capsule as the owner, and its destructor calls the producer's deleter.
+    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()) }
+        .cast::<DlManagedTensor>();
+    if managed.is_null() {
+        return Err(PyTypeError::new_err(
+            "__dlpack__ returned a capsule that is not a DLPack tensor",
+        ));
+    }
+    // SAFETY: a DLManagedTensor the producer keeps valid while the capsule lives.
+    let t = unsafe { &(*managed).dl_tensor };
+    let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err("bad ndim"))?;
+    // SAFETY: DLPack's contract: `shape` has `ndim` entries, `strides` is null or too.
+    let shape = match ndim {
+        0 => &[][..],
+        n => unsafe { std::slice::from_raw_parts(t.shape, n) },
+    };
+    let strides =
+        (!t.strides.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
+    let item_bits = t.dtype.bits as u64 * t.dtype.lanes.max(1) as u64;
+    let len = contiguous_bytes(shape, strides, item_bits.div_ceil(8))?;
+    let len = usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?;
+    let addr = (t.data as u64)
+        .checked_add(t.byte_offset)
+        .ok_or_else(|| PyValueError::new_err("a bad data pointer"))?;
+    let place = match t.device.device_type {
+        KDL_CPU | KDL_CUDA_HOST => Place::Host(
+            NonNull::new(addr as *mut u8)
+                .ok_or_else(|| PyValueError::new_err("a null data pointer"))?,
+        ),
+        KDL_CUDA => Place::Device {
+            ordinal: u32::try_from(t.device.device_id)
+                .map_err(|_| PyValueError::new_err("a bad device id"))?,
+            ptr: addr,
+        },
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "DLPack device type {other} is neither the CPU nor a CUDA GPU"
+            )))
+        }
+    };
+    Ok(Region {
+        place,
+        len,
+        hold: Some(Hold::Owner(capsule.clone().into_any().unbind())),
+    })
+}
+
+/// The memory of an object with `__cuda_array_interface__` (version 2 or 3).
+fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    let cai = obj.getattr("__cuda_array_interface__")?;
+    let cai = cai
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("__cuda_array_interface__ is not a dict"))?;
+    let get = |k: &str| {
+        cai.get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("__cuda_array_interface__ has no {k:?}")))
+    };
+    let data = get("data")?;
+    let data = data.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("data is not a tuple"))?;
+    let ptr: u64 = data.get_item(0)?.extract()?;
+    let readonly: bool = data.get_item(1)?.extract()?;
+    if writable && readonly {
+        return Err(PyBufferError::new_err("the array is read-only"));
+    }
+    let shape: Vec<i64> = get("shape")?.extract()?;
+    let typestr: String = get("typestr")?.extract()?;
+    let item: u64 = typestr
+        .get(2..)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| PyValueError::new_err(format!("typestr {typestr:?}")))?;
+    let strides: Option<Vec<i64>> = match cai.get_item("strides")? {
+        Some(s) if !s.is_none() => Some(s.extract()?),
+        _ => None,
+    };
+    // The interface's strides are in bytes.
+    let element_strides = strides
+        .map(|s| s.iter().map(|b| b / item.max(1) as i64).collect::<Vec<_>>());
+    let len = contiguous_bytes(&shape, element_strides.as_deref(), item)?;
+    // Which GPU: the object's `device.id` where it has one (CuPy, Numba), else 0.
+    let ordinal: u32 = obj
+        .getattr("device")
+        .and_then(|d| d.getattr("id"))
+        .and_then(|id| id.extract())
+        .unwrap_or(0);
+    Ok(Region {
+        place: Place::Device { ordinal, ptr },
+        len: usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?,
+        hold: Some(Hold::Owner(obj.clone().unbind())),
+    })
+}
+
+/// The memory of a buffer-protocol object, C-contiguous (writable if asked).
+fn from_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+    let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
+    // SAFETY: a live object (borrowed for the call) and a zeroed view to fill; on success
+    // the view holds a reference and is released exactly once (Region's release).
+    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+    if rc != 0 {
+        return Err(PyErr::fetch(obj.py()));
+    }
+    let len = usize::try_from(view.len).unwrap_or(0);
+    let ptr = NonNull::new(view.buf.cast::<u8>()).unwrap_or(NonNull::dangling());
+    Ok(Region {
+        place: Place::Host(ptr),
+        len,
+        hold: Some(Hold::Buffer(view)),
+    })
+}
+
+/// The memory of `obj`, held; `writable` for a receive.
+pub fn region_of(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    if obj.hasattr("__dlpack_device__")? && obj.hasattr("__dlpack__")? {
+        let (device_type, _): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+        if device_type == KDL_CUDA {
+            return from_dlpack(obj);
+        }
+    }
+    match from_buffer(obj, writable) {
+        Ok(r) => Ok(r),
+        Err(e) if obj.hasattr("__dlpack__")? && e.is_instance_of::<PyTypeError>(obj.py()) => {
+            from_dlpack(obj)
+        }
+        Err(e) if obj.hasattr("__cuda_array_interface__")? => {
+            let _ = e;
+            from_cuda_array_interface(obj, writable)
+        }
+        Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => Err(PyTypeError::new_err(format!(
+            "cannot send or receive a {}: give bytes, a bytearray, a memoryview, a NumPy array, a torch tensor (CPU or CUDA), any object with the buffer protocol, __dlpack__ or __cuda_array_interface__, or a file path",
+            obj.get_type().name()?
+        ))),
+        Err(e) => Err(e),
+    }
+}
