@@ -7,37 +7,37 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 
 create_exception!(
-    _native,
+    gpu_rdma,
     TransferError,
     PyException,
     "A transfer failed; the subclass says how, the message says what happened."
 );
 create_exception!(
-    _native,
+    gpu_rdma,
     Rejected,
     TransferError,
     "The peer refused the transfer before any data: too large, the wrong size for the buffer it receives into, busy, not allowed, or a key that did not match."
 );
 create_exception!(
-    _native,
+    gpu_rdma,
     ChecksumFailed,
     TransferError,
     "Chunks still failed their CRC32C after every resend allowed (max_resends)."
 );
 create_exception!(
-    _native,
+    gpu_rdma,
     TimedOut,
     TransferError,
     "A wait ran out: nothing moved for `timeout`, a sender below `min_rate`, or no transfer within a receive's `timeout`."
 );
 create_exception!(
-    _native,
+    gpu_rdma,
     PeerGone,
     TransferError,
     "The peer closed or reset the connection before the transfer ended."
 );
 create_exception!(
-    _native,
+    gpu_rdma,
     Unreachable,
     TransferError,
     "Nobody accepts connections at the address."

@@ -87,7 +87,7 @@ fn spawn(
 }
 
 /// A transfer in progress (from `send_async`, `recv_into_async`).
-#[pyclass(module = "gpu_rdma._native")]
+#[pyclass(module = "gpu_rdma")]
 pub struct Handle {
     rx: Mutex<Option<mpsc::Receiver<Outcome>>>,
     result: Mutex<Option<Outcome>>,
@@ -193,7 +193,7 @@ impl Handle {
 
 /// A bound TCP receiver: `address` is its host:port. Each `recv`/`recv_into` takes one
 /// transfer; call again for the next.
-#[pyclass(module = "gpu_rdma._native")]
+#[pyclass(module = "gpu_rdma")]
 pub struct Listener {
     inner: api::Listener,
 }
@@ -282,7 +282,7 @@ impl Listener {
 }
 
 /// A peer to send to, and the options every send to it uses.
-#[pyclass(module = "gpu_rdma._native")]
+#[pyclass(module = "gpu_rdma")]
 pub struct Endpoint {
     inner: api::Endpoint,
 }

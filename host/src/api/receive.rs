@@ -176,6 +176,12 @@ impl Listener {
     /// # Errors
     /// As for [`receive`](Self::receive).
     pub unsafe fn receive_lent(&self, place: LentPlace, len: usize) -> Result<RecvReport, Error> {
+        if len == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "an empty buffer cannot receive a transfer",
+            ));
+        }
         // SAFETY: the caller's contract, passed on; we wait for `returned` below before
         // we return, whatever the serve did.
         let (target, returned) = unsafe { LentTarget::new(place, len) };

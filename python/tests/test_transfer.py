@@ -1,0 +1,350 @@
+"""gpu_rdma over TCP loopback, as a user calls it: real sockets, a real receiver, every
+byte compared. Each test bounds its waits (the receives' timeouts), so none can hang."""
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gpu_rdma
+
+MIB = 1 << 20
+
+
+def receive_in_thread(fn):
+    """Run a receive on a thread; join() gives its result or raises its exception."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the test's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join(timeout=60):
+        t.join(timeout)
+        assert not t.is_alive(), "the receive did not end"
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return join
+
+
+def pattern(n, seed=0):
+    """Bytes that say where they are (a shifted or stale chunk shows)."""
+    i = np.arange(n, dtype=np.uint64)
+    return ((i * 2654435761 + seed) >> 8).astype(np.uint8)
+
+
+@pytest.fixture
+def listener():
+    return gpu_rdma.listen("127.0.0.1:0", timeout=10.0, wait=20.0)
+
+
+DTYPES = [
+    np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_arrays_of_every_dtype_land_exactly_in_place(listener, dtype):
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=3 * 4099 * np.dtype(dtype).itemsize, dtype=np.uint8)
+    sent = raw.view(dtype).reshape(3, 4099)
+    target = np.zeros_like(sent)
+    at = target.ctypes.data
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    report = gpu_rdma.connect(listener.address).send(sent)
+    got = join()
+    assert target.ctypes.data == at
+    assert target.tobytes() == sent.tobytes()
+    assert report["receiver"]["status"] == "verified"
+    assert got["bytes"] == sent.nbytes
+    assert got["integrity"]["chunks_checked"] >= 1
+
+
+@pytest.mark.parametrize("size", [1, 3, 4096, MIB + 3, 256 * MIB + 3], ids=str)
+def test_sizes_from_one_byte_to_256_mib_and_3(listener, size):
+    sent = pattern(size, size)
+    target = np.empty(size, dtype=np.uint8)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    gpu_rdma.connect(listener.address, streams=2).send(sent)
+    join()
+    assert np.array_equal(target, sent)
+
+
+def test_bytes_bytearray_and_memoryviews_go_as_they_are(listener):
+    data = bytes(pattern(100_003, 1))
+    for obj in [data, bytearray(data), memoryview(data), memoryview(bytearray(data))[7:]]:
+        join = receive_in_thread(lambda: listener.recv())
+        gpu_rdma.connect(listener.address).send(obj)
+        assert join() == bytes(obj)
+
+
+def test_a_file_goes_with_its_name(listener, tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(pattern(3 * MIB + 1, 5)))
+    target = bytearray(path.stat().st_size)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    gpu_rdma.connect(listener.address).send(path)
+    report = join()
+    assert bytes(target) == path.read_bytes()
+    assert report["integrity"]["name"] == "weights.bin"
+    # A str path too, named as asked.
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    gpu_rdma.connect(listener.address).send(str(path), name="other.bin")
+    assert join()["integrity"]["name"] == "other.bin"
+
+
+def test_recv_into_allocates_nothing_of_the_datas_size(listener):
+    size = 256 * MIB
+    sent = pattern(size, 9)
+    target = np.ones(size, dtype=np.uint8)  # touched: its pages are resident already
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the peak
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    gpu_rdma.connect(listener.address, streams=2).send(sent)
+    join()
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert np.array_equal(target, sent)
+    # A copy through a buffer of the data's size would raise the peak by 256 MiB.
+    assert grown_kib < 32 * 1024, f"the peak grew by {grown_kib} KiB"
+
+
+def test_a_target_of_another_size_is_refused_before_a_byte_lands():
+    listener = gpu_rdma.listen("127.0.0.1:0", wait=1.5)
+    target = np.full(1000, 0xAB, dtype=np.uint8)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    endpoint = gpu_rdma.connect(listener.address)
+    for n in (1001, 999):
+        with pytest.raises(gpu_rdma.Rejected, match="exactly 1000 bytes"):
+            endpoint.send(pattern(n))
+    with pytest.raises(gpu_rdma.TimedOut):
+        join()
+    assert (target == 0xAB).all()
+
+
+def test_an_offer_over_max_bytes_is_rejected():
+    listener = gpu_rdma.listen("127.0.0.1:0", wait=1.5, max_bytes=1000)
+    join = receive_in_thread(lambda: listener.recv())
+    with pytest.raises(gpu_rdma.Rejected, match="max-bytes"):
+        gpu_rdma.connect(listener.address).send(pattern(1001))
+    with pytest.raises(gpu_rdma.TimedOut):
+        join()
+
+
+def test_a_wrong_key_is_rejected(tmp_path):
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.write_bytes(b"k" * 32)
+    theirs.write_bytes(b"x" * 32)
+    listener = gpu_rdma.listen("127.0.0.1:0", wait=1.5, key_file=mine)
+    join = receive_in_thread(lambda: listener.recv())
+    with pytest.raises(gpu_rdma.Rejected, match="key"):
+        gpu_rdma.connect(listener.address, key_file=theirs).send(b"secret")
+    with pytest.raises(gpu_rdma.TimedOut):
+        join()
+    # The right key goes through.
+    join = receive_in_thread(lambda: listener.recv())
+    gpu_rdma.connect(listener.address, key_file=mine).send(b"secret")
+    assert join() == b"secret"
+
+
+def test_injected_faults_are_repaired_and_the_bytes_exact(listener):
+    sent = pattern(8 * MIB + 5, 3)
+    target = np.zeros_like(sent)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    report = gpu_rdma.connect(
+        listener.address, chunk=64 << 10, test_inject_faults="1/3", max_resends=8
+    ).send(sent)
+    got = join()
+    assert np.array_equal(target, sent)
+    assert got["integrity"]["repaired"], "nothing was repaired"
+    assert report["receiver"]["status"] == "verified"
+
+
+def test_faults_on_every_chunk_give_checksum_failed():
+    listener = gpu_rdma.listen("127.0.0.1:0", wait=10)
+    target = np.zeros(1 * MIB, dtype=np.uint8)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    with pytest.raises(gpu_rdma.ChecksumFailed):
+        gpu_rdma.connect(listener.address, test_inject_faults="1/1", max_resends=1).send(
+            pattern(MIB)
+        )
+    with pytest.raises(gpu_rdma.ChecksumFailed):
+        join()
+
+
+def test_a_receive_with_no_sender_times_out(listener):
+    t0 = time.monotonic()
+    with pytest.raises(gpu_rdma.TimedOut, match="no transfer arrived"):
+        listener.recv(timeout=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_nobody_listening_is_unreachable():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(gpu_rdma.Unreachable):
+        gpu_rdma.connect(f"127.0.0.1:{port}").send(b"x")
+
+
+STALLING_PROXY_SENDER = r"""
+import sys, numpy as np, gpu_rdma
+port = int(sys.argv[1])
+data = np.ones(512 << 20, dtype=np.uint8)
+print("sending", flush=True)
+gpu_rdma.connect(f"127.0.0.1:{port}", streams=1, timeout=60).send(data)
+"""
+
+
+def stalling_proxy(target_port, forward_bytes):
+    """A loopback relay that forwards `forward_bytes` of the sender's bytes, then stops
+    reading (the sender blocks in its writes) and, once the sender is gone (EOF or
+    reset), closes the receiver's side: a sender killed half-way, as the receiver sees it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    forwarded = threading.Event()
+
+    def run():
+        client, _ = server.accept()
+        upstream = socket.create_connection(("127.0.0.1", target_port))
+
+        def back():
+            try:
+                while (b := upstream.recv(65536)):
+                    client.sendall(b)
+            except OSError:
+                pass
+
+        threading.Thread(target=back, daemon=True).start()
+        sent = 0
+        while sent < forward_bytes:
+            b = client.recv(min(65536, forward_bytes - sent))
+            if not b:
+                break
+            upstream.sendall(b)
+            sent += len(b)
+        forwarded.set()
+        # Wait for the sender to go: a read that ends in EOF or a reset.
+        client.settimeout(30)
+        try:
+            while client.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+        # shutdown, not only close: the relay's other thread is blocked reading this
+        # socket, and a close alone would keep it open (no FIN) until that read ends.
+        for s in (upstream, client):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return server.getsockname()[1], forwarded
+
+
+def test_a_sender_killed_half_way_gives_peer_gone():
+    listener = gpu_rdma.listen("127.0.0.1:0", timeout=20, wait=30)
+    target = np.zeros(512 << 20, dtype=np.uint8)
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    port, forwarded = stalling_proxy(listener.port, 8 * MIB)
+    child = subprocess.Popen([sys.executable, "-c", STALLING_PROXY_SENDER, str(port)])
+    try:
+        assert forwarded.wait(30), "the sender never sent 8 MiB"
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(gpu_rdma.PeerGone):
+            join()
+        assert time.monotonic() - t0 < 15
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_one_endpoint_carries_a_hundred_transfers(listener):
+    endpoint = gpu_rdma.connect(listener.address)
+    sizes = [1000 + 37 * i for i in range(100)]
+
+    def receive_all():
+        got = []
+        for n in sizes:
+            target = np.empty(n, dtype=np.uint8)
+            listener.recv_into(target)
+            got.append(target)
+        return got
+
+    join = receive_in_thread(receive_all)
+    for i, n in enumerate(sizes):
+        endpoint.send(pattern(n, i))
+    for i, (n, got) in enumerate(zip(sizes, join(120))):
+        assert np.array_equal(got, pattern(n, i)), f"transfer {i}"
+
+
+def test_async_handles_are_polled_to_their_end(listener):
+    sent = pattern(32 * MIB + 1, 4)
+    target = np.zeros_like(sent)
+    receiving = listener.recv_into_async(target)
+    sending = gpu_rdma.connect(listener.address).send_async(sent)
+    polls = 0
+    deadline = time.monotonic() + 60
+    while not (sending.done() and receiving.done()):
+        assert time.monotonic() < deadline
+        polls += 1
+        time.sleep(0.001)
+    assert sending.wait()["receiver"]["status"] == "verified"
+    assert receiving.report["bytes"] == sent.nbytes
+    assert np.array_equal(target, sent)
+
+
+def test_a_wait_shorter_than_the_transfer_times_out_and_the_transfer_goes_on(listener):
+    target = np.zeros(4, dtype=np.uint8)
+    receiving = listener.recv_into_async(target, timeout=10)
+    with pytest.raises(gpu_rdma.TimedOut, match="goes on"):
+        receiving.wait(timeout=0.05)
+    gpu_rdma.connect(listener.address).send(b"late")
+    receiving.wait(timeout=30)
+    assert target.tobytes() == b"late"
+
+
+def test_what_cannot_be_taken_is_refused_with_a_clear_error(listener):
+    with pytest.raises(ValueError):
+        gpu_rdma.connect(listener.address).send(np.arange(100, dtype=np.int32)[::2])
+    with pytest.raises(BufferError):
+        listener.recv_into(b"read-only bytes")
+    with pytest.raises(TypeError, match="cannot send or receive"):
+        gpu_rdma.connect(listener.address).send(12345)
+    with pytest.raises(ValueError, match="transport"):
+        gpu_rdma.connect(listener.address, transport="carrier-pigeon")
+    with pytest.raises(ValueError, match="streams"):
+        gpu_rdma.connect(listener.address, streams=0)
+    with pytest.raises(ValueError, match="empty"):
+        listener.recv_into(bytearray())
+    with pytest.raises(ValueError, match="nothing to transfer"):
+        gpu_rdma.connect(listener.address).send(b"")
+
+
+def test_reports_are_plain_dicts_of_what_happened(listener):
+    join = receive_in_thread(lambda: listener.recv_into(bytearray(10)))
+    sent = gpu_rdma.connect(listener.address).send(b"0123456789", name="ten")
+    got = join()
+    assert isinstance(sent, dict) and isinstance(got, dict)
+    assert sent["bytes"] == 10 and got["bytes"] == 10
+    assert got["integrity"]["name"] == "ten"
+    assert got["peer"].startswith("127.0.0.1:")
