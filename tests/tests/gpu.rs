@@ -873,3 +873,59 @@ fn crc32c_kernel_is_right_with_every_block_size_the_benchmark_tries() {
         assert!(odd.is_err(), "100 threads per block was accepted");
     }
 }
+
+/// The library's GPU faces (issue 25, item 7): a GPU buffer sent with `api::send_device`
+/// (the checksum kernel computing every chunk's CRC32C on the sending GPU) lands in place
+/// in a `DeviceBuffer` the receiving caller allocated (`Listener::receive_into_device`:
+/// no buffer of the library's, the chunks checked by the checksum kernel there), with
+/// faults injected and repaired into GPU memory.
+#[test]
+fn a_gpu_buffer_lands_in_place_in_a_callers_device_buffer_and_is_checked_there() {
+    use host::api::{self, Options};
+    use host::gpu::context::GpuMemory;
+    let test = "a_gpu_buffer_lands_in_place_in_a_callers_device_buffer_and_is_checked_there";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let len = (64 << 20) + 3;
+    let data: Vec<u8> = (0..len as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect();
+    let opts = Options {
+        chunk: 1 << 20,
+        streams: 4,
+        max_resends: 8,
+        test_inject_faults: Some(host::transfer::faults::FaultInjector::parse("1/5").unwrap()),
+        timeout: Duration::from_secs(30),
+        ..Options::default()
+    };
+    let listener = api::Listener::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+    let addr = listener.local_addr();
+    let receiving = std::thread::spawn(move || {
+        // The receiving caller's own GPU value and buffer (Rc: this thread's).
+        let gpu = Gpu::open(0).unwrap();
+        let mut target = DeviceBuffer::new(&gpu, len).unwrap();
+        let ptr = target.device_ptr();
+        let report = listener.receive_into_device(&mut target).unwrap();
+        let mut back = vec![0u8; len];
+        target.read_into(&mut back).unwrap();
+        (report, back, ptr == target.device_ptr())
+    });
+    let mut source = DeviceBuffer::new(&gpu, len).unwrap();
+    source.write(0, &data).unwrap();
+    let (sent, _source) = api::send_device(addr, source, &opts).unwrap();
+    let (report, back, same) = receiving.join().unwrap();
+    assert!(sent.receiver.is_some_and(|v| v.ok()));
+    assert!(same);
+    assert!(back == data, "the received GPU buffer differs");
+    assert!(
+        !report.integrity.repaired.is_empty(),
+        "no chunk was repaired at 1/5"
+    );
+    eprintln!(
+        "{test}: {} bytes, {} chunks repaired, path {:?}",
+        report.bytes,
+        report.integrity.repaired.len(),
+        report.path
+    );
+}

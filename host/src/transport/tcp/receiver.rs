@@ -254,6 +254,9 @@ fn lent_landing(
         #[cfg(feature = "cuda")]
         LentPlace::Device { ordinal, ptr } => {
             let gpu = crate::gpu::Gpu::open(ordinal)?;
+            // The owner's own work queued on the memory (a tensor zeroed on a stream of
+            // its) is done before the first byte lands.
+            gpu.synchronize_context()?;
             // SAFETY: as above, device memory of that device's primary context, which
             // `Gpu::open` binds.
             let memory = unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
