@@ -13,12 +13,15 @@ OUT=${OUT:-target/python-h200}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 PY=${PYTHON:-python3}
-VENV=${VENV:-/tmp/gpu-rdma-venv}
+SITE=${SITE:-/tmp/gpu-rdma-site}
 
-# torch comes from the machine's Python; the module and pytest from the wheels.
-"$PY" -m venv --system-site-packages "$VENV" || exit 1
-"$VENV/bin/pip" install -q --no-index --find-links "$WHEELS" gpu_rdma pytest || exit 1
-V="$VENV/bin/python"
+# torch comes from the machine's Python (wherever it installed it: a virtual environment
+# would not see a user site); the module and pytest from the wheels, unpacked (a wheel
+# is a zip of what site-packages holds) onto PYTHONPATH, so no pip is needed either.
+rm -rf "$SITE" && mkdir -p "$SITE"
+for w in "$WHEELS"/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || exit 1; done
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+V="$PY"
 "$V" -c 'import torch, gpu_rdma; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))'
 
 echo "==> pytest python/tests/test_cuda.py"
