@@ -11,6 +11,7 @@
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
 #    with a reason where there is no GPU), the tutorial's examples (examples/), the
 #    NCCL net plugin's harness (nccl-net/tests/) and the RDMA tests inside the guests;
+#    then the Python module's tests (pip install ./python in a fresh venv, pytest);
 # 5. runs the host-memory modules under Miri;
 # 6. fuzzes the wire-format decoders for 30 s.
 # Besides: the PTX kept in gpu-kernels/ptx/ is checked against this build's, and a crate
@@ -59,13 +60,23 @@ export NCCL_GRDMA_PLUGIN
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast
 
+step "the Python module: pip install ./python in a fresh virtual environment, then pytest"
+# As a user installs it: maturin (from PyPI, as pyproject.toml's build backend) builds the
+# extension; python/tests/ runs over TCP loopback (test_cuda.py skips here: no torch, no
+# GPU; it runs on the H200, python/tests/h200-run.sh).
+python3 -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
+rm -rf target/python-venv
+python3 -m venv target/python-venv
+target/python-venv/bin/pip install -q ./python pytest numpy
+(cd python && ../target/python-venv/bin/python -m pytest -q -rs -p no:cacheprovider tests)
+
 step "Miri over the host-memory modules (host buffers, the schedule, the memcpy wire and its thread, wire formats)"
 # Miri checks for undefined behaviour as the code runs: use after free, data races
 # between the wire's thread and the source, out-of-bounds copies. Only code that makes
 # no FFI call can run under it, hence the module list and the build without CUDA.
 cargo miri setup
 cargo miri test -p host --no-default-features --lib --locked -- \
-    memory::host_buffer transfer::memcpy_wire transfer::schedule transfer::header \
+    memory::host_buffer memory::lent transfer::memcpy_wire transfer::schedule transfer::header \
     transfer::plan transport::tcp::frames
 
 step "fuzzing the wire formats for 30 s (cargo fuzz; everything a peer sends is decoded there)"

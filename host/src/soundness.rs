@@ -173,6 +173,39 @@
 //! }
 //! ```
 //!
+//! # Memory a library caller lends is used only while it is lent
+//!
+//! [`api::Endpoint::send`](crate::api::Endpoint::send) reads the caller's bytes in place
+//! through [`LentBytes`](crate::memory::LentBytes), which borrows them: it cannot outlive
+//! them. [`api::Listener::receive_into`](crate::api::Listener::receive_into) borrows the
+//! buffer mutably for the call and returns only once nothing uses it (the lent target's
+//! token, held by the landing, is gone: Miri runs `memory::lent`'s tests).
+//!
+//! ```
+//! let data = vec![7u8; 4096];
+//! let lent = host::memory::LentBytes::new(&data);
+//! drop(lent);
+//! drop(data);
+//! ```
+//!
+//! ```compile_fail,E0597
+//! let lent = {
+//!     let data = vec![7u8; 4096];
+//!     // Keep reading the bytes after their owner is gone: refused.
+//!     host::memory::LentBytes::new(&data)
+//! };
+//! drop(lent);
+//! ```
+//!
+//! ```compile_fail,E0499
+//! fn receive_twice(listener: &host::api::Listener, buf: &mut [u8]) {
+//!     let other = &mut *buf;
+//!     // The buffer is the receive's alone while it runs: no second borrow beside it.
+//!     let _ = listener.receive_into(buf);
+//!     other[0] = 1;
+//! }
+//! ```
+//!
 //! # The GPU's promises
 //!
 //! With the `cuda` feature, the [`gpu`](crate::gpu) module's documentation holds the rest:

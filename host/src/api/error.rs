@@ -107,7 +107,10 @@ impl Error {
         } else if report.transfers != report.offered {
             (
                 ErrorKind::PeerGone,
-                format!("{} of {} transfers arrived", report.transfers, report.offered),
+                format!(
+                    "{} of {} transfers arrived",
+                    report.transfers, report.offered
+                ),
             )
         } else if let Some(e) = &integrity.store_error {
             (ErrorKind::Other, format!("not stored: {e}"))
@@ -116,7 +119,10 @@ impl Error {
         };
         Error::new(
             kind,
-            format!("the transfer from {} did not pass its checks: {what}", report.peer),
+            format!(
+                "the transfer from {} did not pass its checks: {what}",
+                report.peer
+            ),
         )
     }
 }

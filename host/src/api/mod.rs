@@ -50,11 +50,11 @@ mod receive;
 mod send;
 
 pub use error::{Error, ErrorKind};
-pub use pending::Pending;
+pub use pending::{Pending, PendingReceive, PendingSend};
 pub use receive::{Listener, Received};
+pub use send::{connect, send_host, send_source, Endpoint};
 #[cfg(feature = "cuda")]
 pub use send::{send_device, send_device_lent};
-pub use send::{connect, send_host, send_source, Endpoint};
 
 use crate::server::Key;
 use crate::transfer::header::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
@@ -126,10 +126,16 @@ impl Options {
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: String| Err(Error::new(ErrorKind::InvalidArgument, what));
         if self.chunk == 0 || self.chunk > u32::MAX as u64 {
-            return bad(format!("--chunk {} is outside 1..=4294967295 bytes", self.chunk));
+            return bad(format!(
+                "--chunk {} is outside 1..=4294967295 bytes",
+                self.chunk
+            ));
         }
         if !(1..=MAX_STREAMS).contains(&self.streams) {
-            return bad(format!("--streams {} is outside 1..={MAX_STREAMS}", self.streams));
+            return bad(format!(
+                "--streams {} is outside 1..={MAX_STREAMS}",
+                self.streams
+            ));
         }
         if self.depth == 0 {
             return bad("--depth 0: at least one chunk must be in flight".into());
@@ -342,11 +348,7 @@ mod tests {
         for len in [101usize, 99] {
             let e = endpoint.send(&pattern(len, 1), None).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
-            assert!(
-                e.message().contains("exactly 100 bytes"),
-                "{}",
-                e.message()
-            );
+            assert!(e.message().contains("exactly 100 bytes"), "{}", e.message());
         }
         let (r, buf) = receiving.join().unwrap();
         // Nobody sent the right size within the wait: a timeout, and the buffer as it was.
@@ -450,7 +452,10 @@ mod tests {
         connect(addr, &opts).unwrap().send(&data, None).unwrap();
         let (report, buf) = receiving.join().unwrap().unwrap();
         assert!(buf == data);
-        assert!(!report.integrity.repaired.is_empty(), "nothing was repaired");
+        assert!(
+            !report.integrity.repaired.is_empty(),
+            "nothing was repaired"
+        );
     }
 
     #[test]
@@ -475,6 +480,9 @@ mod tests {
         .send(b"secret", None)
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
-        assert_eq!(receiving.join().unwrap().unwrap_err().kind(), ErrorKind::TimedOut);
+        assert_eq!(
+            receiving.join().unwrap().unwrap_err().kind(),
+            ErrorKind::TimedOut
+        );
     }
 }

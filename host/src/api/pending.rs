@@ -11,6 +11,12 @@ use crate::transfer::{RecvReport, SendReport};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// A send started by [`Endpoint::start_send`]: its result, and the bytes back.
+pub type PendingSend = Pending<(Result<SendReport, Error>, Vec<u8>)>;
+/// A receive started by [`Listener::start_receive_into`]: its result, and the buffer
+/// back (filled, if the result is Ok).
+pub type PendingReceive = Pending<(Result<RecvReport, Error>, Vec<u8>)>;
+
 /// A transfer running on a thread of its own; its result once it is done.
 pub struct Pending<T> {
     rx: mpsc::Receiver<T>,
@@ -66,11 +72,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// No thread could be started. The transfer's own errors are in the result.
-    pub fn start_send(
-        &self,
-        data: Vec<u8>,
-        name: Option<String>,
-    ) -> Result<Pending<(Result<SendReport, Error>, Vec<u8>)>, Error> {
+    pub fn start_send(&self, data: Vec<u8>, name: Option<String>) -> Result<PendingSend, Error> {
         let endpoint = self.clone();
         Pending::spawn("api-send", move || {
             let result = endpoint.send(&data, name.as_deref());
@@ -85,10 +87,7 @@ impl Listener {
     ///
     /// # Errors
     /// The listener could not be duplicated for the thread, or no thread started.
-    pub fn start_receive_into(
-        &self,
-        mut buf: Vec<u8>,
-    ) -> Result<Pending<(Result<RecvReport, Error>, Vec<u8>)>, Error> {
+    pub fn start_receive_into(&self, mut buf: Vec<u8>) -> Result<PendingReceive, Error> {
         let listener = self.try_clone()?;
         Pending::spawn("api-receive", move || {
             let result = listener.receive_into(&mut buf);

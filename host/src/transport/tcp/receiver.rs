@@ -139,10 +139,7 @@ impl RecvMemory {
         let target = target.lock().unwrap_or_else(|p| p.into_inner());
         let Some(target) = target.as_ref() else {
             // Taken by a transfer in progress (admission allows one at a time).
-            return Some((
-                RejectReason::BusyConnections { active: 1, max: 1 },
-                None,
-            ));
+            return Some((RejectReason::BusyConnections { active: 1, max: 1 }, None));
         };
         if header.total_bytes != target.len as u64 {
             let reason = RejectReason::SizeMismatch {
@@ -155,7 +152,10 @@ impl RecvMemory {
             let reason = RejectReason::BadHeader(WireError::Inconsistent {
                 what: "several transfers into one caller's buffer",
             });
-            return Some((reason, Some("a --reuse-connection offer into one buffer".into())));
+            return Some((
+                reason,
+                Some("a --reuse-connection offer into one buffer".into()),
+            ));
         }
         None
     }
@@ -260,10 +260,14 @@ fn lent_landing(
             // SAFETY: as above, device memory of that device's primary context, which
             // `Gpu::open` binds.
             let memory = unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
-            Box::new(super::landing::DeviceLanding::over(&gpu, memory, chunk, streams)?)
+            Box::new(super::landing::DeviceLanding::over(
+                &gpu, memory, chunk, streams,
+            )?)
         }
         #[cfg(not(feature = "cuda"))]
-        LentPlace::Device { .. } => anyhow::bail!("this build has no GPU support (the cuda feature)"),
+        LentPlace::Device { .. } => {
+            anyhow::bail!("this build has no GPU support (the cuda feature)")
+        }
     };
     drop(target);
     Ok(Box::new(LentLanding::new(inner, in_use)))
