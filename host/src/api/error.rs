@@ -51,6 +51,7 @@ pub struct Error {
 }
 
 impl Error {
+    /// An error of `kind` saying `message` (one line).
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error {
             kind,
@@ -58,10 +59,12 @@ impl Error {
         }
     }
 
+    /// What went wrong, for a program to act on.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
+    /// What went wrong, in words (the command line's line).
     pub fn message(&self) -> &str {
         &self.message
     }

@@ -44,6 +44,8 @@
 //! `examples/host/send_buffer.rs` and `receive_buffer.rs` show both ends; the Python
 //! module (`python/`) is built on these calls.
 
+#![warn(missing_docs)]
+
 mod error;
 mod pending;
 mod receive;

@@ -17,7 +17,9 @@ use std::ptr::NonNull;
 pub struct Received {
     /// The sender's `--name`, if it gave one.
     pub name: Option<String>,
+    /// The bytes, verified.
     pub bytes: Vec<u8>,
+    /// What was checked and repaired (the JSON `host recv --json` prints).
     pub report: RecvReport,
 }
 
@@ -47,6 +49,7 @@ impl Listener {
         })
     }
 
+    /// The bound address (the port the system picked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()

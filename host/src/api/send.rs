@@ -127,10 +127,12 @@ pub fn connect(peer: SocketAddr, opts: &Options) -> Result<Endpoint, Error> {
 }
 
 impl Endpoint {
+    /// The receiver's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
     }
 
+    /// The options every send of this endpoint uses.
     pub fn options(&self) -> &Options {
         &self.opts
     }
