@@ -189,3 +189,22 @@ fn send_buffer_and_receive_buffer_move_your_bytes_checked_at_both_ends() {
         "{rest:?}"
     );
 }
+
+#[test]
+fn endpoint_carries_a_hundred_transfers_into_the_callers_buffers() {
+    let out = run(env!("CARGO_BIN_EXE_endpoint"), &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("100 transfers over one endpoint, 20390050 bytes"),
+        "{stdout}"
+    );
+    assert!(lines[1].contains("polled"), "{stdout}");
+    // The GPU line: equal where there is a GPU, left out (and why) where not.
+    assert!(
+        lines[2].ends_with(": equal") || lines[2].contains("left out"),
+        "{stdout}"
+    );
+}
