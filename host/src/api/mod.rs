@@ -52,15 +52,15 @@ mod send;
 pub use error::{Error, ErrorKind};
 pub use pending::Pending;
 pub use receive::{Listener, Received};
+pub use send::{connect, send_host, send_source, Endpoint};
 #[cfg(feature = "cuda")]
 pub use send::{send_device, send_device_lent};
-pub use send::{connect, send_host, send_source, Endpoint};
 
 use crate::server::Key;
-use crate::transfer::header::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use crate::transfer::PayloadOptions;
 use crate::transport::tcp::frames::MAX_STREAMS;
 use crate::transport::tcp::TcpSendConfig;
+use crate::wire::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -126,10 +126,16 @@ impl Options {
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: String| Err(Error::new(ErrorKind::InvalidArgument, what));
         if self.chunk == 0 || self.chunk > u32::MAX as u64 {
-            return bad(format!("--chunk {} is outside 1..=4294967295 bytes", self.chunk));
+            return bad(format!(
+                "--chunk {} is outside 1..=4294967295 bytes",
+                self.chunk
+            ));
         }
         if !(1..=MAX_STREAMS).contains(&self.streams) {
-            return bad(format!("--streams {} is outside 1..={MAX_STREAMS}", self.streams));
+            return bad(format!(
+                "--streams {} is outside 1..={MAX_STREAMS}",
+                self.streams
+            ));
         }
         if self.depth == 0 {
             return bad("--depth 0: at least one chunk must be in flight".into());
@@ -144,7 +150,7 @@ impl Options {
             return bad("--timeout 0: every wait needs a bound".into());
         }
         if let Some(name) = &self.name {
-            if let Err(e) = crate::transfer::header::encode_name(name) {
+            if let Err(e) = crate::wire::encode_name(name) {
                 return bad(format!("--name {name:?}: {e}"));
             }
         }
@@ -161,7 +167,7 @@ impl Options {
             streams: self.streams,
             timeout: self.timeout,
             progress: false,
-            protocol_version: crate::transfer::header::VERSION,
+            protocol_version: crate::wire::VERSION,
             key: self.key.clone(),
             payload: PayloadOptions {
                 payload,
@@ -248,14 +254,9 @@ mod tests {
             ..Options::default()
         };
         let (addr, receiving) = listener(&opts);
-        let header = crate::transfer::header::Header::of(
-            crate::transfer::header::Op::Send,
-            1 << 20,
-            1 << 20,
-            16,
-            Payload::Opaque,
-        )
-        .unwrap();
+        let header =
+            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
+                .unwrap();
         let hello = crate::transport::tcp::frames::Hello {
             index: 0,
             count: 1,
@@ -342,11 +343,7 @@ mod tests {
         for len in [101usize, 99] {
             let e = endpoint.send(&pattern(len, 1), None).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
-            assert!(
-                e.message().contains("exactly 100 bytes"),
-                "{}",
-                e.message()
-            );
+            assert!(e.message().contains("exactly 100 bytes"), "{}", e.message());
         }
         let (r, buf) = receiving.join().unwrap();
         // Nobody sent the right size within the wait: a timeout, and the buffer as it was.
@@ -450,7 +447,10 @@ mod tests {
         connect(addr, &opts).unwrap().send(&data, None).unwrap();
         let (report, buf) = receiving.join().unwrap().unwrap();
         assert!(buf == data);
-        assert!(!report.integrity.repaired.is_empty(), "nothing was repaired");
+        assert!(
+            !report.integrity.repaired.is_empty(),
+            "nothing was repaired"
+        );
     }
 
     #[test]
@@ -475,6 +475,9 @@ mod tests {
         .send(b"secret", None)
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
-        assert_eq!(receiving.join().unwrap().unwrap_err().kind(), ErrorKind::TimedOut);
+        assert_eq!(
+            receiving.join().unwrap().unwrap_err().kind(),
+            ErrorKind::TimedOut
+        );
     }
 }

@@ -38,16 +38,16 @@ use crate::rdma::{
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::key::Nonces;
 use crate::server::{AllowList, Key};
-use crate::transfer::header::{
-    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
-    RejectReason, VerbsProof, VerifyMode, WireError, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
-    NAME_PREFIX_LEN, RAW_REPLY,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use crate::wire::{
+    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
+    RejectReason, VerbsProof, VerifyMode, WireError, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
+    NAME_PREFIX_LEN, RAW_REPLY,
+};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;

@@ -24,7 +24,7 @@
 //! the receiver names the chunks that still fail in `Resend{last}` messages and acks
 //! `ChecksumFailed`.
 
-use crate::transfer::header::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
+use crate::wire::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
 use std::collections::VecDeque;
 
 /// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
@@ -196,7 +196,7 @@ impl Subset {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::header::ChunkChecksums;
+    use crate::wire::ChunkChecksums;
 
     #[test]
     fn checksums_go_in_bounded_messages_that_rebuild_the_list() {

@@ -14,16 +14,16 @@ use crate::rdma::{
     MemoryRegion, MessageBuffer, QpCaps, SendOp, SendWr, POST_LIST_MAX,
 };
 use crate::transfer::faults::FaultInjector;
-use crate::transfer::header::{
-    encode_name, AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, Resend, VerbsProof,
-    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, Repaired};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::units::{format_bytes, format_bytes_apart};
 use crate::transfer::{gigabytes_per_second, PayloadOptions, SendReport, TransferError};
+use crate::wire::{
+    encode_name, AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, Resend, VerbsProof,
+    WireError, ACK_LEN, HEADER_FLAG_REPEAT, RAW_IMM, REPLY_PREFIX_LEN, RESEND_MAGIC,
+};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::ptr::NonNull;

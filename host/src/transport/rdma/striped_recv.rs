@@ -25,12 +25,12 @@ use crate::rdma::{
     format_duration, CmId, Completion, CompletionQueue, ConnParams, ConnectRequest, Deadline,
     MemoryRegion, MessageBuffer, RdmaError, SendOp, SendWr, SendableRequest,
 };
-use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, RecvRail, StripedRecv};
 use crate::transfer::{gigabytes_per_second, RecvReport, TransferError};
+use crate::wire::{
+    AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
+};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;

@@ -40,14 +40,12 @@ use crate::memory::lent::{LentPlace, LentTarget};
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
-use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::{Next, Repair};
 use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use crate::wire::{AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -139,10 +137,7 @@ impl RecvMemory {
         let target = target.lock().unwrap_or_else(|p| p.into_inner());
         let Some(target) = target.as_ref() else {
             // Taken by a transfer in progress (admission allows one at a time).
-            return Some((
-                RejectReason::BusyConnections { active: 1, max: 1 },
-                None,
-            ));
+            return Some((RejectReason::BusyConnections { active: 1, max: 1 }, None));
         };
         if header.total_bytes != target.len as u64 {
             let reason = RejectReason::SizeMismatch {
@@ -155,7 +150,10 @@ impl RecvMemory {
             let reason = RejectReason::BadHeader(WireError::Inconsistent {
                 what: "several transfers into one caller's buffer",
             });
-            return Some((reason, Some("a --reuse-connection offer into one buffer".into())));
+            return Some((
+                reason,
+                Some("a --reuse-connection offer into one buffer".into()),
+            ));
         }
         None
     }
@@ -260,10 +258,14 @@ fn lent_landing(
             // SAFETY: as above, device memory of that device's primary context, which
             // `Gpu::open` binds.
             let memory = unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
-            Box::new(super::landing::DeviceLanding::over(&gpu, memory, chunk, streams)?)
+            Box::new(super::landing::DeviceLanding::over(
+                &gpu, memory, chunk, streams,
+            )?)
         }
         #[cfg(not(feature = "cuda"))]
-        LentPlace::Device { .. } => anyhow::bail!("this build has no GPU support (the cuda feature)"),
+        LentPlace::Device { .. } => {
+            anyhow::bail!("this build has no GPU support (the cuda feature)")
+        }
     };
     drop(target);
     Ok(Box::new(LentLanding::new(inner, in_use)))
@@ -1242,12 +1244,12 @@ mod tests {
         let freed = Arc::new(AtomicBool::new(false));
         let landing = Box::new(Freed(Verifies, SlowToFree(freed.clone())));
         let held = held_with(&admission, 4096, landing);
-        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1).unwrap();
+        let header = Header::new(crate::wire::Op::Send, 4096, 4096, 1).unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();
         let cfg = config(false, 4096);
         let next = std::thread::scope(|scope| {
             let sender = scope.spawn(|| {
-                let mut ack = [0u8; crate::transfer::header::ACK_LEN];
+                let mut ack = [0u8; crate::wire::ACK_LEN];
                 std::io::Read::read_exact(&mut peer, &mut ack).unwrap();
                 assert!(
                     freed.load(Ordering::SeqCst),
@@ -1291,7 +1293,7 @@ mod tests {
         let _peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut control, _) = listener.accept().unwrap();
         control.shutdown(Shutdown::Write).unwrap(); // every ack write fails
-        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1)
+        let header = Header::new(crate::wire::Op::Send, 4096, 4096, 1)
             .and_then(|h| h.with_transfers(1 << 20))
             .unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();
