@@ -11,7 +11,7 @@
 //! which is checked.
 
 use super::conn::{tag, Connection, Waited, INDEX_MASK, TAG_DATA, TAG_RESEND, WR_ACK, WR_CTRL};
-use super::receiver::Receives;
+use super::receives::Receives;
 use super::repair::{self, Expected};
 use crate::memory::RecvSink;
 use crate::rdma::{Completion, Deadline, MessageBuffer, RdmaError, SendOp, SendWr};

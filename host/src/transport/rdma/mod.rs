@@ -33,7 +33,7 @@
 //! the sender sends into the same place, chunk by chunk with the chunk's index + 1 as
 //! immediate, for up to `max_resends` rounds; the ack then carries the whole transfer's
 //! CRC32C. The books are in `repair.rs`, the receiver's stage in `checks.rs`; the layout
-//! of the receives and slots in [`receiver`]'s `Receives`. A `--name` is the sender's
+//! of the receives and slots in `receives.rs`' `Receives`. A `--name` is the sender's
 //! first SEND after the accept. The payload may be any number of bytes (`--input`); the
 //! receiver writes a transfer that passed to `--output` before it acks.
 //!
@@ -64,13 +64,32 @@
 
 mod checks;
 mod conn;
+mod opening;
 pub mod rails;
 pub mod receiver;
+mod receives;
 mod repair;
 pub mod sender;
+mod serving;
 mod striped;
 mod striped_recv;
 
-pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
-pub use sender::{send, send_raw, send_repeated, RailTarget, SendConfig};
+pub use opening::{RailTarget, SendConfig};
+pub use receiver::{serve, serve_with, SinkFactoryMaker};
+pub use sender::{send_raw, send_repeated};
+pub use serving::RecvConfig;
 pub use striped::why_not_striped;
+
+use crate::memory::SendMemory;
+use crate::transfer::{SendReport, TransferError};
+
+/// One framed transfer of `memory`'s data: striped when `cfg.rails` names two or more
+/// (`striped.rs`, which itself falls back to one rail), else over one connection to
+/// `cfg.peer`. Chosen here, above both senders, so that neither imports the other: the
+/// striped sender's fallback is the one-rail sender's own `send`.
+pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    if cfg.rails.len() > 1 {
+        return striped::send(cfg, memory);
+    }
+    sender::send(cfg, memory)
+}

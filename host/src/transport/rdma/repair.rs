@@ -40,7 +40,7 @@ pub const REPLY_SLOTS: u32 = 4;
 /// lists take 8 bytes per chunk): 2^24, 128 MiB of bookkeeping.
 pub const MAX_CHECKSUM_CHUNKS: u64 = 1 << 24;
 
-/// What the `p`-th receive of the receiver's sequence takes (see `receiver::Receives`):
+/// What the `p`-th receive of the receiver's sequence takes (see `receives::Receives`):
 /// in send mode chunk `p` in its place, then (with `slots`, i.e. checksums) the checksum
 /// messages in control slots; in write mode an immediate, in a control slot where there
 /// are slots (a checksum message may land there too).

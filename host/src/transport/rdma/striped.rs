@@ -31,11 +31,11 @@
 use super::conn::{
     is_data, tag, Connection, Resources, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA, WR_ACK,
 };
-use super::rails::RailBook;
-use super::sender::{
+use super::opening::{
     check_device, check_message_size, choose_source, connect, offer, register_source, resolve,
     RailTarget, Replies, SendConfig,
 };
+use super::rails::RailBook;
 use crate::memory::SendMemory;
 use crate::rdma::{
     self, CmId, Completion, Deadline, EventChannel, MemoryRegion, QpCaps, RdmaError, SendOp, SendWr,
