@@ -20,7 +20,7 @@ pub enum AckStatus {
     /// `--min-rate` (`received_bytes` says how far it got). Sent instead of a verdict.
     TooSlow,
     /// Chunks still failed their checksums after the allowed resends (the final
-    /// [`Resend`] before this ack named them).
+    /// [`Resend`](super::Resend) before this ack named them).
     ChecksumFailed,
     /// The data verified but the receiver could not store it (`--output`: a full disk,
     /// say); its log says why.

@@ -52,7 +52,7 @@ impl AcceptInfo {
     }
 }
 
-/// The accept of a striped verbs transfer's rail 0 ([`HEADER_FLAG_STRIPED`] with a rail
+/// The accept of a striped verbs transfer's rail 0 ([`HEADER_FLAG_STRIPED`](super::HEADER_FLAG_STRIPED) with a rail
 /// count): where to write, as [`AcceptInfo`] (rail 0's rkey), then at byte 28 the token
 /// (u64, never 0) that the other rails' [`Join`]s name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl StripedAccept {
 }
 
 /// A further rail of a striped verbs transfer: the connect request's private data,
-/// instead of a [`Header`]. Layout: `0` magic "GRDJ", `4` version u16, `6` rail u8
+/// instead of a [`Header`](super::Header). Layout: `0` magic "GRDJ", `4` version u16, `6` rail u8
 /// (1..rails), `7` rails u8, `8` token u64 (from rail 0's [`StripedAccept`]).
 /// The receiver routes it to the transfer whose token it names, which accepts it with
 /// this rail's [`AcceptInfo`] (the same buffer registered on this rail's device).
@@ -190,7 +190,7 @@ pub enum RejectReason {
     #[error("it needs a sender with the same --key-file, and this one's proof did not match")]
     BadProof,
     /// Verbs: the receiver has a `--key-file`; the sender is to connect again with a
-    /// [`VerbsProof`] over this nonce after its header.
+    /// [`VerbsProof`](super::VerbsProof) over this nonce after its header.
     #[error("it serves only senders with its key: give this sender the same --key-file")]
     KeyChallenge { nonce: [u8; NONCE_LEN] },
     /// A [`Join`] named a token no transfer of this receiver holds (it ended, or never

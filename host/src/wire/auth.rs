@@ -9,7 +9,7 @@ use crate::server::key::NONCE_LEN;
 
 /// The receiver's answer to an offer when it has a `--key-file`: prove you hold the
 /// key over this nonce (see [`crate::server::key`]). The same length as an accept, so a
-/// sender reads one answer of [`ACCEPT_LEN`] bytes and tells the three apart by magic.
+/// sender reads one answer of [`ACCEPT_LEN`](super::ACCEPT_LEN) bytes and tells the three apart by magic.
 ///
 /// Layout: `0` magic "GRDN", `4` version u16, `6` reserved u16, `8` nonce (16 bytes),
 /// `24` reserved u32.

@@ -15,12 +15,12 @@ pub const RAW_IMM: u32 = 0x1234;
 pub const RAW_REPLY: [u8; 16] = *b"GRDM raw: got it";
 /// Header flag: several transfers on one connection; their count is at byte 24.
 pub const HEADER_FLAG_REPEAT: u8 = 0x01;
-/// Header flag (TCP): a [`NameMessage`] follows the offer (`--name`).
+/// Header flag (TCP): a name message ([`encode_name`](super::encode_name)) follows the offer (`--name`).
 pub const HEADER_FLAG_NAMED: u8 = 0x02;
 /// Header flag (TCP): the transfer is striped over several rails: any chunk may come on
 /// any stream, each stream ends a pass with an end marker, a chunk may arrive twice (a
-/// failover resend), and the receiver names missing chunks in a [`Resend`] with
-/// [`Resend::missing`] (see `transport::tcp::frames`). A receiver that predates it
+/// failover resend), and the receiver names missing chunks in a [`Resend`](super::Resend) with
+/// [`Resend::missing`](super::Resend::missing) (see `transport::tcp::frames`). A receiver that predates it
 /// rejects the offer ("unknown flags").
 pub const HEADER_FLAG_STRIPED: u8 = 0x04;
 /// Header hint: the sender marks solicited events (see the module documentation).
@@ -149,12 +149,12 @@ pub struct Header {
     pub verify: VerifyMode,
     /// Rounds of resends of failed chunks the sender allows (with checksums).
     pub max_resends: u8,
-    /// A [`NameMessage`] follows the offer (TCP).
+    /// A name message ([`encode_name`](super::encode_name)) follows the offer (TCP).
     pub named: bool,
     /// TCP: striped over several rails ([`HEADER_FLAG_STRIPED`]).
     pub striped: bool,
     /// Verbs, striped: the rails the sender will open (rail 0 is this connection; the
-    /// others [`Join`] it). Carried at byte 24 with flag 0x04 and without flag 0x01;
+    /// others [`Join`](super::Join) it). Carried at byte 24 with flag 0x04 and without flag 0x01;
     /// 0 where not said (TCP says it in its hello).
     pub rails: u8,
 }
@@ -221,7 +221,7 @@ impl Header {
         Ok(header)
     }
 
-    /// The same offer, announcing a [`NameMessage`] after it.
+    /// The same offer, announcing a name message ([`encode_name`](super::encode_name)) after it.
     pub fn with_name(self) -> Header {
         Header {
             named: true,

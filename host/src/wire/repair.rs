@@ -6,9 +6,9 @@ use super::error::{open, WireError};
 
 /// The receiver's request to send chunks again: their checksums failed where they
 /// landed. Or, with `last`, the chunks that still failed when the sender's
-/// `--max-resends` was used up (an ack with [`AckStatus::ChecksumFailed`] follows).
+/// `--max-resends` was used up (an ack with [`AckStatus::ChecksumFailed`](super::AckStatus::ChecksumFailed) follows).
 ///
-/// With `missing` (striped TCP transfers, [`HEADER_FLAG_STRIPED`]): the chunks that did
+/// With `missing` (striped TCP transfers, [`HEADER_FLAG_STRIPED`](super::HEADER_FLAG_STRIPED)): the chunks that did
 /// not arrive at all by the end of a pass (written into a rail that failed), to send
 /// again on the rails left; counted in rounds of their own, apart from the checksum
 /// rounds.
@@ -26,7 +26,7 @@ pub struct Resend {
 }
 
 /// The first bytes of a reply after the data: a [`Resend`]'s fixed part, or the start
-/// of an [`Ack`].
+/// of an [`Ack`](super::Ack).
 pub const REPLY_PREFIX_LEN: usize = 16;
 const RESEND_LAST: u8 = 1;
 const RESEND_MISSING: u8 = 2;

@@ -5,12 +5,12 @@
 //!
 //! 1. The sender resolves the receiver's address and route, builds PD, CQ and an RC QP,
 //!    registers its data ([`SendSource::registration`](crate::memory::SendSource)) and a
-//!    small ack buffer, posts one receive for the ack, and connects with a [`Header`](crate::transfer::Header)
+//!    small ack buffer, posts one receive for the ack, and connects with a [`Header`](crate::wire::Header)
 //!    (operation, size, chunk size, depth) as private data.
 //! 2. The receiver, on the connect request, checks the header (rejecting with a
-//!    [`RejectReason`](crate::transfer::RejectReason) the sender prints), allocates and registers its buffer (remote
+//!    [`RejectReason`](crate::wire::RejectReason) the sender prints), allocates and registers its buffer (remote
 //!    write only in write mode, only this connection's buffer), posts its receives, and
-//!    accepts with an [`AcceptInfo`](crate::transfer::AcceptInfo) (buffer address and rkey for write mode).
+//!    accepts with an [`AcceptInfo`](crate::wire::AcceptInfo) (buffer address and rkey for write mode).
 //! 3. The sender posts the chunks ([`ChunkPlan`](crate::transfer::ChunkPlan)) keeping at most `depth` in flight:
 //!    SENDs into the receiver's posted receives, or RDMA WRITEs into its buffer.
 //!    **Immediate data:** a `*_WITH_IMM` request carries the number of chunks delivered
@@ -24,7 +24,7 @@
 //!    "receiver not ready" would otherwise stall the sender for 0.65 s (measured under
 //!    Soft-RoCE: 200 chunks at depth 1 took 27 s before, 0.02 s after).
 //! 4. The receiver verifies the data ([`RecvSink::verify`](crate::memory::RecvSink)) and
-//!    SENDs an [`Ack`](crate::transfer::Ack) with the result; the sender disconnects.
+//!    SENDs an [`Ack`](crate::wire::Ack) with the result; the sender disconnects.
 //!
 //! **Version 2** (`--verify checksum|both`, `--input`, `--output`): after the data the
 //! sender SENDs the CRC32C of every chunk (`ChunkChecksums`, 252 a message, into receives

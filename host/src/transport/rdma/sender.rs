@@ -57,7 +57,7 @@ pub(super) fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendRepo
 /// The receiver verifies and acks each; the next starts only after the ack has arrived,
 /// so each report's `round_trip_seconds` is one whole round trip (data out, verification,
 /// ack back) without connection setup. The first report carries the setup time, the
-/// others 0. With `transfers == 1` the wire traffic is exactly [`send`]'s.
+/// others 0. With `transfers == 1` the wire traffic is exactly [`send`](super::send)'s.
 pub fn send_repeated(
     cfg: &SendConfig,
     memory: &mut SendMemory,
