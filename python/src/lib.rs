@@ -9,7 +9,7 @@ mod memory;
 
 use host::api::{self, ErrorKind, Options};
 use memory::{region_of, Place, Region};
-use pyo3::exceptions::{PyValueError, PyRuntimeError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -32,7 +32,9 @@ type Outcome = Result<Finished, api::Error>;
 fn resolve(address: &str) -> PyResult<SocketAddr> {
     address
         .to_socket_addrs()
-        .map_err(|e| PyValueError::new_err(format!("address {address:?}: {e} (expected host:port)")))?
+        .map_err(|e| {
+            PyValueError::new_err(format!("address {address:?}: {e} (expected host:port)"))
+        })?
         .next()
         .ok_or_else(|| PyValueError::new_err(format!("address {address:?} resolves to nothing")))
 }
@@ -41,13 +43,16 @@ fn seconds(value: f64, what: &str) -> PyResult<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| PyValueError::new_err(format!("{what}={value}: a positive number of seconds")))
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("{what}={value}: a positive number of seconds"))
+        })
 }
 
 fn key_of(key_file: Option<PathBuf>) -> PyResult<Option<host::server::Key>> {
     key_file
         .map(|p| {
-            host::server::Key::from_file(&p).map_err(|e| PyValueError::new_err(format!("key_file: {e:#}")))
+            host::server::Key::from_file(&p)
+                .map_err(|e| PyValueError::new_err(format!("key_file: {e:#}")))
         })
         .transpose()
 }
@@ -150,7 +155,10 @@ impl Handle {
         let result = self.result.lock().unwrap_or_else(|p| p.into_inner());
         match result.as_ref() {
             Some(Ok(f)) => {
-                let bytes = f.bytes.as_ref().map(|b| PyBytes::new(py, b).into_any().unbind());
+                let bytes = f
+                    .bytes
+                    .as_ref()
+                    .map(|b| PyBytes::new(py, b).into_any().unbind());
                 Ok((json_value(py, &f.report)?, bytes))
             }
             Some(Err(e)) => Err(errors::to_py(e.clone())),
@@ -250,7 +258,12 @@ impl Listener {
     /// return the report. Only a transfer of exactly `target`'s size in bytes is taken;
     /// the sender of any other gets Rejected before a byte lands.
     #[pyo3(signature = (target, timeout=None))]
-    fn recv_into(&self, py: Python<'_>, target: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+    fn recv_into(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
         let handle = self.recv_into_async(target, timeout)?;
         handle.wait(py, None)
     }
@@ -264,7 +277,9 @@ impl Listener {
             let region = region.expect("a region");
             let place = match region.place {
                 Place::Host(ptr) => host::memory::lent::LentPlace::Host(ptr),
-                Place::Device { ordinal, ptr } => host::memory::lent::LentPlace::Device { ordinal, ptr },
+                Place::Device { ordinal, ptr } => {
+                    host::memory::lent::LentPlace::Device { ordinal, ptr }
+                }
             };
             // SAFETY: the region holds the object's memory (its buffer view or its owner)
             // until this closure has returned (`spawn` releases it after), valid for
@@ -305,7 +320,12 @@ impl Endpoint {
     /// GPU, read in place; or a file path, str or os.PathLike) and return the report once
     /// the receiver has verified every chunk.
     #[pyo3(signature = (obj, name=None))]
-    fn send(&self, py: Python<'_>, obj: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Py<PyAny>> {
+    fn send(
+        &self,
+        py: Python<'_>,
+        obj: &Bound<'_, PyAny>,
+        name: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
         let handle = self.send_async(obj, name)?;
         handle.wait(py, None)
     }
@@ -315,7 +335,11 @@ impl Endpoint {
     fn send_async(&self, obj: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Handle> {
         let endpoint = self.inner.clone();
         let is_path = obj.is_instance_of::<pyo3::types::PyString>()
-            || obj.py().import("os")?.getattr("PathLike").and_then(|p| obj.is_instance(&p))?;
+            || obj
+                .py()
+                .import("os")?
+                .getattr("PathLike")
+                .and_then(|p| obj.is_instance(&p))?;
         if is_path {
             let path: PathBuf = obj.extract()?;
             return spawn("gpu-rdma-send", None, move |_| {
@@ -345,7 +369,9 @@ impl Endpoint {
                     // owner), device memory of that GPU's primary context where CUDA's
                     // runtime and torch allocate, until this closure returns; the send
                     // waits for the context's queued work before it reads.
-                    unsafe { api::send_device_lent(endpoint.peer(), ordinal, ptr, region.len, &opts) }?
+                    unsafe {
+                        api::send_device_lent(endpoint.peer(), ordinal, ptr, region.len, &opts)
+                    }?
                 }
             };
             Ok(Finished {

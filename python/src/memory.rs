@@ -170,8 +170,8 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
         0 => &[][..],
         n => unsafe { std::slice::from_raw_parts(t.shape, n) },
     };
-    let strides =
-        (!t.strides.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
+    let strides = (!t.strides.is_null() && ndim > 0)
+        .then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
     let item_bits = t.dtype.bits as u64 * t.dtype.lanes.max(1) as u64;
     let len = contiguous_bytes(shape, strides, item_bits.div_ceil(8))?;
     let len = usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?;
@@ -212,7 +212,9 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
             .ok_or_else(|| PyValueError::new_err(format!("__cuda_array_interface__ has no {k:?}")))
     };
     let data = get("data")?;
-    let data = data.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("data is not a tuple"))?;
+    let data = data
+        .cast::<PyTuple>()
+        .map_err(|_| PyTypeError::new_err("data is not a tuple"))?;
     let ptr: u64 = data.get_item(0)?.extract()?;
     let readonly: bool = data.get_item(1)?.extract()?;
     if writable && readonly {
@@ -229,8 +231,8 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
         _ => None,
     };
     // The interface's strides are in bytes.
-    let element_strides = strides
-        .map(|s| s.iter().map(|b| b / item.max(1) as i64).collect::<Vec<_>>());
+    let element_strides =
+        strides.map(|s| s.iter().map(|b| b / item.max(1) as i64).collect::<Vec<_>>());
     let len = contiguous_bytes(&shape, element_strides.as_deref(), item)?;
     // Which GPU: the object's `device.id` where it has one (CuPy, Numba), else 0.
     let ordinal: u32 = obj

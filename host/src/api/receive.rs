@@ -36,7 +36,10 @@ impl Listener {
     /// The address cannot be bound (in use, not this machine's).
     pub fn bind(addr: SocketAddr, opts: &Options) -> Result<Listener, Error> {
         let listener = TcpListener::bind(addr).map_err(|e| {
-            Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {addr}: {e}"))
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot listen on {addr}: {e}"),
+            )
         })?;
         Ok(Listener {
             listener,
@@ -68,7 +71,10 @@ impl Listener {
     pub fn try_clone(&self) -> Result<Listener, Error> {
         Ok(Listener {
             listener: self.listener.try_clone().map_err(|e| {
-                Error::new(ErrorKind::Other, format!("cannot duplicate the listener: {e}"))
+                Error::new(
+                    ErrorKind::Other,
+                    format!("cannot duplicate the listener: {e}"),
+                )
             })?,
             opts: self.opts.clone(),
         })

@@ -230,8 +230,7 @@ impl Gpu {
     /// Wait for everything queued in this GPU's context, on any stream: a library
     /// caller's kernels (a tensor written on a side stream just before it is sent).
     pub fn synchronize_context(&self) -> Result<()> {
-        driver::ctx_synchronize(&self.bind()?)
-            .context("the GPU failed while running queued work")
+        driver::ctx_synchronize(&self.bind()?).context("the GPU failed while running queued work")
     }
 
     /// The checks every launch makes: the memory is this GPU's, 16-byte aligned, whole

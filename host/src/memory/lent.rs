@@ -76,7 +76,10 @@ unsafe impl SendSource for LentBytes<'_> {
 pub enum LentPlace {
     Host(NonNull<u8>),
     /// GPU memory of device `ordinal`'s primary context.
-    Device { ordinal: u32, ptr: u64 },
+    Device {
+        ordinal: u32,
+        ptr: u64,
+    },
 }
 
 /// Memory a caller lends for one receive, as raw parts that may go to the thread that
@@ -141,9 +144,7 @@ mod tests {
         lent.copy_out(9_900, &mut out).unwrap();
         assert_eq!(out, &data[9_901..]);
         assert!(lent.copy_out(9_901, &mut out).is_err());
-        let range = lent
-            .prepare_chunk(4_000, 1_000, Instant::now())
-            .unwrap();
+        let range = lent.prepare_chunk(4_000, 1_000, Instant::now()).unwrap();
         assert_eq!(range, 4_000..5_000);
         assert!(lent.prepare_chunk(9_500, 1_000, Instant::now()).is_err());
         // The registration is the caller's own memory, unaligned as it is.
