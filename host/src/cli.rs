@@ -6,10 +6,10 @@ use crate::memory::select::MemKind;
 use crate::memory::GpuSelection;
 use crate::rails::NicList;
 use crate::topology::PciDistance;
-use crate::transfer::header::MAX_DEPTH;
 use crate::transfer::units::parse_size;
-use crate::transfer::Op;
 use crate::transport::TransportKind;
+use crate::wire::Op;
+use crate::wire::MAX_DEPTH;
 use clap::{Args, Parser, Subcommand};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -396,7 +396,7 @@ pub struct SendArgs {
     pub rail_timeout: Duration,
 
     /// Protocol version to put into the header (tests of the receiver's version check).
-    #[arg(long, hide = true, default_value_t = crate::transfer::header::VERSION)]
+    #[arg(long, hide = true, default_value_t = crate::wire::VERSION)]
     pub protocol_version: u16,
 
     /// A shared secret (a file of at least 16 bytes): prove to a receiver started with
@@ -423,11 +423,11 @@ pub struct SendArgs {
     /// checked where the chunk landed, a failed chunk sent again; the default for
     /// --input), `both`, or `off`.
     #[arg(long, value_enum, value_name = "CHECKS")]
-    pub verify: Option<crate::transfer::header::VerifyMode>,
+    pub verify: Option<crate::wire::VerifyMode>,
 
     /// Rounds of resends of chunks whose checksum failed, before the transfer fails
     /// naming them (0..=16).
-    #[arg(long, value_name = "N", default_value_t = crate::transfer::header::DEFAULT_MAX_RESENDS, value_parser = clap::value_parser!(u8).range(0..=crate::transfer::header::MAX_RESENDS as i64))]
+    #[arg(long, value_name = "N", default_value_t = crate::wire::DEFAULT_MAX_RESENDS, value_parser = clap::value_parser!(u8).range(0..=crate::wire::MAX_RESENDS as i64))]
     pub max_resends: u8,
 
     /// TEST ONLY: flip one bit in one chunk in N (`1/N`) after its checksum was taken,

@@ -14,3 +14,4 @@ pub mod soundness;
 pub mod topology;
 pub mod transfer;
 pub mod transport;
+pub mod wire;

@@ -132,7 +132,7 @@ fn a_client_that_stalls_is_timed_out_while_others_are_served() {
     stalled
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let header = host::transfer::Header::new(host::transfer::Op::Send, 1 << 20, 1 << 20, 16)
+    let header = host::wire::Header::new(host::wire::Op::Send, 1 << 20, 1 << 20, 16)
         .unwrap()
         .encode();
     let hello = host::transport::tcp::frames::Hello {
@@ -172,7 +172,7 @@ fn a_busy_receiver_says_so() {
     holder
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let header = host::transfer::Header::new(host::transfer::Op::Send, 4096, 4096, 1)
+    let header = host::wire::Header::new(host::wire::Op::Send, 4096, 4096, 1)
         .unwrap()
         .encode();
     let hello = host::transport::tcp::frames::Hello {
@@ -242,9 +242,9 @@ fn auto_says_which_transport_it_took() {
 // its own), each bounded in time. Figures go to stderr as `MEASURED ...` lines (run with
 // --nocapture to see them); the README's reliability table quotes them.
 
-use host::transfer::header::{Ack, AckStatus, Header, RejectReason, Resend};
-use host::transfer::Op;
 use host::transport::tcp::frames::{Frame, Hello};
+use host::wire::Op;
+use host::wire::{Ack, AckStatus, Header, RejectReason, Resend};
 
 /// A transfer offer as a sender puts it on stream 0: header, then the hello of stream 0.
 fn offer(total: u64, chunk: u64, transfers: u32, streams: u16, token: u64) -> Vec<u8> {
@@ -372,7 +372,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
             break;
         }
         let _ = s.write_all(piece);
-        let mut buf = [0u8; host::transfer::header::ACK_LEN];
+        let mut buf = [0u8; host::wire::ACK_LEN];
         match s.read(&mut buf) {
             Ok(n) if n > 0 => {
                 ack.extend_from_slice(&buf[..n]);
@@ -575,7 +575,7 @@ fn checked_offer(chunks: u64, chunk: u64, token: u64) -> Vec<u8> {
         chunks * chunk,
         chunk,
         16,
-        host::transfer::header::Payload::Opaque,
+        host::wire::Payload::Opaque,
     )
     .unwrap();
     assert!(header.verify.checksum());
@@ -667,10 +667,10 @@ fn checked_chunks_failing(r: &Receiver, chunks: u64, chunk: u64, bad_rounds: u32
     s.write_all(&frames(&mut (0..chunks), false)).unwrap();
     let mut round = 0;
     loop {
-        let mut prefix = [0u8; host::transfer::header::REPLY_PREFIX_LEN];
+        let mut prefix = [0u8; host::wire::REPLY_PREFIX_LEN];
         s.read_exact(&mut prefix).expect("a reply after the data");
         if &prefix[0..4] == b"GRDK" || Resend::decode_prefix(&prefix, chunks).is_err() {
-            let mut ack = [0u8; host::transfer::header::ACK_LEN];
+            let mut ack = [0u8; host::wire::ACK_LEN];
             ack[..prefix.len()].copy_from_slice(&prefix);
             s.read_exact(&mut ack[prefix.len()..]).unwrap();
             let ack = Ack::decode(&ack).expect("the ack");
@@ -823,7 +823,7 @@ fn a_reuse_connection_broken_after_1_of_2_pow_20_is_reported_as_1_and_not_ok() {
     )
     .unwrap();
     s.write_all(&pattern_bytes(0, 16 << 10)).unwrap();
-    let mut ack = [0u8; host::transfer::header::ACK_LEN];
+    let mut ack = [0u8; host::wire::ACK_LEN];
     s.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // Then a reset.
@@ -950,15 +950,15 @@ fn a_wrong_key_no_key_a_replayed_offer_and_a_disallowed_address_get_nothing() {
     let bytes = offer(512 << 20, 1 << 20, 1, 1, 4242);
     let mut first = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
     first.write_all(&bytes).unwrap();
-    let challenge = host::transfer::header::Challenge::decode(&answer(&mut first)).unwrap();
-    let proof = host::transfer::header::Proof {
+    let challenge = host::wire::Challenge::decode(&answer(&mut first)).unwrap();
+    let proof = host::wire::Proof {
         tag: k.prove(&bytes, &challenge.nonce),
     }
     .encode();
     drop(first); // the recording stops before the accept: nothing was sent for it
     let mut replay = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
     replay.write_all(&bytes).unwrap();
-    let again = host::transfer::header::Challenge::decode(&answer(&mut replay)).unwrap();
+    let again = host::wire::Challenge::decode(&answer(&mut replay)).unwrap();
     assert_ne!(
         again.nonce, challenge.nonce,
         "a fresh nonce for every offer"
@@ -1014,7 +1014,7 @@ fn answers_until_reject(s: &mut TcpStream) -> Vec<[u8; 28]> {
 
 #[test]
 fn a_stolen_token_without_the_key_joins_nothing_and_the_bytes_are_the_senders() {
-    use host::transfer::header::{Challenge, Proof};
+    use host::wire::{Challenge, Proof};
     let key = key_file("tcp-key-stripe", "correct horse battery staple\n");
     let k = host::server::Key::from_file(&key).unwrap();
     let r = Receiver::start_bound(
@@ -1087,7 +1087,7 @@ fn a_stolen_token_without_the_key_joins_nothing_and_the_bytes_are_the_senders() 
     control.write_all(&first.encode()).unwrap();
     control.write_all(&pattern_bytes(0, 1024)).unwrap();
     control.write_all(&Frame::end(0).encode()).unwrap();
-    let mut ack = [0u8; host::transfer::header::ACK_LEN];
+    let mut ack = [0u8; host::wire::ACK_LEN];
     control
         .read_exact(&mut ack)
         .unwrap_or_else(|e| panic!("{e}; receiver log:\n{}", r.log()));
@@ -1178,7 +1178,7 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
         )
         .unwrap();
     holder.write_all(&pattern_bytes(0, 1024)).unwrap();
-    let mut ack = [0u8; host::transfer::header::ACK_LEN];
+    let mut ack = [0u8; host::wire::ACK_LEN];
     holder.read_exact(&mut ack).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // And a repeated index after that finds no route.
@@ -1189,7 +1189,7 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
 
 #[test]
 fn a_name_with_a_right_to_left_override_is_refused_and_nothing_is_stored() {
-    use host::transfer::header::{WireError, NAME_MAGIC, VERSION};
+    use host::wire::{WireError, NAME_MAGIC, VERSION};
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("tcp-bidi-name-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);

@@ -380,7 +380,7 @@ fn the_pattern_is_checked_by_checksum_both_or_not_at_all_as_asked() {
 fn a_version_1_sender_gets_a_reject_it_can_read() {
     let r = Receiver::start(&[]);
     // A version-1 offer, byte for byte as that release sent it (its header and hello).
-    let header = host::transfer::header::Header::new(host::transfer::Op::Send, 4096, 4096, 1)
+    let header = host::wire::Header::new(host::wire::Op::Send, 4096, 4096, 1)
         .unwrap()
         .encode_with_version(1);
     let mut hello = [0u8; 20];

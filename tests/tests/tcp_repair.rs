@@ -8,12 +8,12 @@
 mod tcp_common;
 
 use host::integrity::crc32c;
-use host::transfer::header::{
+use host::transport::tcp::frames::{Frame, Hello};
+use host::wire::Op;
+use host::wire::{
     AcceptInfo, Ack, AckStatus, Header, Payload, Resend, VerifyMode, ACCEPT_LEN, ACK_LEN,
     REPLY_PREFIX_LEN,
 };
-use host::transfer::Op;
-use host::transport::tcp::frames::{Frame, Hello};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -219,7 +219,7 @@ fn a_name_shorter_than_its_length_is_ended_by_the_handshake_deadline() {
         token: 9,
     };
     // The name message says 200 bytes and brings 3, then nothing.
-    let mut name = host::transfer::header::encode_name(&"n".repeat(200)).unwrap();
+    let mut name = host::wire::encode_name(&"n".repeat(200)).unwrap();
     name.truncate(name.len() - 197);
     let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
     s.write_all(&[&header.encode()[..], &hello.encode()[..], &name[..]].concat())

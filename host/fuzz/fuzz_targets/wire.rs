@@ -1,14 +1,15 @@
-//! Everything the peer can send us goes through `transfer::header`'s decoders (the key
-//! challenge and proof among them; over TCP, `transport::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
+//! Everything the peer can send us goes through `wire`'s decoders, one family of messages
+//! after another (offer, answers, acks, repair, auth, names; over TCP,
+//! `transport::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
 //! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
-use host::transfer::header::{
-    checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header,
-    Join, Proof, RejectReason, Resend, StripedAccept, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN,
+use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
+use host::wire::{
+    checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header, Join,
+    Proof, RejectReason, Resend, StripedAccept, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN,
     REPLY_PREFIX_LEN,
 };
-use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -56,7 +57,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(ChunkChecksums::decode(&sums.encode(), 1 << 20), Ok(sums));
     }
     if let Ok(len) = decode_name_prefix(data) {
-        if let Some(Ok(name)) = data.get(NAME_PREFIX_LEN..NAME_PREFIX_LEN + len).map(checked_name) {
+        if let Some(Ok(name)) = data
+            .get(NAME_PREFIX_LEN..NAME_PREFIX_LEN + len)
+            .map(checked_name)
+        {
             assert!(!name.contains('/') && name != ".." && !name.is_empty());
         }
     }

@@ -1,8 +1,8 @@
 //! What a library call that failed says: one line of words (the command line's) and a
 //! kind a program can act on. Python's exceptions are these kinds.
 
-use crate::transfer::header::AckStatus;
 use crate::transfer::{RecvReport, SendReport, TransferError};
+use crate::wire::AckStatus;
 
 /// What went wrong, as something a program can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -189,7 +189,7 @@ fn is_refused_argument(words: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::header::RejectReason;
+    use crate::wire::RejectReason;
 
     #[test]
     fn every_transfer_error_has_the_kind_a_program_acts_on() {

@@ -59,10 +59,10 @@ pub use send::{connect, send_host, send_source, Endpoint};
 pub use send::{send_device, send_device_lent};
 
 use crate::server::Key;
-use crate::transfer::header::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use crate::transfer::PayloadOptions;
 use crate::transport::tcp::frames::MAX_STREAMS;
 use crate::transport::tcp::TcpSendConfig;
+use crate::wire::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -152,7 +152,7 @@ impl Options {
             return bad("--timeout 0: every wait needs a bound".into());
         }
         if let Some(name) = &self.name {
-            if let Err(e) = crate::transfer::header::encode_name(name) {
+            if let Err(e) = crate::wire::encode_name(name) {
                 return bad(format!("--name {name:?}: {e}"));
             }
         }
@@ -169,7 +169,7 @@ impl Options {
             streams: self.streams,
             timeout: self.timeout,
             progress: false,
-            protocol_version: crate::transfer::header::VERSION,
+            protocol_version: crate::wire::VERSION,
             key: self.key.clone(),
             payload: PayloadOptions {
                 payload,
@@ -256,14 +256,9 @@ mod tests {
             ..Options::default()
         };
         let (addr, receiving) = listener(&opts);
-        let header = crate::transfer::header::Header::of(
-            crate::transfer::header::Op::Send,
-            1 << 20,
-            1 << 20,
-            16,
-            Payload::Opaque,
-        )
-        .unwrap();
+        let header =
+            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
+                .unwrap();
         let hello = crate::transport::tcp::frames::Hello {
             index: 0,
             count: 1,

@@ -6,9 +6,9 @@ use super::error::{Error, ErrorKind};
 use super::Options;
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, LentBytes, SendSource};
-use crate::transfer::header::Payload;
 use crate::transfer::SendReport;
 use crate::transport::tcp;
+use crate::wire::Payload;
 use std::net::SocketAddr;
 use std::path::Path;
 

@@ -2,8 +2,8 @@
 //! from the same result values in each command.)
 
 use host::memory::Verification;
-use host::transfer::header::{printable, Payload, VerifyMode};
 use host::transfer::report::Integrity;
+use host::wire::{printable, Payload, VerifyMode};
 
 /// Human output: stdout normally, stderr when stdout carries JSON.
 pub struct Human {

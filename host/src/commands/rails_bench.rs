@@ -17,10 +17,11 @@ use host::cli::RailsBenchArgs;
 use host::memory::select::{AttemptLog, Method, Plan};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
 use host::rails::NicList;
-use host::transfer::{Op, SendReport};
+use host::transfer::SendReport;
 use host::transport::rdma::{self, RailTarget};
 use host::transport::tcp::rails::{rails_of, Rail};
 use host::transport::tcp::{self, TcpSendConfig};
+use host::wire::Op;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -179,7 +180,7 @@ impl RailsTransport for Tcp<'_> {
             streams: args.streams,
             timeout: args.timeout,
             progress: false,
-            protocol_version: host::transfer::header::VERSION,
+            protocol_version: host::wire::VERSION,
             key: None,
             payload: host::transfer::PayloadOptions::default(),
             rails,
@@ -275,7 +276,7 @@ impl RailsTransport for Verbs<'_> {
             timeout: args.timeout,
             busy_poll: false,
             progress: false,
-            protocol_version: host::transfer::header::VERSION,
+            protocol_version: host::wire::VERSION,
             key: None,
             payload: host::transfer::PayloadOptions::default(),
             // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.

@@ -7,9 +7,10 @@ use host::cli::{RecvArgs, SendArgs};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
 use host::server::admission::{Admission, Limits};
-use host::transfer::{Op, PayloadOptions, RecvOutcome, SendReport};
+use host::transfer::{PayloadOptions, RecvOutcome, SendReport};
 use host::transport::rdma::SendConfig;
 use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
+use host::wire::Op;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

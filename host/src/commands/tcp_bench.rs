@@ -106,7 +106,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
         streams,
         timeout: TIMEOUT,
         progress: false,
-        protocol_version: host::transfer::header::VERSION,
+        protocol_version: host::wire::VERSION,
         key: None,
         payload: host::transfer::PayloadOptions::default(),
         rails: Vec::new(),

@@ -8,7 +8,7 @@
 //! its thread or a refusal cannot leak its share.
 
 use super::allow::peer_key;
-use crate::transfer::RejectReason;
+use crate::wire::RejectReason;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};

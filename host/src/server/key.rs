@@ -18,8 +18,8 @@
 //! This authenticates the offer and the streams, not the data: the data is neither encrypted nor
 //! authenticated (every byte of it is verified against the pattern anyway).
 //!
-//! [`Challenge`]: crate::transfer::header::Challenge
-//! [`Proof`]: crate::transfer::header::Proof
+//! [`Challenge`]: crate::wire::Challenge
+//! [`Proof`]: crate::wire::Proof
 
 use anyhow::{bail, Context, Result};
 use hmac::{Hmac, Mac};

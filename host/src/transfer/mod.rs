@@ -1,7 +1,8 @@
-//! The transfer engine, the same whatever carries the bytes: the wire messages
-//! ([`header`]), the chunk plan ([`plan`]), the sender's chunk schedule ([`schedule`])
-//! and what drives it for the benchmark ([`memcpy_wire`]), the reports ([`report`]), the
-//! errors a user can act on ([`TransferError`]) and byte counts for people ([`units`]).
+//! The transfer engine, the same whatever carries the bytes (the messages the peers
+//! exchange are [`crate::wire`]'s): the chunk plan ([`plan`]), the sender's chunk
+//! schedule ([`schedule`]) and what drives it for the benchmark ([`memcpy_wire`]), the
+//! reports ([`report`]), the errors a user can act on ([`TransferError`]) and byte counts
+//! for people ([`units`]).
 //! The transports that carry it are in [`crate::transport`]: verbs ([`rdma`]) and
 //! sockets ([`tcp`]).
 //!
@@ -9,7 +10,6 @@
 //! [`tcp`]: crate::transport::tcp
 
 pub mod faults;
-pub mod header;
 pub mod input;
 pub mod memcpy_wire;
 pub mod plan;
@@ -19,11 +19,11 @@ pub mod schedule;
 pub mod store;
 pub mod units;
 
-pub use header::{AcceptInfo, Ack, AckStatus, Header, Op, RejectReason, WireError};
 pub use plan::{Chunk, ChunkPlan};
 pub use report::{ReceiverVerdict, RecvOutcome, RecvReport, SendReport};
 
 use crate::rdma::RdmaError;
+use crate::wire::{Payload, RejectReason, VerifyMode, DEFAULT_MAX_RESENDS};
 use units::{format_bytes, format_bytes_apart};
 
 /// What a sender sends and how the receiver is to check it: the same for both
@@ -31,9 +31,9 @@ use units::{format_bytes, format_bytes_apart};
 #[derive(Debug, Clone)]
 pub struct PayloadOptions {
     /// The built-in pattern, or the caller's bytes.
-    pub payload: header::Payload,
+    pub payload: Payload,
     /// `--verify`.
-    pub verify: header::VerifyMode,
+    pub verify: VerifyMode,
     /// `--max-resends`: rounds of resends of chunks whose checksum failed.
     pub max_resends: u8,
     /// `--name`: what a receiver writing into a directory calls the file.
@@ -46,9 +46,9 @@ impl Default for PayloadOptions {
     /// The pattern, checked against itself, as before version 2.
     fn default() -> Self {
         PayloadOptions {
-            payload: header::Payload::Pattern,
-            verify: header::VerifyMode::Pattern,
-            max_resends: header::DEFAULT_MAX_RESENDS,
+            payload: Payload::Pattern,
+            verify: VerifyMode::Pattern,
+            max_resends: DEFAULT_MAX_RESENDS,
             name: None,
             faults: None,
         }

@@ -4,7 +4,7 @@
 //! believes only what fits what came before. Pure state machines, tested here; each
 //! transport carries the messages its own way (`transport::tcp`, `transport::rdma`).
 
-use super::header::{Ack, AckStatus, Resend};
+use crate::wire::{Ack, AckStatus, Resend};
 use std::collections::BTreeMap;
 
 /// The chunks (indices) whose checksum where they landed differs from the sender's.

@@ -4,12 +4,10 @@
 //! commands print and serialise them the same way.
 
 use super::gigabytes_per_second;
-use super::header::Ack;
-use super::header::AckStatus;
-use super::header::{Payload, VerifyMode};
 use super::plan::ChunkPlan;
 use crate::memory::select::AttemptLog;
 use crate::memory::{DataPath, Verification};
+use crate::wire::{Ack, AckStatus, Payload, VerifyMode};
 
 /// How a transfer's bytes were checked end to end, on either side (protocol version 2):
 /// per-chunk CRC32C, the repairs, the whole transfer's digest, where it was stored.

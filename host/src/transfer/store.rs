@@ -14,7 +14,7 @@
 //! atomicity there: whatever reads it sees the bytes as they are written, after they
 //! verified).
 
-use crate::transfer::header::checked_name;
+use crate::wire::checked_name;
 use anyhow::{bail, Context, Result};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

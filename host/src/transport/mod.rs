@@ -4,8 +4,8 @@
 //! `irecv`/`test`) and UCX's transport layer draw it: everything that is the same whatever
 //! carries the bytes is the shared engine, and a transport only moves bytes.
 //!
-//! - **Shared engine** (`crate::transfer`): the wire messages ([`header`]: the 32-byte
-//!   [`Header`] offer, [`AcceptInfo`], [`RejectReason`], the 48-byte [`Ack`]), the chunk
+//! - **Shared engine**: the wire messages ([`wire`]: the 32-byte [`Header`] offer,
+//!   [`AcceptInfo`], [`RejectReason`], the 56-byte [`Ack`]); `crate::transfer`: the chunk
 //!   plan ([`plan`]), the sender's chunk schedule ([`schedule`]: window, release of each
 //!   chunk to its source, progress bar), the memory sources and sinks (`crate::memory`:
 //!   `SendSource`, `RecvSink::verify` and its poison), the reports.
@@ -17,13 +17,13 @@
 //!   [`Schedule`](crate::transfer::schedule::Schedule) through a
 //!   [`ChunkWire`](crate::transfer::schedule::ChunkWire) of its own.
 //!
-//! [`header`]: crate::transfer::header
+//! [`wire`]: crate::wire
 //! [`plan`]: crate::transfer::plan
 //! [`schedule`]: crate::transfer::schedule
-//! [`Header`]: crate::transfer::Header
-//! [`AcceptInfo`]: crate::transfer::AcceptInfo
-//! [`RejectReason`]: crate::transfer::RejectReason
-//! [`Ack`]: crate::transfer::Ack
+//! [`Header`]: crate::wire::Header
+//! [`AcceptInfo`]: crate::wire::AcceptInfo
+//! [`RejectReason`]: crate::wire::RejectReason
+//! [`Ack`]: crate::wire::Ack
 
 pub mod rdma;
 pub mod tcp;

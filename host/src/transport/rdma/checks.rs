@@ -11,14 +11,14 @@
 //! which is checked.
 
 use super::conn::{tag, Connection, Waited, INDEX_MASK, TAG_DATA, TAG_RESEND, WR_ACK, WR_CTRL};
-use super::receiver::Receives;
+use super::receives::Receives;
 use super::repair::{self, Expected};
 use crate::memory::RecvSink;
 use crate::rdma::{Completion, Deadline, MessageBuffer, RdmaError, SendOp, SendWr};
-use crate::transfer::header::Op;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::{failed, Next, Repair};
 use crate::transfer::TransferError;
+use crate::wire::Op;
 use std::collections::VecDeque;
 use std::time::Duration;
 

@@ -5,12 +5,12 @@
 //!
 //! 1. The sender resolves the receiver's address and route, builds PD, CQ and an RC QP,
 //!    registers its data ([`SendSource::registration`](crate::memory::SendSource)) and a
-//!    small ack buffer, posts one receive for the ack, and connects with a [`Header`](crate::transfer::Header)
+//!    small ack buffer, posts one receive for the ack, and connects with a [`Header`](crate::wire::Header)
 //!    (operation, size, chunk size, depth) as private data.
 //! 2. The receiver, on the connect request, checks the header (rejecting with a
-//!    [`RejectReason`](crate::transfer::RejectReason) the sender prints), allocates and registers its buffer (remote
+//!    [`RejectReason`](crate::wire::RejectReason) the sender prints), allocates and registers its buffer (remote
 //!    write only in write mode, only this connection's buffer), posts its receives, and
-//!    accepts with an [`AcceptInfo`](crate::transfer::AcceptInfo) (buffer address and rkey for write mode).
+//!    accepts with an [`AcceptInfo`](crate::wire::AcceptInfo) (buffer address and rkey for write mode).
 //! 3. The sender posts the chunks ([`ChunkPlan`](crate::transfer::ChunkPlan)) keeping at most `depth` in flight:
 //!    SENDs into the receiver's posted receives, or RDMA WRITEs into its buffer.
 //!    **Immediate data:** a `*_WITH_IMM` request carries the number of chunks delivered
@@ -24,7 +24,7 @@
 //!    "receiver not ready" would otherwise stall the sender for 0.65 s (measured under
 //!    Soft-RoCE: 200 chunks at depth 1 took 27 s before, 0.02 s after).
 //! 4. The receiver verifies the data ([`RecvSink::verify`](crate::memory::RecvSink)) and
-//!    SENDs an [`Ack`](crate::transfer::Ack) with the result; the sender disconnects.
+//!    SENDs an [`Ack`](crate::wire::Ack) with the result; the sender disconnects.
 //!
 //! **Version 2** (`--verify checksum|both`, `--input`, `--output`): after the data the
 //! sender SENDs the CRC32C of every chunk (`ChunkChecksums`, 252 a message, into receives
@@ -33,7 +33,7 @@
 //! the sender sends into the same place, chunk by chunk with the chunk's index + 1 as
 //! immediate, for up to `max_resends` rounds; the ack then carries the whole transfer's
 //! CRC32C. The books are in `repair.rs`, the receiver's stage in `checks.rs`; the layout
-//! of the receives and slots in [`receiver`]'s `Receives`. A `--name` is the sender's
+//! of the receives and slots in `receives.rs`' `Receives`. A `--name` is the sender's
 //! first SEND after the accept. The payload may be any number of bytes (`--input`); the
 //! receiver writes a transfer that passed to `--output` before it acks.
 //!
@@ -64,13 +64,32 @@
 
 mod checks;
 mod conn;
+mod opening;
 pub mod rails;
 pub mod receiver;
+mod receives;
 mod repair;
 pub mod sender;
+mod serving;
 mod striped;
 mod striped_recv;
 
-pub use receiver::{serve, serve_with, RecvConfig, SinkFactoryMaker};
-pub use sender::{send, send_raw, send_repeated, RailTarget, SendConfig};
+pub use opening::{RailTarget, SendConfig};
+pub use receiver::{serve, serve_with, SinkFactoryMaker};
+pub use sender::{send_raw, send_repeated};
+pub use serving::RecvConfig;
 pub use striped::why_not_striped;
+
+use crate::memory::SendMemory;
+use crate::transfer::{SendReport, TransferError};
+
+/// One framed transfer of `memory`'s data: striped when `cfg.rails` names two or more
+/// (`striped.rs`, which itself falls back to one rail), else over one connection to
+/// `cfg.peer`. Chosen here, above both senders, so that neither imports the other: the
+/// striped sender's fallback is the one-rail sender's own `send`.
+pub fn send(cfg: &SendConfig, memory: &mut SendMemory) -> Result<SendReport, TransferError> {
+    if cfg.rails.len() > 1 {
+        return striped::send(cfg, memory);
+    }
+    sender::send(cfg, memory)
+}

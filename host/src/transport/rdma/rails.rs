@@ -18,7 +18,7 @@
 //!   rail it was posted on: the per-rail chunks and bytes add up to the transfer, and a
 //!   failed rail is not credited with the chunks it handed back.
 
-use crate::transfer::header::{Join, RejectReason};
+use crate::wire::{Join, RejectReason};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};

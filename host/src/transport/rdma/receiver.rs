@@ -23,13 +23,16 @@
 
 use super::checks;
 use super::conn::{
-    is_data, next_event, tag, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, TAG_NAME,
-    WR_ACK, WR_REPLY,
+    is_data, tag, Connection, Resources, Waited, INDEX_MASK, TAG_DATA, TAG_NAME, WR_ACK, WR_REPLY,
 };
 use super::rails::Joins;
-use super::repair::{self, Receive, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
-use crate::memory::select::{walk, AttemptLog};
-use crate::memory::{RecvSink, SinkFactory, Verification};
+use super::receives::{recv_depth, Receives};
+use super::repair::{self, CONTROL_SLOT, MAX_CHECKSUM_CHUNKS};
+use super::serving::{
+    choose_sink, internal, peer_label, receiver_caps, receiver_connection, register_sink,
+    setup_failed, wait_established, Failure, RecvConfig, MIN_RNR_TIMER,
+};
+use crate::memory::{SinkFactory, Verification};
 use crate::rdma::format_duration;
 use crate::rdma::{
     self, CmEventKind, CmId, Completion, ConnParams, ConnectRequest, Deadline, EventChannel,
@@ -37,60 +40,21 @@ use crate::rdma::{
 };
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::key::Nonces;
-use crate::server::{AllowList, Key};
-use crate::transfer::header::{
-    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
-    RejectReason, VerbsProof, VerifyMode, WireError, ACK_LEN, HEADER_LEN, MAX_DEPTH, MAX_NAME_LEN,
-    NAME_PREFIX_LEN, RAW_REPLY,
-};
+use crate::server::Key;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, Repaired};
-use crate::transfer::store::Output;
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use crate::wire::{
+    checked_name, decode_name_prefix, AcceptInfo, Ack, AckStatus, Header, Join, Op, Payload,
+    RejectReason, VerbsProof, VerifyMode, WireError, ACK_LEN, HEADER_LEN, MAX_NAME_LEN,
+    NAME_PREFIX_LEN, RAW_REPLY,
+};
 use std::cell::Cell;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-
-/// Receives kept posted at least (if the transfer has that many chunks).
-const MIN_RECEIVES: u64 = 64;
-/// "Receiver not ready" retry delay asked of senders: IB encoding 12 = 0.64 ms.
-pub(super) const MIN_RNR_TIMER: u8 = 12;
-
-/// Everything the receiver needs to know, built by the CLI.
-#[derive(Debug, Clone)]
-pub struct RecvConfig {
-    pub bind: SocketAddr,
-    /// Serve one connection request, then return.
-    pub once: bool,
-    /// The seed's wire behaviour (no header; one message; a 16-byte reply).
-    pub raw: bool,
-    /// Largest transfer accepted (raw: the size of the one posted receive, also limited by
-    /// the device's largest message).
-    pub max_bytes: u64,
-    /// Bound of every wait; while data flows it restarts on progress.
-    pub timeout: Duration,
-    pub busy_poll: bool,
-    /// Connections served at once; more are rejected as busy.
-    pub max_connections: usize,
-    /// Bytes of receive buffers held at once; an offer that would go over is rejected.
-    pub max_memory: u64,
-    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
-    /// limit.
-    pub min_rate: u64,
-    /// Connections served at once for one address.
-    pub max_per_peer: usize,
-    /// Addresses served (empty: all).
-    pub allow: AllowList,
-    /// With a key, only senders that prove they hold it are served (a first connect
-    /// request is rejected with a nonce, the second carries the proof over it).
-    pub key: Option<Key>,
-    /// Where each verified transfer is written (`--output`) before it is acked: a
-    /// failed write is acked `NotStored`, and the receiver goes on serving.
-    pub output: Option<Output>,
-}
 
 /// Makes the buffers of one connection, on the thread that serves it (GPU objects stay
 /// on the thread that made them).
@@ -376,48 +340,6 @@ fn serve_connection(
     conclude(&request.id, peer, result)
 }
 
-pub(super) fn peer_label(peer: Option<SocketAddr>) -> String {
-    peer.map_or_else(|| "an unknown peer".into(), |p| p.to_string())
-}
-
-/// How serving a connection ended badly: refused before the accept (the peer is told
-/// why), or broken after it.
-pub(super) enum Failure {
-    Refuse(RejectReason, Option<String>),
-    Broken(TransferError),
-    /// The sender stayed below `--min-rate` (a [`TransferError::TooSlow`]): it is told
-    /// with a "too slow" ack before the receiver disconnects.
-    TooSlow(TransferError),
-}
-
-impl From<TransferError> for Failure {
-    fn from(e: TransferError) -> Self {
-        Failure::Broken(e)
-    }
-}
-
-impl From<RdmaError> for Failure {
-    fn from(e: RdmaError) -> Self {
-        Failure::Broken(e.into())
-    }
-}
-
-pub(super) fn internal(e: impl std::fmt::Display) -> Failure {
-    Failure::Refuse(RejectReason::Internal, Some(e.to_string()))
-}
-
-/// Setting up the connection's QP failed: `EINVAL` here means the request's id is no
-/// longer connectable (the sender gave up or died before we accepted); anything else is
-/// our problem, and the sender is told.
-pub(super) fn setup_failed(peer: &str, e: RdmaError) -> Failure {
-    if e.errno() == Some(libc::EINVAL) {
-        return Failure::Broken(TransferError::Protocol(format!(
-            "the connection request from {peer} was withdrawn before it could be accepted ({e})"
-        )));
-    }
-    internal(e)
-}
-
 fn conclude(id: &CmId, peer: String, result: Result<RecvReport, Failure>) -> RecvOutcome {
     match result {
         Ok(report) => RecvOutcome::Completed(report),
@@ -496,215 +418,6 @@ fn framed(
         );
     }
     receive_framed(cfg, &request.id, peer, header, sinks, accepted)
-}
-
-/// Receives a receiver keeps posted for a transfer of `chunks` chunks: more than the
-/// sender keeps in flight (twice, and at least 64), since a receive is reposted only a
-/// moment after its completion and a sender that finds the queue empty must back off
-/// ("receiver not ready"); never more than the chunks, nor than twice the deepest offer.
-pub(super) fn recv_depth(header: &Header, chunks: u64) -> u32 {
-    (header.depth as u64 * 2)
-        .max(MIN_RECEIVES)
-        .min(chunks)
-        .min(2 * MAX_DEPTH as u64) as u32
-}
-
-/// Walk the receiver's memory plan on this connection's protection domain: make a
-/// buffer for the first method and trial-register it; a refusal (the NIC takes no GPU
-/// memory, say) moves on to the next. Nothing that works is a refusal of its own.
-pub(super) fn choose_sink(
-    res: &Resources,
-    sinks: &SinkFactory,
-    len: u64,
-    remote_write: bool,
-) -> Result<(Box<dyn RecvSink>, AttemptLog), Failure> {
-    let no_memory = |e: &dyn std::fmt::Display| {
-        Failure::Refuse(RejectReason::NoMemory { bytes: len }, Some(e.to_string()))
-    };
-    let bytes = usize::try_from(len).map_err(|e| no_memory(&e))?;
-    let plan = sinks.plan();
-    let walked = walk(&plan, |method| {
-        let sink = sinks.make(method, bytes).map_err(|e| format!("{e:#}"))?;
-        // SAFETY: the trial region is dropped at once (`map(drop)`), before the sink it
-        // borrows; nothing reads the sink meanwhile.
-        unsafe { register_sink(res, sink.as_ref(), remote_write) }
-            .map(drop)
-            .map_err(|e| e.to_string())?;
-        Ok(sink)
-    })
-    .map_err(|e| {
-        Failure::Refuse(
-            RejectReason::NotRegistrable { bytes: len },
-            Some(e.to_string()),
-        )
-    })?;
-    sinks.settle(walked.method);
-    // The peer will write up to `len` bytes into what this returns: a shorter sink
-    // would be a bug of the factory, never the peer's to find.
-    if (walked.value.len() as u64) < len {
-        return Err(internal(format!(
-            "the sink has {} bytes for a {len}-byte transfer",
-            walked.value.len()
-        )));
-    }
-    Ok((walked.value, walked.log))
-}
-
-/// Register a sink's memory on the connection's protection domain: for the peer's RDMA
-/// WRITEs too in write mode, local access only otherwise.
-///
-/// # Safety
-/// With `remote_write`, the caller drops the region before `sink` and never leaks it, as
-/// [`MemoryRegion::register_remote_writable`] requires (a [`RecvSink`] reads its memory
-/// only by copies, the other half of that contract).
-pub(super) unsafe fn register_sink<'m>(
-    res: &Resources,
-    sink: &'m dyn RecvSink,
-    remote_write: bool,
-) -> Result<MemoryRegion<'m>, rdma::RdmaError> {
-    if remote_write {
-        // SAFETY: the caller's promise.
-        unsafe { MemoryRegion::register_remote_writable(&res.pd, sink.memory()) }
-    } else {
-        MemoryRegion::register(&res.pd, sink.memory())
-    }
-}
-
-/// The receives of one connection's data, and with checksums of the sender's chunk
-/// checksums: one sequence, consumed in order (a receive queue is first in, first out).
-///
-/// Send mode: receive `p` of a transfer takes chunk `p` in its place in the buffer, for
-/// `p < n`; with checksums, receives `n..n + c` take the `c` checksum messages, each
-/// into a control slot. Write mode: the receives take only the immediates of RDMA WRITEs;
-/// with checksums each names a control slot too, where a checksum message may land.
-/// Control slot of receive `p`: `(p - n) % slots` (send) or `p % slots` (write); a slot
-/// is posted again only after the receive that used it completed and was read, since
-/// no more receives than slots are ever outstanding.
-pub(super) struct Receives<'a, 'r> {
-    pub(super) conn: &'a Connection<'r>,
-    mr: &'r MemoryRegion<'r>,
-    plan: &'a ChunkPlan,
-    op: Op,
-    /// Control slots (with checksums).
-    ctrl: Option<&'r MessageBuffer>,
-    slots: u64,
-    /// Send mode: receives posted for the current transfer (indices `0..posted`).
-    /// Write mode: receives posted on the connection.
-    posted: u64,
-    /// Most receives to post: send mode per transfer (the chunks, and the checksum
-    /// messages), write mode per connection (one per chunk of every transfer, more than
-    /// the signaled ones need; without bound with checksums: resends come too).
-    limit: u64,
-}
-
-impl<'r> Receives<'_, 'r> {
-    fn post(&mut self) -> Result<(), RdmaError> {
-        let p = self.posted;
-        let sge = match (self.receive(p), self.plan.get(p), self.ctrl) {
-            (Receive::Chunk(_), Some(chunk), _) => {
-                Some(self.mr.sge(chunk.offset as usize..chunk.end() as usize)?)
-            }
-            (Receive::Slot(slot), _, Some(ctrl)) => Some(slot_sge(ctrl, slot)?),
-            _ => None,
-        };
-        // SAFETY: nobody reads the buffer before every data receive of the transfer has
-        // completed (the receiver verifies only then, and poisons only before posting);
-        // a control slot is read only after its receive completed, and posted again only
-        // after that (see the struct's documentation).
-        unsafe { self.conn.qp.post_recv(TAG_DATA | p, sge)? };
-        self.posted += 1;
-        Ok(())
-    }
-
-    /// Replace a consumed receive, as long as more can be needed.
-    pub(super) fn replenish(&mut self) -> Result<(), RdmaError> {
-        if self.posted < self.limit {
-            self.post()?;
-        }
-        Ok(())
-    }
-
-    /// Send mode: the previous transfer's receives are all consumed and its data checked;
-    /// post the first `depth` of the next one.
-    fn start_next_transfer(&mut self, depth: u64) -> Result<(), RdmaError> {
-        if self.op == Op::Send {
-            self.posted = 0;
-            while self.posted < depth.min(self.limit) {
-                self.post()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// What receive `p` takes.
-    fn receive(&self, p: u64) -> Receive {
-        let slots = self.ctrl.map(|_| self.slots);
-        repair::receive_of(self.op, p, self.plan.count(), slots)
-    }
-
-    /// The control message that completed receive `wr_id`, if that receive had a slot.
-    pub(super) fn control_message(&self, c: &Completion) -> Option<Vec<u8>> {
-        let ctrl = self.ctrl?;
-        let Receive::Slot(slot) = self.receive(c.wr_id & INDEX_MASK) else {
-            return None;
-        };
-        let len = (c.byte_len as usize).min(CONTROL_SLOT);
-        Some(ctrl.read_at(slot as usize * CONTROL_SLOT, len))
-    }
-
-    /// The mode's operation.
-    pub(super) fn op(&self) -> Op {
-        self.op
-    }
-
-    /// Send mode, a resend round: post the receive for chunk `index` (sent again, in
-    /// its place); the caller keeps no more outstanding than the queue holds.
-    pub(super) fn post_resend(&self, index: u64) -> Result<(), RdmaError> {
-        let chunk = self.plan.get(index).ok_or_else(|| {
-            RdmaError::InvalidArgument(format!("chunk {index} is not in the transfer"))
-        })?;
-        let sge = self.mr.sge(chunk.offset as usize..chunk.end() as usize)?;
-        // SAFETY: the chunk's bytes are read (checked again) only after this receive
-        // completed.
-        unsafe {
-            self.conn
-                .qp
-                .post_recv(super::conn::TAG_RESEND | index, Some(sge))
-        }
-    }
-}
-
-fn slot_sge(ctrl: &MessageBuffer, slot: u64) -> Result<rdma::Sge<'_>, RdmaError> {
-    let at = slot as usize * CONTROL_SLOT;
-    ctrl.sge_at(at..at + CONTROL_SLOT)
-}
-
-/// The connection's queue pair, asking for inline sends big enough for the ack (the ack
-/// buffer may then be rewritten right after posting); without them where the device
-/// refuses.
-pub(super) fn receiver_connection<'r>(
-    res: &Resources,
-    recv_depth: u32,
-) -> Result<Connection<'r>, RdmaError> {
-    let caps = receiver_caps(recv_depth);
-    match Connection::new(res, caps) {
-        Ok(conn) => Ok(conn),
-        Err(_) => Connection::new(
-            res,
-            QpCaps {
-                max_inline_data: 0,
-                ..caps
-            },
-        ),
-    }
-}
-
-pub(super) fn receiver_caps(recv_depth: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: recv_depth,
-        max_inline_data: ACK_LEN as u32,
-    }
 }
 
 fn receive_framed(
@@ -1240,29 +953,6 @@ fn receive_transfer(
             }
             deadline = Deadline::after(cfg.timeout);
         }
-    }
-    Ok(())
-}
-
-/// Wait for ESTABLISHED on a connection we accepted.
-pub(super) fn wait_established(id: &CmId, peer: &str, timeout: Duration) -> Result<(), Failure> {
-    let deadline = Deadline::after(timeout);
-    let event = next_event(
-        id,
-        &deadline,
-        &format!("the connection from {peer} to be established"),
-    )?;
-    if event.kind() != CmEventKind::Established {
-        return Err(TransferError::Protocol(format!(
-            "the connection from {peer} was not established: {}{}",
-            event.name(),
-            match event.status() {
-                0 => String::new(),
-                s if s < 0 => format!(" ({})", rdma::errno_message(-s)),
-                s => format!(" (status {s})"),
-            }
-        ))
-        .into());
     }
     Ok(())
 }

@@ -24,7 +24,7 @@
 //! the receiver names the chunks that still fail in `Resend{last}` messages and acks
 //! `ChecksumFailed`.
 
-use crate::transfer::header::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
+use crate::wire::{ChunkChecksums, Op, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
 use std::collections::VecDeque;
 
 /// Chunk indices or checksums per message: 16 + 4 × 252 = 1024 bytes, one control slot.
@@ -40,7 +40,7 @@ pub const REPLY_SLOTS: u32 = 4;
 /// lists take 8 bytes per chunk): 2^24, 128 MiB of bookkeeping.
 pub const MAX_CHECKSUM_CHUNKS: u64 = 1 << 24;
 
-/// What the `p`-th receive of the receiver's sequence takes (see `receiver::Receives`):
+/// What the `p`-th receive of the receiver's sequence takes (see `receives::Receives`):
 /// in send mode chunk `p` in its place, then (with `slots`, i.e. checksums) the checksum
 /// messages in control slots; in write mode an immediate, in a control slot where there
 /// are slots (a checksum message may land there too).
@@ -196,7 +196,7 @@ impl Subset {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::header::ChunkChecksums;
+    use crate::wire::ChunkChecksums;
 
     #[test]
     fn checksums_go_in_bounded_messages_that_rebuild_the_list() {

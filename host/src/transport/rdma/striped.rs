@@ -31,24 +31,22 @@
 use super::conn::{
     is_data, tag, Connection, Resources, DISCONNECT_GRACE, INDEX_MASK, TAG_DATA, WR_ACK,
 };
-use super::rails::RailBook;
-use super::sender::{
+use super::opening::{
     check_device, check_message_size, choose_source, connect, offer, register_source, resolve,
     RailTarget, Replies, SendConfig,
 };
+use super::rails::RailBook;
 use crate::memory::SendMemory;
 use crate::rdma::{
     self, CmId, Completion, Deadline, EventChannel, MemoryRegion, QpCaps, RdmaError, SendOp, SendWr,
 };
 use crate::server::key::NONCE_LEN;
-use crate::transfer::header::{
-    AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, MAX_VERBS_RAILS,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Framed, Integrity, RailReport};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::{SendReport, TransferError};
 use crate::transport::tcp::rails::Cooldowns;
+use crate::wire::{AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, MAX_VERBS_RAILS};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -164,10 +162,7 @@ fn all_but(cfg: &SendConfig, via: usize, why: &str) -> Vec<RailReport> {
     rails.map(|(k, t)| left_out(k, t, why.into())).collect()
 }
 
-fn striped_offer(
-    cfg: &SendConfig,
-    rails: usize,
-) -> Result<crate::transfer::header::Header, TransferError> {
+fn striped_offer(cfg: &SendConfig, rails: usize) -> Result<crate::wire::Header, TransferError> {
     offer(cfg, 1)?
         .with_rails(rails as u8)
         .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))
@@ -493,7 +488,7 @@ fn await_any_ack(
     mut pending: VecDeque<(usize, Completion)>,
     timeout: Duration,
     label: &str,
-) -> Result<crate::transfer::Ack, TransferError> {
+) -> Result<crate::wire::Ack, TransferError> {
     let deadline = Deadline::after(timeout);
     let mut comps = Vec::new();
     loop {

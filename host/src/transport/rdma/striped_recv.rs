@@ -16,8 +16,9 @@
 
 use super::conn::{is_data, Connection, Resources, INDEX_MASK, TAG_DATA, WR_ACK};
 use super::rails::{JoinSlot, Joins, Landed};
-use super::receiver::{
-    choose_sink, internal, receiver_caps, receiver_connection, recv_depth, register_sink,
+use super::receives::recv_depth;
+use super::serving::{
+    choose_sink, internal, peer_label, receiver_caps, receiver_connection, register_sink,
     setup_failed, wait_established, Failure, RecvConfig, MIN_RNR_TIMER,
 };
 use crate::memory::{RecvSink, SinkFactory};
@@ -25,12 +26,12 @@ use crate::rdma::{
     format_duration, CmId, Completion, CompletionQueue, ConnParams, ConnectRequest, Deadline,
     MemoryRegion, MessageBuffer, RdmaError, SendOp, SendWr, SendableRequest,
 };
-use crate::transfer::header::{
-    AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Integrity, RecvRail, StripedRecv};
 use crate::transfer::{gigabytes_per_second, RecvReport, TransferError};
+use crate::wire::{
+    AcceptInfo, Ack, Header, Join, Op, Payload, RejectReason, StripedAccept, WireError, ACK_LEN,
+};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -152,7 +153,7 @@ pub(super) fn receive(
                         _mr: mr,
                         _res: res,
                         rail,
-                        from: super::receiver::peer_label(request.peer),
+                        from: peer_label(request.peer),
                         stopped: None,
                     })
                 }

@@ -1,5 +1,5 @@
 //! The bytes the TCP transport adds to the shared wire messages of
-//! [`crate::transfer::header`], encoded and decoded here and nowhere else.
+//! [`crate::wire`], encoded and decoded here and nowhere else.
 //!
 //! Stream 0 of a connection carries, in order: the sender's 32-byte `Header`, a
 //! [`Hello`] (index 0, with the stream count and the connection's token), the receiver's
@@ -31,7 +31,7 @@
 //! names chunks whose CRC32C failed; the sender then sends those chunks again, each on
 //! its own stream as before and in increasing order, and reads the next reply.
 
-use crate::transfer::header::VERSION;
+use crate::wire::VERSION;
 
 pub const HELLO_MAGIC: [u8; 4] = *b"GRDS";
 pub const HELLO_LEN: usize = 20;

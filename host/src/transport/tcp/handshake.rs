@@ -11,11 +11,11 @@ use super::serving::{refuse, refuse_hello, Event, Offer, Shared};
 use super::socket::{self, ReadStop};
 use crate::server::admission::HandshakeSlot;
 use crate::server::Key;
-use crate::transfer::header::{
+use crate::transfer::RecvOutcome;
+use crate::wire::{
     checked_name, decode_name_prefix, Challenge, Header, Proof, RejectReason, WireError,
     HEADER_LEN, HEADER_MAGIC, NAME_PREFIX_LEN, PROOF_LEN,
 };
-use crate::transfer::RecvOutcome;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};

@@ -8,11 +8,11 @@ use super::config::TcpSendConfig;
 use super::frames::{Hello, HELLO_LEN};
 use super::rails::{Cooldowns, Rail};
 use super::socket::{self, read_array};
-use crate::transfer::header::{
+use crate::transfer::TransferError;
+use crate::wire::{
     AcceptInfo, Challenge, Header, Proof, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, CHALLENGE_MAGIC,
     REJECT_MAGIC,
 };
-use crate::transfer::TransferError;
 use std::io::{self, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

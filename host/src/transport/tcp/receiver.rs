@@ -40,14 +40,12 @@ use crate::memory::lent::{LentPlace, LentTarget};
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
-use crate::transfer::header::{
-    AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::{Next, Repair};
 use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use crate::wire::{AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1246,12 +1244,12 @@ mod tests {
         let freed = Arc::new(AtomicBool::new(false));
         let landing = Box::new(Freed(Verifies, SlowToFree(freed.clone())));
         let held = held_with(&admission, 4096, landing);
-        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1).unwrap();
+        let header = Header::new(crate::wire::Op::Send, 4096, 4096, 1).unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();
         let cfg = config(false, 4096);
         let next = std::thread::scope(|scope| {
             let sender = scope.spawn(|| {
-                let mut ack = [0u8; crate::transfer::header::ACK_LEN];
+                let mut ack = [0u8; crate::wire::ACK_LEN];
                 std::io::Read::read_exact(&mut peer, &mut ack).unwrap();
                 assert!(
                     freed.load(Ordering::SeqCst),
@@ -1295,7 +1293,7 @@ mod tests {
         let _peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut control, _) = listener.accept().unwrap();
         control.shutdown(Shutdown::Write).unwrap(); // every ack write fails
-        let header = Header::new(crate::transfer::Op::Send, 4096, 4096, 1)
+        let header = Header::new(crate::wire::Op::Send, 4096, 4096, 1)
             .and_then(|h| h.with_transfers(1 << 20))
             .unwrap();
         let plan = ChunkPlan::new(4096, 4096).unwrap();

@@ -10,15 +10,15 @@ use super::socket::{self, read_array};
 use super::wire::{TcpWire, WireChecks, WireRails};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
-use crate::transfer::header::{
-    encode_name, Ack, AckStatus, Header, Op, Resend, ACK_LEN, ACK_MAGIC, REPLY_PREFIX_LEN,
-    RESEND_MAGIC,
-};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{SendReport, TransferError};
+use crate::wire::{
+    encode_name, Ack, AckStatus, Header, Op, Resend, ACK_LEN, ACK_MAGIC, REPLY_PREFIX_LEN,
+    RESEND_MAGIC,
+};
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -81,7 +81,7 @@ pub fn send_repeated(
     }
     let plan = ChunkPlan::new(total, cfg.chunk).map_err(TransferError::Protocol)?;
     let opts = &cfg.payload;
-    let cannot = |e: crate::transfer::WireError| {
+    let cannot = |e: crate::wire::WireError| {
         TransferError::Protocol(format!("cannot offer this transfer: {e}"))
     };
     let mut header = Header::of(Op::Send, total, plan.chunk_bytes(), cfg.depth, opts.payload)
@@ -280,9 +280,8 @@ fn settle(
                 })?;
             }
             RESEND_MAGIC if opts.verify.checksum() || wire.dispatch().striped() => {
-                let invalid = |e: crate::transfer::WireError| {
-                    protocol(format!("invalid resend request: {e}"))
-                };
+                let invalid =
+                    |e: crate::wire::WireError| protocol(format!("invalid resend request: {e}"));
                 let (round, (last, missing), count) =
                     Resend::decode_head(&prefix, plan.count()).map_err(invalid)?;
                 let mut body = vec![0u8; count as usize * 4];

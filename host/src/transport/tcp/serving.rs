@@ -8,8 +8,9 @@ use super::routes::Routes;
 use super::socket;
 use super::TcpRecvConfig;
 use crate::server::Admission;
-use crate::transfer::header::{Header, WireError};
-use crate::transfer::{RecvOutcome, RejectReason};
+use crate::transfer::RecvOutcome;
+use crate::wire::RejectReason;
+use crate::wire::{Header, WireError};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
