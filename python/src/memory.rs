@@ -112,6 +112,9 @@ struct DlTensor {
 struct DlManagedTensor {
     dl_tensor: DlTensor,
     manager_ctx: *mut c_void,
+    // # Safety
+    // Never called here (a fn pointer type, for the layout): the capsule's own
+    // destructor, the producer's, calls it when the capsule goes.
     deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
 }
 
@@ -165,13 +168,17 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
     // SAFETY: a DLManagedTensor the producer keeps valid while the capsule lives.
     let t = unsafe { &(*managed).dl_tensor };
     let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err("bad ndim"))?;
-    // SAFETY: DLPack's contract: `shape` has `ndim` entries, `strides` is null or too.
     let shape = match ndim {
         0 => &[][..],
+        // SAFETY: DLPack's contract: `shape` has `ndim` entries, valid while the capsule
+        // lives (it outlives these slices: they are used in this function only).
         n => unsafe { std::slice::from_raw_parts(t.shape, n) },
     };
-    let strides = (!t.strides.is_null() && ndim > 0)
-        .then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
+    let strides = match t.strides.is_null() || ndim == 0 {
+        true => None,
+        // SAFETY: as for `shape`: `strides`, where not null, has `ndim` entries.
+        false => Some(unsafe { std::slice::from_raw_parts(t.strides, ndim) }),
+    };
     let item_bits = t.dtype.bits as u64 * t.dtype.lanes.max(1) as u64;
     let len = contiguous_bytes(shape, strides, item_bits.div_ceil(8))?;
     let len = usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?;
@@ -249,6 +256,8 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
 
 /// The memory of a buffer-protocol object, C-contiguous (writable if asked).
 fn from_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    // SAFETY: Py_buffer is a C struct of pointers and integers, for which all zeroes is a
+    // valid (empty) value; PyObject_GetBuffer fills it.
     let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
     let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
     // SAFETY: a live object (borrowed for the call) and a zeroed view to fill; on success

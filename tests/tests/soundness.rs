@@ -73,7 +73,7 @@ fn has_word(code: &str, word: &str) -> bool {
 /// The source files of the crates whose `unsafe` docs/internals.md accounts for.
 fn sources() -> Vec<(String, String)> {
     let root = workspace_root();
-    ["host/src", "gpu-kernels/src", "examples"]
+    ["host/src", "gpu-kernels/src", "examples", "python/src"]
         .iter()
         .flat_map(|dir| rust_files(&root.join(dir)))
         .map(|path| {
