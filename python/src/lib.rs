@@ -236,10 +236,11 @@ impl Listener {
         self.inner.local_addr().port()
     }
 
-    /// Receive one transfer and return its bytes. `timeout`: seconds to wait for a
-    /// sender (None: the listener's `wait`, by default as long as none comes).
-    #[pyo3(signature = (timeout=None))]
-    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+    /// Receive one transfer and return its bytes (with `report=True`, the bytes and the
+    /// report). `timeout`: seconds to wait for a sender (None: the listener's `wait`, by
+    /// default as long as none comes).
+    #[pyo3(signature = (timeout=None, report=false))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>, report: bool) -> PyResult<Py<PyAny>> {
         let listener = self.listener_for(timeout)?;
         let handle = spawn("gpu-rdma-recv", None, move |_| {
             let got = listener.receive()?;
@@ -249,8 +250,12 @@ impl Listener {
             })
         })?;
         handle.wait_done(py, None)?;
-        let (_, bytes) = handle.take(py)?;
-        bytes.ok_or_else(|| PyRuntimeError::new_err("no bytes"))
+        let (got, bytes) = handle.take(py)?;
+        let bytes = bytes.ok_or_else(|| PyRuntimeError::new_err("no bytes"))?;
+        match report {
+            true => Ok((bytes, got).into_pyobject(py)?.into_any().unbind()),
+            false => Ok(bytes),
+        }
     }
 
     /// Receive one transfer in place into `target` (a writable buffer, NumPy array, or

@@ -93,6 +93,15 @@ def test_bytes_bytearray_and_memoryviews_go_as_they_are(listener):
         assert join() == bytes(obj)
 
 
+def test_recv_can_give_the_report_with_the_bytes(listener):
+    join = receive_in_thread(lambda: listener.recv(report=True))
+    gpu_rdma.connect(listener.address).send(b"named bytes", name="n.bin")
+    data, report = join()
+    assert data == b"named bytes"
+    assert report["integrity"]["name"] == "n.bin"
+    assert report["bytes"] == len(data)
+
+
 def test_a_file_goes_with_its_name(listener, tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(bytes(pattern(3 * MIB + 1, 5)))

@@ -1,7 +1,7 @@
 """Type stubs of gpu_rdma's native module (python/src/lib.rs)."""
 
 import os
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 Report = dict[str, Any]
 """A transfer's report: the JSON the command line prints (``host --json``), as a dict."""
@@ -53,9 +53,15 @@ class Listener:
         """The bound address, "host:port"."""
     @property
     def port(self) -> int: ...
-    def recv(self, timeout: Optional[float] = None) -> bytes:
-        """Receive one transfer and return its bytes. ``timeout``: seconds to wait for a
-        sender (None: the listener's ``wait``; by default as long as none comes)."""
+    @overload
+    def recv(self, timeout: Optional[float] = None, report: Literal[False] = False) -> bytes: ...
+    @overload
+    def recv(self, timeout: Optional[float] = None, *, report: Literal[True]) -> tuple[bytes, Report]: ...
+    def recv(self, timeout: Optional[float] = None, report: bool = False) -> Union[bytes, tuple[bytes, Report]]:
+        """Receive one transfer and return its bytes (``report=True``: the bytes and the
+        report, whose ``integrity["name"]`` is the sender's name). ``timeout``: seconds to
+        wait for a sender (None: the listener's ``wait``; by default as long as none
+        comes)."""
     def recv_into(self, target: Any, timeout: Optional[float] = None) -> Report:
         """Receive one transfer in place into ``target`` (a writable buffer, NumPy array,
         or torch tensor on the CPU or a CUDA GPU: no copy). Only a transfer of exactly
