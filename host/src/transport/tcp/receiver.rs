@@ -316,8 +316,24 @@ pub fn serve_on(
     wait: Option<Duration>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    let give_up = wait.map(|w| (Instant::now() + w, w));
-    serve_listener(listener, cfg, memory, &admission_of(cfg), give_up, report)
+    let call = LibraryCall {
+        give_up: wait.map(|w| (Instant::now() + w, w)),
+    };
+    serve_listener(
+        listener,
+        cfg,
+        memory,
+        &admission_of(cfg),
+        Some(call),
+        report,
+    )
+}
+
+/// A library call's serve ([`serve_on`]): one transfer per call on a listener that lives
+/// on, and how long to wait for a sender.
+struct LibraryCall {
+    /// When to give up with no transfer in progress, and the wait it was.
+    give_up: Option<(Instant, Duration)>,
 }
 
 fn serve_listener(
@@ -325,9 +341,10 @@ fn serve_listener(
     cfg: &TcpRecvConfig,
     memory: &RecvMemory,
     admission: &Arc<Admission>,
-    give_up: Option<(Instant, Duration)>,
+    library: Option<LibraryCall>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
+    let give_up = library.as_ref().and_then(|c| c.give_up);
     let addr = listener
         .local_addr()
         .map_or_else(|_| cfg.bind.to_string(), |a| a.to_string());
@@ -340,6 +357,8 @@ fn serve_listener(
         cfg: cfg.clone(),
         admission: admission.clone(),
         routes: Routes::default(),
+        gate: Default::default(),
+        one_per_call: library.is_some() && cfg.once,
     });
     let (events, rx) = mpsc::channel::<Event>();
     let stop = Arc::new(AtomicBool::new(false));
@@ -464,6 +483,10 @@ fn accept_loop(
     };
     let mut starved = false; // said "out of descriptors" already, until an accept works
     while !stop.load(Ordering::Relaxed) {
+        if !shared.gate.open() {
+            std::thread::sleep(ACCEPT_POLL);
+            continue;
+        }
         let (stream, peer) = match listener.accept() {
             Ok(s) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -624,8 +647,13 @@ fn serve_offer(
     let outcome = match gathered {
         Ok((sockets, rails)) => {
             drop(route); // every stream is in (or late): nothing more may join
-                         // The sockets have one owner (no clones: the admission counted one
-                         // descriptor each): the fixed readers' list, or the striped rounds' state.
+            if shared.one_per_call {
+                // Served alone and the call ends with it: whoever connects next waits
+                // in the listen queue for the next call (a wait of a poll at most).
+                shared.gate.close_and_wait(ACCEPT_POLL * 50);
+            }
+            // The sockets have one owner (no clones: the admission counted one
+            // descriptor each): the fixed readers' list, or the striped rounds' state.
             let (streams, mode) = match header.striped {
                 true => (
                     Vec::new(),
