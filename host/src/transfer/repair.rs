@@ -1,5 +1,6 @@
 //! The bookkeeping of checks by checksum, the same over both transports: which chunks
-//! failed, the receiver's rounds of resends within the sender's bound ([`Repair`]), and
+//! failed, the receiver's rounds of resends within the sender's bound ([`Repair`], over
+//! verbs; [`Converge`], over TCP: in pieces, bounded by what they send again), and
 //! the sender's view of the receiver's requests and its final ack ([`Requests`]), which
 //! believes only what fits what came before. Pure state machines, tested here; each
 //! transport carries the messages its own way (`transport::tcp`, `transport::rdma`).
