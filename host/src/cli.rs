@@ -425,8 +425,10 @@ pub struct SendArgs {
     #[arg(long, value_enum, value_name = "CHECKS")]
     pub verify: Option<crate::wire::VerifyMode>,
 
-    /// Rounds of resends of chunks whose checksum failed, before the transfer fails
-    /// naming them (0..=16).
+    /// The most rounds of resends of chunks whose checksum failed, before the transfer
+    /// fails naming them (0..=16); over TCP failed chunks come again in smaller pieces,
+    /// and the rounds also end when the next would send more again than the transfer's
+    /// size, or after --timeout without a repair.
     #[arg(long, value_name = "N", default_value_t = crate::wire::DEFAULT_MAX_RESENDS, value_parser = clap::value_parser!(u8).range(0..=crate::wire::MAX_RESENDS as i64))]
     pub max_resends: u8,
 

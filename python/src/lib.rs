@@ -424,7 +424,7 @@ fn listen(
 
 /// An endpoint for the receiver at `address` ("host:port").
 #[pyfunction]
-#[pyo3(signature = (address, *, transport="auto", streams=None, key_file=None, chunk=1<<20, timeout=10.0, max_resends=3, test_inject_faults=None))]
+#[pyo3(signature = (address, *, transport="auto", streams=None, key_file=None, chunk=1<<20, timeout=10.0, max_resends=16, test_inject_faults=None))]
 #[allow(clippy::too_many_arguments)]
 fn connect(
     address: &str,

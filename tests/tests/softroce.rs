@@ -2088,6 +2088,33 @@ fn checksums_injected_faults_are_repaired_by_resends() {
 }
 
 #[test]
+fn checksums_one_chunk_in_three_corrupted_arrives_whole_over_send_and_write() {
+    let Some(run) =
+        checksums("checksums_one_chunk_in_three_corrupted_arrives_whole_over_send_and_write")
+    else {
+        return;
+    };
+    let c = run.case('a', "converge");
+    for label in ["send_3", "write_3"] {
+        c.rc(label, 0);
+        c.no_error(label);
+        for i in c.iterations(label) {
+            c.check(
+                i["receiver"]["status"] == "verified",
+                &format!("`{label}`: {i}"),
+            );
+            // 256 chunks, a third hit on each sending: ~85 repaired.
+            let n = repaired(&i);
+            c.check(
+                (40..=140).contains(&n),
+                &format!("`{label}` repaired {n} chunks"),
+            );
+        }
+    }
+    c.still_serving("receiver");
+}
+
+#[test]
 fn checksums_chunks_that_keep_failing_end_in_an_error_naming_them() {
     let Some(run) = checksums("checksums_chunks_that_keep_failing_end_in_an_error_naming_them")
     else {
@@ -2098,7 +2125,7 @@ fn checksums_chunks_that_keep_failing_end_in_an_error_naming_them() {
     c.one_error(
         "send_all",
         &format!(
-            "error: transfer to {A}:7471 failed: 16 chunk(s) still failed their CRC32C after 3 round(s) of resends (--max-resends): chunk(s) 0, 1, 2, 3, 4, 5, 6, 7, and 8 more"
+            "error: transfer to {A}:7471 failed: 16 chunk(s) still failed their CRC32C after 16 round(s) of resends (--max-resends): chunk(s) 0, 1, 2, 3, 4, 5, 6, 7, and 8 more"
         ),
     );
     c.rc("write_one_round", 1);

@@ -577,6 +577,14 @@ fn checked_offer(chunks: u64, chunk: u64, token: u64) -> Vec<u8> {
         16,
         host::wire::Payload::Opaque,
     )
+    .and_then(|h| {
+        // Three rounds, as the books below count them (the default is 16).
+        h.with_payload(
+            host::wire::Payload::Opaque,
+            host::wire::VerifyMode::Checksum,
+            3,
+        )
+    })
     .unwrap();
     assert!(header.verify.checksum());
     let hello = Hello {

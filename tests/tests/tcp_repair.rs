@@ -3,7 +3,9 @@
 //! and real frames with one chunk's CRC32C wrong, reads the receiver's `Resend`, and
 //! then stalls, resets, answers with a chunk it was not asked for, or lies about a
 //! name's length. In every case the receiver must end that transfer within its
-//! deadline, store nothing, and serve the next sender.
+//! deadline, store nothing, and serve the next sender. Then receivers that lie to a
+//! real sender, and last real transfers through a proxy that flips bits after TCP's
+//! checksums ([`flip`]): the repair converges (issue 25 item 5).
 
 mod tcp_common;
 
@@ -18,6 +20,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use tcp_common::flip::FlipProxy;
 use tcp_common::*;
 
 const CHUNK: u64 = 4096;
@@ -64,7 +67,8 @@ fn frame(i: u64, true_crc: bool) -> Vec<u8> {
 /// chunk (chunk `BAD` with a wrong CRC32C) and read the receiver's request to send
 /// `BAD` again. The stream, left at the point where the resent chunk is due.
 fn up_to_the_resend(port: u16, named: Option<&[u8]>) -> TcpStream {
-    // Opaque bytes are checked by CRC32C, with 3 rounds of resends: the defaults.
+    // Opaque bytes are checked by CRC32C, with up to 16 rounds of resends: the
+    // defaults. This sender does not offer pieces: it is asked for whole chunks.
     let mut header = Header::of(Op::Send, CHUNKS * CHUNK, CHUNK, 16, Payload::Opaque).unwrap();
     assert_eq!(header.verify, VerifyMode::Checksum);
     if named.is_some() {
@@ -269,7 +273,7 @@ fn a_chunk_that_fails_on_every_attempt_is_not_counted_repaired_and_the_ack_has_n
         let resend = Resend::decode_chunks(round, last, count, &body, CHUNKS).unwrap();
         assert_eq!(resend.chunks, [BAD as u32]);
         rounds += 1;
-        assert!(rounds <= 3, "more rounds than --max-resends 3");
+        assert!(rounds <= 16, "more rounds than --max-resends 16");
         if last {
             break resend.chunks;
         }
@@ -372,8 +376,8 @@ fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever(
 
 #[test]
 fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
-    // Every round asks for every chunk; round 4 is one more than --max-resends 3.
-    let replies: Vec<u8> = (1..=4)
+    // Every round asks for every chunk; round 17 is one more than --max-resends 16.
+    let replies: Vec<u8> = (1..=17)
         .flat_map(|round| {
             Resend {
                 round,
@@ -387,7 +391,7 @@ fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
     let (port, serve) = lying_receiver(replies, 1);
     let stderr = sender_error(port, "extra-round");
     assert!(
-        stderr.contains("resend round 4 after 3, beyond this sender's --max-resends 3"),
+        stderr.contains("resend round 17 after 16, beyond this sender's --max-resends 16"),
         "{stderr}"
     );
     serve.join().unwrap();
@@ -417,4 +421,164 @@ fn a_receiver_that_acks_verified_after_its_final_resend_list_is_not_believed() {
         "{stderr}"
     );
     serve.join().unwrap();
+}
+
+#[test]
+fn a_receiver_that_asks_for_pieces_its_chunks_cannot_be_cut_into_is_refused() {
+    // The sender offers pieces (it checksums), but 4 KiB chunks are the floor: no piece
+    // of 4 KiB is smaller than its chunk.
+    let bad = host::wire::pieces::PieceResend {
+        round: 1,
+        shift: 12,
+        pieces: vec![0],
+    }
+    .encode();
+    let (port, serve) = lying_receiver(bad, 1);
+    let stderr = sender_error(port, "bad-pieces");
+    assert!(
+        stderr.contains("invalid request for pieces: inconsistent message: a piece request whose pieces are not"),
+        "{stderr}"
+    );
+    serve.join().unwrap();
+}
+
+// --- repair that converges on a path that flips bits ------------------------------------
+
+/// `len` pseudo-random bytes (xorshift64*, seeded): incompressible, reproducible.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The receiver's report line of the last transfer, in its JSON log.
+fn last_json_line(log: &str) -> String {
+    log.lines()
+        .rev()
+        .find(|l| l.contains("\"integrity\""))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Send `input` through a proxy that flips a bit in `share` of its 64 KiB reads to a
+/// receiver storing into `out`, over 4 streams: the sender's output and how long it
+/// took, with the proxy's flips.
+fn through_flips(
+    r: &Receiver,
+    input: &std::path::Path,
+    name: &str,
+    share: f64,
+    seed: u64,
+) -> (std::process::Output, Duration, u64) {
+    let proxy = FlipProxy::start(r.port, share, seed);
+    let t0 = Instant::now();
+    let out = send(
+        proxy.port,
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--streams",
+            "4",
+            "--name",
+            name,
+            "--timeout",
+            "10",
+        ],
+        Duration::from_secs(120),
+    );
+    let took = t0.elapsed();
+    (out, took, proxy.flips())
+}
+
+#[test]
+fn a_64_mib_file_through_bit_flips_in_3_and_10_percent_of_reads_arrives_whole_in_at_most_twice_the_clean_time(
+) {
+    let out = out_dir("flips");
+    let input = out.with_extension("input");
+    let data = random_bytes(64 << 20, 25);
+    std::fs::write(&input, &data).unwrap();
+    let r = Receiver::start(&[
+        "--timeout",
+        "10",
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    // The clean time through the same proxy, flipping nothing: the best of two runs.
+    let mut clean = Duration::MAX;
+    for k in 0..2 {
+        let name = format!("clean-{k}.bin");
+        let (sent, took, flips) = through_flips(&r, &input, &name, 0.0, 1);
+        assert_verified(&sent, "clean");
+        assert_eq!(flips, 0);
+        assert!(std::fs::read(out.join(&name)).unwrap() == data);
+        clean = clean.min(took);
+    }
+    for (share, seed) in [(0.03, 3u64), (0.10, 10)] {
+        // The best of two runs too, as for the clean time (this machine is shared).
+        let mut took = Duration::MAX;
+        let mut flips = 0;
+        for k in 0..2 {
+            let name = format!("flips-{seed}-{k}.bin");
+            let (sent, t, f) = through_flips(&r, &input, &name, share, seed + k);
+            assert_verified(&sent, &format!("{share} of reads flipped"));
+            let stored = std::fs::read(out.join(&name)).unwrap();
+            assert!(stored == data, "the stored file differs from the input");
+            took = took.min(t);
+            flips += f;
+        }
+        let report = last_json_line(&r.log());
+        eprintln!(
+            "MEASURED 64 MiB over 4 streams, one bit flipped in {:.0}% of 64 KiB reads ({flips} flips in two runs): best {took:?}, clean best {clean:?} ({:.2}x)",
+            share * 100.0,
+            took.as_secs_f64() / clean.as_secs_f64()
+        );
+        assert!(flips > 0, "the proxy flipped nothing");
+        assert!(report.contains("\"repaired\":[{"), "{report}");
+        assert!(
+            took <= clean * 2,
+            "{share}: {took:?}, more than twice the clean {clean:?}"
+        );
+    }
+}
+
+#[test]
+fn bit_flips_in_every_read_end_in_a_clear_error_in_bounded_time_and_nothing_is_stored() {
+    let out = out_dir("flip-all");
+    let input = out.with_extension("input");
+    std::fs::write(&input, random_bytes(64 << 20, 100)).unwrap();
+    let r = Receiver::start(&[
+        "--timeout",
+        "10",
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let (sent, took, flips) = through_flips(&r, &input, "all.bin", 1.0, 100);
+    let (_, stderr) = text(&sent);
+    eprintln!(
+        "MEASURED every 64 KiB read flipped ({flips} flips): failed after {took:?}: {stderr}"
+    );
+    assert!(!sent.status.success());
+    assert!(
+        stderr.contains("still failed their CRC32C after")
+            && stderr.contains("they stopped repairing"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    r.wait_for_log("\"failed_chunks\":[", Duration::from_secs(5));
+    assert!(files_in(&out).is_empty(), "{:?}", files_in(&out));
+    next_sender_is_served(&r, &out, "after a path that flips every read");
 }

@@ -1,10 +1,11 @@
 //! Everything the peer can send us goes through `wire`'s decoders, one family of messages
-//! after another (offer, answers, acks, repair, auth, names; over TCP,
+//! after another (offer, answers, acks, repair, pieces, auth, names; over TCP,
 //! `transport::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
 //! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
 use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
+use host::wire::pieces::{self, PieceResend, PIECES_MAGIC, QUERY_MAGIC};
 use host::wire::{
     checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header, Join,
     Proof, RejectReason, Resend, StripedAccept, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN,
@@ -51,6 +52,37 @@ fuzz_target!(|data: &[u8]| {
             let (r, l, c) = Resend::decode_prefix(&again, 1000).unwrap();
             let back = Resend::decode_chunks(r, l, c, &again[REPLY_PREFIX_LEN..], 1000);
             assert_eq!(back, Ok(resend));
+        }
+    }
+    // The repair in pieces (a transfer of 64 MiB in 1 MiB chunks): a piece request, a
+    // query (the same layout), the sender's answer.
+    let (total, chunk) = (64 << 20, 1 << 20);
+    for magic in [PIECES_MAGIC, QUERY_MAGIC] {
+        if let Ok((round, shift, n)) = PieceResend::decode_head_as(data, magic, total, chunk) {
+            let body = data.get(REPLY_PREFIX_LEN..).unwrap_or_default();
+            if let Ok(p) = PieceResend::decode_pieces(round, shift, n, body, total) {
+                let again = match magic == PIECES_MAGIC {
+                    true => p.encode(),
+                    false => p.encode_query(),
+                };
+                let head = PieceResend::decode_head_as(&again, magic, total, chunk);
+                assert_eq!(head, Ok((round, shift, n)));
+                let back =
+                    PieceResend::decode_pieces(round, shift, n, &again[REPLY_PREFIX_LEN..], total);
+                assert_eq!(back, Ok(p));
+            }
+        }
+    }
+    if data.len() >= REPLY_PREFIX_LEN {
+        let count = u32::from_le_bytes([data[12], data[13], data[14], data[15]]);
+        let round = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+        if pieces::decode_crcs_head(data, round, count).is_ok() {
+            let body = &data[REPLY_PREFIX_LEN..];
+            if body.len() >= count as usize * 4 {
+                let crcs = pieces::decode_crcs(&body[..count as usize * 4]);
+                let again = pieces::encode_crcs(round, &crcs);
+                assert_eq!(pieces::decode_crcs(&again[REPLY_PREFIX_LEN..]), crcs);
+            }
         }
     }
     if let Ok(sums) = ChunkChecksums::decode(data, 1 << 20) {

@@ -237,6 +237,7 @@ mod tests {
                     peer: "p".into(),
                     chunks: vec![1],
                     rounds: 3,
+                    bound: "--max-resends".into(),
                 },
                 ErrorKind::ChecksumFailed,
             ),

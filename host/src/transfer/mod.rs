@@ -112,13 +112,16 @@ pub enum TransferError {
     NoSender { waited: std::time::Duration },
 
     #[error(
-        "transfer to {peer} failed: {} chunk(s) still failed their CRC32C after {rounds} round(s) of resends (--max-resends): chunk(s) {}",
+        "transfer to {peer} failed: {} chunk(s) still failed their CRC32C after {rounds} round(s) of resends ({bound}): chunk(s) {}",
         chunks.len(), list_chunks(chunks)
     )]
     ChecksumFailed {
         peer: String,
         chunks: Vec<u32>,
         rounds: u8,
+        /// What ended the rounds, in words (`--max-resends`, or the bound on what is sent
+        /// again).
+        bound: String,
     },
 
     #[error(transparent)]

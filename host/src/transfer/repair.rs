@@ -1,11 +1,14 @@
 //! The bookkeeping of checks by checksum, the same over both transports: which chunks
-//! failed, the receiver's rounds of resends within the sender's bound ([`Repair`]), and
+//! failed, the receiver's rounds of resends within the sender's bound ([`Repair`], over
+//! verbs; [`Converge`], over TCP: in pieces, bounded by what they send again), and
 //! the sender's view of the receiver's requests and its final ack ([`Requests`]), which
 //! believes only what fits what came before. Pure state machines, tested here; each
 //! transport carries the messages its own way (`transport::tcp`, `transport::rdma`).
 
+use crate::wire::pieces::{self, PieceResend};
 use crate::wire::{Ack, AckStatus, Resend};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// The chunks (indices) whose checksum where they landed differs from the sender's.
 pub fn failed(expected: &[u32], landed: &[u32]) -> Vec<u32> {
@@ -100,6 +103,274 @@ impl Repair {
     }
 }
 
+/// What one round asks for again: whole chunks, or pieces of `1 << shift` bytes
+/// ([`pieces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Chunks,
+    Pieces(u8),
+}
+
+/// Why the receiver's rounds ended with chunks still failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The sender's `--max-resends` rounds were used up.
+    Rounds,
+    /// The next round would send more again than the transfer's [`pieces::budget`].
+    Budget,
+    /// No round repaired anything within `--timeout`.
+    NoProgress,
+}
+
+impl Stopped {
+    /// Why, in words, for the receiver's log.
+    pub fn words(self) -> &'static str {
+        match self {
+            Stopped::Rounds => "the sender's --max-resends rounds were used up",
+            Stopped::Budget => "the next round would send more again than the transfer's size",
+            Stopped::NoProgress => "no round repaired anything within --timeout",
+        }
+    }
+}
+
+/// What the receiver does next ([`Converge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Every chunk passed: ack.
+    Done,
+    /// Ask for `items` (of `unit`, increasing) again, in round `round` (from 1).
+    /// `fresh`: they are new pieces of what failed, none sent on its own yet, so some
+    /// may be good where they landed: the sender's CRC32C of each tells (a query), and
+    /// only those that differ need sending.
+    Ask {
+        round: u32,
+        unit: Unit,
+        items: Vec<u32>,
+        fresh: bool,
+    },
+    /// Give up: name these chunks in `Resend{last}` and ack `ChecksumFailed`.
+    GiveUp {
+        round: u32,
+        chunks: Vec<u32>,
+        why: Stopped,
+    },
+}
+
+/// The receiver's rounds of one transfer that converge: a failed chunk is asked for
+/// again in smaller pieces (when the sender answers piece requests), a piece that fails
+/// again in smaller ones still ([`pieces::smaller`]), round after round while the rounds
+/// repair something; the whole bounded by the bytes sent again ([`pieces::budget`], the
+/// same bound the sender keeps), by `timeout` without a repair, and by the sender's
+/// `--max-resends` rounds. Pure: the caller says what passed and when. Its books are
+/// the lists of what still fails and of what was repaired, nothing per chunk beyond
+/// them (a transfer of a million tiny chunks that all fail costs what it did before).
+#[derive(Debug)]
+pub struct Converge {
+    total: u64,
+    chunk_bytes: u64,
+    pieces: bool,
+    max_rounds: u8,
+    budget: u64,
+    spent: u64,
+    timeout: Duration,
+    last_progress: Instant,
+    rounds: u32,
+    /// What `failing` counts in.
+    unit: Unit,
+    /// Increasing, in `unit`; handed out with each [`Step::Ask`] and rebuilt by
+    /// [`Converge::checked`].
+    failing: Vec<u32>,
+    /// The unit of the last round's request, until it is checked.
+    asked: Option<Unit>,
+    /// Chunks that failed and then passed, with the times each was sent in all.
+    repaired: Vec<(u32, u32)>,
+    /// Chunks asked for again, all rounds together (a chunk counts once a round).
+    resent: u64,
+}
+
+impl Converge {
+    /// After the first check of a transfer of `total` bytes in chunks of `chunk_bytes`:
+    /// the `failing` chunks (increasing); `pieces`: the sender answers piece requests;
+    /// at most `max_rounds` rounds, and none after `timeout` without a repair from `now`.
+    pub fn new(
+        total: u64,
+        chunk_bytes: u64,
+        pieces: bool,
+        max_rounds: u8,
+        timeout: Duration,
+        failing: Vec<u32>,
+        now: Instant,
+    ) -> Converge {
+        Converge {
+            total,
+            chunk_bytes,
+            pieces,
+            max_rounds,
+            budget: pieces::budget(total),
+            spent: 0,
+            timeout,
+            last_progress: now,
+            rounds: 0,
+            unit: Unit::Chunks,
+            failing,
+            asked: None,
+            repaired: Vec::new(),
+            resent: 0,
+        }
+    }
+
+    fn bytes_of(&self, unit: Unit) -> u64 {
+        match unit {
+            Unit::Chunks => self.chunk_bytes,
+            Unit::Pieces(shift) => 1 << shift,
+        }
+    }
+
+    /// The chunk item `k` of `unit` lies in.
+    fn chunk_of(&self, unit: Unit, k: u32) -> u32 {
+        match unit {
+            Unit::Chunks => k,
+            Unit::Pieces(shift) => pieces::chunk_of(k, shift, self.chunk_bytes),
+        }
+    }
+
+    /// What asking for `items` of `unit` costs against the budget: their bytes (the
+    /// same cut smaller: pieces split their unit exactly).
+    fn cost(&self, unit: Unit, items: &[u32]) -> u64 {
+        match unit {
+            Unit::Chunks => chunk_cost(items, self.chunk_bytes, self.total),
+            Unit::Pieces(shift) => pieces::cost(items, shift, self.total),
+        }
+    }
+
+    /// The next step at `now`. After an [`Step::Ask`], [`Converge::checked`] says what
+    /// of its items passed.
+    pub fn next(&mut self, now: Instant) -> Step {
+        if self.failing.is_empty() {
+            return Step::Done;
+        }
+        let round = self.rounds + 1;
+        let why = if self.rounds >= self.max_rounds as u32 {
+            Some(Stopped::Rounds)
+        } else if self.spent + self.cost(self.unit, &self.failing) > self.budget {
+            Some(Stopped::Budget)
+        } else if now.saturating_duration_since(self.last_progress) > self.timeout {
+            Some(Stopped::NoProgress)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let mut chunks: Vec<u32> = self
+                .failing
+                .iter()
+                .map(|&k| self.chunk_of(self.unit, k))
+                .collect();
+            chunks.dedup();
+            return Step::GiveUp { round, chunks, why };
+        }
+        // What still fails, cut smaller where it can be.
+        let from = self.bytes_of(self.unit);
+        let to = pieces::smaller(from)
+            .filter(|&s| self.pieces && pieces::count(self.total, s) <= u32::MAX as u64);
+        let failing = std::mem::take(&mut self.failing);
+        let (unit, items, fresh) = match to {
+            None => (self.unit, failing, false),
+            Some(to) => {
+                let items = failing
+                    .iter()
+                    .flat_map(|&k| pieces::cut(k, from, to, self.total))
+                    .collect();
+                (Unit::Pieces(to), items, true)
+            }
+        };
+        self.asked = Some(unit);
+        Step::Ask {
+            round,
+            unit,
+            items,
+            fresh,
+        }
+    }
+
+    /// The `items` the last [`Step::Ask`] named, each checked again at `now`: `passed[i]`
+    /// for the `i`-th; `sent`: those of them the sender sent (all, or of fresh pieces
+    /// those whose CRC32C differed), which count against the budget. The chunks this
+    /// round completed (every piece of them now passed), increasing.
+    pub fn checked(
+        &mut self,
+        items: &[u32],
+        passed: &[bool],
+        sent: &[u32],
+        now: Instant,
+    ) -> Vec<u32> {
+        let Some(unit) = self.asked.take() else {
+            return Vec::new();
+        };
+        debug_assert_eq!(passed.len(), items.len());
+        self.spent += self.cost(unit, sent);
+        self.rounds += 1;
+        self.unit = unit;
+        let ok = |i: usize| passed.get(i).copied().unwrap_or(false);
+        if (0..items.len()).any(ok) {
+            self.last_progress = now;
+        }
+        // Items are increasing and so are their chunks: one chunk's items are adjacent.
+        // Sent in this round and once in each before (all of it failed then), and once
+        // at first.
+        let attempts = self.rounds + 1;
+        let mut completed = Vec::new();
+        let mut i = 0;
+        while i < items.len() {
+            let chunk = self.chunk_of(unit, items[i]);
+            let mut all_passed = true;
+            while i < items.len() && self.chunk_of(unit, items[i]) == chunk {
+                if !ok(i) {
+                    all_passed = false;
+                    self.failing.push(items[i]);
+                }
+                i += 1;
+            }
+            self.resent += 1;
+            if all_passed {
+                completed.push(chunk);
+                self.repaired.push((chunk, attempts));
+            }
+        }
+        completed
+    }
+
+    /// Chunks that failed and then passed: (chunk, times sent), by chunk.
+    pub fn repaired(&self) -> Vec<(u32, u32)> {
+        let mut repaired = self.repaired.clone();
+        repaired.sort_unstable();
+        repaired
+    }
+
+    /// Chunks asked for again, all rounds together (once a round each).
+    pub fn resent(&self) -> u64 {
+        self.resent
+    }
+
+    /// Bytes sent again so far, as counted against the budget.
+    pub fn spent(&self) -> u64 {
+        self.spent
+    }
+
+    /// Rounds asked for so far.
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+}
+
+/// What asking for whole `chunks` of `chunk_bytes` again costs against the budget: their
+/// bytes.
+fn chunk_cost(chunks: &[u32], chunk_bytes: u64, total: u64) -> u64 {
+    chunks
+        .iter()
+        .map(|&c| chunk_bytes.min(total.saturating_sub(c as u64 * chunk_bytes)))
+        .sum()
+}
+
 /// The sender's view of the receiver's resend requests: each checked against the
 /// bound it offered; the times each chunk was sent, and the chunks given up on, kept for
 /// the report and the error.
@@ -115,6 +386,23 @@ pub struct Requests {
     /// messages, each continuing above the previous one, so a round asks for each chunk
     /// at most once (else a receiver could repeat a round's first part for ever).
     round_reached: Option<u32>,
+    /// Set by [`Requests::converging`]: this sender answers piece requests and bounds the
+    /// bytes it sends again by the transfer's [`pieces::budget`].
+    converging: Option<Budget>,
+    /// The last query of pieces (its round, shift and pieces): a piece request of the
+    /// same round may follow, of some of those pieces.
+    queried: Option<PieceResend>,
+}
+
+/// The sender's bound on what it sends again, with piece requests.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    total: u64,
+    chunk_bytes: u64,
+    budget: u64,
+    spent: u64,
+    /// Bytes whose CRC32C queries asked for, bounded by the budget too.
+    queried: u64,
 }
 
 impl Requests {
@@ -127,6 +415,180 @@ impl Requests {
             given_up: Vec::new(),
             rounds: 0,
             round_reached: None,
+            converging: None,
+            queried: None,
+        }
+    }
+
+    /// The same, answering piece requests ([`PieceResend`]) for a transfer of `total`
+    /// bytes in chunks of `chunk_bytes`, and sending again at most its
+    /// [`pieces::budget`] in all, whole chunks or pieces.
+    pub fn converging(self, total: u64, chunk_bytes: u64) -> Requests {
+        Requests {
+            converging: Some(Budget {
+                total,
+                chunk_bytes,
+                budget: pieces::budget(total),
+                spent: 0,
+                queried: 0,
+            }),
+            ..self
+        }
+    }
+
+    /// Spend `cost` of the budget, if there is one; why not, if it is used up.
+    fn spend(&mut self, cost: impl FnOnce(&Budget) -> u64) -> Result<(), String> {
+        let Some(b) = self.converging.as_mut() else {
+            return Ok(());
+        };
+        let cost = cost(b);
+        if b.spent + cost > b.budget {
+            return Err(format!(
+                "the receiver asked for {} again after {}, beyond the {} this sender sends again for a transfer of {} (its size again, at least {})",
+                crate::transfer::units::format_bytes(cost),
+                crate::transfer::units::format_bytes(b.spent),
+                crate::transfer::units::format_bytes(b.budget),
+                crate::transfer::units::format_bytes(b.total),
+                crate::transfer::units::format_bytes(pieces::MIN_BUDGET),
+            ));
+        }
+        b.spent += cost;
+        Ok(())
+    }
+
+    /// The round `round` may be, after the rounds so far, or why not.
+    fn check_round(&self, round: u32) -> Result<(), String> {
+        if round == 0 || round > self.max_resends as u32 {
+            return Err(format!(
+                "the receiver asked for resend round {round} after {}, beyond this sender's --max-resends {}",
+                self.rounds, self.max_resends
+            ));
+        }
+        Ok(())
+    }
+
+    /// A query from the receiver ([`PieceResend::encode_query`]): the pieces whose CRC32C
+    /// to send, or why it is not believed. A query opens a round, after the one before;
+    /// the bytes it asks about are bounded by the budget too.
+    pub fn take_query(&mut self, q: &PieceResend) -> Result<Vec<u32>, String> {
+        self.check_pieces(q)?;
+        if q.round != self.rounds as u32 + 1 {
+            return Err(format!(
+                "the receiver queried pieces in round {} after round {}",
+                q.round, self.rounds
+            ));
+        }
+        let Some(b) = self.converging.as_mut() else {
+            return Err(
+                "the receiver queried pieces, though this sender did not offer pieces".into(),
+            );
+        };
+        let bytes = pieces::cost(&q.pieces, q.shift, b.total);
+        if b.queried + bytes > b.budget {
+            return Err(format!(
+                "the receiver queried the CRC32C of {} after {}, beyond the {} this sender checks again for a transfer of {}",
+                crate::transfer::units::format_bytes(bytes),
+                crate::transfer::units::format_bytes(b.queried),
+                crate::transfer::units::format_bytes(b.budget),
+                crate::transfer::units::format_bytes(b.total),
+            ));
+        }
+        b.queried += bytes;
+        let chunk_bytes = b.chunk_bytes;
+        self.rounds = q.round as u8;
+        self.round_reached = None;
+        // The chunks asked about count as sent again in this round (as the receiver
+        // counts them), whether or not their pieces are then sent.
+        let mut chunks: Vec<u32> = q
+            .pieces
+            .iter()
+            .map(|&k| pieces::chunk_of(k, q.shift, chunk_bytes))
+            .collect();
+        chunks.dedup();
+        for c in chunks {
+            *self.attempts.entry(c as u64).or_insert(1) += 1;
+        }
+        self.queried = Some(q.clone());
+        Ok(q.pieces.clone())
+    }
+
+    /// Whether `r` is a piece request or query this sender can take at all.
+    fn check_pieces(&self, r: &PieceResend) -> Result<(), String> {
+        let Some(b) = self.converging else {
+            return Err("the receiver asked for pieces of chunks, though this sender did not offer to send pieces".into());
+        };
+        if !self.given_up.is_empty() {
+            return Err(
+                "the receiver asked for pieces again after its final resend list (after that list only the ack may come)".into(),
+            );
+        }
+        self.check_round(r.round)?;
+        let increasing = r.pieces.windows(2).all(|w| w[0] < w[1]);
+        let inside = r
+            .pieces
+            .last()
+            .is_some_and(|&k| (k as u64) < pieces::count(b.total, r.shift));
+        if !pieces::valid_shift(r.shift, b.chunk_bytes) || !increasing || !inside {
+            return Err("the receiver asked for pieces that are not pieces of this transfer's chunks, or out of order".into());
+        }
+        Ok(())
+    }
+
+    /// A [`PieceResend`] from the receiver: the pieces to send again, or why the request
+    /// is not believed. A piece round comes in one message, after the rounds before it,
+    /// or after the query that opened it, of some of the pieces queried.
+    pub fn take_pieces(&mut self, r: &PieceResend) -> Result<Vec<u32>, String> {
+        self.check_pieces(r)?;
+        let Some(b) = self.converging else {
+            return Err("the receiver asked for pieces of chunks, though this sender did not offer to send pieces".into());
+        };
+        if let Some(q) = self.queried.take().filter(|q| q.round == r.round) {
+            // Both increasing: every piece asked for was queried.
+            let mut queried = q.pieces.iter().peekable();
+            let subset = r.pieces.iter().all(|k| {
+                while queried.next_if(|&&p| p < *k).is_some() {}
+                queried.next_if(|&&p| p == *k).is_some()
+            });
+            if q.shift != r.shift || !subset {
+                return Err(format!(
+                    "the receiver asked in round {} for pieces it had not queried",
+                    r.round
+                ));
+            }
+            self.spend(|b| pieces::cost(&r.pieces, r.shift, b.total))?;
+            return Ok(r.pieces.clone());
+        }
+        if r.round != self.rounds as u32 + 1 {
+            return Err(format!(
+                "the receiver asked for pieces in round {} after round {} (a round of pieces comes in one request, after the one before)",
+                r.round, self.rounds
+            ));
+        }
+        self.spend(|b| pieces::cost(&r.pieces, r.shift, b.total))?;
+        self.rounds = r.round as u8;
+        // A chunk list of this round after it would not continue one.
+        self.round_reached = None;
+        let mut chunks: Vec<u32> = r
+            .pieces
+            .iter()
+            .map(|&k| pieces::chunk_of(k, r.shift, b.chunk_bytes))
+            .collect();
+        chunks.dedup();
+        for c in chunks {
+            *self.attempts.entry(c as u64).or_insert(1) += 1;
+        }
+        Ok(r.pieces.clone())
+    }
+
+    /// What bounded the rounds, in words, for the error when chunks still fail.
+    pub fn bound(&self) -> String {
+        match self.converging {
+            Some(b) if self.rounds < self.max_resends => format!(
+                "they stopped repairing: {} sent again of at most {}, the transfer's size again, or --timeout passed without a repair",
+                crate::transfer::units::format_bytes(b.spent),
+                crate::transfer::units::format_bytes(b.budget)
+            ),
+            _ => "--max-resends".into(),
         }
     }
 
@@ -155,12 +617,7 @@ impl Requests {
             );
         }
         let round = r.round;
-        if round == 0 || round > self.max_resends as u32 {
-            return Err(format!(
-                "the receiver asked for resend round {round} after {}, beyond this sender's --max-resends {}",
-                self.rounds, self.max_resends
-            ));
-        }
+        self.check_round(round)?;
         // A round's list may come in several messages: the same round, or the next.
         if round != self.rounds as u32 && round != self.rounds as u32 + 1 {
             return Err(format!(
@@ -175,6 +632,8 @@ impl Requests {
                 "the receiver asked again for chunks of round {round} it had asked for"
             ));
         }
+        self.spend(|b| chunk_cost(&r.chunks, b.chunk_bytes, b.total))?;
+        self.queried = None;
         self.rounds = round as u8;
         self.round_reached = r.chunks.last().copied();
         for &c in &r.chunks {
@@ -446,5 +905,269 @@ mod tests {
         Requests::new(3, 10)
             .check_ack(&ack(AckStatus::Verified, 0, None), None)
             .unwrap();
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn converge(pieces: bool, max_rounds: u8, failing: Vec<u32>, t0: Instant) -> Converge {
+        Converge::new(
+            64 * MIB,
+            MIB,
+            pieces,
+            max_rounds,
+            Duration::from_secs(10),
+            failing,
+            t0,
+        )
+    }
+
+    #[test]
+    fn a_failed_chunk_is_asked_for_in_pieces_and_failed_pieces_in_smaller_ones() {
+        let t0 = Instant::now();
+        let mut c = converge(true, 16, vec![2, 5], t0);
+        let Step::Ask {
+            round,
+            unit,
+            items,
+            fresh,
+        } = c.next(t0)
+        else {
+            panic!("a round");
+        };
+        // Chunks 2 and 5 as 64 KiB pieces: 32..48 and 80..96.
+        assert_eq!((round, unit, fresh), (1, Unit::Pieces(16), true));
+        assert_eq!(items, (32..48).chain(80..96).collect::<Vec<u32>>());
+        // All of chunk 5's pieces pass, one of chunk 2's (piece 40) fails.
+        let passed: Vec<bool> = items.iter().map(|&k| k != 40).collect();
+        assert_eq!(c.checked(&items, &passed, &items, t0), [5]);
+        assert_eq!(c.repaired(), [(5, 2)]);
+        // Piece 40 as sixteen 4 KiB pieces: 640..656.
+        let Step::Ask {
+            round,
+            unit,
+            items,
+            fresh,
+        } = c.next(t0)
+        else {
+            panic!("a second round");
+        };
+        assert_eq!((round, unit, fresh), (2, Unit::Pieces(12), true));
+        assert_eq!(items, (640..656).collect::<Vec<u32>>());
+        // The sender's CRC32Cs said only piece 650 differs where it landed: only it is
+        // sent, and it fails again.
+        let passed: Vec<bool> = items.iter().map(|&k| k != 650).collect();
+        assert!(c.checked(&items, &passed, &[650], t0).is_empty());
+        // At the floor: the one 4 KiB piece again, as it is (known bad: no query).
+        let Step::Ask {
+            unit, items, fresh, ..
+        } = c.next(t0)
+        else {
+            panic!("a third round");
+        };
+        assert_eq!(
+            (unit, items.as_slice(), fresh),
+            (Unit::Pieces(12), &[650][..], false)
+        );
+        assert_eq!(c.checked(&items, &[true], &items, t0), [2]);
+        assert_eq!(c.next(t0), Step::Done);
+        assert_eq!(c.repaired(), [(2, 4), (5, 2)]);
+        assert_eq!(c.resent(), 4, "chunk 2 in three rounds, chunk 5 in one");
+        assert_eq!(c.spent(), 32 * 64 * 1024 + 4096 + 4096);
+    }
+
+    #[test]
+    fn rounds_go_on_while_they_repair_and_end_at_the_budget_not_at_a_round_count() {
+        // A link where a quarter of the chunks and then of each round's pieces fail:
+        // more than three rounds, every one repairing something, within the budget.
+        let t0 = Instant::now();
+        let mut c = converge(true, 16, (0..64).step_by(4).collect(), t0);
+        let mut rounds = 0;
+        // A fixed pseudo-random quarter of the items fails.
+        let mut x = 12345u64;
+        let mut fails = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33).is_multiple_of(4)
+        };
+        while let Step::Ask { items, .. } = c.next(t0) {
+            let passed: Vec<bool> = items.iter().map(|_| !fails()).collect();
+            c.checked(&items, &passed, &items, t0);
+            rounds += 1;
+            assert!(rounds < 16);
+        }
+        assert!(rounds > 3, "{rounds}");
+        assert_eq!(c.next(t0), Step::Done);
+        assert!(c.spent() <= 64 * MIB);
+        // A link where everything fails: the budget (the transfer's size again) ends it,
+        // naming every chunk, long before the rounds are used up.
+        let mut c = converge(true, 16, (0..64).collect(), t0);
+        let why = loop {
+            match c.next(t0) {
+                Step::Ask { items, .. } => {
+                    c.checked(&items, &vec![false; items.len()], &items, t0);
+                }
+                Step::GiveUp { chunks, why, .. } => {
+                    assert_eq!(chunks, (0..64).collect::<Vec<u32>>());
+                    break why;
+                }
+                Step::Done => panic!("nothing passed"),
+            }
+        };
+        assert_eq!(why, Stopped::Budget);
+        assert!(c.spent() <= 64 * MIB && c.rounds() < 16, "{}", c.rounds());
+        assert!(c.repaired().is_empty());
+    }
+
+    #[test]
+    fn the_users_cap_and_time_without_a_repair_end_the_rounds_too() {
+        let t0 = Instant::now();
+        let mut c = converge(true, 1, vec![3], t0);
+        let Step::Ask { items, .. } = c.next(t0) else {
+            panic!("a round");
+        };
+        c.checked(&items, &vec![false; items.len()], &items, t0);
+        assert!(matches!(
+            c.next(t0),
+            Step::GiveUp {
+                round: 2,
+                why: Stopped::Rounds,
+                ..
+            }
+        ));
+        let mut c = converge(true, 16, vec![3], t0);
+        let Step::Ask { items, .. } = c.next(t0) else {
+            panic!("a round");
+        };
+        c.checked(&items, &vec![false; items.len()], &items, t0);
+        let late = t0 + Duration::from_secs(11);
+        assert_eq!(
+            c.next(late),
+            Step::GiveUp {
+                round: 2,
+                chunks: vec![3],
+                why: Stopped::NoProgress
+            }
+        );
+        // A sender that does not answer piece requests is asked for whole chunks.
+        let mut c = converge(false, 16, vec![3, 9], t0);
+        assert_eq!(
+            c.next(t0),
+            Step::Ask {
+                round: 1,
+                unit: Unit::Chunks,
+                items: vec![3, 9],
+                fresh: false
+            }
+        );
+        assert_eq!(c.checked(&[3, 9], &[true, false], &[3, 9], t0), [3]);
+    }
+
+    #[test]
+    fn the_sender_sends_pieces_only_when_offered_and_within_the_budget() {
+        let piece = |round, shift, pieces: Vec<u32>| PieceResend {
+            round,
+            shift,
+            pieces,
+        };
+        // Not offered: refused.
+        let mut plain = Requests::new(16, 64);
+        assert!(plain
+            .take_pieces(&piece(1, 16, vec![0]))
+            .unwrap_err()
+            .contains("did not offer"));
+        let mut s = Requests::new(16, 64).converging(64 * MIB, MIB);
+        assert_eq!(
+            s.take_pieces(&piece(1, 16, vec![32, 33, 80])).unwrap(),
+            [32, 33, 80]
+        );
+        // A piece round comes whole, after the one before.
+        assert!(s.take_pieces(&piece(1, 16, vec![90])).is_err());
+        assert!(s.take_pieces(&piece(3, 12, vec![1])).is_err());
+        // Pieces that do not cut the chunks, or beyond the transfer.
+        assert!(s.take_pieces(&piece(2, 11, vec![1])).is_err());
+        assert!(s.take_pieces(&piece(2, 16, vec![1024])).is_err());
+        assert_eq!(s.take_pieces(&piece(2, 12, vec![640])).unwrap(), [640]);
+        // Chunks 2 and 5 were sent again (2 twice).
+        assert_eq!(s.repaired().collect::<Vec<_>>(), [(2, 3), (5, 2)]);
+        // The budget: the transfer's size again. Asking for every chunk whole once more
+        // fits what is left; once again does not.
+        let all: Vec<u32> = (0..64).collect();
+        let ask = |round, chunks: Vec<u32>| Resend {
+            round,
+            last: false,
+            missing: false,
+            chunks,
+        };
+        let mut b = Requests::new(16, 64).converging(64 * MIB, MIB);
+        b.take(&ask(1, all.clone())).unwrap();
+        let e = b.take(&ask(2, vec![0])).unwrap_err();
+        assert!(
+            e.contains("beyond the 64 MiB this sender sends again"),
+            "{e}"
+        );
+        assert!(
+            b.bound().contains("64 MiB sent again of at most 64 MiB"),
+            "{}",
+            b.bound()
+        );
+        // A 1-byte tail asked for over and over costs its byte each time, and the rounds
+        // stay capped.
+        let mut t = Requests::new(16, 2).converging(8193, 8192);
+        for round in 1..=16 {
+            if t.take_pieces(&piece(round, 12, vec![2])).is_err() {
+                panic!("round {round}");
+            }
+        }
+        assert_eq!(t.converging.unwrap().spent, 16);
+        assert!(t
+            .take_pieces(&piece(17, 12, vec![2]))
+            .unwrap_err()
+            .contains("--max-resends 16"));
+        assert_eq!(Requests::new(3, 4).bound(), "--max-resends");
+    }
+
+    #[test]
+    fn a_query_opens_a_round_and_only_pieces_it_named_may_follow() {
+        let piece = |round, shift, pieces: Vec<u32>| PieceResend {
+            round,
+            shift,
+            pieces,
+        };
+        let mut s = Requests::new(16, 64).converging(64 * MIB, MIB);
+        // Not offered: refused.
+        assert!(Requests::new(16, 64)
+            .take_query(&piece(1, 16, vec![0]))
+            .is_err());
+        assert_eq!(
+            s.take_query(&piece(1, 16, (32..48).collect())).unwrap(),
+            (32..48).collect::<Vec<u32>>()
+        );
+        // Of the pieces queried, two are asked for: sent; chunk 2 counts once.
+        assert_eq!(
+            s.take_pieces(&piece(1, 16, vec![33, 40])).unwrap(),
+            [33, 40]
+        );
+        assert_eq!(s.repaired().collect::<Vec<_>>(), [(2, 2)]);
+        assert_eq!(s.converging.unwrap().spent, 2 << 16);
+        // A piece not queried, or a second request of the round: refused.
+        s.take_query(&piece(2, 12, (528..544).collect())).unwrap();
+        assert!(s
+            .take_pieces(&piece(2, 12, vec![100]))
+            .unwrap_err()
+            .contains("had not queried"));
+        assert!(
+            s.take_pieces(&piece(2, 12, vec![530])).is_err(),
+            "the query was used"
+        );
+        // A query must open a round of its own.
+        assert!(s.take_query(&piece(2, 12, vec![530])).is_err());
+        // Queries are bounded by the budget too: the whole transfer once, in all.
+        let mut q = Requests::new(16, 64).converging(64 * MIB, MIB);
+        q.take_query(&piece(1, 16, (0..1024).collect())).unwrap();
+        assert!(q
+            .take_query(&piece(2, 16, vec![0]))
+            .unwrap_err()
+            .contains("beyond the 64 MiB this sender checks again"));
     }
 }

@@ -13,6 +13,7 @@
 //! | `answers.rs` | the receiver's answers to an offer: [`AcceptInfo`], [`StripedAccept`], [`RejectReason`]; a further rail's [`Join`] |
 //! | `acks.rs` | [`Ack`] and [`AckStatus`]: the verdict after the data |
 //! | `repair.rs` | [`Resend`] and [`ChunkChecksums`]: the repair of chunks that failed or never came |
+//! | `pieces.rs` | [`pieces::PieceResend`], its query and the sender's answer: the repair in pieces (TCP), their sizes and the bound on what is sent again |
 //! | `auth.rs` | [`Challenge`], [`Proof`], [`VerbsProof`]: proof of the key (`--key-file`) |
 //! | `names.rs` | the name message (`--name`) and what a name may hold ([`checked_name`], [`printable`]) |
 //!
@@ -31,6 +32,9 @@
 //! | [`Ack`]: the verification result | a SEND from receiver to sender after the data | `GRDK` | 56 |
 //! | [`Resend`]: chunks whose CRC32C failed, to send again | instead of the ack | `GRDE` | 16 + 4/chunk |
 //! | [`ChunkChecksums`]: CRC32C of chunks (verbs) | a SEND from sender to receiver | `GRDC` | 16 + 4/chunk |
+//! | [`pieces::PieceResend`]: pieces of failed chunks to send again (TCP, hint 0x02) | instead of the ack | `GRDI` | 16 + 4/piece |
+//! | its query: the sender's CRC32C of those pieces, please | instead of the ack | `GRDQ` | 16 + 4/piece |
+//! | the answer: the CRC32C of each piece queried | from the sender on stream 0 | `GRDV` | 16 + 4/piece |
 //! | name (`--name`, [`encode_name`]) | after the offer (TCP, header flag 0x02) | `GRDF` | 8 + name |
 //! | [`Challenge`]: a nonce to prove the key over (`--key-file`, TCP) | the answer to an offer | `GRDN` | 28 |
 //! | [`Proof`]: HMAC-SHA256 over the offer and the nonce (TCP) | the sender's reply to a challenge | `GRDP` | 40 |
@@ -64,7 +68,8 @@
 //! signaled data request (at least one in every quarter window) and on the last chunk,
 //! so the receiver may sleep until a solicited completion instead of waking for each
 //! (Soft-RoCE does the notification on the sender's CPU: 64 KiB SENDs went from 47 to
-//! 73 MB/s, see tests/softroce/BENCH.md).
+//! 73 MB/s, see tests/softroce/BENCH.md). `0x02` ([`HINT_PIECES`]): the sender answers
+//! piece requests ([`pieces`]); a receiver that ignores it asks for whole chunks.
 //!
 //! The CM pads private data with zeros to its fixed size, so decoders accept (and
 //! ignore) trailing bytes.
@@ -89,6 +94,7 @@ mod constants;
 mod error;
 mod names;
 mod offer;
+pub mod pieces;
 mod repair;
 
 pub use acks::{Ack, AckStatus, ACK_LEN};
@@ -112,6 +118,6 @@ pub use names::{
 };
 pub use offer::{
     Header, Op, Payload, VerifyMode, DEFAULT_MAX_RESENDS, HEADER_FLAG_NAMED, HEADER_FLAG_REPEAT,
-    HEADER_FLAG_STRIPED, HEADER_LEN, HINT_SOLICITED, RAW_IMM, RAW_REPLY,
+    HEADER_FLAG_STRIPED, HEADER_LEN, HINT_PIECES, HINT_SOLICITED, RAW_IMM, RAW_REPLY,
 };
 pub use repair::{ChunkChecksums, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};

@@ -25,8 +25,12 @@ pub const HEADER_FLAG_NAMED: u8 = 0x02;
 pub const HEADER_FLAG_STRIPED: u8 = 0x04;
 /// Header hint: the sender marks solicited events (see the module documentation).
 pub const HINT_SOLICITED: u8 = 0x01;
-/// The resends a sender allows when it is not told (`--max-resends`).
-pub const DEFAULT_MAX_RESENDS: u8 = 3;
+/// Header hint: the sender answers piece requests ([`super::pieces`]); a receiver that
+/// predates it ignores it and asks for whole chunks.
+pub const HINT_PIECES: u8 = 0x02;
+/// The resends a sender allows when it is not told (`--max-resends`): the most, so that
+/// the rounds end by what they achieve (see `transfer::repair::Converge`), not by count.
+pub const DEFAULT_MAX_RESENDS: u8 = super::MAX_RESENDS;
 
 /// What the bytes of a transfer are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -153,6 +157,8 @@ pub struct Header {
     pub named: bool,
     /// TCP: striped over several rails ([`HEADER_FLAG_STRIPED`]).
     pub striped: bool,
+    /// The sender answers piece requests ([`HINT_PIECES`]).
+    pub pieces: bool,
     /// Verbs, striped: the rails the sender will open (rail 0 is this connection; the
     /// others [`Join`](super::Join) it). Carried at byte 24 with flag 0x04 and without flag 0x01;
     /// 0 where not said (TCP says it in its hello).
@@ -197,6 +203,7 @@ impl Header {
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
             striped: false,
+            pieces: false,
             rails: 0,
         };
         header.validate()?;
@@ -246,6 +253,14 @@ impl Header {
         };
         header.validate()?;
         Ok(header)
+    }
+
+    /// The same offer, answering piece requests ([`HINT_PIECES`]).
+    pub fn with_pieces(self) -> Header {
+        Header {
+            pieces: true,
+            ..self
+        }
     }
 
     /// The same offer, promising solicited events ([`HINT_SOLICITED`]).
@@ -340,6 +355,9 @@ impl Header {
         if self.solicited_events {
             out[28] = HINT_SOLICITED;
         }
+        if self.pieces {
+            out[28] |= HINT_PIECES;
+        }
         out[29] = match self.payload {
             Payload::Pattern => 0,
             Payload::Opaque => 1,
@@ -398,6 +416,7 @@ impl Header {
             max_resends,
             named: flags & HEADER_FLAG_NAMED != 0,
             striped,
+            pieces: hints & HINT_PIECES != 0,
             rails,
         };
         header.validate()?;
@@ -555,6 +574,7 @@ pub(super) mod tests {
             max_resends: DEFAULT_MAX_RESENDS,
             named: false,
             striped: false,
+            pieces: false,
             rails: 0,
         }
         .encode()
@@ -577,7 +597,11 @@ pub(super) mod tests {
         // Unknown hint bits are ignored.
         let mut future = bytes;
         future[28] = 0xff;
-        assert_eq!(Header::decode(&future), Ok(h));
+        assert_eq!(Header::decode(&future), Ok(h.with_pieces()));
+        // The piece hint beside it, in the same byte.
+        let pieces = seed_header().with_pieces();
+        assert_eq!(pieces.encode()[28], HINT_PIECES);
+        assert_eq!(Header::decode(&pieces.encode()), Ok(pieces));
         // Together with the repeat flag.
         let both = h.with_transfers(10).unwrap();
         assert_eq!(Header::decode(&both.encode()), Ok(both));

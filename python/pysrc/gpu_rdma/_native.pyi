@@ -106,12 +106,13 @@ def connect(
     key_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     chunk: int = 1 << 20,
     timeout: float = 10.0,
-    max_resends: int = 3,
+    max_resends: int = 16,
     test_inject_faults: Optional[str] = None,
 ) -> Endpoint:
     """An endpoint for the receiver at ``address``. ``transport``: "auto" or "tcp" (the
     library runs over TCP today); ``streams``: sockets per transfer (None: chosen from
     this machine's cores and the link, as ``host --streams auto``); ``chunk``: bytes per
-    CRC32C; ``max_resends``: rounds of resends of chunks that failed;
+    CRC32C; ``max_resends``: the most rounds of resends of chunks that failed (failed
+    chunks come again in pieces while the rounds repair something);
     ``test_inject_faults="1/N"`` (tests only) flips a bit in one chunk in N after its
     CRC32C, so the repair is seen to work."""

@@ -43,6 +43,19 @@ case_repair() {
   stop receiver
 }
 
+# 17e. One chunk in three corrupted on every sending (1/3, issue 25 item 5): the rounds go
+#      on while they repair (up to --max-resends, 16 by default), and the transfer
+#      arrives whole over SEND and WRITE.
+case_converge() {
+  receiver
+  run send_3 120 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/3 --gpu none --transport rdma --size 16MiB --chunk 64KiB --op send --timeout 10 --json
+  run write_3 120 \
+    host "$A" 7471 --verify checksum --test-inject-faults 1/3 --gpu none --transport rdma --size 16MiB --chunk 64KiB --op write --timeout 10 --json
+  wait_outcomes receiver 2 30
+  stop receiver
+}
+
 # 17c. Every chunk corrupted, every time (1/1): the resends are used up, the sender's error
 #      names the chunks, and the receiver serves the next sender.
 case_give_up() {
@@ -78,7 +91,7 @@ case_store() {
   rm -rf /tmp/out /tmp/in.bin
 }
 
-ALL="verify repair give_up store"
+ALL="verify repair converge give_up store"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

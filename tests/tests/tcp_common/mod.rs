@@ -2,6 +2,8 @@
 //! PID when dropped, a sender run to completion within a bound, and their output.
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod flip;
+
 use integration_tests::workspace_root;
 use std::net::TcpListener;
 use std::path::PathBuf;

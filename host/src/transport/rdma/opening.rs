@@ -211,6 +211,7 @@ pub(super) fn offer(cfg: &SendConfig, transfers: u32) -> Result<Header, Transfer
         named: cfg.payload.name.is_some(),
         // Striped over verbs: `striped.rs` sets it with the rail count.
         striped: false,
+        pieces: false,
         rails: 0,
     };
     header

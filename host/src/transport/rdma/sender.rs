@@ -445,6 +445,7 @@ impl Talk<'_, '_, '_> {
                         peer: self.ends.label.to_string(),
                         chunks: requests.given_up().to_vec(),
                         rounds: requests.rounds(),
+                        bound: requests.bound(),
                     });
                 }
                 let repaired = requests

@@ -138,6 +138,8 @@ pub trait Landing {
         which: Which<'_>,
         checks: &ChunkChecks,
     ) -> anyhow::Result<Vec<u32>>;
+    /// The CRC32C of each of `chunks` (increasing) of `plan` where it landed.
+    fn landed_crcs(&mut self, plan: &ChunkPlan, chunks: &[u32]) -> anyhow::Result<Vec<u32>>;
     /// Write the first `len` bytes to `out` (`--output`).
     fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()>;
     fn verify(&self, len: usize) -> anyhow::Result<Verification>;
@@ -264,6 +266,9 @@ impl Landing for LentLanding {
     ) -> anyhow::Result<Vec<u32>> {
         self.inner.failed_chunks(plan, which, checks)
     }
+    fn landed_crcs(&mut self, plan: &ChunkPlan, chunks: &[u32]) -> anyhow::Result<Vec<u32>> {
+        self.inner.landed_crcs(plan, chunks)
+    }
     fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {
         self.inner.write_out(len, out)
     }
@@ -362,6 +367,22 @@ impl Landing for HostLanding {
     ) -> anyhow::Result<Vec<u32>> {
         // Checked by the readers as the bytes arrived.
         Ok(checks.take_failed())
+    }
+
+    fn landed_crcs(&mut self, plan: &ChunkPlan, chunks: &[u32]) -> anyhow::Result<Vec<u32>> {
+        let bytes = self.0.as_bytes();
+        chunks
+            .iter()
+            .map(|&c| {
+                let chunk = plan
+                    .get(c as u64)
+                    .ok_or_else(|| anyhow::anyhow!("chunk {c} is outside the transfer"))?;
+                let place = bytes
+                    .get(chunk.offset as usize..chunk.end() as usize)
+                    .ok_or_else(|| anyhow::anyhow!("the buffer is smaller than the transfer"))?;
+                Ok(crate::integrity::crc32c(place))
+            })
+            .collect()
     }
 
     fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -594,6 +615,22 @@ impl Landing for DeviceLanding {
                 .filter(|&i| mismatch(i as u64))
                 .collect(),
         })
+    }
+
+    fn landed_crcs(&mut self, plan: &ChunkPlan, chunks: &[u32]) -> anyhow::Result<Vec<u32>> {
+        // The checksum kernel over the whole transfer, as for `failed_chunks`.
+        let memory = self.upload.memory()?;
+        let slice = memory.slice(0..plan.total() as usize)?;
+        let landed = crate::gpu::checksum::crc32c_chunks(&slice, plan.chunk_bytes())?;
+        chunks
+            .iter()
+            .map(|&c| {
+                landed
+                    .get(c as usize)
+                    .copied()
+                    .ok_or_else(|| anyhow::anyhow!("chunk {c} is outside the transfer"))
+            })
+            .collect()
     }
 
     fn write_out(&mut self, len: usize, out: &mut dyn Write) -> anyhow::Result<()> {

@@ -41,10 +41,11 @@ use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
 use crate::transfer::plan::ChunkPlan;
-use crate::transfer::repair::{Next, Repair};
+use crate::transfer::repair::{Converge, Step, Unit};
 use crate::transfer::report::{Integrity, Repaired};
 use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, TransferError};
+use crate::wire::pieces::PieceResend;
 use crate::wire::{AcceptInfo, Ack, AckStatus, Header, RejectReason, Resend, WireError};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -879,7 +880,7 @@ fn receive_all(
                 landing.as_mut(),
                 streams,
                 reads,
-                header.max_resends,
+                &header,
             )
         });
         let repairs = match received {
@@ -1023,9 +1024,13 @@ struct Repairs {
     failed: Vec<u32>,
 }
 
-/// Ask for the chunks whose CRC32C failed where they landed, up to `max_resends`
-/// rounds (the rounds of [`Repair`], as over verbs), reading each round's chunks into
-/// their places; after the last round the chunks still failing are named in a final
+/// Ask for the chunks whose CRC32C failed where they landed, in rounds that converge
+/// ([`Converge`], as over verbs but in pieces): a failed chunk comes again as pieces,
+/// each in a frame with its own CRC32C (when the sender offers them, and not striped,
+/// where frames are placed by chunk), a failed piece as smaller ones, each round read
+/// into place and checked; the rounds end when all pass, when the next would send more
+/// again than the transfer's size, after `--timeout` without a repair, or at the
+/// sender's `--max-resends`. Then the chunks still failing are named in a final
 /// [`Resend`] (an ack saying so follows).
 fn repair(
     mode: &mut Mode,
@@ -1033,7 +1038,7 @@ fn repair(
     landing: &mut dyn Landing,
     streams: &[TcpStream],
     reads: Reads<'_>,
-    max_resends: u8,
+    header: &Header,
 ) -> Result<Repairs, Stop> {
     let Reads {
         plan,
@@ -1042,67 +1047,185 @@ fn repair(
         ..
     } = reads;
     let checking = |e: anyhow::Error| Stop::Broken(format!("checking the chunks: {e:#}"));
-    let ask = |control: &mut TcpStream, request: &Resend| {
+    let ask = |control: &mut TcpStream, request: &[u8]| -> Result<(), Stop> {
         control
-            .write_all(&request.encode())
+            .write_all(request)
             .map_err(|e| Stop::Broken(socket::why(&e, limits.timeout, "asking for chunks again")))
     };
     let first = landing
         .failed_chunks(plan, Which::All, checks)
         .map_err(checking)?;
-    let mut rounds = Repair::new(max_resends, first);
+    let pieces = header.pieces && matches!(mode, Mode::Fixed);
+    let mut rounds = Converge::new(
+        plan.total(),
+        plan.chunk_bytes(),
+        pieces,
+        header.max_resends,
+        limits.timeout,
+        first,
+        Instant::now(),
+    );
     let failed = loop {
-        let (round, chunks) = match rounds.next() {
-            Next::Done => break Vec::new(),
-            Next::GiveUp { round, chunks } => {
+        let (round, unit, items, fresh) = match rounds.next(Instant::now()) {
+            Step::Done => break Vec::new(),
+            Step::GiveUp { round, chunks, .. } => {
                 let request = Resend {
                     round,
                     last: true,
                     missing: false,
                     chunks,
                 };
-                ask(control, &request)?;
+                ask(control, &request.encode())?;
                 break request.chunks;
             }
-            Next::Resend { round, chunks } => (round, chunks),
+            Step::Ask {
+                round,
+                unit,
+                items,
+                fresh,
+            } => (round, unit, items, fresh),
         };
-        let request = Resend {
-            round,
-            last: false,
-            missing: false,
-            chunks,
+        // The plan this round reads by: the chunks', or one of pieces (frames of pieces,
+        // each checked against its own CRC32C, kept apart from the chunks').
+        let piece_plan;
+        let piece_checks;
+        // The lists travel in the requests and come back out of them, not copied: a
+        // round may name every chunk of a million. `sent`: what the sender sends of
+        // `items` (`None`: all of them).
+        let (round_reads, items, sent) = match unit {
+            Unit::Chunks => {
+                let request = Resend {
+                    round,
+                    last: false,
+                    missing: false,
+                    chunks: items,
+                };
+                ask(control, &request.encode())?;
+                (reads, request.chunks, None)
+            }
+            Unit::Pieces(shift) => {
+                piece_plan = ChunkPlan::new(plan.total(), 1 << shift)
+                    .map_err(|e| Stop::Broken(format!("cutting chunks into pieces: {e}")))?;
+                piece_checks = ChunkChecks::new(true, piece_plan.count());
+                let reads = Reads {
+                    plan: &piece_plan,
+                    checks: &piece_checks,
+                    ..reads
+                };
+                if fresh {
+                    // New pieces of what failed: most are good where they landed (one
+                    // bit flip spoils one piece of sixteen). The sender's CRC32C of each
+                    // says which are not; only those come again.
+                    let query = PieceResend {
+                        round,
+                        shift,
+                        pieces: items,
+                    };
+                    ask(control, &query.encode_query())?;
+                    let theirs = read_crcs(control, round, query.pieces.len() as u32, limits)?;
+                    let landed = landing
+                        .landed_crcs(&piece_plan, &query.pieces)
+                        .map_err(checking)?;
+                    let differ: Vec<u32> = query
+                        .pieces
+                        .iter()
+                        .zip(theirs.iter().zip(&landed))
+                        .filter(|(_, (t, l))| t != l)
+                        .map(|(&k, _)| k)
+                        .collect();
+                    let request = PieceResend {
+                        round,
+                        shift,
+                        pieces: differ,
+                    };
+                    if !request.pieces.is_empty() {
+                        ask(control, &request.encode())?;
+                    }
+                    (reads, query.pieces, Some(request.pieces))
+                } else {
+                    let request = PieceResend {
+                        round,
+                        shift,
+                        pieces: items,
+                    };
+                    ask(control, &request.encode())?;
+                    (reads, request.pieces, None)
+                }
+            }
         };
-        ask(control, &request)?;
-        let chunks = request.chunks;
-        let which = Which::Only(&chunks);
-        // Every byte has arrived by now, so "got N of N bytes" alone would read as done:
-        // say that the transfer broke while chunks were being sent again.
-        receive_which(mode, control, landing, streams, reads, which).map_err(
-            |stop| match stop {
-                Stop::Broken(why) => Stop::Broken(format!(
-                    "in resend round {round}, {} chunk(s) asked again: {why}",
-                    chunks.len()
-                )),
-                too_slow => too_slow,
-            },
-        )?;
-        // Increasing, among `chunks`: what still fails after this round.
-        let still = landing
-            .failed_chunks(plan, which, checks)
-            .map_err(checking)?;
-        let passed: Vec<bool> = chunks
+        let sent_list: &[u32] = sent.as_deref().unwrap_or(&items);
+        let which = Which::Only(sent_list);
+        let still = if sent_list.is_empty() {
+            Vec::new()
+        } else {
+            // Every byte has arrived by now, so "got N of N bytes" alone would read as
+            // done: say that the transfer broke while chunks were being sent again.
+            receive_which(mode, control, landing, streams, round_reads, which).map_err(|stop| {
+                match stop {
+                    Stop::Broken(why) => Stop::Broken(format!(
+                        "in resend round {round}, {} {} asked again: {why}",
+                        sent_list.len(),
+                        match unit {
+                            Unit::Chunks => "chunk(s)",
+                            Unit::Pieces(_) => "piece(s)",
+                        }
+                    )),
+                    too_slow => too_slow,
+                }
+            })?;
+            // Increasing, among those sent: what still fails after this round.
+            landing
+                .failed_chunks(round_reads.plan, which, round_reads.checks)
+                .map_err(checking)?
+        };
+        let passed: Vec<bool> = items
             .iter()
             .map(|c| still.binary_search(c).is_err())
             .collect();
-        rounds.checked(&passed);
+        let completed = rounds.checked(&items, &passed, sent_list, Instant::now());
+        if let (Unit::Pieces(_), false) = (unit, completed.is_empty()) {
+            // Every piece of these chunks passed its own CRC32C: the chunk's CRC32C is
+            // now that of its bytes where they landed (for the digest, which the sender
+            // checks against its own), not its first frame's.
+            let landed = landing.landed_crcs(plan, &completed).map_err(checking)?;
+            for (&c, crc) in completed.iter().zip(landed) {
+                checks.expect(c as u64, crc);
+            }
+        }
     };
-    let mut repaired = rounds.repaired().to_vec();
-    repaired.sort_unstable();
     Ok(Repairs {
-        repaired,
+        repaired: rounds.repaired(),
         resent: rounds.resent(),
         failed,
     })
+}
+
+/// The sender's answer to the query of round `round` about `count` pieces, read from
+/// `control` within the transfer's limits: the CRC32C of each.
+fn read_crcs(
+    control: &TcpStream,
+    round: u32,
+    count: u32,
+    limits: ReadLimits,
+) -> Result<Vec<u32>, Stop> {
+    let stop = |e: socket::ReadStop| match e {
+        socket::ReadStop::Deadline => Stop::TooSlow,
+        socket::ReadStop::Io(e) => Stop::Broken(socket::why(
+            &e,
+            limits.timeout,
+            "reading the sender's CRC32C of pieces",
+        )),
+    };
+    let mut head = [0u8; crate::wire::REPLY_PREFIX_LEN];
+    socket::read_exact_within(control, &mut head, limits.timeout, limits.deadline).map_err(stop)?;
+    crate::wire::pieces::decode_crcs_head(&head, round, count).map_err(|e| {
+        Stop::Broken(format!(
+            "protocol error: the sender's CRC32C of pieces: {e}"
+        ))
+    })?;
+    let mut body = vec![0u8; count as usize * 4];
+    socket::read_exact_within(control, &mut body, limits.timeout, limits.deadline).map_err(stop)?;
+    Ok(crate::wire::pieces::decode_crcs(&body))
 }
 
 /// The verification of all transfers of a connection: counts add up, the first
@@ -1161,6 +1284,9 @@ mod tests {
             _: &ChunkChecks,
         ) -> anyhow::Result<Vec<u32>> {
             Ok(Vec::new())
+        }
+        fn landed_crcs(&mut self, _: &ChunkPlan, c: &[u32]) -> anyhow::Result<Vec<u32>> {
+            Ok(vec![0; c.len()])
         }
         fn write_out(&mut self, _: usize, _: &mut dyn std::io::Write) -> anyhow::Result<()> {
             Ok(())
@@ -1255,6 +1381,9 @@ mod tests {
                 c: &ChunkChecks,
             ) -> anyhow::Result<Vec<u32>> {
                 self.0.failed_chunks(p, w, c)
+            }
+            fn landed_crcs(&mut self, p: &ChunkPlan, c: &[u32]) -> anyhow::Result<Vec<u32>> {
+                self.0.landed_crcs(p, c)
             }
             fn write_out(&mut self, n: usize, o: &mut dyn std::io::Write) -> anyhow::Result<()> {
                 self.0.write_out(n, o)

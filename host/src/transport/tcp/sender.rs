@@ -10,16 +10,17 @@ use super::socket::{self, read_array};
 use super::wire::{TcpWire, WireChecks, WireRails};
 use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
 use crate::memory::{SendMemory, SendSource};
-use crate::transfer::plan::ChunkPlan;
+use crate::transfer::plan::{Chunk, ChunkPlan};
 use crate::transfer::repair::Requests;
 use crate::transfer::report::{Framed, Integrity, RailReport, Repaired};
 use crate::transfer::schedule::{Schedule, WireError};
 use crate::transfer::{SendReport, TransferError};
+use crate::wire::pieces::{self, PieceResend, PIECES_MAGIC, QUERY_MAGIC};
 use crate::wire::{
     encode_name, Ack, AckStatus, Header, Op, Resend, ACK_LEN, ACK_MAGIC, REPLY_PREFIX_LEN,
     RESEND_MAGIC,
 };
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,11 @@ pub fn send_repeated(
         .and_then(|h| h.with_transfers(transfers))
         .and_then(|h| h.with_payload(opts.payload, opts.verify, opts.max_resends))
         .map_err(cannot)?;
+    if opts.verify.checksum() {
+        // This sender answers piece requests (`settle`): a failed chunk comes again in
+        // pieces, each with its own CRC32C, so repair converges on a lossy path.
+        header = header.with_pieces();
+    }
     let name_message = match &opts.name {
         Some(name) => {
             header = header.with_name();
@@ -256,7 +262,8 @@ fn settle(
     };
     // The receiver's requests, each checked against the ones before (and in the end its
     // ack against them all): the rules verbs senders keep too.
-    let mut requests = Requests::new(opts.max_resends, plan.count());
+    let mut requests =
+        Requests::new(opts.max_resends, plan.count()).converging(plan.total(), plan.chunk_bytes());
     let mut missing_rounds = 0u32;
     // From the first missing-chunk request to the reply after the last one.
     let mut missing_since: Option<Instant> = None;
@@ -316,6 +323,44 @@ fn settle(
                 wire.end_pass()
                     .map_err(|e| wire_error(e, label, plan.total()))?;
             }
+            QUERY_MAGIC if opts.verify.checksum() => {
+                let invalid =
+                    |e: crate::wire::WireError| protocol(format!("invalid query of pieces: {e}"));
+                let (round, shift, count) = PieceResend::decode_head_as(
+                    &prefix,
+                    QUERY_MAGIC,
+                    plan.total(),
+                    plan.chunk_bytes(),
+                )
+                .map_err(invalid)?;
+                let mut body = vec![0u8; count as usize * 4];
+                control.read_exact(&mut body).map_err(waiting)?;
+                let query = PieceResend::decode_pieces(round, shift, count, &body, plan.total())
+                    .map_err(invalid)?;
+                let asked = requests.take_query(&query).map_err(protocol)?;
+                let crcs = piece_crcs(source, plan, shift, &asked, label)?;
+                control
+                    .write_all(&pieces::encode_crcs(round, &crcs))
+                    .map_err(|e| {
+                        protocol(socket::why(&e, cfg.timeout, "answering a query of pieces"))
+                    })?;
+            }
+            PIECES_MAGIC if opts.verify.checksum() => {
+                let invalid = |e: crate::wire::WireError| {
+                    protocol(format!("invalid request for pieces: {e}"))
+                };
+                let (round, shift, count) =
+                    PieceResend::decode_head(&prefix, plan.total(), plan.chunk_bytes())
+                        .map_err(invalid)?;
+                let mut body = vec![0u8; count as usize * 4];
+                control.read_exact(&mut body).map_err(waiting)?;
+                let request = PieceResend::decode_pieces(round, shift, count, &body, plan.total())
+                    .map_err(invalid)?;
+                let asked = requests.take_pieces(&request).map_err(protocol)?;
+                send_pieces(wire, source, plan, shift, &asked, round, cfg.timeout, label)?;
+                wire.end_pass()
+                    .map_err(|e| wire_error(e, label, plan.total()))?;
+            }
             _ => {
                 return Err(protocol(
                     "its reply after the data is neither an ack nor a resend request".into(),
@@ -334,6 +379,7 @@ fn settle(
             peer: label.to_string(),
             chunks: requests.given_up().to_vec(),
             rounds: requests.rounds(),
+            bound: requests.bound(),
         });
     }
     let integrity = Integrity {
@@ -397,6 +443,81 @@ fn send_again(
         }
     }
     Ok(())
+}
+
+/// Send pieces `asked` of `1 << shift` bytes again from `source`, each in a frame with
+/// its own CRC32C (computed on the CPU over the bytes copied out for it: for a GPU
+/// source, the staged bytes), in batches of copies of at most [`RESEND_BATCH_BYTES`].
+#[allow(clippy::too_many_arguments)]
+fn send_pieces(
+    wire: &mut TcpWire<'_>,
+    source: &dyn SendSource,
+    plan: &ChunkPlan,
+    shift: u8,
+    asked: &[u32],
+    round: u32,
+    timeout: Duration,
+    label: &str,
+) -> Result<(), TransferError> {
+    let broken = |why: String| TransferError::Broken {
+        peer: label.to_string(),
+        done: plan.total(),
+        total: plan.total(),
+        why: format!("sending pieces again: {why}"),
+    };
+    let mut batch = Vec::new();
+    let mut bytes = 0u64;
+    for (k, &piece) in asked.iter().enumerate() {
+        let (offset, len) = pieces::span(piece, shift, plan.total());
+        let mut copy = vec![0u8; len as usize];
+        source
+            .copy_out(offset as usize, &mut copy)
+            .map_err(|e| broken(format!("{e:#}")))?;
+        bytes += len;
+        let chunk = Chunk {
+            index: piece as u64,
+            offset,
+            len,
+        };
+        batch.push((chunk, copy));
+        if bytes >= RESEND_BATCH_BYTES || k + 1 == asked.len() {
+            wire.resend_pieces(std::mem::take(&mut batch), round, timeout)
+                .map_err(|e| match e {
+                    WireError::Broken(why) => broken(why),
+                    WireError::Other(e) => e,
+                })?;
+            bytes = 0;
+        }
+    }
+    Ok(())
+}
+
+/// This sender's CRC32C of each of pieces `asked` of `1 << shift` bytes, over the bytes
+/// copied out of `source` (for a GPU source, the staged bytes), for a query.
+fn piece_crcs(
+    source: &dyn SendSource,
+    plan: &ChunkPlan,
+    shift: u8,
+    asked: &[u32],
+    label: &str,
+) -> Result<Vec<u32>, TransferError> {
+    let mut copy = vec![0u8; 1 << shift];
+    asked
+        .iter()
+        .map(|&piece| {
+            let (offset, len) = pieces::span(piece, shift, plan.total());
+            let bytes = &mut copy[..len as usize];
+            source
+                .copy_out(offset as usize, bytes)
+                .map_err(|e| TransferError::Broken {
+                    peer: label.to_string(),
+                    done: plan.total(),
+                    total: plan.total(),
+                    why: format!("reading pieces for their CRC32C: {e:#}"),
+                })?;
+            Ok(crate::integrity::crc32c(bytes))
+        })
+        .collect()
 }
 
 /// A wire error as the transfer's.

@@ -55,6 +55,9 @@ struct Job {
     attempt: u32,
     /// A second sending (failover, or a chunk the receiver missed or found corrupt).
     resend: bool,
+    /// A piece of a chunk sent again (`index` counts pieces): its CRC32C is its own, not
+    /// the chunk's kept for the digest.
+    piece: bool,
 }
 
 /// What a writer thread is given.
@@ -275,10 +278,36 @@ impl TcpWire<'_> {
         round: u32,
         timeout: Duration,
     ) -> Result<(), WireError> {
+        self.send_again(chunks, round, timeout, false)
+    }
+
+    /// Send `pieces` again (each a [`Chunk`] whose index counts pieces, with its bytes),
+    /// as round `round`: each frame carries the piece's own CRC32C, computed by the
+    /// writer over the bytes before any fault injection; wait as [`TcpWire::resend`].
+    pub fn resend_pieces(
+        &mut self,
+        pieces: Vec<(Chunk, Vec<u8>)>,
+        round: u32,
+        timeout: Duration,
+    ) -> Result<(), WireError> {
+        self.send_again(pieces, round, timeout, true)
+    }
+
+    fn send_again(
+        &mut self,
+        chunks: Vec<(Chunk, Vec<u8>)>,
+        round: u32,
+        timeout: Duration,
+        piece: bool,
+    ) -> Result<(), WireError> {
         let mut waiting = BTreeSet::new();
         for (chunk, bytes) in chunks {
-            let crc = self.crcs.get(chunk.index as usize).copied();
-            if bytes.len() as u64 != chunk.len || (self.checks.checksum && crc.is_none()) {
+            let crc = match piece {
+                true => None,
+                false => self.crcs.get(chunk.index as usize).copied(),
+            };
+            let known = piece || !self.checks.checksum || crc.is_some();
+            if bytes.len() as u64 != chunk.len || !known {
                 return Err(self.broken(format!("chunk {} cannot be sent again", chunk.index)));
             }
             waiting.insert(chunk.index);
@@ -294,6 +323,7 @@ impl TcpWire<'_> {
                 crc,
                 attempt: round,
                 resend: true,
+                piece,
             };
             self.hand_out(job)?;
         }
@@ -423,12 +453,12 @@ impl TcpWire<'_> {
                     let Some(job) = self.in_flight.get(&index).filter(|j| j.pass == pass) else {
                         continue;
                     };
-                    let (len, resend) = (job.len as u64, job.resend);
+                    let (len, resend, piece) = (job.len as u64, job.resend, job.piece);
                     if !self.dispatch.written(stream, index, len, resend, now) {
                         continue;
                     }
                     self.in_flight.remove(&index);
-                    if let Some(slot) = self.crcs.get_mut(index as usize) {
+                    if let Some(slot) = self.crcs.get_mut(index as usize).filter(|_| !piece) {
                         *slot = crc;
                     }
                     written.push(index);
@@ -579,6 +609,7 @@ unsafe impl ChunkWire for TcpWire<'_> {
                 crc,
                 attempt: 0,
                 resend: false,
+                piece: false,
             };
             self.hand_out(job)?;
         }
