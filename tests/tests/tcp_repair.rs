@@ -567,18 +567,23 @@ fn bit_flips_in_every_read_end_in_a_clear_error_in_bounded_time_and_nothing_is_s
         "MEASURED every 64 KiB read flipped ({flips} flips): failed after {took:?}: {stderr}"
     );
     assert!(!sent.status.success());
-    assert!(
-        stderr.contains("still failed their CRC32C after")
-            && stderr.contains("they stopped repairing"),
-        "{stderr}"
-    );
     assert_eq!(
         stderr.lines().filter(|l| l.starts_with("error:")).count(),
         1,
         "{stderr}"
     );
     assert!(took < Duration::from_secs(30), "{took:?}");
-    r.wait_for_log("\"failed_chunks\":[", Duration::from_secs(5));
+    if stderr.contains("still failed their CRC32C after") {
+        assert!(stderr.contains("they stopped repairing"), "{stderr}");
+        r.wait_for_log("\"failed_chunks\":[", Duration::from_secs(5));
+    } else {
+        // A flip that lands in a frame's header (its offset or length: 16 bytes in each
+        // chunk's or piece's frame) is a protocol error, not a repair: the receiver
+        // names it and ends the connection, and the sender's one line says the
+        // connection ended. With every read flipped that happens in about half the runs.
+        eprintln!("MEASURED a frame's header was hit: the receiver's log:\n{}", r.log());
+        r.wait_for_log("protocol error", Duration::from_secs(5));
+    }
     assert!(files_in(&out).is_empty(), "{:?}", files_in(&out));
     next_sender_is_served(&r, &out, "after a path that flips every read");
 }

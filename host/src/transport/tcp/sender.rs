@@ -415,34 +415,17 @@ fn send_again(
     timeout: Duration,
     label: &str,
 ) -> Result<(), TransferError> {
-    let broken = |why: String| TransferError::Broken {
-        peer: label.to_string(),
-        done: plan.total(),
-        total: plan.total(),
-        why: format!("sending chunks again: {why}"),
+    let spans = chunks.iter().map(|&c| {
+        plan.get(c as u64)
+            .ok_or_else(|| format!("chunk {c} is outside the transfer"))
+    });
+    let again = Again {
+        what: "chunks",
+        pieces: false,
+        round,
+        timeout,
     };
-    let mut batch = Vec::new();
-    let mut bytes = 0u64;
-    for (k, &c) in chunks.iter().enumerate() {
-        let chunk = plan
-            .get(c as u64)
-            .ok_or_else(|| broken(format!("chunk {c} is outside the transfer")))?;
-        let mut copy = vec![0u8; chunk.len as usize];
-        source
-            .copy_out(chunk.offset as usize, &mut copy)
-            .map_err(|e| broken(format!("{e:#}")))?;
-        bytes += chunk.len;
-        batch.push((chunk, copy));
-        if bytes >= RESEND_BATCH_BYTES || k + 1 == chunks.len() {
-            wire.resend(std::mem::take(&mut batch), round, timeout)
-                .map_err(|e| match e {
-                    WireError::Broken(why) => broken(why),
-                    WireError::Other(e) => e,
-                })?;
-            bytes = 0;
-        }
-    }
-    Ok(())
+    resend_spans(wire, source, plan, spans, again, label)
 }
 
 /// Send pieces `asked` of `1 << shift` bytes again from `source`, each in a frame with
@@ -459,33 +442,70 @@ fn send_pieces(
     timeout: Duration,
     label: &str,
 ) -> Result<(), TransferError> {
+    let spans = asked.iter().map(|&piece| {
+        let (offset, len) = pieces::span(piece, shift, plan.total());
+        // A piece travels as a chunk whose index counts pieces.
+        Ok(Chunk {
+            index: piece as u64,
+            offset,
+            len,
+        })
+    });
+    let again = Again {
+        what: "pieces",
+        pieces: true,
+        round,
+        timeout,
+    };
+    resend_spans(wire, source, plan, spans, again, label)
+}
+
+/// How a batch of spans goes again: as whole chunks (their CRC32C is the offer's) or
+/// as pieces (each frame with its own), in which round, within which timeout.
+struct Again {
+    what: &'static str,
+    pieces: bool,
+    round: u32,
+    timeout: Duration,
+}
+
+/// Copy each span out of `source` and hand them to the wire in batches of at most
+/// [`RESEND_BATCH_BYTES`]: what chunks and pieces sent again have in common.
+fn resend_spans(
+    wire: &mut TcpWire<'_>,
+    source: &dyn SendSource,
+    plan: &ChunkPlan,
+    spans: impl ExactSizeIterator<Item = Result<Chunk, String>>,
+    again: Again,
+    label: &str,
+) -> Result<(), TransferError> {
     let broken = |why: String| TransferError::Broken {
         peer: label.to_string(),
         done: plan.total(),
         total: plan.total(),
-        why: format!("sending pieces again: {why}"),
+        why: format!("sending {} again: {why}", again.what),
     };
+    let count = spans.len();
     let mut batch = Vec::new();
     let mut bytes = 0u64;
-    for (k, &piece) in asked.iter().enumerate() {
-        let (offset, len) = pieces::span(piece, shift, plan.total());
-        let mut copy = vec![0u8; len as usize];
+    for (k, span) in spans.enumerate() {
+        let span = span.map_err(broken)?;
+        let mut copy = vec![0u8; span.len as usize];
         source
-            .copy_out(offset as usize, &mut copy)
+            .copy_out(span.offset as usize, &mut copy)
             .map_err(|e| broken(format!("{e:#}")))?;
-        bytes += len;
-        let chunk = Chunk {
-            index: piece as u64,
-            offset,
-            len,
-        };
-        batch.push((chunk, copy));
-        if bytes >= RESEND_BATCH_BYTES || k + 1 == asked.len() {
-            wire.resend_pieces(std::mem::take(&mut batch), round, timeout)
-                .map_err(|e| match e {
-                    WireError::Broken(why) => broken(why),
-                    WireError::Other(e) => e,
-                })?;
+        bytes += span.len;
+        batch.push((span, copy));
+        if bytes >= RESEND_BATCH_BYTES || k + 1 == count {
+            let batch = std::mem::take(&mut batch);
+            let sent = match again.pieces {
+                true => wire.resend_pieces(batch, again.round, again.timeout),
+                false => wire.resend(batch, again.round, again.timeout),
+            };
+            sent.map_err(|e| match e {
+                WireError::Broken(why) => broken(why),
+                WireError::Other(e) => e,
+            })?;
             bytes = 0;
         }
     }
