@@ -581,7 +581,10 @@ fn bit_flips_in_every_read_end_in_a_clear_error_in_bounded_time_and_nothing_is_s
         // chunk's or piece's frame) is a protocol error, not a repair: the receiver
         // names it and ends the connection, and the sender's one line says the
         // connection ended. With every read flipped that happens in about half the runs.
-        eprintln!("MEASURED a frame's header was hit: the receiver's log:\n{}", r.log());
+        eprintln!(
+            "MEASURED a frame's header was hit: the receiver's log:\n{}",
+            r.log()
+        );
         r.wait_for_log("protocol error", Duration::from_secs(5));
     }
     assert!(files_in(&out).is_empty(), "{:?}", files_in(&out));
