@@ -586,6 +586,16 @@ fn bit_flips_in_every_read_end_in_a_clear_error_in_bounded_time_and_nothing_is_s
             r.log()
         );
         r.wait_for_log("protocol error", Duration::from_secs(5));
+        // What it says arrived is never more than the transfer (resent bytes are not).
+        let log = r.log();
+        if let Some((_, rest)) = log.split_once("got ") {
+            let mut words = rest.split_whitespace();
+            let got: u64 = words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            assert!(
+                got <= 64 << 20,
+                "the receiver claims {got} bytes of 64 MiB: {log}"
+            );
+        }
     }
     assert!(files_in(&out).is_empty(), "{:?}", files_in(&out));
     next_sender_is_served(&r, &out, "after a path that flips every read");

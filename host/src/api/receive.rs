@@ -162,11 +162,8 @@ impl Listener {
             ordinal: buf.gpu().ordinal(),
             ptr: buf.device_ptr(),
         };
-        // Nothing of ours may be queued on the buffer while the transfer's own GPU value
-        // writes it.
-        buf.gpu()
-            .synchronize()
-            .map_err(|e| Error::new(ErrorKind::Other, format!("{e:#}")))?;
+        // Work of the caller's still queued on the buffer is waited for by the receiver
+        // itself (the whole context, before the first byte lands: `lent_landing`).
         // SAFETY: `buf` is borrowed mutably for this call: device memory of its GPU's
         // primary context (Gpu::open's), allocated until it is dropped, which the borrow
         // prevents, and reached by nobody else meanwhile; `receive_lent` returns only

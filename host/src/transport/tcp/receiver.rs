@@ -886,7 +886,10 @@ fn receive_all(
         let repairs = match received {
             Ok(r) => r,
             Err(stop) => {
-                let got = got.load(Ordering::Relaxed);
+                // The bytes of this transfer that arrived: chunks and pieces sent again
+                // are read only after the first pass has brought all `total`, and are
+                // not more of the transfer.
+                let got = got.load(Ordering::Relaxed).min(total);
                 let e = match stop {
                     Stop::TooSlow => {
                         // Tell the sender why, as its ack, then shut the connection.
