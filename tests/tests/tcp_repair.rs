@@ -497,9 +497,16 @@ fn through_flips(
     (out, took, proxy.flips())
 }
 
+/// The tests that push 64 MiB through the flipping proxy take this lock, so that the
+/// timed one is not measured against another's load: the other tests of this binary
+/// run beside them on the same cores (a CI run with the 100% case running beside the
+/// 10% case measured 2.25x; alone, 1.24x).
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_64_mib_file_through_bit_flips_in_3_and_10_percent_of_reads_arrives_whole_in_at_most_twice_the_clean_time(
 ) {
+    let _alone = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let out = out_dir("flips");
     let input = out.with_extension("input");
     let data = random_bytes(64 << 20, 25);
@@ -511,21 +518,21 @@ fn a_64_mib_file_through_bit_flips_in_3_and_10_percent_of_reads_arrives_whole_in
         "--output",
         out.to_str().unwrap(),
     ]);
-    // The clean time through the same proxy, flipping nothing: the best of two runs.
-    let mut clean = Duration::MAX;
-    for k in 0..2 {
-        let name = format!("clean-{k}.bin");
-        let (sent, took, flips) = through_flips(&r, &input, &name, 0.0, 1);
-        assert_verified(&sent, "clean");
-        assert_eq!(flips, 0);
-        assert!(std::fs::read(out.join(&name)).unwrap() == data);
-        clean = clean.min(took);
-    }
     for (share, seed) in [(0.03, 3u64), (0.10, 10)] {
-        // The best of two runs too, as for the clean time (this machine is shared).
+        // Each flipped run is paired with a clean run through the same proxy, flipping
+        // nothing, just before it, and the best of three pairs is compared: what else
+        // the machine is doing then weighs on both sides alike.
+        let mut clean = Duration::MAX;
         let mut took = Duration::MAX;
         let mut flips = 0;
-        for k in 0..2 {
+        for k in 0..3 {
+            let name = format!("clean-{seed}-{k}.bin");
+            let (sent, t, f) = through_flips(&r, &input, &name, 0.0, 1);
+            assert_verified(&sent, "clean");
+            assert_eq!(f, 0);
+            assert!(std::fs::read(out.join(&name)).unwrap() == data);
+            clean = clean.min(t);
+
             let name = format!("flips-{seed}-{k}.bin");
             let (sent, t, f) = through_flips(&r, &input, &name, share, seed + k);
             assert_verified(&sent, &format!("{share} of reads flipped"));
@@ -536,7 +543,7 @@ fn a_64_mib_file_through_bit_flips_in_3_and_10_percent_of_reads_arrives_whole_in
         }
         let report = last_json_line(&r.log());
         eprintln!(
-            "MEASURED 64 MiB over 4 streams, one bit flipped in {:.0}% of 64 KiB reads ({flips} flips in two runs): best {took:?}, clean best {clean:?} ({:.2}x)",
+            "MEASURED 64 MiB over 4 streams, one bit flipped in {:.0}% of 64 KiB reads ({flips} flips in three runs): best {took:?}, clean best {clean:?} ({:.2}x)",
             share * 100.0,
             took.as_secs_f64() / clean.as_secs_f64()
         );
@@ -551,6 +558,7 @@ fn a_64_mib_file_through_bit_flips_in_3_and_10_percent_of_reads_arrives_whole_in
 
 #[test]
 fn bit_flips_in_every_read_end_in_a_clear_error_in_bounded_time_and_nothing_is_stored() {
+    let _alone = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let out = out_dir("flip-all");
     let input = out.with_extension("input");
     std::fs::write(&input, random_bytes(64 << 20, 100)).unwrap();
