@@ -5,6 +5,7 @@
 //! meanwhile.
 
 mod errors;
+mod incoming;
 mod memory;
 
 use host::api::{self, ErrorKind, Options};
@@ -234,6 +235,15 @@ impl Listener {
     #[getter]
     fn port(&self) -> u16 {
         self.inner.local_addr().port()
+    }
+
+    /// Wait for the next sender's offer (`timeout`: seconds to wait for one; None: the
+    /// listener's `wait`) and return it as an Incoming before anything is allocated for
+    /// it: its `size`, `name` and `peer`, to take with `recv()`/`recv_into(target)` or
+    /// refuse with `decline()`.
+    #[pyo3(signature = (timeout=None))]
+    fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<incoming::Incoming> {
+        incoming::accept(py, self.listener_for(timeout)?)
     }
 
     /// Receive one transfer and return its bytes (with `report=True`, the bytes and the
@@ -482,6 +492,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Listener>()?;
     m.add_class::<Endpoint>()?;
     m.add_class::<Handle>()?;
+    m.add_class::<incoming::Incoming>()?;
     errors::register(m)?;
     Ok(())
 }

@@ -357,3 +357,60 @@ def test_reports_are_plain_dicts_of_what_happened(listener):
     assert sent["bytes"] == 10 and got["bytes"] == 10
     assert got["integrity"]["name"] == "ten"
     assert got["peer"].startswith("127.0.0.1:")
+
+
+def test_accept_shows_the_offer_before_anything_is_allocated_for_it(listener):
+    sizes = [1, 4099, MIB + 3]
+    got = []
+
+    def receive_all():
+        for k in range(len(sizes)):
+            incoming = listener.accept()
+            assert incoming.peer.startswith("127.0.0.1:")
+            if k % 2 == 0:
+                # A target sized from the offer, taken in place.
+                target = np.zeros(incoming.size, dtype=np.uint8)
+                at = target.ctypes.data
+                report = incoming.recv_into(target)
+                assert target.ctypes.data == at
+                assert report["bytes"] == incoming.size
+                got.append((incoming.name, target.tobytes()))
+            else:
+                got.append((incoming.name, incoming.recv()))
+            with pytest.raises(RuntimeError, match="taken or declined already"):
+                incoming.recv()
+        return got
+
+    join = receive_in_thread(receive_all)
+    endpoint = gpu_rdma.connect(listener.address)
+    for k, size in enumerate(sizes):
+        endpoint.send(pattern(size, k), name=f"t{k}")
+    for k, (name, data) in enumerate(join()):
+        assert name == f"t{k}"
+        assert data == pattern(sizes[k], k).tobytes()
+
+
+def test_a_declined_offer_and_a_wrong_sized_target_refuse_before_a_byte_lands(listener):
+    def receive():
+        listener.accept().decline()
+        incoming = listener.accept()
+        small = np.full(incoming.size - 1, 0xAB, dtype=np.uint8)
+        with pytest.raises(ValueError, match="exactly the offer's size"):
+            incoming.recv_into(small)
+        assert (small == 0xAB).all()
+        # Still undecided after the ValueError: taken into the right size.
+        return incoming.recv()
+
+    join = receive_in_thread(receive)
+    endpoint = gpu_rdma.connect(listener.address)
+    with pytest.raises(gpu_rdma.Rejected, match="declined"):
+        endpoint.send(b"not wanted")
+    endpoint.send(b"wanted")
+    assert join() == b"wanted"
+
+
+def test_accept_with_no_sender_times_out(listener):
+    t0 = time.monotonic()
+    with pytest.raises(gpu_rdma.TimedOut):
+        listener.accept(timeout=0.3)
+    assert time.monotonic() - t0 < 5

@@ -38,7 +38,10 @@
 //! - [`Listener::bind`] gives a [`Listener`]: [`Listener::receive`] (bytes of ours),
 //!   [`Listener::receive_into`] (in place into yours; an offer of another size is refused
 //!   before a byte lands), `receive_into_device` (a `DeviceBuffer`, checked by the
-//!   checksum kernel on the GPU), [`Listener::start_receive_into`].
+//!   checksum kernel on the GPU), [`Listener::start_receive_into`], and
+//!   [`Listener::accept`], which shows the next offer (its size, name, peer) before
+//!   anything is allocated for it: an [`Incoming`] the caller takes into memory sized
+//!   for it, or declines.
 //! - Every failure is an [`Error`]: one line of words and an [`ErrorKind`].
 //!
 //! `examples/host/send_buffer.rs` and `receive_buffer.rs` show both ends; the Python
@@ -47,11 +50,13 @@
 #![warn(missing_docs)]
 
 mod error;
+mod incoming;
 mod pending;
 mod receive;
 mod send;
 
 pub use error::{Error, ErrorKind};
+pub use incoming::Incoming;
 pub use pending::{Pending, PendingReceive, PendingSend};
 pub use receive::{Listener, Received};
 pub use send::{connect, send_host, send_source, Endpoint};
@@ -375,6 +380,123 @@ mod tests {
         let got = listener.receive();
         assert_eq!(got.unwrap().bytes, b"after");
         sending.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn accept_shows_each_offer_first_and_the_caller_sizes_its_buffer_from_it() {
+        let opts = Options {
+            chunk: 64 << 10,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let lens = [1usize, 4097, (1 << 20) + 3, 7];
+        let receiving = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            for k in 0..lens.len() {
+                let incoming = listener.accept().unwrap();
+                assert_eq!(incoming.peer().ip(), addr.ip());
+                let name = incoming.name().map(str::to_string);
+                let len = incoming.len() as usize;
+                match k % 2 {
+                    // Into a buffer of the caller's, allocated for the size it was shown.
+                    0 => {
+                        let mut buf = vec![0u8; len];
+                        let at = buf.as_ptr();
+                        let report = incoming.receive_into(&mut buf).unwrap();
+                        assert_eq!(buf.as_ptr(), at);
+                        assert_eq!(report.bytes, len as u64);
+                        got.push((name, buf));
+                    }
+                    // Into bytes of the library's.
+                    _ => {
+                        let received = incoming.receive().unwrap();
+                        assert_eq!(received.name, name);
+                        got.push((name, received.bytes));
+                    }
+                }
+            }
+            got
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        for (k, &len) in lens.iter().enumerate() {
+            let name = format!("t{k}");
+            let sent = endpoint.send(&pattern(len, k as u8), Some(&name)).unwrap();
+            assert!(sent.receiver.is_some_and(|v| v.ok()));
+        }
+        let got = receiving.join().unwrap();
+        for (k, (name, bytes)) in got.into_iter().enumerate() {
+            assert_eq!(name.as_deref(), Some(format!("t{k}").as_str()));
+            assert!(bytes == pattern(lens[k], k as u8), "transfer {k} differs");
+        }
+    }
+
+    #[test]
+    fn a_declined_offer_and_a_buffer_of_another_size_refuse_before_a_byte_lands() {
+        let opts = Options::default();
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            listener.accept().unwrap().decline();
+            // A buffer of another size: an error here, and the offer declined.
+            let mut small = vec![0xabu8; 9];
+            let e = listener
+                .accept()
+                .unwrap()
+                .receive_into(&mut small)
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(small.iter().all(|&b| b == 0xab));
+            // Dropped undecided: declined too. Then one taken, on the same listener.
+            drop(listener.accept().unwrap());
+            listener.accept().unwrap().receive().unwrap().bytes
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        for _ in 0..3 {
+            let e = endpoint.send(b"not wanted", None).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+            assert!(e.message().contains("declined"), "{}", e.message());
+        }
+        endpoint.send(b"wanted", None).unwrap();
+        assert_eq!(receiving.join().unwrap(), b"wanted");
+    }
+
+    #[test]
+    fn an_offer_not_taken_within_the_timeout_is_declined_and_says_so_at_both_ends() {
+        let opts = Options {
+            timeout: Duration::from_millis(400),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            let incoming = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(900));
+            let mut buf = vec![0u8; incoming.len() as usize];
+            incoming.receive_into(&mut buf)
+        });
+        let sender_opts = Options {
+            timeout: Duration::from_secs(5),
+            ..Options::default()
+        };
+        let e = connect(addr, &sender_opts)
+            .unwrap()
+            .send(b"too late", None)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+        let e = receiving.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(e.message().contains("not taken within"), "{}", e.message());
+    }
+
+    #[test]
+    fn accept_with_no_sender_ends_at_its_wait() {
+        let opts = Options {
+            wait: Some(Duration::from_millis(300)),
+            ..Options::default()
+        };
+        let e = bound(&opts).accept().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
     }
 
     #[test]

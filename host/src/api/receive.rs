@@ -204,7 +204,7 @@ impl Listener {
     }
 
     /// Serve until one transfer was accepted; its report if every check passed.
-    fn serve_one(
+    pub(super) fn serve_one(
         &self,
         memory: &RecvMemory,
         output: Option<Output>,
@@ -237,6 +237,10 @@ impl Listener {
         match last {
             Some(RecvOutcome::Completed(report)) if report.ok() => Ok(report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),
+            Some(RecvOutcome::Rejected { peer, reason }) => Err(Error::new(
+                ErrorKind::Rejected,
+                format!("refused the offer from {peer}: {reason}"),
+            )),
             Some(RecvOutcome::Failed { peer, error }) => {
                 Err(Error::from_words(format!("transfer from {peer}: {error}")))
             }

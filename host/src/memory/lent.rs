@@ -131,6 +131,49 @@ impl LentTarget {
     }
 }
 
+/// An offer as a library caller sees it before anything is allocated or accepted for it
+/// (`api::Listener::accept`): who sends, how much, and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferSeen {
+    pub peer: std::net::SocketAddr,
+    /// The transfer's size in bytes: a target lent for it must hold exactly this.
+    pub bytes: u64,
+    pub chunk: u64,
+    /// The sender's `--name`, checked already (it stays inside a directory).
+    pub name: Option<String>,
+}
+
+/// What the caller does with an [`OfferSeen`].
+#[derive(Debug)]
+pub enum Decision {
+    /// Receive it into this memory.
+    Into(LentTarget),
+    /// Refuse it: the sender is told "declined".
+    Decline,
+}
+
+/// A receive that shows its caller the first offer admitted and waits, at most
+/// `within`, for the caller's [`Decision`]; no answer in time, or a caller gone, is a
+/// decline.
+#[derive(Debug)]
+pub struct AskCaller {
+    pub offers: std::sync::mpsc::Sender<(OfferSeen, std::sync::mpsc::SyncSender<Decision>)>,
+    pub within: std::time::Duration,
+}
+
+impl AskCaller {
+    /// Show `seen` to the caller and wait for its answer: the memory to receive into,
+    /// or `None` to decline.
+    pub fn ask(&self, seen: OfferSeen) -> Option<LentTarget> {
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        self.offers.send((seen, answer)).ok()?;
+        match answered.recv_timeout(self.within) {
+            Ok(Decision::Into(target)) => Some(target),
+            Ok(Decision::Decline) | Err(_) => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

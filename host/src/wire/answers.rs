@@ -222,6 +222,10 @@ pub enum RejectReason {
         *expected, *offered
     )]
     SizeMismatch { offered: u64, expected: u64 },
+    /// The receiver's caller saw the offer (the library's `accept`) and declined it, or
+    /// did not take it within the receiver's `--timeout`.
+    #[error("its caller declined this transfer (or did not take it within its timeout)")]
+    Declined,
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -261,6 +265,7 @@ impl RejectReason {
                 max,
             } => (18, per_chunk.min(u16::MAX as u64) as u16, chunks, max),
             RejectReason::SizeMismatch { offered, expected } => (19, 0, offered, expected),
+            RejectReason::Declined => (20, 0, 0, 0),
             // What that older receiver sent: "version VERSION is not supported", in its
             // own version.
             RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
@@ -343,6 +348,7 @@ impl RejectReason {
                 offered: a,
                 expected: b,
             },
+            20 => RejectReason::Declined,
             _ => RejectReason::Unknown { code },
         })
     }
@@ -467,6 +473,7 @@ mod tests {
                 offered: 4097,
                 expected: 4096,
             },
+            RejectReason::Declined,
         ];
         for r in all {
             let bytes = r.encode();

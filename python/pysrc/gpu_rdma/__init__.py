@@ -9,6 +9,10 @@ fails.
     endpoint = gpu_rdma.connect("10.0.0.2:7000")         # sending machine
     report = endpoint.send(tensor)                       # returns once verified
 
+    incoming = listener.accept()                         # size unknown beforehand:
+    out = torch.empty(incoming.size, dtype=torch.uint8, device="cuda")
+    incoming.recv_into(out)                              # sized from the offer
+
 Transfers run over TCP (the library's transport today), on as many sockets as the
 machine and link suggest (``streams=None``), as ``host`` does on the command line.
 Reports are dicts (the JSON the command line prints); failures are exceptions, all
@@ -19,6 +23,7 @@ from ._native import (
     ChecksumFailed,
     Endpoint,
     Handle,
+    Incoming,
     Listener,
     PeerGone,
     Rejected,
@@ -35,6 +40,7 @@ __all__ = [
     "Listener",
     "Endpoint",
     "Handle",
+    "Incoming",
     "TransferError",
     "Rejected",
     "ChecksumFailed",

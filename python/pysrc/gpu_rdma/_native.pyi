@@ -69,6 +69,43 @@ class Listener:
         byte lands, and the receive goes on waiting."""
     def recv_into_async(self, target: Any, timeout: Optional[float] = None) -> Handle:
         """``recv_into`` that returns a Handle at once."""
+    def accept(self, timeout: Optional[float] = None) -> Incoming:
+        """Wait for the next sender's offer (``timeout``: seconds to wait for one) and
+        return it before anything is allocated for it: its ``size``, ``name`` and
+        ``peer``. Take it with ``recv()``/``recv_into(target)`` or refuse it with
+        ``decline()`` within the listener's ``timeout``."""
+
+class Incoming:
+    """An offer waiting for its receiver's decision (from ``Listener.accept``). Dropped
+    undecided, or not taken within the listener's ``timeout``, it is declined: the
+    sender gets Rejected."""
+
+    @property
+    def peer(self) -> str:
+        """The sender's "host:port"."""
+    @property
+    def size(self) -> int:
+        """The transfer's size in bytes: a ``recv_into`` target holds exactly this."""
+    @property
+    def chunk(self) -> int:
+        """The sender's chunk size in bytes (one CRC32C each)."""
+    @property
+    def name(self) -> Optional[str]:
+        """The sender's name for the transfer."""
+    @overload
+    def recv(self, report: Literal[False] = False) -> bytes: ...
+    @overload
+    def recv(self, *, report: Literal[True]) -> tuple[bytes, Report]: ...
+    def recv(self, report: bool = False) -> Union[bytes, tuple[bytes, Report]]:
+        """Take the transfer and return its bytes (``report=True``: with the report)."""
+    def recv_into(self, target: Any) -> Report:
+        """Take the transfer in place into ``target`` of exactly ``size`` bytes (a
+        writable buffer, NumPy array, torch tensor on the CPU or a CUDA GPU). A target of
+        another size raises ValueError and leaves the offer undecided."""
+    def recv_into_async(self, target: Any) -> Handle:
+        """``recv_into`` that returns a Handle at once."""
+    def decline(self) -> None:
+        """Refuse the transfer: its sender gets Rejected ("declined")."""
 
 class Endpoint:
     """A peer to send to, and the options every send to it uses. Each send opens its own

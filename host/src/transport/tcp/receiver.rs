@@ -36,7 +36,7 @@ use super::landing::{
 use super::routes::Routes;
 use super::serving::{refuse, Event, Offer, Shared};
 use super::socket;
-use crate::memory::lent::{LentPlace, LentTarget};
+use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
 use crate::memory::select::AttemptLog;
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::server::{AllowList, Key};
@@ -93,6 +93,10 @@ pub enum RecvMemory {
     /// Memory a library caller lent (host or GPU), for one transfer of exactly its size:
     /// taken by the first offer admitted (`--once` receivers, the library's).
     Lent(std::sync::Mutex<Option<LentTarget>>),
+    /// Memory the caller lends once it has seen the offer (the library's `accept`): the
+    /// first offer admitted is shown to it, and the serve ends with that offer, taken
+    /// into the memory the caller gives or declined.
+    Ask(AskCaller),
 }
 
 impl RecvMemory {
@@ -102,6 +106,8 @@ impl RecvMemory {
     fn bytes_for(&self, total: u64, chunk: u64, streams: u16) -> u64 {
         match self {
             RecvMemory::Host => total,
+            // Asked before admission, and then lent memory (see `serve_listener`).
+            RecvMemory::Ask(_) => 0,
             // The caller's memory is there already; into GPU memory, the upload ring.
             RecvMemory::Lent(target) => {
                 let on_gpu = target
@@ -388,6 +394,27 @@ fn serve_listener(
         };
         match event {
             Event::Offer(offer) => {
+                // A caller that asked to see the offer first lends memory for it now, or
+                // declines it, and the call ends with that offer either way.
+                let lent_on_ask;
+                let memory = match memory {
+                    RecvMemory::Ask(caller) => {
+                        let seen = OfferSeen {
+                            peer: offer.peer,
+                            bytes: offer.header.total_bytes,
+                            chunk: offer.header.chunk_bytes as u64,
+                            name: offer.name.clone(),
+                        };
+                        let Some(target) = caller.ask(seen) else {
+                            let reason = RejectReason::Declined;
+                            report(&refuse(offer.control, offer.peer, reason, None));
+                            return Ok(false);
+                        };
+                        lent_on_ask = RecvMemory::Lent(std::sync::Mutex::new(Some(target)));
+                        &lent_on_ask
+                    }
+                    memory => memory,
+                };
                 let want = Want {
                     bytes: memory.bytes_for(
                         offer.header.total_bytes,
