@@ -135,6 +135,28 @@ def test_injected_faults_are_repaired_into_gpu_memory():
     assert box["r"]["integrity"]["repaired"], "nothing was repaired"
 
 
+def test_accept_sizes_a_cuda_tensor_from_the_offer_and_it_lands_there():
+    n = 16 * MIB + 5
+    sent = seeded(n, 9)
+    listener = gpu_rdma.listen("127.0.0.1:0", timeout=30, wait=60)
+    box = {}
+
+    def receive():
+        incoming = listener.accept()
+        out = torch.empty(incoming.size, dtype=torch.uint8, device="cuda")
+        box["ptr"] = out.data_ptr()
+        box["report"] = incoming.recv_into(out)
+        box["out"] = out
+
+    t = threading.Thread(target=receive)
+    t.start()
+    gpu_rdma.connect(listener.address, streams=4).send(sent, name="sized")
+    t.join(120)
+    assert box["out"].data_ptr() == box["ptr"]
+    assert torch.equal(box["out"], sent)
+    assert box["report"]["integrity"]["name"] == "sized"
+
+
 def test_cpu_tensors_go_through_dlpack_in_place():
     sent = seeded(3 * MIB + 1, 2, device="cpu")
     target = torch.zeros_like(sent)
