@@ -73,10 +73,12 @@ def receiver_process(n, seed):
 
 def test_a_1_gib_cuda_tensor_lands_in_a_preallocated_cuda_tensor_of_another_process():
     n = GIB
+    # The sender's tensor first: both processes share one GPU here, and the receiver's
+    # free-memory reading (device-wide) must not count the sender's allocations.
+    sent = seeded(n, 11)
+    torch.cuda.synchronize()
     child, port = receiver_process(n, 11)
     try:
-        sent = seeded(n, 11)
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         peak0 = torch.cuda.max_memory_allocated()
         report = gpu_rdma.connect(f"127.0.0.1:{port}", streams=8, timeout=60).send(sent)
