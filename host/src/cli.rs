@@ -220,7 +220,7 @@ pub struct RailsBenchArgs {
     pub chunk: u64,
 
     /// TCP: sockets per rail.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::transport::tcp::frames::MAX_STREAMS as i64))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::net::tcp::frames::MAX_STREAMS as i64))]
     pub streams: u16,
 
     /// Rounds; each sends over every rail alone, then over all rails striped.
@@ -615,7 +615,7 @@ fn parse_chunk_size(text: &str) -> Result<u64, String> {
     Ok(n)
 }
 
-/// `--streams`: a count, or `auto` (decided from the machine, `transport::tcp::streams`).
+/// `--streams`: a count, or `auto` (decided from the machine, `net::tcp::streams`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Streams {
     Auto,
@@ -623,7 +623,7 @@ pub enum Streams {
 }
 
 fn parse_streams(text: &str) -> Result<Streams, String> {
-    let max = crate::transport::tcp::frames::MAX_STREAMS;
+    let max = crate::net::tcp::frames::MAX_STREAMS;
     if text.trim().eq_ignore_ascii_case("auto") {
         return Ok(Streams::Auto);
     }

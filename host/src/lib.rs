@@ -3,10 +3,12 @@
 
 pub mod api;
 pub mod cli;
+pub mod engine;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod integrity;
 pub mod memory;
+pub mod net;
 pub mod rails;
 pub mod rdma;
 pub mod server;

@@ -9,9 +9,9 @@
 
 use super::error::{Error, ErrorKind};
 use super::receive::{Listener, Received};
+use crate::engine::RecvMemory;
 use crate::memory::lent::{AskCaller, Decision, LentPlace, LentTarget, OfferSeen};
 use crate::transfer::RecvReport;
-use crate::transport::tcp::RecvMemory;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 use std::sync::mpsc;

@@ -63,10 +63,10 @@ pub use send::{connect, send_host, send_source, Endpoint};
 #[cfg(feature = "cuda")]
 pub use send::{send_device, send_device_lent};
 
+use crate::engine::{Cooldowns, SendOptions, TcpSendOptions};
+use crate::net::tcp::frames::MAX_STREAMS;
 use crate::server::Key;
 use crate::transfer::PayloadOptions;
-use crate::transport::tcp::frames::MAX_STREAMS;
-use crate::transport::tcp::TcpSendConfig;
 use crate::wire::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -165,13 +165,17 @@ impl Options {
     }
 
     /// The TCP sender's configuration for `bytes` of `payload` to `peer`.
-    pub fn tcp_send_config(&self, peer: SocketAddr, bytes: u64, payload: Payload) -> TcpSendConfig {
-        TcpSendConfig {
+    pub(crate) fn send_options(
+        &self,
+        peer: SocketAddr,
+        bytes: u64,
+        payload: Payload,
+        cooldowns: &Cooldowns,
+    ) -> SendOptions {
+        SendOptions {
             peer,
-            bytes,
             chunk: self.chunk.min(bytes.max(1)),
             depth: self.depth,
-            streams: self.streams,
             timeout: self.timeout,
             progress: false,
             protocol_version: crate::wire::VERSION,
@@ -183,9 +187,13 @@ impl Options {
                 name: self.name.clone(),
                 faults: self.test_inject_faults,
             },
-            rails: Vec::new(),
-            rail_timeout: crate::transport::tcp::DEFAULT_RAIL_TIMEOUT,
-            test_silent_rail: None,
+            rail_timeout: crate::engine::DEFAULT_RAIL_TIMEOUT,
+            cooldowns: cooldowns.clone(),
+            tcp: TcpSendOptions {
+                streams: self.streams,
+                rails: Vec::new(),
+                test_silent_rail: None,
+            },
         }
     }
 }
@@ -264,7 +272,7 @@ mod tests {
         let header =
             crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
                 .unwrap();
-        let hello = crate::transport::tcp::frames::Hello {
+        let hello = crate::net::tcp::frames::Hello {
             index: 0,
             count: 1,
             rail: 0,

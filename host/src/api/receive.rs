@@ -4,11 +4,12 @@
 
 use super::error::{Error, ErrorKind};
 use super::Options;
+use crate::engine::serve::{admission_of, serve_tcp, LibraryCall};
+use crate::engine::{RecvMemory, RecvOptions};
 use crate::memory::lent::{LentPlace, LentTarget};
 use crate::server::AllowList;
 use crate::transfer::store::Output;
 use crate::transfer::{RecvOutcome, RecvReport};
-use crate::transport::tcp::{self, RecvMemory, TcpRecvConfig};
 use std::net::{SocketAddr, TcpListener};
 use std::ptr::NonNull;
 
@@ -211,7 +212,7 @@ impl Listener {
         max_bytes: u64,
     ) -> Result<RecvReport, Error> {
         let listener = self.try_clone()?.listener;
-        let cfg = TcpRecvConfig {
+        let cfg = RecvOptions {
             bind: self.local_addr(),
             once: true,
             max_bytes,
@@ -233,7 +234,17 @@ impl Listener {
                 last = Some(o.clone());
             }
         };
-        tcp::serve_on(listener, &cfg, memory, self.opts.wait, &mut report)?;
+        let call = LibraryCall {
+            wait: self.opts.wait,
+        };
+        serve_tcp(
+            listener,
+            &cfg,
+            memory,
+            &admission_of(&cfg),
+            Some(call),
+            &mut report,
+        )?;
         match last {
             Some(RecvOutcome::Completed(report)) if report.ok() => Ok(report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),

@@ -4,10 +4,10 @@
 
 use super::error::{Error, ErrorKind};
 use super::Options;
+use crate::engine::Cooldowns;
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, LentBytes, SendSource};
 use crate::transfer::SendReport;
-use crate::transport::tcp;
 use crate::wire::Payload;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -23,8 +23,18 @@ pub fn send_source(
     source: &dyn SendSource,
     opts: &Options,
 ) -> Result<SendReport, Error> {
-    let cfg = opts.tcp_send_config(peer, source.len() as u64, Payload::Opaque);
-    let mut reports = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
+    send_with(peer, source, opts, &Cooldowns::new())
+}
+
+/// [`send_source`], remembering failed rails in `cooldowns` (an endpoint's).
+fn send_with(
+    peer: SocketAddr,
+    source: &dyn SendSource,
+    opts: &Options,
+    cooldowns: &Cooldowns,
+) -> Result<SendReport, Error> {
+    let cfg = opts.send_options(peer, source.len() as u64, Payload::Opaque, cooldowns);
+    let mut reports = crate::engine::connect::send_tcp(&cfg, source, &AttemptLog::default(), 1)?;
     let report = reports
         .pop()
         .ok_or_else(|| Error::new(ErrorKind::Other, "no report of the transfer"))?;
@@ -112,6 +122,8 @@ pub unsafe fn send_device_lent(
 pub struct Endpoint {
     peer: SocketAddr,
     opts: Options,
+    /// Where this endpoint's failed rails rest.
+    cooldowns: Cooldowns,
 }
 
 /// An endpoint for `peer`.
@@ -123,6 +135,7 @@ pub fn connect(peer: SocketAddr, opts: &Options) -> Result<Endpoint, Error> {
     Ok(Endpoint {
         peer,
         opts: opts.clone(),
+        cooldowns: Cooldowns::new(),
     })
 }
 
@@ -143,7 +156,7 @@ impl Endpoint {
     /// As for [`send_source`].
     pub fn send(&self, data: &[u8], name: Option<&str>) -> Result<SendReport, Error> {
         let opts = self.named(name);
-        send_source(self.peer, &LentBytes::new(data), &opts)
+        send_with(self.peer, &LentBytes::new(data), &opts, &self.cooldowns)
     }
 
     /// Send the file at `path`, read whole first, named by its file name unless `name`
@@ -157,7 +170,7 @@ impl Endpoint {
             .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))?;
         let file_name = path.file_name().and_then(|n| n.to_str());
         let opts = self.named(name.or(file_name));
-        send_source(self.peer, &data, &opts)
+        send_with(self.peer, &data, &opts, &self.cooldowns)
     }
 
     /// The endpoint's options with `name`, if given, in place of its own.

@@ -371,7 +371,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     );
     let send = plan(Direction::Send, MemKind::Auto, &path_facts)?;
     let recv = plan(Direction::Recv, MemKind::Auto, &path_facts)?;
-    let tcp_send = transport::tcp::tcp_plan(&send);
+    let tcp_send = host::engine::connect::tcp_plan(&send);
     let tcp_check = std::net::TcpListener::bind(("127.0.0.1", 0))
         .map(drop)
         .map_err(|e| e.to_string());

@@ -14,13 +14,13 @@
 use super::tcp_bench::{median, stats};
 use anyhow::{bail, Context, Result};
 use host::cli::RailsBenchArgs;
+use host::engine::{Cooldowns, SendOptions, TcpSendOptions};
 use host::memory::select::{AttemptLog, Method, Plan};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
+use host::net::tcp::dial::{rails_of, Rail};
 use host::rails::NicList;
 use host::transfer::SendReport;
 use host::transport::rdma::{self, RailTarget};
-use host::transport::tcp::rails::{rails_of, Rail};
-use host::transport::tcp::{self, TcpSendConfig};
 use host::wire::Op;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -172,22 +172,26 @@ impl RailsTransport for Tcp<'_> {
     fn transfer(&mut self, which: &[usize]) -> Result<SendReport> {
         let args = self.args;
         let rails: Vec<Rail> = which.iter().map(|&k| self.rails[k]).collect();
-        let cfg = TcpSendConfig {
+        let opts = SendOptions {
             peer: rails[0].remote,
-            bytes: args.size,
             chunk: args.chunk.min(args.size),
             depth: 16,
-            streams: args.streams,
             timeout: args.timeout,
             progress: false,
             protocol_version: host::wire::VERSION,
             key: None,
             payload: host::transfer::PayloadOptions::default(),
-            rails,
             rail_timeout: args.rail_timeout,
-            test_silent_rail: None,
+            // A round's failure is an error of the bench: nothing rests across rounds.
+            cooldowns: Cooldowns::new(),
+            tcp: TcpSendOptions {
+                streams: args.streams,
+                rails,
+                test_silent_rail: None,
+            },
         };
-        let mut reports = tcp::send_repeated(&cfg, &self.source, &AttemptLog::default(), 1)?;
+        let mut reports =
+            host::engine::connect::send_tcp(&opts, &self.source, &AttemptLog::default(), 1)?;
         reports.pop().context("the sender reported no transfer")
     }
 
@@ -282,6 +286,7 @@ impl RailsTransport for Verbs<'_> {
             // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.
             rails: if rails.len() > 1 { rails } else { Vec::new() },
             rail_timeout: args.rail_timeout,
+            cooldowns: Cooldowns::new(),
         };
         Ok(rdma::send(&cfg, &mut self.memory)?)
     }

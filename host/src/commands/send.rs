@@ -7,13 +7,14 @@ use super::output::{
 use super::peer::{resolve_all, resolve_peer};
 use anyhow::{bail, Context, Result};
 use host::cli::{SendArgs, Streams};
+use host::engine::Cooldowns;
 use host::memory::select::{plan, AttemptLog, Direction, MemKind};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
+use host::net::tcp::streams::{choose_streams, StreamFacts};
 use host::transfer::faults::FaultInjector;
 use host::transfer::units::format_bytes;
 use host::transfer::{self, PayloadOptions, SendReport};
 use host::transport::rdma::{self, RailTarget, SendConfig};
-use host::transport::tcp::streams::{choose_streams, StreamFacts};
 use host::transport::{self, TransportKind};
 use host::wire::AckStatus;
 use host::wire::{checked_name, Payload, VerifyMode};
@@ -88,6 +89,18 @@ pub fn payload_options(args: &SendArgs) -> Result<PayloadOptions> {
     })
 }
 
+/// Where a command's transfers go: the transport chosen, the receiver, the first rail's
+/// device and (verbs) the rails to stripe over, and where failed rails rest (one value
+/// for the whole command, so a `--sweep` remembers).
+#[derive(Clone, Copy)]
+struct Route<'a> {
+    chosen: &'a transport::Chosen,
+    peer: SocketAddr,
+    rail: Option<&'a str>,
+    stripe: &'a [RailTarget],
+    cooldowns: &'a Cooldowns,
+}
+
 /// `--warmup` + `--iters` transfers of `bytes` each (on one connection with
 /// `--reuse-connection`, else a connection each): the reports of the measured ones
 /// (the warm-up transfers are made and verified, then dropped) and the memory they were
@@ -95,12 +108,16 @@ pub fn payload_options(args: &SendArgs) -> Result<PayloadOptions> {
 fn measure(
     args: &SendArgs,
     bytes: u64,
-    chosen: &transport::Chosen,
-    peer: SocketAddr,
-    rail: Option<&str>,
-    stripe: &[RailTarget],
+    route: &Route<'_>,
     user_data: Option<HostBuffer>,
 ) -> Result<(Vec<SendReport>, SendMemory)> {
+    let Route {
+        chosen,
+        peer,
+        rail,
+        stripe,
+        cooldowns,
+    } = *route;
     let bytes = user_data.as_ref().map_or(bytes, |d| d.len() as u64);
     let tcp = chosen.kind == TransportKind::Tcp;
     let size = usize::try_from(bytes).context("--size does not fit this machine")?;
@@ -125,7 +142,7 @@ fn measure(
     let facts = path_facts(&gpu, nic.as_deref(), args.gpudirect_level, bytes)?;
     let mut plan = plan(Direction::Send, mem, &facts)?;
     if tcp {
-        plan = transport::tcp::tcp_plan(&plan);
+        plan = host::engine::connect::tcp_plan(&plan);
     }
     let mut memory = match user_data {
         Some(data) => SendMemory::user(plan, gpu, data, chunk),
@@ -151,6 +168,7 @@ fn measure(
         payload: payload.clone(),
         rails: stripe.to_vec(),
         rail_timeout: args.rail_timeout,
+        cooldowns: cooldowns.clone(),
     };
     let mut cfg = cfg;
     if let Some(why) = rdma::why_not_striped(&cfg, args.reuse_connection, args.raw) {
@@ -175,7 +193,7 @@ fn measure(
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
         note_streams_once(args);
-        reports = super::tcp::send(args, &cfg, &payload, &mut memory, transfers)?;
+        reports = super::tcp::send(args, &cfg, &payload, &mut memory, transfers, cooldowns)?;
     } else if args.raw && payload.payload != Payload::Pattern {
         bail!("--raw sends the pattern only (no header says what the bytes are): drop --input");
     } else if args.reuse_connection {
@@ -267,23 +285,23 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     } else {
         verbs_rails(ip, port, &set)?
     };
+    let cooldowns = Cooldowns::new();
+    let route = Route {
+        chosen: &chosen,
+        peer,
+        rail: rail.as_deref(),
+        stripe: &stripe,
+        cooldowns: &cooldowns,
+    };
     if let Some(sweep) = args.sweep {
-        return run_sweep(args, sweep, &chosen, peer, rail.as_deref(), &stripe, &human);
+        return run_sweep(args, sweep, &route, &human);
     }
     let user_data = args
         .input
         .as_deref()
         .map(transfer::input::read_input)
         .transpose()?;
-    let (reports, memory) = measure(
-        args,
-        args.size,
-        &chosen,
-        peer,
-        rail.as_deref(),
-        &stripe,
-        user_data,
-    )?;
+    let (reports, memory) = measure(args, args.size, &route, user_data)?;
     if args.warmup > 0 {
         human.line(format!(
             "warm-up: {} transfer{} made and verified first, not counted below",
@@ -315,7 +333,7 @@ pub fn run(args: &SendArgs) -> Result<ExitCode> {
     }
     let user_data = memory.is_user_data();
     let via = if tcp {
-        transport::tcp::describe(path, user_data)
+        host::net::tcp::describe(path, user_data)
     } else {
         path.describe()
     };
@@ -520,10 +538,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn run_sweep(
     args: &SendArgs,
     (min, max): (u64, u64),
-    chosen: &transport::Chosen,
-    peer: SocketAddr,
-    rail: Option<&str>,
-    stripe: &[RailTarget],
+    route: &Route<'_>,
     human: &Human,
 ) -> Result<ExitCode> {
     let sizes = sweep_sizes(min, max);
@@ -535,7 +550,7 @@ fn run_sweep(
     let mut rows = Vec::new();
     let mut verified = true;
     for bytes in sizes {
-        let (reports, _memory) = measure(args, bytes, chosen, peer, rail, stripe, None)
+        let (reports, _memory) = measure(args, bytes, route, None)
             .with_context(|| format!("--sweep at {}", format_bytes(bytes)))?;
         verified &= reports.iter().all(|r| r.receiver.is_none_or(|v| v.ok()));
         let total: u64 = reports.iter().map(|r| r.bytes).sum();
@@ -567,8 +582,8 @@ fn run_sweep(
             "{}",
             json!({
                 "ok": verified,
-                "peer": peer.to_string(),
-                "transport": chosen.kind,
+                "peer": route.peer.to_string(),
+                "transport": route.chosen.kind,
                 "op": args.op.name(),
                 "warmup": args.warmup,
                 "reuse_connection": args.reuse_connection,

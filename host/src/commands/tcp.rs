@@ -1,17 +1,20 @@
 //! `host` and `host recv` over `--transport tcp`: the options that differ from verbs, then
-//! the library's TCP sender and receiver. The output is the verbs commands' own.
+//! the engine's TCP sender and receiver. The output is the verbs commands' own.
 
 use super::output::iteration_error;
 use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
+use host::engine::connect::{choose_source, send_tcp};
+use host::engine::serve::serve_tcp;
+use host::engine::{Cooldowns, RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
+use host::net::tcp::dial::{rails_of, Rail};
 use host::server::admission::{Admission, Limits};
 use host::transfer::{PayloadOptions, RecvOutcome, SendReport};
 use host::transport::rdma::SendConfig;
-use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use host::wire::Op;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 /// The sender's options over TCP: the RDMA-only ones refused with a reason, and
@@ -34,7 +37,7 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
 
 /// The rails of `--bind-interfaces` and a comma list of receiver addresses; empty for
 /// one rail (one address, no local addresses named).
-fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<host::transport::tcp::rails::Rail>> {
+fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<Rail>> {
     let ip = args.ip.as_deref().unwrap_or_default();
     let remotes = match ip.contains(',') {
         true => super::peer::resolve_all(ip, peer.port())?,
@@ -43,8 +46,7 @@ fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<host::transport::tcp::
     if remotes.len() == 1 && args.bind_interfaces.is_empty() {
         return Ok(Vec::new());
     }
-    host::transport::tcp::rails::rails_of(&remotes, &args.bind_interfaces)
-        .map_err(anyhow::Error::msg)
+    rails_of(&remotes, &args.bind_interfaces).map_err(anyhow::Error::msg)
 }
 
 /// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`).
@@ -54,33 +56,35 @@ pub fn send(
     payload: &PayloadOptions,
     memory: &mut SendMemory,
     transfers: u32,
+    cooldowns: &Cooldowns,
 ) -> Result<Vec<SendReport>> {
-    let (source, log) = tcp::choose_source(memory)?;
+    let (source, log) = choose_source(memory)?;
     if let Some(k) = args.test_silent_rail {
         eprintln!("warning: TEST SILENT RAIL: rail {k} writes no end marker after its chunks (--test-silent-rail), as a link that died silently; the receiver has to notice");
     }
-    let tcfg = TcpSendConfig {
+    let opts = SendOptions {
         peer: cfg.peer,
-        bytes: cfg.bytes,
         chunk: cfg.chunk,
         depth: cfg.depth,
-        streams: args.streams,
         timeout: cfg.timeout,
         progress: cfg.progress,
         protocol_version: cfg.protocol_version,
         key: cfg.key.clone(),
         payload: payload.clone(),
-        rails: rails(args, cfg.peer)?,
         rail_timeout: args.rail_timeout,
-        test_silent_rail: args.test_silent_rail,
+        cooldowns: cooldowns.clone(),
+        tcp: TcpSendOptions {
+            streams: args.streams,
+            rails: rails(args, cfg.peer)?,
+            test_silent_rail: args.test_silent_rail,
+        },
     };
     if args.reuse_connection {
-        return Ok(tcp::send_repeated(&tcfg, source, &log, transfers)?);
+        return Ok(send_tcp(&opts, source, &log, transfers)?);
     }
     let mut reports = Vec::new();
     for i in 0..transfers {
-        let r = tcp::send_repeated(&tcfg, source, &log, 1)
-            .map_err(|e| iteration_error(e, i, transfers))?;
+        let r = send_tcp(&opts, source, &log, 1).map_err(|e| iteration_error(e, i, transfers))?;
         reports.extend(r);
     }
     Ok(reports)
@@ -106,7 +110,7 @@ pub fn serve_with(
     if args.raw {
         bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form; use --transport rdma");
     }
-    let cfg = TcpRecvConfig {
+    let opts = RecvOptions {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,
         max_bytes: args.max_bytes,
@@ -130,7 +134,11 @@ pub fn serve_with(
             bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
         }
     };
-    Ok(tcp::serve_with(&cfg, &memory, admission, report)?)
+    let listener = TcpListener::bind(opts.bind)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} (TCP): {e}", opts.bind))?;
+    Ok(serve_tcp(
+        listener, &opts, &memory, admission, None, report,
+    )?)
 }
 
 /// `--key-file`, read once.

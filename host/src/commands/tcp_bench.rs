@@ -5,12 +5,12 @@
 //! last byte read into its (already faulted-in) buffer.
 
 use anyhow::{bail, Context, Result};
+use host::engine::{Cooldowns, RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
 use host::memory::host_buffer::verify_bytes;
 use host::memory::select::AttemptLog;
 use host::memory::HostBuffer;
+use host::net::tcp::frames::{Frame, FRAME_LEN};
 use host::transfer::RecvOutcome;
-use host::transport::tcp::frames::{Frame, FRAME_LEN};
-use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -72,7 +72,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
     let (addr_tx, addr_rx) = mpsc::channel::<String>();
     let (report_tx, report_rx) = mpsc::channel::<RecvOutcome>();
     let receiver = std::thread::spawn(move || {
-        let cfg = TcpRecvConfig {
+        let opts = RecvOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             once: true,
             max_bytes: size,
@@ -85,35 +85,47 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             key: None,
             output: None,
         };
-        tcp::serve(&cfg, &RecvMemory::Host, &mut |o| match o {
+        let listener = TcpListener::bind(opts.bind)?;
+        let admission = host::engine::serve::admission_of(&opts);
+        let mut report = |o: &RecvOutcome| match o {
             RecvOutcome::Listening { addr } => {
                 let _ = addr_tx.send(addr.clone());
             }
             other => {
                 let _ = report_tx.send(other.clone());
             }
-        })
+        };
+        host::engine::serve::serve_tcp(
+            listener,
+            &opts,
+            &RecvMemory::Host,
+            &admission,
+            None,
+            &mut report,
+        )
+        .map_err(anyhow::Error::from)
     });
     let addr: SocketAddr = addr_rx
         .recv_timeout(TIMEOUT)
         .context("the receiver did not start")?
         .parse()?;
-    let cfg = TcpSendConfig {
+    let opts = SendOptions {
         peer: addr,
-        bytes: size,
         chunk,
         depth: 16,
-        streams,
         timeout: TIMEOUT,
         progress: false,
         protocol_version: host::wire::VERSION,
         key: None,
         payload: host::transfer::PayloadOptions::default(),
-        rails: Vec::new(),
-        rail_timeout: host::transport::tcp::DEFAULT_RAIL_TIMEOUT,
-        test_silent_rail: None,
+        rail_timeout: host::engine::DEFAULT_RAIL_TIMEOUT,
+        cooldowns: Cooldowns::new(),
+        tcp: TcpSendOptions {
+            streams,
+            ..TcpSendOptions::default()
+        },
     };
-    let sent = tcp::send_repeated(&cfg, source, &AttemptLog::default(), 1)?;
+    let sent = host::engine::connect::send_tcp(&opts, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;
     let _ = receiver.join();
     let RecvOutcome::Completed(r) = outcome else {

@@ -255,6 +255,55 @@ impl DeviceUpload {
         self.finish().map_err(|e| format!("{e:#}"))
     }
 
+    /// The ring's slots as (base address, length), for a receiver whose reader threads
+    /// live longer than one [`fill`](Self::fill) and hand slots around themselves (the
+    /// TCP link, `net::tcp::recv`). What [`queue_copy`](Self::queue_copy) needs of them
+    /// is in its safety contract.
+    pub(crate) fn slot_addresses(&self) -> Vec<(usize, usize)> {
+        (0..self.events.len())
+            .map(|slot| {
+                let lent = self.lend(slot);
+                (lent.base as usize, lent.len)
+            })
+            .collect()
+    }
+
+    /// Queue the copy of slot `slot`'s first `len` bytes to `offset` of the device
+    /// memory (bounds checked).
+    ///
+    /// # Safety
+    /// Nobody writes the slot from now until [`copy_landed`](Self::copy_landed) says its
+    /// copy landed (the caller gives the slot out again only then).
+    pub(crate) unsafe fn queue_copy(
+        &mut self,
+        slot: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), String> {
+        let lent = Lent {
+            len,
+            ..self.lend(slot.min(self.events.len().saturating_sub(1)))
+        };
+        if slot >= self.events.len() {
+            return Err(format!("upload slot {slot} of {}", self.events.len()));
+        }
+        self.copy(&lent, offset)
+    }
+
+    /// Whether the copy out of slot `slot` has landed (or none was queued).
+    pub(crate) fn copy_landed(&mut self, slot: usize) -> Result<bool, String> {
+        if !self.pending.get(slot).copied().unwrap_or(false) {
+            return Ok(true);
+        }
+        let done = self.events[slot]
+            .is_complete()
+            .map_err(|e| format!("a host-to-GPU copy failed: {e}"))?;
+        if done {
+            self.pending[slot] = false;
+        }
+        Ok(done)
+    }
+
     /// Slot `slot` as a [`Lent`]: its base address in the ring and its size.
     fn lend(&self, slot: usize) -> Lent {
         Lent {

@@ -72,6 +72,12 @@ impl HostBuffer {
         }
     }
 
+    /// Its address and length, for a link that writes it from its own threads under the
+    /// rules of the memory it is lent as (`net::tcp::recv`'s claims).
+    pub(crate) fn raw_parts(&self) -> (NonNull<u8>, usize) {
+        (self.ptr, self.len)
+    }
+
     /// A buffer for receiving: filled with [`POISON`], so nothing in it verifies before
     /// data arrives.
     pub fn poisoned(len: usize) -> Result<Self> {

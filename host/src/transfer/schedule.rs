@@ -14,22 +14,11 @@ use crate::memory::SendSource;
 use crate::rdma::Deadline;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Which pass of the schedule a chunk belongs to. Every [`Posted`] carries its pass and
-/// every report ([`Done`]) names one, so a pass never takes the completions of another
-/// one on the same wire (an earlier pass that failed early, say) for its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Pass(u64);
-
-impl Pass {
-    /// A pass number no earlier pass of this process had.
-    pub fn fresh() -> Pass {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Pass(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
+/// Which pass of the schedule a chunk belongs to: the seam's tag, which every report of
+/// a link names too ([`crate::net::Pass`]).
+pub use crate::net::Pass;
 
 /// What [`ChunkWire::wait`] reports: every chunk of `pass` up to index `through` is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,7 +26,6 @@
 //! [`Ack`]: crate::wire::Ack
 
 pub mod rdma;
-pub mod tcp;
 
 /// `--transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]

@@ -368,17 +368,18 @@ mod tests {
         let reason = RejectReason::BadHeader(WireError::UnsupportedVersion { got: 1 });
         let bytes = reason.encode();
         assert_eq!(&bytes[4..6], &1u16.to_le_bytes());
-        // A version-1 receiver refusing this sender's version 2 (its reject in version
-        // 1, code 1 sub 3): this sender says the receiver is older, not "version 2 is
-        // not supported by version 2".
-        let mut old = RejectReason::BadHeader(WireError::UnsupportedVersion { got: 2 }).encode();
+        // A version-1 receiver refusing this sender's version (its reject in version
+        // 1, code 1 sub 3): this sender says the receiver is older, not "version 3 is
+        // not supported by version 3".
+        let mut old =
+            RejectReason::BadHeader(WireError::UnsupportedVersion { got: VERSION }).encode();
         old[4..6].copy_from_slice(&1u16.to_le_bytes());
         let got = RejectReason::decode(&old).unwrap();
         assert_eq!(got, RejectReason::OldPeer { speaks: 1 });
         assert_eq!(RejectReason::decode(&got.encode()), Some(got));
         assert_eq!(
             got.to_string(),
-            "it speaks protocol version 1 and this sender version 2: run the same release on both ends (or --raw)"
+            "it speaks protocol version 1 and this sender version 3: run the same release on both ends (or --raw)"
         );
         // A future version's reject is not taken for one of ours.
         let mut future = RejectReason::Internal.encode();

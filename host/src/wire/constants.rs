@@ -4,7 +4,7 @@
 //! bounds in its words, and every message file takes them and the error, so neither
 //! imports the other back.
 
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Versions a receiver answers with a reject its sender can decode (see
 /// [`RejectReason::encode`](super::RejectReason::encode)): the old layout of the reject is the same.
 pub const OLDEST_VERSION: u16 = 1;
@@ -24,6 +24,7 @@ pub const MAX_DEPTH: u32 = 4096;
 pub const MAX_TRANSFERS: u32 = 1 << 20;
 /// Most rounds of resends a sender may ask for (`--max-resends`).
 pub const MAX_RESENDS: u8 = 16;
-/// Most rails of one striped verbs transfer (the rail count is a byte; 8 covers the NICs
-/// of a GPU server).
+/// Most rails of one striped verbs transfer (8 covers the NICs of a GPU server).
 pub const MAX_VERBS_RAILS: u8 = 8;
+/// Most rails of one striped transfer of any transport (bits of a failed-rail mask).
+pub const MAX_RAILS: u8 = 32;

@@ -3,9 +3,7 @@
 //! payload and its checks, its flags and hints; and `--raw`'s constants, the mode with no
 //! offer at all.
 
-use super::constants::{
-    HEADER_MAGIC, MAX_DEPTH, MAX_RESENDS, MAX_TRANSFERS, MAX_VERBS_RAILS, VERSION,
-};
+use super::constants::{HEADER_MAGIC, MAX_DEPTH, MAX_RAILS, MAX_RESENDS, MAX_TRANSFERS, VERSION};
 use super::error::{open, WireError};
 
 pub const HEADER_LEN: usize = 32;
@@ -159,9 +157,9 @@ pub struct Header {
     pub striped: bool,
     /// The sender answers piece requests ([`HINT_PIECES`]).
     pub pieces: bool,
-    /// Verbs, striped: the rails the sender will open (rail 0 is this connection; the
-    /// others [`Join`](super::Join) it). Carried at byte 24 with flag 0x04 and without flag 0x01;
-    /// 0 where not said (TCP says it in its hello).
+    /// Striped: the rails of the connection (over verbs, the rails the sender will open:
+    /// rail 0 is this connection, the others [`Join`](super::Join) it; over TCP, the
+    /// rails whose sockets connected). Carried in byte 27; 0 where not striped.
     pub rails: u8,
 }
 
@@ -244,7 +242,7 @@ impl Header {
         }
     }
 
-    /// The same offer, striped over `rails` verbs rails (one transfer on the connection).
+    /// The same offer, striped over `rails` rails.
     pub fn with_rails(self, rails: u8) -> Result<Header, WireError> {
         let header = Header {
             striped: true,
@@ -318,9 +316,9 @@ impl Header {
                 count: self.transfers,
             });
         }
-        if self.rails > 0 && (!self.striped || self.repeats() || self.rails > MAX_VERBS_RAILS) {
+        if self.rails > 0 && (!self.striped || self.rails > MAX_RAILS) {
             return Err(WireError::Inconsistent {
-                what: "a rail count needs the striped flag, one transfer, and at most 8 rails",
+                what: "a rail count needs the striped flag, and at most 32 rails",
             });
         }
         Ok(())
@@ -347,11 +345,10 @@ impl Header {
         out[8..16].copy_from_slice(&self.total_bytes.to_le_bytes());
         out[16..20].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         out[20..24].copy_from_slice(&self.depth.to_le_bytes());
-        if self.repeats() {
-            out[24..28].copy_from_slice(&self.transfers.to_le_bytes());
-        } else if self.rails > 0 {
-            out[24..28].copy_from_slice(&(self.rails as u32).to_le_bytes());
-        }
+        // Transfers in bytes 24..27 (with the repeat flag; 0 for one), rails in 27.
+        let transfers = if self.repeats() { self.transfers } else { 0 };
+        let word = (transfers & 0x00ff_ffff) | (self.rails as u32) << 24;
+        out[24..28].copy_from_slice(&word.to_le_bytes());
         if self.solicited_events {
             out[28] = HINT_SOLICITED;
         }
@@ -378,8 +375,7 @@ impl Header {
         let total_bytes = r.u64();
         let chunk_bytes = r.u32();
         let depth = r.u32();
-        // Without the flag, bytes 24..28 are reserved and ignored (as before).
-        let transfers = r.u32();
+        let word = r.u32();
         let hints = r.u8();
         let payload = match r.u8() {
             0 => Payload::Pattern,
@@ -390,19 +386,18 @@ impl Header {
         let verify = VerifyMode::from_code(code).ok_or(WireError::UnknownVerify { code })?;
         let max_resends = r.u8();
         let striped = flags & HEADER_FLAG_STRIPED != 0;
-        let (transfers, rails) = if flags & HEADER_FLAG_REPEAT != 0 {
+        let (transfers, rails) = (word & 0x00ff_ffff, (word >> 24) as u8);
+        let transfers = if flags & HEADER_FLAG_REPEAT != 0 {
             if transfers < 2 {
                 return Err(WireError::BadTransferCount { count: transfers });
             }
-            (transfers, 0)
-        } else if striped {
-            // Verbs: the rail count (validate bounds it; 0 from a TCP sender).
-            let rails = u8::try_from(transfers).map_err(|_| WireError::Inconsistent {
-                what: "a rail count needs the striped flag, one transfer, and at most 8 rails",
-            })?;
-            (1, rails)
+            transfers
+        } else if transfers != 0 {
+            return Err(WireError::Inconsistent {
+                what: "a transfer count without the repeat flag",
+            });
         } else {
-            (1, 0)
+            1
         };
         let header = Header {
             op,
@@ -474,7 +469,7 @@ pub(super) mod tests {
 
     #[test]
     fn header_bad_version() {
-        for version in [1, 3] {
+        for version in [1, 2, 4] {
             let bytes = seed_header().encode_with_version(version);
             assert_eq!(
                 Header::decode(&bytes),
@@ -608,25 +603,27 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_single_transfer_keeps_the_original_encoding() {
-        // Byte for byte what a sender before the repeat flag sent (flags 0, 24..28
-        // zero), but for the version and version 2's payload bytes (29..32).
+    fn a_single_transfer_says_no_count_and_a_count_without_its_flag_is_refused() {
+        // A single unstriped transfer: flags 0, bytes 24..28 zero.
         let bytes = seed_header().encode();
         let mut expected = [0u8; HEADER_LEN];
         expected[0..4].copy_from_slice(b"GRDM");
-        expected[4..6].copy_from_slice(&2u16.to_le_bytes());
+        expected[4..6].copy_from_slice(&VERSION.to_le_bytes());
         expected[29..32].copy_from_slice(&[0, 1, DEFAULT_MAX_RESENDS]);
         expected[6] = 1;
         expected[8..16].copy_from_slice(&16384u64.to_le_bytes());
         expected[16..20].copy_from_slice(&16384u32.to_le_bytes());
         expected[20..24].copy_from_slice(&16u32.to_le_bytes());
         assert_eq!(bytes, expected);
-        // Without the flag, whatever lies in the reserved bytes is ignored, as before
-        // (byte 28 now carries hints, which change nothing a receiver must do).
-        let mut junk = bytes;
-        junk[24..28].copy_from_slice(&[7; 4]);
-        assert_eq!(Header::decode(&junk), Ok(seed_header()));
-        assert_eq!(Header::decode(&junk).unwrap().transfers, 1);
+        assert_eq!(Header::decode(&bytes).unwrap().transfers, 1);
+        // A transfer count without the repeat flag, or a rail count without the striped
+        // one, is a lie, not something to ignore.
+        let mut count = bytes;
+        count[24] = 7;
+        assert!(Header::decode(&count).is_err());
+        let mut rails = bytes;
+        rails[27] = 2;
+        assert!(Header::decode(&rails).is_err());
     }
 
     #[test]
@@ -702,26 +699,24 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_striped_verbs_header_carries_its_rail_count() {
+    fn a_striped_header_carries_its_rail_count_beside_its_transfers() {
         let h = seed_header().with_rails(3).unwrap();
         let bytes = h.encode();
         assert_eq!(bytes[7] & HEADER_FLAG_STRIPED, HEADER_FLAG_STRIPED);
-        assert_eq!(bytes[24], 3);
+        assert_eq!(bytes[27], 3);
         assert_eq!(Header::decode(&bytes), Ok(h));
-        // A TCP striped header says no count (0), as before.
-        let tcp = seed_header().with_striped();
-        assert_eq!(Header::decode(&tcp.encode()).unwrap().rails, 0);
-        // Lies: too many rails, a count with several transfers, a count above a byte.
-        assert!(seed_header().with_rails(MAX_VERBS_RAILS + 1).is_err());
+        // Striped and repeated (--reuse-connection over rails): both counts travel.
+        let both = h.with_transfers(1000).unwrap();
+        let b = both.encode();
+        assert_eq!(
+            (b[27], u32::from_le_bytes([b[24], b[25], b[26], 0])),
+            (3, 1000)
+        );
+        assert_eq!(Header::decode(&b), Ok(both));
+        // Lies: too many rails.
+        assert!(seed_header().with_rails(MAX_RAILS + 1).is_err());
         let mut bytes = h.encode();
-        bytes[24..28].copy_from_slice(&300u32.to_le_bytes());
+        bytes[27] = MAX_RAILS + 1;
         assert!(Header::decode(&bytes).is_err());
-        bytes[24..28].copy_from_slice(&9u32.to_le_bytes());
-        assert!(Header::decode(&bytes).is_err());
-        assert!(seed_header()
-            .with_transfers(2)
-            .unwrap()
-            .with_rails(2)
-            .is_err());
     }
 }

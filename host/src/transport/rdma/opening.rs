@@ -59,6 +59,8 @@ pub struct SendConfig {
     /// Striped: a rail with chunks in flight and no completion for this long, while
     /// another rail completes, has failed (`--rail-timeout`).
     pub rail_timeout: Duration,
+    /// Where rails that failed rest (the caller's, shared by its transfers).
+    pub cooldowns: crate::engine::Cooldowns,
 }
 
 /// One rail of a striped verbs transfer: the receiver's address on it, and the local

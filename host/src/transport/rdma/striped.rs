@@ -45,7 +45,6 @@ use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::{Framed, Integrity, RailReport};
 use crate::transfer::schedule::{self, ChunkWire, Posted, Schedule};
 use crate::transfer::{SendReport, TransferError};
-use crate::transport::tcp::rails::Cooldowns;
 use crate::wire::{AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, MAX_VERBS_RAILS};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -176,7 +175,7 @@ fn rails_now(cfg: &SendConfig) -> (Vec<usize>, Vec<RailReport>) {
     let mut usable = Vec::new();
     let mut resting = Vec::new();
     for (k, t) in cfg.rails.iter().enumerate() {
-        match Cooldowns::global().resting(&cooldown_label(t), now) {
+        match cfg.cooldowns.resting(&cooldown_label(t), now) {
             Some(left) => resting.push(left_out(
                 k,
                 t,
@@ -432,9 +431,9 @@ fn attempt(
         let name = cooldown_label(&o.target);
         match &c.failed {
             Some(f) => {
-                Cooldowns::global().failed(&name, f.at);
+                cfg.cooldowns.failed(&name, f.at);
             }
-            None => Cooldowns::global().worked(&name),
+            None => cfg.cooldowns.worked(&name),
         }
         reports.push(RailReport {
             rail: o.rail,

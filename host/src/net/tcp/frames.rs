@@ -1,35 +1,29 @@
-//! The bytes the TCP transport adds to the shared wire messages of
-//! [`crate::wire`], encoded and decoded here and nowhere else.
+//! The bytes the TCP transport adds to the shared wire messages of [`crate::wire`],
+//! encoded and decoded here and nowhere else.
 //!
-//! Stream 0 of a connection carries, in order: the sender's 32-byte `Header`, a
-//! [`Hello`] (index 0, with the stream count and the connection's token), the receiver's
-//! 28-byte `AcceptInfo` or `RejectReason` (told apart by their magics), the data frames
-//! of its share of the chunks, and the receiver's 48-byte `Ack` after every transfer.
-//! Streams 1..N are opened after the accept and start with their own [`Hello`], so the
-//! receiver can hand them to the connection whose token they carry. Chunk `i` travels on
-//! stream `i % N` as one [`Frame`] header followed by its bytes; both ends know the
-//! assignment, so a frame with another offset is a protocol error.
+//! The first socket of a connection (the first stream of its first rail) carries the
+//! opening, raw: the sender's 32-byte `Header`, a [`Hello`] (index 0, with the stream
+//! count and the connection's token), its name message if it named the transfer, the
+//! receiver's 28-byte `AcceptInfo`, `RejectReason` or key `Challenge` (told apart by
+//! their magics), the proof if challenged. Every further stream starts with its own
+//! [`Hello`] (and proof), so the receiver hands it to the connection whose token it
+//! carries. Streams `r * N .. (r + 1) * N` are rail `r`'s.
 //!
-//! **Striped** transfers (header flag `0x04`, several rails: `--bind-interfaces`) open
-//! N streams per rail, stream `r * N + s` being stream `s` of rail `r`, and each hello
-//! names its rail. Chunks go to whichever rail has the fewest outstanding, so any chunk
-//! may come on any stream: the receiver places a frame by its offset after checking it
-//! is a chunk of the plan. After each pass (the data, or a round of resends) every stream
-//! of a rail still alive carries an [`end marker`](Frame::end) naming the rails the sender
-//! gave up on; the receiver stops reading those rails, and names the chunks that never
-//! arrived in a missing-chunk `Resend`.
+//! After the opening, everything on every stream, in both directions, is a [`Frame`]:
+//! an item of a pass (a chunk, or a repair round's piece) placed by its offset, followed
+//! by its bytes; a control message ([`Frame::control`], followed by the message, with
+//! its own CRC32C); or the end of a pass on that stream ([`Frame::end`]). Items go
+//! sender to receiver only; control messages both ways, on the first stream of whichever
+//! rail the engine picks (any live rail carries the conversation).
 //!
 //! ```text
 //! Hello (20 bytes):  0 magic "GRDS"  4 version u16  6 stream index u16  8 stream count u16
-//!                   10 rail u16 (0 unless striped; was reserved) 12 token u64
-//! Frame (16 bytes):  0 offset u64 (of the chunk in the transfer)  8 length u32
-//!                   12 CRC32C u32 of the chunk's bytes (0 with --verify pattern|off)
-//! End marker:        0 offset u64::MAX  8 length 0  12 failed rails u32 (bit r: rail r)
+//!                   10 rail u16  12 token u64
+//! Frame (16 bytes):  0 offset u64 (of the item in the transfer)  8 length u32
+//!                   12 CRC32C u32 of the item's bytes (0 with --verify pattern|off)
+//! Control:           0 offset u64::MAX - 1  8 length u32  12 CRC32C u32 of the message
+//! End of a pass:     0 offset u64::MAX  8 length 0  12 failed rails u32 (bit r: rail r)
 //! ```
-//!
-//! After the data, stream 0 carries the receiver's reply: an `Ack`, or a `Resend` that
-//! names chunks whose CRC32C failed; the sender then sends those chunks again, each on
-//! its own stream as before and in increasing order, and reads the next reply.
 
 use crate::wire::VERSION;
 
@@ -40,9 +34,8 @@ pub const FRAME_LEN: usize = 16;
 pub const MAX_STREAMS: u16 = 64;
 /// Most rails one striped transfer uses (bits of an end marker's failed-rail mask).
 pub const MAX_RAILS: usize = 32;
-/// Rounds of missing-chunk resends one pass may take, on both ends (a round leaves
-/// chunks missing only when another rail failed during it).
-pub const MAX_MISSING_ROUNDS: u32 = 8;
+/// The offset that marks a control message's frame.
+pub const CONTROL_OFFSET: u64 = u64::MAX - 1;
 
 /// Why a hello did not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -129,9 +122,29 @@ impl Frame {
         }
     }
 
-    /// An end marker's failed-rail mask; `None` for a chunk's frame.
-    pub fn end_mask(&self) -> Option<u32> {
-        (self.offset == u64::MAX && self.len == 0).then_some(self.crc)
+    /// The frame of a control message of `bytes`.
+    pub fn control(bytes: &[u8]) -> Frame {
+        Frame {
+            offset: CONTROL_OFFSET,
+            len: bytes.len() as u32,
+            crc: crate::integrity::crc32c(bytes),
+        }
+    }
+
+    /// What this frame is.
+    pub fn kind(&self) -> FrameKind {
+        match self.offset {
+            u64::MAX if self.len == 0 => FrameKind::End { failed: self.crc },
+            CONTROL_OFFSET => FrameKind::Control {
+                len: self.len,
+                crc: self.crc,
+            },
+            offset => FrameKind::Item {
+                offset,
+                len: self.len,
+                crc: self.crc,
+            },
+        }
     }
 
     pub fn encode(&self) -> [u8; FRAME_LEN] {
@@ -154,9 +167,15 @@ impl Frame {
     }
 }
 
-/// The stream chunk `index` travels on.
-pub fn stream_of(index: u64, streams: u16) -> usize {
-    (index % streams.max(1) as u64) as usize
+/// What a [`Frame`] announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// An item's `len` bytes, to land at `offset`.
+    Item { offset: u64, len: u32, crc: u32 },
+    /// A control message of `len` bytes.
+    Control { len: u32, crc: u32 },
+    /// The end of a pass on this stream, naming the rails given up (bit `r`).
+    End { failed: u32 },
 }
 
 #[cfg(test)]
@@ -204,18 +223,38 @@ mod tests {
     }
 
     #[test]
-    fn frames_round_trip_and_chunks_go_round_robin() {
+    fn frames_round_trip_and_say_what_they_are() {
         let f = Frame {
             offset: (5 << 30) + 12,
             len: 1 << 20,
             crc: 0xe306_9283,
         };
         assert_eq!(Frame::decode(&f.encode()), f);
-        let on: Vec<usize> = (0..6).map(|i| stream_of(i, 4)).collect();
-        assert_eq!(on, [0, 1, 2, 3, 0, 1]);
-        assert_eq!(stream_of(7, 1), 0);
+        assert_eq!(
+            f.kind(),
+            FrameKind::Item {
+                offset: (5 << 30) + 12,
+                len: 1 << 20,
+                crc: 0xe306_9283
+            }
+        );
         let end = Frame::decode(&Frame::end(0b10).encode());
-        assert_eq!(end.end_mask(), Some(0b10));
-        assert_eq!(f.end_mask(), None);
+        assert_eq!(end.kind(), FrameKind::End { failed: 0b10 });
+        let message = b"a control message";
+        let control = Frame::decode(&Frame::control(message).encode());
+        assert_eq!(
+            control.kind(),
+            FrameKind::Control {
+                len: message.len() as u32,
+                crc: crate::integrity::crc32c(message)
+            }
+        );
+        // An item can never be taken for either: no transfer reaches those offsets.
+        let last = Frame {
+            offset: CONTROL_OFFSET - 1,
+            len: 1,
+            crc: 0,
+        };
+        assert!(matches!(last.kind(), FrameKind::Item { .. }));
     }
 }

@@ -1,0 +1,266 @@
+//! Opening a sender's connection and running its transfers: the offer is the engine's
+//! (the header, the name), which rails are tried is the engine's (rails resting after a
+//! failure are left out while another can go; a rail that does not connect rests), the
+//! opening itself is the transport's (its `dial`), and what runs on the link once open is
+//! [`super::send`]'s.
+
+use super::options::SendOptions;
+use super::send::{self, Facts, RailName, Shape};
+use super::sending::Sending;
+use crate::memory::select::{walk, AttemptLog, LeftOut, Method, Plan};
+use crate::memory::{SendMemory, SendSource};
+use crate::net::tcp::dial::{self, DialConfig, Rail};
+use crate::net::tcp::frames::MAX_STREAMS;
+use crate::net::tcp::send::WriteChecks;
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::{SendReport, TransferError};
+use crate::wire::{encode_name, Header, Op};
+use std::time::{Duration, Instant};
+
+/// The offer of `transfers` transfers of `bytes` bytes under `opts`, and the name
+/// message that follows it (empty without a name).
+fn offer(
+    opts: &SendOptions,
+    bytes: u64,
+    transfers: u32,
+    op: Op,
+) -> Result<(Header, ChunkPlan, Vec<u8>), TransferError> {
+    let plan = ChunkPlan::new(bytes, opts.chunk).map_err(TransferError::Protocol)?;
+    let p = &opts.payload;
+    let cannot = |e: crate::wire::WireError| {
+        TransferError::Protocol(format!("cannot offer this transfer: {e}"))
+    };
+    let mut header = Header::of(op, bytes, plan.chunk_bytes(), opts.depth, p.payload)
+        .and_then(|h| h.with_transfers(transfers))
+        .and_then(|h| h.with_payload(p.payload, p.verify, p.max_resends))
+        .map_err(cannot)?;
+    if p.verify.checksum() {
+        // This sender answers piece requests: a failed chunk comes again in pieces,
+        // each with its own CRC32C, so repair converges on a lossy path.
+        header = header.with_pieces();
+    }
+    let name = match &p.name {
+        Some(name) => {
+            header = header.with_name();
+            encode_name(name).map_err(cannot)?
+        }
+        None => Vec::new(),
+    };
+    Ok((header, plan, name))
+}
+
+/// Which of `labels` to try, and why the others are left out: those resting after a
+/// failure, unless all are (then all are tried rather than none).
+fn rails_to_try(
+    labels: &[String],
+    cooldowns: &super::cooldown::Cooldowns,
+) -> (Vec<usize>, Vec<(usize, String)>) {
+    if labels.len() < 2 {
+        return ((0..labels.len()).collect(), Vec::new());
+    }
+    let now = Instant::now();
+    let mut left_out = Vec::new();
+    let tried: Vec<usize> = (0..labels.len())
+        .filter(|&k| match cooldowns.resting(&labels[k], now) {
+            Some(left) => {
+                let left = crate::rdma::format_duration(left);
+                left_out.push((k, format!("resting after a failure ({left} more)")));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    match tried.is_empty() {
+        true => ((0..labels.len()).collect(), Vec::new()),
+        false => (tried, left_out),
+    }
+}
+
+/// `transfers` transfers of `source` to `opts.peer` over TCP on one connection (1: a
+/// plain transfer; more: `--reuse-connection`), each verified and acked before the next.
+pub fn send_tcp(
+    opts: &SendOptions,
+    source: &dyn SendSource,
+    memory_log: &AttemptLog,
+    transfers: u32,
+) -> Result<Vec<SendReport>, TransferError> {
+    let t0 = Instant::now();
+    let label = opts.peer.to_string();
+    let streams = opts.tcp.streams;
+    if !(1..=MAX_STREAMS).contains(&streams) {
+        return Err(TransferError::Protocol(format!(
+            "--streams {streams} is outside 1..={MAX_STREAMS}"
+        )));
+    }
+    let (header, plan, name_message) = offer(opts, source.len() as u64, transfers, Op::Send)?;
+    let rails: Vec<Rail> = match opts.tcp.rails.is_empty() {
+        true => vec![Rail {
+            local: None,
+            remote: opts.peer,
+        }],
+        false => opts.tcp.rails.clone(),
+    };
+    if rails.len() * streams as usize > MAX_STREAMS as usize {
+        return Err(TransferError::Protocol(format!(
+            "{} rails of {streams} streams: at most {MAX_STREAMS} streams in all",
+            rails.len()
+        )));
+    }
+    let names: Vec<RailName> = rails
+        .iter()
+        .map(|r| RailName {
+            local: r.local.map(|ip| ip.to_string()),
+            remote: r.remote.to_string(),
+            label: r.label(),
+        })
+        .collect();
+    let labels: Vec<String> = names.iter().map(|n| n.label.clone()).collect();
+    let (tried, mut left_out) = rails_to_try(&labels, &opts.cooldowns);
+    let cfg = DialConfig {
+        rails: rails.clone(),
+        streams,
+        timeout: opts.timeout,
+        // A rail that does not answer should not hold the transfer up for all of
+        // --timeout.
+        connect_timeout: opts
+            .timeout
+            .min((opts.rail_timeout * 4).max(Duration::from_secs(1))),
+        key: opts.key.clone(),
+        checks: WriteChecks {
+            checksum: opts.payload.verify.checksum(),
+            faults: opts.payload.faults,
+            silent_rail: opts.tcp.test_silent_rail,
+        },
+    };
+    let version = opts.protocol_version;
+    let header_for = |rails: u16| -> Vec<u8> {
+        let h = match rails > 1 {
+            true => header.with_rails(rails as u8).unwrap_or(header),
+            false => header,
+        };
+        h.encode_with_version(version).to_vec()
+    };
+    let dialed = dial::dial(&cfg, &tried, &header_for, &name_message, &label);
+    let mut dialed = match dialed {
+        Ok(d) => d,
+        Err(e) => {
+            // Rails that did not connect rest, when there were several to choose from.
+            if tried.len() > 1 {
+                for &k in &tried {
+                    opts.cooldowns.failed(&labels[k], Instant::now());
+                }
+            }
+            return Err(e);
+        }
+    };
+    for (k, why) in dialed.failed.drain(..) {
+        let rest = opts.cooldowns.failed(&labels[k], Instant::now());
+        left_out.push((
+            k,
+            format!("{why}; resting {}", crate::rdma::format_duration(rest)),
+        ));
+    }
+    let connect_seconds = t0.elapsed().as_secs_f64();
+    let facts = Facts {
+        peer: &label,
+        device: None,
+        op: "tcp",
+        connect_seconds,
+        memory: memory_log,
+        rails: &names,
+        connected: &dialed.connected,
+        left_out: &left_out,
+        cooldowns: &opts.cooldowns,
+    };
+    let shape = Shape {
+        header: &header,
+        plan,
+        depth: opts.depth,
+        timeout: opts.timeout,
+        progress: opts.progress,
+        payload: &opts.payload,
+        transfers,
+    };
+    let rail_timeout = opts.rail_timeout;
+    dialed
+        .sender
+        .with_source(source.memory(), |link| {
+            let mut sending = Sending::new(link, rail_timeout);
+            send::transfers(&mut sending, source, &shape, &facts)
+        })
+        .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?
+}
+
+/// The sender's memory plan over TCP: no NIC reads the memory, so GPUDirect methods
+/// (which exist to let a NIC read GPU memory) are left out with that reason; what stays
+/// is staged, mapped or host memory, tried in the plan's order.
+pub fn tcp_plan(plan: &Plan) -> Plan {
+    let mut out = plan.clone();
+    for method in plan.attempts.iter().filter(|m| m.is_gpudirect()) {
+        out.left_out.push(LeftOut {
+            method: *method,
+            why: "over TCP no NIC reads the memory; GPU memory goes through the staged ring".into(),
+        });
+    }
+    out.attempts.retain(|m| !m.is_gpudirect());
+    out
+}
+
+/// Make the first source of the plan that can be made (no registration to try over
+/// TCP: a method fails only if its memory cannot be allocated or generated).
+pub fn choose_source(
+    memory: &mut SendMemory,
+) -> Result<(&dyn SendSource, AttemptLog), TransferError> {
+    let plan = memory.plan().clone();
+    let walked = walk(&plan, |method: Method| {
+        memory
+            .source(method)
+            .map(drop)
+            .map_err(|e| format!("{e:#}"))
+    })
+    .map_err(|e| TransferError::Memory(e.into()))?;
+    memory.settle(walked.method);
+    let source = memory
+        .source(walked.method)
+        .map_err(TransferError::Memory)?;
+    Ok((source, walked.log))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_plans_leave_gpudirect_out_with_the_reason() {
+        let plan = Plan {
+            attempts: vec![
+                Method::DmaBuf,
+                Method::PeerMem,
+                Method::Staged,
+                Method::Mapped,
+            ],
+            left_out: Vec::new(),
+        };
+        let tcp = tcp_plan(&plan);
+        assert_eq!(tcp.attempts, [Method::Staged, Method::Mapped]);
+        assert_eq!(tcp.left_out.len(), 2);
+        assert!(tcp.left_out[0].why.contains("no NIC"));
+    }
+
+    #[test]
+    fn resting_rails_are_left_out_unless_all_rest() {
+        let c = super::super::cooldown::Cooldowns::new();
+        let labels: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(rails_to_try(&labels, &c).0, vec![0, 1]);
+        c.failed("a", Instant::now());
+        let (tried, left) = rails_to_try(&labels, &c);
+        assert_eq!(tried, vec![1]);
+        assert!(left[0].1.contains("resting"));
+        c.failed("b", Instant::now());
+        assert_eq!(
+            rails_to_try(&labels, &c).0,
+            vec![0, 1],
+            "all rest: all tried"
+        );
+    }
+}

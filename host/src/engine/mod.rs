@@ -1,0 +1,22 @@
+//! The transfer engine, written once over any link ([`crate::net`]'s seam): which rail
+//! carries each chunk and failover ([`stripe`], [`sending`]), rails that rest after a
+//! failure ([`cooldown`]), the sender's transfers and its conversation with the receiver
+//! ([`send`]), the receiver's passes, checks, converging repair, acks and reports
+//! ([`receiving`], [`recv`]), the serving loop ([`serve`]), and opening a connection
+//! over each transport ([`connect`]). One options value per direction ([`options`]).
+//! Nothing below it imports it.
+
+pub mod connect;
+pub mod cooldown;
+pub mod landed;
+pub mod options;
+pub mod receiving;
+pub mod recv;
+pub mod send;
+pub mod sending;
+pub mod serve;
+pub mod stripe;
+
+pub use cooldown::Cooldowns;
+pub use options::{RecvOptions, SendOptions, TcpSendOptions, DEFAULT_RAIL_TIMEOUT};
+pub use serve::RecvMemory;

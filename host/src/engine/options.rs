@@ -1,0 +1,80 @@
+//! One options value per direction, built by the command line and the library alike:
+//! what a sender is asked to do ([`SendOptions`]) and what a receiver serves
+//! ([`RecvOptions`]). What only one transport reads sits in its own part of the value.
+
+use super::cooldown::Cooldowns;
+use crate::net::tcp::dial::Rail;
+use crate::server::{AllowList, Key};
+use crate::transfer::store::Output;
+use crate::transfer::PayloadOptions;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `--rail-timeout`'s default.
+pub const DEFAULT_RAIL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What a sender is asked to do.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// The receiver (its first rail's address).
+    pub peer: SocketAddr,
+    /// Bytes per chunk (one frame or work request, one CRC32C).
+    pub chunk: u64,
+    /// Chunks in flight at most.
+    pub depth: u32,
+    /// Bound of every wait; while data flows it restarts on each completion.
+    pub timeout: Duration,
+    /// Draw a progress bar on stderr (when the transfer takes more than a moment).
+    pub progress: bool,
+    /// The protocol version written into the offer: `wire::VERSION` except in tests of
+    /// the receiver's version check.
+    pub protocol_version: u16,
+    /// `--key-file`: proves to a receiver with the same key that this sender may send.
+    pub key: Option<Key>,
+    /// What is sent and how the receiver checks it.
+    pub payload: PayloadOptions,
+    /// Striped: a rail with items in flight that reports none for this long, while
+    /// another rail is well, has failed (`--rail-timeout`).
+    pub rail_timeout: Duration,
+    /// Where rails that failed rest, shared by the transfers that should remember.
+    pub cooldowns: Cooldowns,
+    /// What only TCP reads.
+    pub tcp: TcpSendOptions,
+}
+
+/// A TCP sender's own options.
+#[derive(Debug, Clone, Default)]
+pub struct TcpSendOptions {
+    /// Sockets per rail (NCCL's NCCL_NSOCKS_PERTHREAD).
+    pub streams: u16,
+    /// The rails (`--bind-interfaces`, the receiver's addresses): more than one stripes
+    /// the transfer over them; empty: one rail to the peer.
+    pub rails: Vec<Rail>,
+    /// TEST ONLY (`--test-silent-rail K`): rail K writes no end marker after its items.
+    pub test_silent_rail: Option<usize>,
+}
+
+/// What a receiver serves.
+#[derive(Debug, Clone)]
+pub struct RecvOptions {
+    pub bind: SocketAddr,
+    pub once: bool,
+    pub max_bytes: u64,
+    pub timeout: Duration,
+    /// Transfers served at once at most.
+    pub max_connections: usize,
+    /// Bytes of buffers held at once (host buffers, GPU memory and its page-locked
+    /// rings, the books of checked chunks).
+    pub max_memory: u64,
+    /// Bytes per second a connection must average (beyond its first `timeout`); 0: no
+    /// limit.
+    pub min_rate: u64,
+    /// Transfers served at once for one address.
+    pub max_per_peer: usize,
+    /// Addresses served (empty: all).
+    pub allow: AllowList,
+    /// With a key, only senders that prove they hold it are served.
+    pub key: Option<Key>,
+    /// `--output`: where each verified transfer is written.
+    pub output: Option<Output>,
+}

@@ -1,0 +1,444 @@
+//! The receiver's side of one open link, whatever carries it: one pass at a time (the
+//! transfer's chunks, or the items a repair round asked for), its items counted as they
+//! land from any rail, the CRC32Cs the frames carried and those taken where the bytes
+//! landed kept, rails that break or that the sender gave up noted, the sender's messages
+//! kept for the conversation. A pass ends when every item it expects has landed; over
+//! several rails of a link whose sends may be lost with a rail, also when every live rail
+//! said the sender ended it: then the items that never came are missing.
+
+use crate::net::{Caps, Rail, RecvEvent, RecvLink, Which};
+use crate::transfer::plan::ChunkPlan;
+use crate::transfer::report::RecvRail;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Why a pass stopped short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The whole-transfer deadline passed: the sender is below `--min-rate`.
+    TooSlow,
+    /// Anything else, in words.
+    Broken(String),
+}
+
+/// One pass's items: their states and CRC32Cs.
+#[derive(Debug)]
+pub struct PassItems {
+    plan: ChunkPlan,
+    /// The items expected, increasing; `None`: all of the plan's.
+    only: Option<Vec<u32>>,
+    landed: Vec<bool>,
+    count: u64,
+    /// The CRC32C each item's frame carried (links that carry them), by position.
+    pub sent: Vec<Option<u32>>,
+    /// The CRC32C each item had where it landed, where the link took it, by position.
+    pub landed_crc: Vec<Option<u32>>,
+}
+
+impl PassItems {
+    fn new(plan: ChunkPlan, which: Which<'_>) -> PassItems {
+        let only = match which {
+            Which::All => None,
+            Which::Only(list) => Some(list.to_vec()),
+        };
+        let n = only.as_ref().map_or(plan.count(), |l| l.len() as u64) as usize;
+        PassItems {
+            plan,
+            only,
+            landed: vec![false; n],
+            count: 0,
+            sent: vec![None; n],
+            landed_crc: vec![None; n],
+        }
+    }
+
+    /// The position of item `index` in the pass.
+    pub fn position(&self, index: u64) -> Option<usize> {
+        match &self.only {
+            None => (index < self.plan.count()).then_some(index as usize),
+            Some(list) => u32::try_from(index)
+                .ok()
+                .and_then(|i| list.binary_search(&i).ok()),
+        }
+    }
+
+    /// The item at `position`.
+    pub fn index(&self, position: usize) -> u64 {
+        match &self.only {
+            None => position as u64,
+            Some(list) => list[position] as u64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.landed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.landed.is_empty()
+    }
+
+    pub fn all_landed(&self) -> bool {
+        self.count == self.landed.len() as u64
+    }
+
+    /// The items that have not landed, increasing.
+    pub fn missing(&self) -> Vec<u32> {
+        (0..self.landed.len())
+            .filter(|&p| !self.landed[p])
+            .map(|p| self.index(p) as u32)
+            .collect()
+    }
+
+    /// Take the items of `other` (a missing-items round of this pass) that landed.
+    fn absorb(&mut self, other: &PassItems) {
+        for p in 0..other.len() {
+            if !other.landed[p] {
+                continue;
+            }
+            if let Some(q) = self.position(other.index(p)) {
+                if !self.landed[q] {
+                    self.landed[q] = true;
+                    self.count += 1;
+                }
+                self.sent[q] = other.sent[p];
+                self.landed_crc[q] = other.landed_crc[p];
+            }
+        }
+    }
+}
+
+/// A rail as the receiver sees it.
+#[derive(Debug, Clone, Default)]
+struct RailSeen {
+    items: u64,
+    bytes: u64,
+    copies: u64,
+    stopped: Option<String>,
+    /// Said the end of the current pass.
+    ended: bool,
+}
+
+/// The receiver's side of an open link.
+pub struct Receiving<'l> {
+    link: &'l mut dyn RecvLink,
+    caps: Caps,
+    rails: Vec<RailSeen>,
+    /// Whether passes end by the sender's word on every rail (several rails whose sends
+    /// may be lost with a rail).
+    ends_marked: bool,
+    messages: VecDeque<(Rail, Vec<u8>)>,
+    timeout: Duration,
+    /// Bytes of the current transfer that arrived (first sendings), for errors.
+    pub got: u64,
+    /// Items asked for again because they never came, all transfers.
+    pub asked_again: u64,
+    events: Vec<RecvEvent>,
+}
+
+impl<'l> Receiving<'l> {
+    /// Over `link`; every wait without news bounded by `timeout`.
+    pub fn new(link: &'l mut dyn RecvLink, timeout: Duration) -> Receiving<'l> {
+        let caps = link.caps();
+        let rails = link.rails();
+        Receiving {
+            ends_marked: rails > 1 && !caps.sent_means_landed,
+            caps,
+            rails: vec![RailSeen::default(); rails],
+            link,
+            messages: VecDeque::new(),
+            timeout,
+            got: 0,
+            asked_again: 0,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    /// Whether the link has several rails.
+    pub fn striped(&self) -> bool {
+        self.rails.len() > 1
+    }
+
+    /// Whether a pass ends by the sender's word on every live rail.
+    pub fn ends_marked(&self) -> bool {
+        self.ends_marked
+    }
+
+    /// The rail this side's messages go on: the lowest live one.
+    pub fn control_rail(&self) -> Option<Rail> {
+        self.rails.iter().position(|r| r.stopped.is_none())
+    }
+
+    /// Send `bytes` to the sender on the control rail; a rail that refuses it is stopped
+    /// and the next tried.
+    pub fn send_message(&mut self, bytes: &[u8]) -> Result<(), Stop> {
+        loop {
+            let Some(rail) = self.control_rail() else {
+                return Err(Stop::Broken(self.no_rail_left()));
+            };
+            match self.link.send_message(rail, bytes) {
+                Ok(()) => return Ok(()),
+                Err(e) => self.stop_rail(rail, e.0),
+            }
+        }
+    }
+
+    /// Send `bytes` on every live rail (the last ack of a striped connection: the first
+    /// that arrives is enough, so a rail whose far end went silent cannot hold it back);
+    /// whether any rail took it.
+    pub fn send_everywhere(&mut self, bytes: &[u8]) -> bool {
+        let mut any = false;
+        for rail in 0..self.rails.len() {
+            if self.rails[rail].stopped.is_some() {
+                continue;
+            }
+            match self.link.send_message(rail, bytes) {
+                Ok(()) => any = true,
+                Err(e) => self.stop_rail(rail, e.0),
+            }
+        }
+        any
+    }
+
+    /// The next message from the sender, waiting until `deadline` (`None` at it).
+    pub fn next_message(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Stop> {
+        loop {
+            if let Some((_, m)) = self.messages.pop_front() {
+                return Ok(Some(m));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.poll(left, None)?;
+        }
+    }
+
+    /// Break every rail off (a transfer that ends in error).
+    pub fn close(&mut self) {
+        self.link.close();
+    }
+
+    fn stop_rail(&mut self, rail: Rail, why: String) {
+        if let Some(r) = self.rails.get_mut(rail) {
+            if r.stopped.is_none() {
+                r.stopped = Some(why);
+            }
+        }
+        self.link.give_up(rail);
+    }
+
+    fn no_rail_left(&self) -> String {
+        let why: Vec<String> = self
+            .rails
+            .iter()
+            .enumerate()
+            .filter_map(|(r, s)| Some(format!("rail {r}: {}", s.stopped.as_deref()?)))
+            .collect();
+        match (self.rails.len(), why.as_slice()) {
+            (1, [one]) => one.trim_start_matches("rail 0: ").to_string(),
+            _ => why.join("; "),
+        }
+    }
+
+    /// One pass: expect `which` items of `plan` and take events until they are in (or,
+    /// ends marked, every live rail ended the pass: the rest are missing). `whole`: the
+    /// transfer's deadline (`--min-rate`); no wait without news beyond the timeout.
+    pub fn pass(
+        &mut self,
+        plan: &ChunkPlan,
+        which: Which<'_>,
+        whole: Option<Instant>,
+        first_sending: bool,
+    ) -> Result<PassItems, Stop> {
+        self.link
+            .expect(plan, which)
+            .map_err(|e| Stop::Broken(e.0))?;
+        let mut items = PassItems::new(*plan, which);
+        for r in &mut self.rails {
+            r.ended = false;
+        }
+        let mut last_news = Instant::now();
+        let mut bytes_in = self.link.bytes_in();
+        loop {
+            if items.all_landed() && !self.ends_marked {
+                return Ok(items);
+            }
+            if self.ends_marked && self.rails.iter().all(|r| r.ended || r.stopped.is_some()) {
+                if self.rails.iter().all(|r| r.stopped.is_some()) && !items.all_landed() {
+                    return Err(Stop::Broken(self.no_rail_left()));
+                }
+                return Ok(items);
+            }
+            if !self.ends_marked && self.rails.iter().all(|r| r.stopped.is_some()) {
+                return Err(Stop::Broken(self.no_rail_left()));
+            }
+            let now = Instant::now();
+            if whole.is_some_and(|w| now >= w) {
+                return Err(Stop::TooSlow);
+            }
+            let quiet = now.saturating_duration_since(last_news);
+            if quiet >= self.timeout {
+                return Err(Stop::Broken(format!(
+                    "nothing arrived for {} ({} of {} items in; --timeout)",
+                    crate::rdma::format_duration(self.timeout),
+                    items.count,
+                    items.len()
+                )));
+            }
+            // Bytes that trickle in say nothing: they are looked at a few times a timeout.
+            let mut wait = (self.timeout - quiet)
+                .min(self.timeout / 4)
+                .max(Duration::from_millis(1));
+            if let Some(w) = whole {
+                wait = wait.min(
+                    w.saturating_duration_since(now)
+                        .max(Duration::from_millis(1)),
+                );
+            }
+            let news = self.poll(wait, Some((&mut items, first_sending)))?;
+            let now_in = self.link.bytes_in();
+            if news || now_in != bytes_in {
+                bytes_in = now_in;
+                last_news = Instant::now();
+            }
+        }
+    }
+
+    /// The items a pass left missing, asked for again (`request`: the message that asks
+    /// for round `round`) and taken in a pass of their own, until none is missing, at most
+    /// `max_rounds` rounds. Returns the pass with them in.
+    pub fn fetch_missing(
+        &mut self,
+        mut items: PassItems,
+        whole: Option<Instant>,
+        max_rounds: u32,
+        request: &dyn Fn(u32, Vec<u32>) -> Vec<u8>,
+    ) -> Result<PassItems, Stop> {
+        let mut round = 0u32;
+        loop {
+            let missing = items.missing();
+            if missing.is_empty() {
+                return Ok(items);
+            }
+            round += 1;
+            if round > max_rounds {
+                return Err(Stop::Broken(format!(
+                    "{} items still missing after {max_rounds} rounds of asking for them again (first: {})",
+                    missing.len(),
+                    missing[0]
+                )));
+            }
+            self.asked_again += missing.len() as u64;
+            self.send_message(&request(round, missing.clone()))?;
+            let plan = items.plan;
+            let again = self.pass(&plan, Which::Only(&missing), whole, true)?;
+            items.absorb(&again);
+        }
+    }
+
+    /// Take the link's events for up to `wait`, into `items` where a pass runs; whether
+    /// anything was news (an item, a message, a rail's word).
+    fn poll(
+        &mut self,
+        wait: Duration,
+        mut pass: Option<(&mut PassItems, bool)>,
+    ) -> Result<bool, Stop> {
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        let polled = self.link.poll(wait, &mut events);
+        let mut news = false;
+        for e in events.drain(..) {
+            match e {
+                RecvEvent::Landed {
+                    rail,
+                    index,
+                    sent_crc,
+                    landed_crc,
+                } => {
+                    news = true;
+                    let Some((items, first)) = pass.as_mut() else {
+                        continue;
+                    };
+                    let Some(p) = items.position(index) else {
+                        continue;
+                    };
+                    if items.landed[p] {
+                        continue;
+                    }
+                    items.landed[p] = true;
+                    items.count += 1;
+                    items.sent[p] = sent_crc;
+                    items.landed_crc[p] = landed_crc;
+                    let len = items.plan.get(index).map_or(0, |c| c.len);
+                    if *first {
+                        self.got += len;
+                    }
+                    if let Some(r) = self.rails.get_mut(rail) {
+                        r.items += 1;
+                        r.bytes += len;
+                    }
+                }
+                RecvEvent::Copy { rail, .. } => {
+                    news = true;
+                    if let Some(r) = self.rails.get_mut(rail) {
+                        r.copies += 1;
+                    }
+                }
+                RecvEvent::Message { rail, bytes } => {
+                    news = true;
+                    self.messages.push_back((rail, bytes));
+                }
+                RecvEvent::PassEnded { rail, failed } => {
+                    news = true;
+                    if let Some(r) = self.rails.get_mut(rail) {
+                        r.ended = true;
+                    }
+                    // The rails the sender gave up carry nothing more of this pass.
+                    for g in 0..self.rails.len() {
+                        if failed & 1u32.checked_shl(g as u32).unwrap_or(0) != 0 {
+                            self.stop_rail(g, "the sender gave it up".into());
+                        }
+                    }
+                }
+                RecvEvent::Down { rail, why } => {
+                    news = true;
+                    if let Some(r) = self.rails.get_mut(rail) {
+                        if r.stopped.is_none() {
+                            r.stopped = Some(why);
+                        }
+                    }
+                }
+            }
+        }
+        self.events = events;
+        polled.map_err(|e| Stop::Broken(e.0))?;
+        Ok(news)
+    }
+
+    /// What came over each rail, for the report; `from`: the sender's address on each,
+    /// where known.
+    pub fn rail_report(&self, from: &[Option<String>]) -> Vec<RecvRail> {
+        self.rails
+            .iter()
+            .enumerate()
+            .map(|(r, s)| RecvRail {
+                rail: r as u16,
+                from: from.get(r).cloned().flatten(),
+                bytes: s.bytes,
+                chunks: s.items,
+                copies_dropped: s.copies,
+                stopped: s.stopped.clone(),
+            })
+            .collect()
+    }
+
+    /// Start counting a new transfer's bytes.
+    pub fn next_transfer(&mut self) {
+        self.got = 0;
+    }
+}

@@ -1,0 +1,951 @@
+//! The receiver's end of a TCP connection: one reader thread per stream for the life of
+//! the connection, each taking frames as they come: an item is placed by its offset in
+//! the receive buffer the current transfer lent ([`TcpReceiver::with_landing`]), a
+//! control message goes to the engine whole and checked, an end marker counts towards
+//! its rail's end of the pass.
+//!
+//! A reader writes an item's place only after claiming it: the item must be one the
+//! engine expects in this pass ([`RecvLink::expect`]), and not claimed or landed before
+//! (a copy is read into scratch and dropped); anything else is a protocol error that
+//! breaks the stream off. So nothing is ever written outside the expected places, each
+//! at most once a pass, and a lending is taken back only once no reader holds a claim.
+//!
+//! Host memory is written in place straight from the socket, and each item's CRC32C
+//! taken there while the bytes are in cache. GPU memory (the `cuda` feature) goes
+//! through a page-locked ring: readers fill slots, the engine's thread (which owns the
+//! GPU) queues each slot's copy into device memory in `poll` and reports the item once
+//! its last copy landed; the checksum kernel then checks it where it lies.
+
+use super::frames::{Frame, FrameKind, FRAME_LEN};
+use super::socket;
+use crate::net::{Caps, LinkError, Rail, RecvEvent, RecvLink, Which, MAX_MESSAGE};
+use crate::transfer::plan::ChunkPlan;
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a taking-back of the receive buffer waits for readers still inside an item
+/// (their sockets are shut first when the transfer failed, so they leave at once).
+const TAKEBACK_WAIT: Duration = Duration::from_secs(30);
+
+/// An item's state in the current pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    NotExpected,
+    Expected,
+    /// A reader is writing it.
+    Claimed,
+    Landed,
+}
+
+/// Where items land.
+#[derive(Debug, Clone)]
+enum Place {
+    /// Between transfers: no item may land.
+    None,
+    /// Host memory at this address and length.
+    Host { base: usize, len: usize },
+    /// Slots of a page-locked ring (base, length each), copied into GPU memory by the
+    /// engine's thread.
+    Staged { slots: Vec<(usize, usize)> },
+}
+
+struct Land {
+    /// Which lending, and which pass of it: a claim is of one.
+    epoch: u64,
+    place: Place,
+    /// With checksums, readers in host memory take each item's CRC32C as it lands.
+    checksum: bool,
+    plan: Option<ChunkPlan>,
+    states: Vec<State>,
+    /// Readers inside an item's place (host), or holding a slot (staged).
+    holders: u32,
+    free_slots: VecDeque<usize>,
+    /// The connection is closing: no frame waits for a pass any more.
+    closing: bool,
+}
+
+struct Shared {
+    land: Mutex<Land>,
+    /// Notified when a holder leaves, and when a slot comes free.
+    changed: Condvar,
+    /// Bytes taken off the sockets so far, all streams: progress however the bytes
+    /// trickle, for the engine's waits.
+    bytes_in: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    /// Read exactly `buf.len()` bytes from `stream`, counting each read as it comes.
+    fn read(&self, mut stream: &TcpStream, mut buf: &mut [u8]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        while !buf.is_empty() {
+            match stream.read(buf) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                    buf = &mut buf[n..];
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Land> {
+        self.land.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn leave(&self, land: &mut Land) {
+        land.holders = land.holders.saturating_sub(1);
+        self.changed.notify_all();
+    }
+}
+
+/// A reader's claim on an item.
+enum Claim {
+    Host {
+        index: u64,
+        dest: usize,
+        epoch: u64,
+        checksum: bool,
+    },
+    Staged {
+        index: u64,
+        epoch: u64,
+    },
+    /// Landed or claimed already: read and dropped.
+    Copy {
+        index: u64,
+    },
+    Invalid(String),
+}
+
+impl Shared {
+    /// Claim the item a frame of `len` bytes at `offset` is. A frame that comes while no
+    /// pass is expected (its sender answered before the engine said what it expects:
+    /// the first pass right after the accept, a round right after its request) waits for
+    /// the next pass, up to `wait`.
+    fn claim(&self, offset: u64, len: u32, wait: Duration) -> Claim {
+        let mut land = self.lock();
+        let until = Instant::now() + wait;
+        while land.plan.is_none() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || land.closing {
+                return Claim::Invalid(format!(
+                    "protocol error: {len} bytes at offset {offset} while no data was due"
+                ));
+            }
+            land = self
+                .changed
+                .wait_timeout(land, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let Some(plan) = land.plan else {
+            return Claim::Invalid("no pass".into());
+        };
+        let unit = plan.chunk_bytes();
+        let index = offset / unit;
+        let fits =
+            offset.is_multiple_of(unit) && plan.get(index).is_some_and(|c| c.len == len as u64);
+        let state = land.states.get(index as usize).copied();
+        match state {
+            Some(State::Expected) if fits => {}
+            Some(State::Claimed | State::Landed) if fits => return Claim::Copy { index },
+            _ => {
+                return Claim::Invalid(format!(
+                    "protocol error: a frame of {len} bytes at offset {offset}, which is no item due in this pass"
+                ))
+            }
+        }
+        let epoch = land.epoch;
+        let claim = match land.place {
+            Place::Host { base, len: size } if offset + len as u64 <= size as u64 => Claim::Host {
+                index,
+                dest: base + offset as usize,
+                epoch,
+                checksum: land.checksum,
+            },
+            Place::Staged { .. } => Claim::Staged { index, epoch },
+            _ => {
+                return Claim::Invalid(format!(
+                    "protocol error: {len} bytes at offset {offset} outside the receive buffer"
+                ))
+            }
+        };
+        land.states[index as usize] = State::Claimed;
+        land.holders += 1;
+        claim
+    }
+
+    /// A host claim ends: landed, or (a failed read) expected again.
+    fn finish(&self, index: u64, epoch: u64, landed: bool) {
+        let mut land = self.lock();
+        if land.epoch == epoch {
+            if let Some(s) = land.states.get_mut(index as usize) {
+                *s = if landed {
+                    State::Landed
+                } else {
+                    State::Expected
+                };
+            }
+        }
+        self.leave(&mut land);
+    }
+
+    /// A free slot of the ring of lending `epoch`, waiting for one; `None` once that
+    /// lending is over. The caller is counted as a holder already (its claim).
+    fn take_slot(&self, epoch: u64) -> Option<(usize, usize, usize)> {
+        let mut land = self.lock();
+        loop {
+            if land.epoch != epoch {
+                return None;
+            }
+            let Place::Staged { slots } = &land.place else {
+                return None;
+            };
+            let slots = slots.clone();
+            if let Some(slot) = land.free_slots.pop_front() {
+                let (base, len) = slots[slot];
+                return Some((slot, base, len));
+            }
+            land = self
+                .changed
+                .wait_timeout(land, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// What the threads report.
+enum Report {
+    Landed {
+        stream: usize,
+        index: u64,
+        sent_crc: u32,
+        landed_crc: Option<u32>,
+    },
+    /// A slot filled with `len` bytes for `offset` of item `index` (staged);
+    /// `last`: the item's last.
+    Filled {
+        stream: usize,
+        index: u64,
+        slot: usize,
+        offset: usize,
+        len: usize,
+        last: bool,
+        sent_crc: u32,
+        epoch: u64,
+    },
+    Copy {
+        stream: usize,
+        index: u64,
+    },
+    Message {
+        stream: usize,
+        bytes: Vec<u8>,
+    },
+    End {
+        stream: usize,
+        failed: u32,
+    },
+    Failed {
+        stream: usize,
+        why: String,
+    },
+}
+
+struct StreamSide {
+    rail: Rail,
+    shutter: TcpStream,
+    ended: bool,
+}
+
+struct RailSide {
+    streams: Vec<usize>,
+    /// Where this side's messages go: the rail's first stream (none for a rail whose
+    /// streams never came).
+    control: Option<TcpStream>,
+    down: bool,
+}
+
+/// A slot's copy in flight (staged), in queue order.
+struct InFlight {
+    slot: usize,
+    index: u64,
+    last: bool,
+    rail: Rail,
+    sent_crc: u32,
+    epoch: u64,
+}
+
+/// A receiver's open TCP connection.
+pub struct TcpReceiver {
+    streams: Vec<StreamSide>,
+    rails: Vec<RailSide>,
+    readers: Vec<JoinHandle<()>>,
+    reports: mpsc::Receiver<Report>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+    /// Rails that came without streams, not yet said down to the engine.
+    unsaid: Vec<Rail>,
+}
+
+impl TcpReceiver {
+    /// Start reading a connection whose streams are in: `rails[r]` is rail `r`'s streams,
+    /// the first of each carrying this side's messages (an empty rail never came: it is
+    /// down from the start). `timeout` bounds every write.
+    pub fn start(rails: Vec<Vec<TcpStream>>, timeout: Duration) -> std::io::Result<TcpReceiver> {
+        let shared = Arc::new(Shared {
+            land: Mutex::new(Land {
+                epoch: 0,
+                place: Place::None,
+                checksum: false,
+                plan: None,
+                states: Vec::new(),
+                holders: 0,
+                free_slots: VecDeque::new(),
+                closing: false,
+            }),
+            changed: Condvar::new(),
+            bytes_in: std::sync::atomic::AtomicU64::new(0),
+        });
+        let (tx, reports) = mpsc::channel();
+        let mut conn = TcpReceiver {
+            streams: Vec::new(),
+            rails: Vec::new(),
+            readers: Vec::new(),
+            reports,
+            shared,
+            timeout,
+            unsaid: Vec::new(),
+        };
+        for (r, streams) in rails.into_iter().enumerate() {
+            let control = streams.first().map(TcpStream::try_clone).transpose()?;
+            if control.is_none() {
+                conn.unsaid.push(r);
+            }
+            let mut side = RailSide {
+                streams: Vec::new(),
+                down: control.is_none(),
+                control,
+            };
+            for stream in streams {
+                let s = conn.streams.len();
+                // Readers wait as long as the connection lives; the engine bounds its
+                // own waits and shuts the sockets to end them.
+                stream.set_read_timeout(None)?;
+                let shutter = stream.try_clone()?;
+                let (tx, shared) = (tx.clone(), conn.shared.clone());
+                let thread = std::thread::Builder::new()
+                    .name(format!("tcp-reader-{s}"))
+                    .spawn(move || read_stream(s, stream, &tx, &shared, timeout))?;
+                conn.readers.push(thread);
+                conn.streams.push(StreamSide {
+                    rail: r,
+                    shutter,
+                    ended: false,
+                });
+                side.streams.push(s);
+            }
+            conn.rails.push(side);
+        }
+        Ok(conn)
+    }
+
+    pub fn rails(&self) -> usize {
+        self.rails.len()
+    }
+
+    /// Whether the connection can carry another transfer.
+    pub fn usable(&self) -> bool {
+        self.rails.iter().any(|r| !r.down)
+    }
+
+    /// Lend `landing` to the readers and run `f` with the link; returns once no reader
+    /// writes it any more.
+    pub fn with_landing<R>(
+        &mut self,
+        landing: Landing<'_>,
+        checksum: bool,
+        f: impl FnOnce(&mut dyn RecvLink) -> R,
+    ) -> R {
+        let place = match &landing {
+            Landing::Host { ptr, len } => Place::Host {
+                base: ptr.as_ptr() as usize,
+                len: *len,
+            },
+            #[cfg(feature = "cuda")]
+            Landing::Gpu(upload) => Place::Staged {
+                slots: upload.borrow().slot_addresses(),
+            },
+        };
+        {
+            let mut land = self.shared.lock();
+            land.epoch += 1;
+            land.free_slots = match &place {
+                Place::Staged { slots } => (0..slots.len()).collect(),
+                _ => VecDeque::new(),
+            };
+            land.place = place;
+            land.checksum = checksum;
+            land.plan = None;
+            land.states.clear();
+        }
+        let guard = Takeback {
+            shared: self.shared.clone(),
+            streams: self
+                .streams
+                .iter()
+                .filter_map(|s| s.shutter.try_clone().ok())
+                .collect(),
+        };
+        let mut link = TcpRecvLink {
+            conn: self,
+            landing,
+            in_flight: VecDeque::new(),
+            closed: false,
+        };
+        let result = f(&mut link);
+        let closed = link.closed;
+        link.finish_copies();
+        drop(link);
+        guard.take_back(closed);
+        result
+    }
+
+    /// Send the last ack of a connection (its memory given back already): on every live
+    /// rail where there are several (the first that arrives is enough, so a rail whose
+    /// far end went silent cannot hold it back), else on the one; whether any took it.
+    pub fn send_last(&mut self, bytes: &[u8]) -> bool {
+        let frame = Frame::control(bytes).encode();
+        let mut any = false;
+        for r in 0..self.rails.len() {
+            let side = &mut self.rails[r];
+            let Some(control) = side.control.as_mut().filter(|_| !side.down) else {
+                continue;
+            };
+            let written = control
+                .write_all(&frame)
+                .and_then(|()| control.write_all(bytes));
+            match written {
+                Ok(()) => any = true,
+                Err(_) => self.stop_rail(r),
+            }
+        }
+        any
+    }
+
+    fn stop_rail(&mut self, rail: Rail) {
+        let Some(side) = self.rails.get_mut(rail) else {
+            return;
+        };
+        side.down = true;
+        for &s in &side.streams {
+            let _ = self.streams[s].shutter.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpReceiver {
+    fn drop(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.changed.notify_all();
+        for s in &self.streams {
+            let _ = s.shutter.shutdown(Shutdown::Both);
+        }
+        for t in self.readers.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Where a transfer's items land.
+pub enum Landing<'a> {
+    /// Host memory at `ptr`, `len` bytes.
+    Host {
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+    },
+    /// GPU memory, through its upload ring (borrowed by the link inside its calls only:
+    /// the receive loop checks the memory between them).
+    #[cfg(feature = "cuda")]
+    Gpu(&'a std::cell::RefCell<crate::gpu::upload::DeviceUpload>),
+    #[doc(hidden)]
+    #[cfg(not(feature = "cuda"))]
+    _Never(std::marker::PhantomData<&'a ()>, std::convert::Infallible),
+}
+
+/// Takes the landing back from the readers.
+struct Takeback {
+    shared: Arc<Shared>,
+    streams: Vec<TcpStream>,
+}
+
+impl Takeback {
+    /// No item may land from now on; wait until no reader writes. After a failure
+    /// (`shut`), readers inside an item are broken off first.
+    fn take_back(self, shut: bool) {
+        if shut {
+            for s in &self.streams {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        drop(self);
+    }
+}
+
+impl Drop for Takeback {
+    fn drop(&mut self) {
+        let mut land = self.shared.lock();
+        land.place = Place::None;
+        land.plan = None;
+        land.states.clear();
+        land.epoch += 1;
+        let until = Instant::now() + TAKEBACK_WAIT;
+        while land.holders > 0 {
+            if Instant::now() >= until {
+                // A reader stuck inside an item past every timeout: break its socket
+                // off, then wait for it as long as it takes (it must not outlive the
+                // memory it writes).
+                for s in &self.streams {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
+            land = self
+                .shared
+                .changed
+                .wait_timeout(land, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        self.shared.changed.notify_all();
+    }
+}
+
+/// The link of one lending.
+struct TcpRecvLink<'c, 'l> {
+    conn: &'c mut TcpReceiver,
+    landing: Landing<'l>,
+    in_flight: VecDeque<InFlight>,
+    closed: bool,
+}
+
+impl TcpRecvLink<'_, '_> {
+    /// Wait for every slot's copy (staged): the device memory then holds what landed.
+    fn finish_copies(&mut self) {
+        #[cfg(feature = "cuda")]
+        if let Landing::Gpu(upload) = &self.landing {
+            let _ = upload.borrow_mut().finish();
+        }
+        self.in_flight.clear();
+    }
+
+    /// Give back the slots whose copies landed, in order; report items whose last copy
+    /// landed.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn land_copies(&mut self, out: &mut Vec<RecvEvent>) -> Result<(), LinkError> {
+        #[cfg(feature = "cuda")]
+        if let Landing::Gpu(upload) = &self.landing {
+            let mut upload = upload.borrow_mut();
+            while let Some(front) = self.in_flight.front() {
+                if !upload.copy_landed(front.slot).map_err(LinkError)? {
+                    break;
+                }
+                let done = self.in_flight.pop_front().expect("front exists");
+                let mut land = self.conn.shared.lock();
+                if land.epoch == done.epoch {
+                    land.free_slots.push_back(done.slot);
+                    if done.last {
+                        if let Some(s) = land.states.get_mut(done.index as usize) {
+                            *s = State::Landed;
+                        }
+                        out.push(RecvEvent::Landed {
+                            rail: done.rail,
+                            index: done.index,
+                            sent_crc: Some(done.sent_crc),
+                            landed_crc: None,
+                        });
+                    }
+                }
+                self.conn.shared.changed.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue the copy of a filled slot (staged).
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn queue_copy(&mut self, slot: usize, offset: usize, len: usize) -> Result<(), LinkError> {
+        #[cfg(feature = "cuda")]
+        if let Landing::Gpu(upload) = &self.landing {
+            // SAFETY: the reader handed the slot over with this report and takes no slot
+            // but from the free list, where it goes back only once land_copies saw this
+            // copy landed.
+            return unsafe { upload.borrow_mut().queue_copy(slot, offset, len) }.map_err(LinkError);
+        }
+        Err(LinkError("a slot was filled without an upload ring".into()))
+    }
+}
+
+// SAFETY: readers write an item's place only under a claim of the current lending and
+// pass (`Shared::claim`), which expect() renews only once no reader holds one, and
+// with_landing takes back only once none does; a copy or an item not expected is never
+// written.
+unsafe impl RecvLink for TcpRecvLink<'_, '_> {
+    fn rails(&self) -> usize {
+        self.conn.rails.len()
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            crc_in_frames: true,
+            sent_means_landed: false,
+            gpu_memory: false,
+        }
+    }
+
+    fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {
+        let shared = self.conn.shared.clone();
+        let mut land = shared.lock();
+        // A reader still inside an item of the pass before (a rail being given up)
+        // finishes first: the states are renewed only then.
+        let until = Instant::now() + self.conn.timeout;
+        while land.holders > 0 {
+            if Instant::now() >= until {
+                return Err(LinkError(
+                    "a stream was still inside an item of the pass before".into(),
+                ));
+            }
+            land = shared
+                .changed
+                .wait_timeout(land, Duration::from_millis(10))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let count = usize::try_from(plan.count())
+            .map_err(|_| LinkError("a pass of more items than memory holds".into()))?;
+        land.epoch += 1;
+        land.plan = Some(*plan);
+        land.states = match which {
+            Which::All => vec![State::Expected; count],
+            Which::Only(list) => {
+                let mut states = vec![State::NotExpected; count];
+                for &i in list {
+                    if let Some(s) = states.get_mut(i as usize) {
+                        *s = State::Expected;
+                    }
+                }
+                states
+            }
+        };
+        // Slots that went back to the ring while the epoch changed are the ring's again.
+        if let Place::Staged { slots } = &land.place {
+            let n = slots.len();
+            let held: Vec<usize> = self.in_flight.iter().map(|f| f.slot).collect();
+            land.free_slots = (0..n).filter(|s| !held.contains(s)).collect();
+        }
+        for s in &mut self.conn.streams {
+            s.ended = false;
+        }
+        drop(land);
+        shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
+        let timeout = self.conn.timeout;
+        let Some(side) = self.conn.rails.get_mut(rail).filter(|s| !s.down) else {
+            return Err(LinkError(format!("rail {rail} is down")));
+        };
+        if bytes.len() > MAX_MESSAGE {
+            return Err(LinkError(format!("a message of {} bytes", bytes.len())));
+        }
+        let frame = Frame::control(bytes).encode();
+        let Some(control) = side.control.as_mut() else {
+            return Err(LinkError(format!("rail {rail} never came")));
+        };
+        let written = control
+            .write_all(&frame)
+            .and_then(|()| control.write_all(bytes));
+        written.map_err(|e| {
+            let why = socket::why(&e, timeout, "sending a message to the sender");
+            self.conn.stop_rail(rail);
+            LinkError(why)
+        })
+    }
+
+    fn poll(&mut self, wait: Duration, out: &mut Vec<RecvEvent>) -> Result<(), LinkError> {
+        for rail in std::mem::take(&mut self.conn.unsaid) {
+            out.push(RecvEvent::Down {
+                rail,
+                why: "its streams did not join within a moment of the others".into(),
+            });
+        }
+        self.land_copies(out)?;
+        // Copies in flight are looked at every 50 us; otherwise the reports are awaited.
+        let wait = match self.in_flight.is_empty() {
+            true => wait,
+            false => wait.min(Duration::from_micros(50)),
+        };
+        let first = match self.conn.reports.recv_timeout(wait) {
+            Ok(r) => Some(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(LinkError("the connection's readers are gone".into()))
+            }
+        };
+        let reports: Vec<Report> = first
+            .into_iter()
+            .chain(self.conn.reports.try_iter())
+            .collect();
+        for report in reports {
+            match report {
+                Report::Landed {
+                    stream,
+                    index,
+                    sent_crc,
+                    landed_crc,
+                } => out.push(RecvEvent::Landed {
+                    rail: self.conn.streams[stream].rail,
+                    index,
+                    sent_crc: Some(sent_crc),
+                    landed_crc,
+                }),
+                Report::Filled {
+                    stream,
+                    index,
+                    slot,
+                    offset,
+                    len,
+                    last,
+                    sent_crc,
+                    epoch,
+                } => {
+                    self.queue_copy(slot, offset, len)?;
+                    self.in_flight.push_back(InFlight {
+                        slot,
+                        index,
+                        last,
+                        rail: self.conn.streams[stream].rail,
+                        sent_crc,
+                        epoch,
+                    });
+                }
+                Report::Copy { stream, index } => out.push(RecvEvent::Copy {
+                    rail: self.conn.streams[stream].rail,
+                    index,
+                }),
+                Report::Message { stream, bytes } => out.push(RecvEvent::Message {
+                    rail: self.conn.streams[stream].rail,
+                    bytes,
+                }),
+                Report::End { stream, failed } => {
+                    let rail = self.conn.streams[stream].rail;
+                    self.conn.streams[stream].ended = true;
+                    let side = &self.conn.rails[rail];
+                    let all = side.streams.iter().all(|&s| self.conn.streams[s].ended);
+                    if all && !side.down {
+                        for &s in &side.streams {
+                            self.conn.streams[s].ended = false;
+                        }
+                        out.push(RecvEvent::PassEnded { rail, failed });
+                    }
+                }
+                Report::Failed { stream, why } => {
+                    let rail = self.conn.streams[stream].rail;
+                    if !self.conn.rails[rail].down {
+                        self.conn.stop_rail(rail);
+                        out.push(RecvEvent::Down { rail, why });
+                    }
+                }
+            }
+        }
+        self.land_copies(out)
+    }
+
+    fn give_up(&mut self, rail: Rail) {
+        self.conn.stop_rail(rail);
+    }
+
+    fn bytes_in(&self) -> u64 {
+        self.conn
+            .shared
+            .bytes_in
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        for r in 0..self.conn.rails.len() {
+            self.conn.stop_rail(r);
+        }
+    }
+}
+
+/// A reader thread: take frames from stream `s` until it ends or breaks.
+fn read_stream(
+    s: usize,
+    stream: TcpStream,
+    tx: &mpsc::Sender<Report>,
+    shared: &Shared,
+    timeout: Duration,
+) {
+    let fail = |why: String| {
+        let _ = tx.send(Report::Failed { stream: s, why });
+    };
+    let mut stream = &stream;
+    let mut scratch = Vec::new();
+    loop {
+        let mut head = [0u8; FRAME_LEN];
+        if let Err(e) = shared.read(stream, &mut head) {
+            return fail(socket::why(&e, Duration::ZERO, "waiting for data"));
+        }
+        let report = match Frame::decode(&head).kind() {
+            FrameKind::Control { len, crc } => {
+                if len as usize > MAX_MESSAGE {
+                    return fail(format!("protocol error: a message of {len} bytes"));
+                }
+                let mut bytes = vec![0u8; len as usize];
+                if let Err(e) = shared.read(stream, &mut bytes) {
+                    return fail(socket::why(&e, Duration::ZERO, "reading a message"));
+                }
+                if crate::integrity::crc32c(&bytes) != crc {
+                    return fail("a message from the sender failed its CRC32C".into());
+                }
+                Report::Message { stream: s, bytes }
+            }
+            FrameKind::End { failed } => Report::End { stream: s, failed },
+            FrameKind::Item { offset, len, crc } => match shared.claim(offset, len, timeout) {
+                Claim::Invalid(why) => return fail(why),
+                Claim::Copy { index } => {
+                    let mut left = len as usize;
+                    scratch.resize(left.min(1 << 20), 0);
+                    while left > 0 {
+                        let n = left.min(scratch.len());
+                        if let Err(e) = shared.read(stream, &mut scratch[..n]) {
+                            return fail(socket::why(&e, Duration::ZERO, "reading a copy"));
+                        }
+                        left -= n;
+                    }
+                    Report::Copy { stream: s, index }
+                }
+                Claim::Host {
+                    index,
+                    dest,
+                    epoch,
+                    checksum,
+                } => {
+                    // SAFETY: the claim makes [dest, dest + len) this reader's alone: it
+                    // lies inside the lent host memory (checked in claim), no other reader
+                    // claims the item this pass, and the lending is not taken back while
+                    // this reader holds the claim (finish ends it).
+                    let place =
+                        unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, len as usize) };
+                    match shared.read(stream, place) {
+                        Ok(()) => {
+                            let landed_crc = checksum.then(|| crate::integrity::crc32c(place));
+                            shared.finish(index, epoch, true);
+                            Report::Landed {
+                                stream: s,
+                                index,
+                                sent_crc: crc,
+                                landed_crc,
+                            }
+                        }
+                        Err(e) => {
+                            shared.finish(index, epoch, false);
+                            return fail(socket::why(
+                                &e,
+                                Duration::ZERO,
+                                &format!("reading item {index}"),
+                            ));
+                        }
+                    }
+                }
+                Claim::Staged { index, epoch } => {
+                    match fill_slots(s, stream, tx, shared, index, offset, len, crc, epoch) {
+                        Ok(()) => continue,
+                        Err(why) => return fail(why),
+                    }
+                }
+            },
+        };
+        if tx.send(report).is_err() {
+            return;
+        }
+    }
+}
+
+/// Read item `index` (`len` bytes at `offset`) into slots of the ring, handing each to
+/// the engine's thread as it fills; the claim ends (holder gone) when the last slot is
+/// handed over, or on an error.
+#[allow(clippy::too_many_arguments)]
+fn fill_slots(
+    s: usize,
+    mut stream: &TcpStream,
+    tx: &mpsc::Sender<Report>,
+    shared: &Shared,
+    index: u64,
+    offset: u64,
+    len: u32,
+    crc: u32,
+    epoch: u64,
+) -> Result<(), String> {
+    let leave = |landed: bool| {
+        let mut land = shared.lock();
+        if !landed && land.epoch == epoch {
+            if let Some(st) = land.states.get_mut(index as usize) {
+                *st = State::Expected;
+            }
+        }
+        shared.leave(&mut land);
+    };
+    let mut done = 0usize;
+    let len = len as usize;
+    while done < len {
+        let Some((slot, base, slot_len)) = shared.take_slot(epoch) else {
+            leave(false);
+            return Err("the transfer ended while an item was arriving".into());
+        };
+        let n = (len - done).min(slot_len);
+        // SAFETY: the slot came off the free list, so this reader alone holds it until it
+        // hands it over below; [base, base + n) lies inside it (n <= its length), and the
+        // ring is not freed while a holder is counted (the lending's takeback waits).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, n) };
+        if let Err(e) = shared.read(stream, bytes) {
+            shared.lock().free_slots.push_back(slot);
+            leave(false);
+            return Err(socket::why(
+                &e,
+                Duration::ZERO,
+                &format!("reading item {index}"),
+            ));
+        }
+        let last = done + n == len;
+        let report = Report::Filled {
+            stream: s,
+            index,
+            slot,
+            offset: offset as usize + done,
+            len: n,
+            last,
+            sent_crc: crc,
+            epoch,
+        };
+        if tx.send(report).is_err() {
+            leave(false);
+            return Err("the connection is closing".into());
+        }
+        done += n;
+    }
+    leave(true);
+    Ok(())
+}
