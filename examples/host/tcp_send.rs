@@ -6,18 +6,18 @@
 //! cargo run -p host-examples --bin tcp-send [BYTES]    # default 16 MiB
 //! ```
 //!
-//! The receiver (`tcp::serve`) and the sender (`tcp::send_repeated`) are the ones
+//! The receiver (`engine::serve::serve`) and the sender (`engine::connect::send_tcp`)
+//! are the ones
 //! `host recv --transport tcp` and `host ... --transport tcp` run: an offer (a 32-byte
 //! header), an accept, the data in chunks, and an acknowledgement carrying the
 //! receiver's verdict after it checked every element.
 
 use anyhow::{bail, Context as _, Result};
 use gpu_kernels::pattern;
+use host::engine::{RecvMemory, RecvOptions, SendOptions};
 use host::memory::select::AttemptLog;
 use host::memory::HostBuffer;
 use host::transfer::RecvOutcome;
-use host::transport::tcp::{self, RecvMemory, TcpRecvConfig, TcpSendConfig};
-use host::wire::VERSION;
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -52,24 +52,12 @@ fn run() -> Result<()> {
     // The receiver on a thread of its own. Port 0: the system picks a free port, which
     // the first outcome (`Listening`) tells; `once`: return after one transfer.
     let (outcomes, rx) = mpsc::channel();
-    let receiver = TcpRecvConfig {
-        bind: "127.0.0.1:0".parse()?,
-        once: true,
-        max_bytes: bytes,
-        timeout: TIMEOUT,
-        max_connections: 1,
-        // The admission's other limits (docs/internals.md, "The receiver against a
-        // careless or hostile network"): generous here, one sender on loopback.
-        max_memory: bytes,
-        min_rate: 0,
-        max_per_peer: 1,
-        allow: Default::default(),
-        key: None,
-        output: None, // --output: the example only checks the data
-    };
+    // The admission's other limits (docs/internals.md, "The receiver against a careless
+    // or hostile network") are generous here: one sender on loopback.
+    let receiver = RecvOptions::once_on("127.0.0.1:0".parse()?, bytes);
     let served = std::thread::spawn(move || {
         let mut report = |o: &RecvOutcome| drop(outcomes.send(describe(o)));
-        tcp::serve(&receiver, &RecvMemory::Host, &mut report)
+        host::engine::serve::serve(&receiver, &RecvMemory::Host, &mut report)
     });
     let listening = rx
         .recv_timeout(TIMEOUT)
@@ -81,24 +69,14 @@ fn run() -> Result<()> {
 
     // The sender: offer, chunks of 1 MiB with up to 4 handed to the socket writer at
     // once, one stream (socket), then wait for the receiver's verdict.
-    let cfg = TcpSendConfig {
-        peer: addr.parse()?,
-        bytes,
-        chunk: 1 << 20,
+    let cfg = SendOptions {
         depth: 4,
-        streams: 1,
-        timeout: TIMEOUT,
-        progress: false,
-        protocol_version: VERSION,
-        key: None, // --key-file: none
-        // The built-in pattern, checked element by element (--verify pattern).
-        payload: Default::default(),
-        rails: Vec::new(),
-        rail_timeout: host::transport::tcp::DEFAULT_RAIL_TIMEOUT,
-        test_silent_rail: None,
+        // The built-in pattern, checked element by element (--verify pattern); no
+        // --key-file; one stream.
+        ..SendOptions::to(addr.parse()?)
     };
     // A HostBuffer is a `SendSource`; the memory log is empty: we chose the memory.
-    let reports = tcp::send_repeated(&cfg, &buffer, &AttemptLog::default(), 1)?;
+    let reports = host::engine::connect::send_tcp(&cfg, &buffer, &AttemptLog::default(), 1)?;
     let report = &reports[0];
     let verdict = report
         .receiver

@@ -465,7 +465,7 @@ fn connect(
         // As the command line's `--streams auto`: from this machine's cores and the
         // link the peer is reached by.
         None => {
-            use host::transport::tcp::streams::{choose_streams, StreamFacts};
+            use host::net::tcp::streams::{choose_streams, StreamFacts};
             choose_streams(&StreamFacts::here(peer)).streams
         }
     };

@@ -135,7 +135,7 @@ fn a_client_that_stalls_is_timed_out_while_others_are_served() {
     let header = host::wire::Header::new(host::wire::Op::Send, 1 << 20, 1 << 20, 16)
         .unwrap()
         .encode();
-    let hello = host::transport::tcp::frames::Hello {
+    let hello = host::net::tcp::frames::Hello {
         index: 0,
         count: 1,
         rail: 0,
@@ -160,7 +160,7 @@ fn a_client_that_stalls_is_timed_out_while_others_are_served() {
         Duration::from_secs(10),
     );
     r.wait_for_log(
-        "got 0 of 1048576 bytes (nothing moved for 1 s while reading chunk 0",
+        "got 0 of 1048576 bytes (nothing arrived for 1 s",
         Duration::from_secs(10),
     );
 }
@@ -175,7 +175,7 @@ fn a_busy_receiver_says_so() {
     let header = host::wire::Header::new(host::wire::Op::Send, 4096, 4096, 1)
         .unwrap()
         .encode();
-    let hello = host::transport::tcp::frames::Hello {
+    let hello = host::net::tcp::frames::Hello {
         index: 0,
         count: 1,
         rail: 0,
@@ -242,7 +242,7 @@ fn auto_says_which_transport_it_took() {
 // its own), each bounded in time. Figures go to stderr as `MEASURED ...` lines (run with
 // --nocapture to see them); the README's reliability table quotes them.
 
-use host::transport::tcp::frames::{Frame, Hello};
+use host::net::tcp::frames::{Frame, Hello};
 use host::wire::Op;
 use host::wire::{Ack, AckStatus, Header, RejectReason, Resend};
 
@@ -365,6 +365,8 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
     let data = pattern_bytes(0, 64 << 10);
     s.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
+    // The too-slow ack comes framed as a control message: its frame, then its bytes.
+    let whole = host::net::tcp::frames::FRAME_LEN + host::wire::ACK_LEN;
     let mut ack = Vec::new();
     // 1 KiB every 100 ms (10 KiB/s): no single wait near --timeout.
     for piece in data.chunks(1024) {
@@ -372,11 +374,11 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
             break;
         }
         let _ = s.write_all(piece);
-        let mut buf = [0u8; host::wire::ACK_LEN];
+        let mut buf = [0u8; 128];
         match s.read(&mut buf) {
             Ok(n) if n > 0 => {
                 ack.extend_from_slice(&buf[..n]);
-                if ack.len() >= 48 {
+                if ack.len() >= whole {
                     break;
                 }
             }
@@ -385,18 +387,19 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
         }
     }
     let ended = t0.elapsed();
-    if ack.len() < 48 {
-        let mut rest = vec![0u8; 48 - ack.len()];
+    if ack.len() < whole {
+        let mut rest = vec![0u8; whole - ack.len()];
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         if s.read_exact(&mut rest).is_ok() {
             ack.extend(rest);
         }
     }
     assert!(
-        ack.len() >= 48,
+        ack.len() >= whole,
         "no too-slow ack within {ended:?}; log:\n{}",
         r.log()
     );
+    let ack = &ack[host::net::tcp::frames::FRAME_LEN..whole];
     let ack = Ack::decode(&ack).unwrap();
     assert_eq!(ack.status, AckStatus::TooSlow);
     eprintln!(
@@ -675,19 +678,14 @@ fn checked_chunks_failing(r: &Receiver, chunks: u64, chunk: u64, bad_rounds: u32
     s.write_all(&frames(&mut (0..chunks), false)).unwrap();
     let mut round = 0;
     loop {
-        let mut prefix = [0u8; host::wire::REPLY_PREFIX_LEN];
-        s.read_exact(&mut prefix).expect("a reply after the data");
-        if &prefix[0..4] == b"GRDK" || Resend::decode_prefix(&prefix, chunks).is_err() {
-            let mut ack = [0u8; host::wire::ACK_LEN];
-            ack[..prefix.len()].copy_from_slice(&prefix);
-            s.read_exact(&mut ack[prefix.len()..]).unwrap();
-            let ack = Ack::decode(&ack).expect("the ack");
+        let reply = read_message(&s).expect("a reply after the data");
+        if &reply[0..4] == b"GRDK" || Resend::decode_prefix(&reply, chunks).is_err() {
+            let ack = Ack::decode(&reply).expect("the ack");
             return (r.status_kib("VmHWM").saturating_sub(base), ack);
         }
-        let (n, last, count) = Resend::decode_prefix(&prefix, chunks).unwrap();
-        let mut body = vec![0u8; count as usize * 4];
-        s.read_exact(&mut body).unwrap();
-        let resend = Resend::decode_chunks(n, last, count, &body, chunks).unwrap();
+        let (n, last, count) = Resend::decode_prefix(&reply, chunks).unwrap();
+        let body = &reply[host::wire::REPLY_PREFIX_LEN..];
+        let resend = Resend::decode_chunks(n, last, count, body, chunks).unwrap();
         assert_eq!(resend.chunks.len() as u64, chunks, "round {n}");
         round += 1;
         assert!(round <= 4, "more rounds than the sender offered");
@@ -831,8 +829,7 @@ fn a_reuse_connection_broken_after_1_of_2_pow_20_is_reported_as_1_and_not_ok() {
     )
     .unwrap();
     s.write_all(&pattern_bytes(0, 16 << 10)).unwrap();
-    let mut ack = [0u8; host::wire::ACK_LEN];
-    s.read_exact(&mut ack).unwrap();
+    let ack = read_message(&s).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // Then a reset.
     socket2::SockRef::from(&s)
@@ -1095,10 +1092,7 @@ fn a_stolen_token_without_the_key_joins_nothing_and_the_bytes_are_the_senders() 
     control.write_all(&first.encode()).unwrap();
     control.write_all(&pattern_bytes(0, 1024)).unwrap();
     control.write_all(&Frame::end(0).encode()).unwrap();
-    let mut ack = [0u8; host::wire::ACK_LEN];
-    control
-        .read_exact(&mut ack)
-        .unwrap_or_else(|e| panic!("{e}; receiver log:\n{}", r.log()));
+    let ack = read_message(&control).unwrap_or_else(|e| panic!("{e}; receiver log:\n{}", r.log()));
     let ack = Ack::decode(&ack).unwrap();
     assert_eq!(ack.status, AckStatus::Verified, "{ack:?}\n{}", r.log());
     assert_eq!(ack.verification.unwrap().mismatches, 0);
@@ -1186,8 +1180,7 @@ fn an_address_gets_its_share_and_its_streams_join_only_its_own_offers() {
         )
         .unwrap();
     holder.write_all(&pattern_bytes(0, 1024)).unwrap();
-    let mut ack = [0u8; host::wire::ACK_LEN];
-    holder.read_exact(&mut ack).unwrap();
+    let ack = read_message(&holder).unwrap();
     assert_eq!(Ack::decode(&ack).unwrap().status, AckStatus::Verified);
     // And a repeated index after that finds no route.
     let mut again = TcpStream::connect(("127.0.0.1", r.port)).unwrap();

@@ -403,7 +403,7 @@ fn a_version_1_sender_gets_a_reject_it_can_read() {
     let out = send(r.port, &["--protocol-version", "1"], T);
     let (_, stderr) = text(&out);
     assert!(
-        stderr.contains("protocol version 1 is not supported (this side speaks version 2)"),
+        stderr.contains("protocol version 1 is not supported (this side speaks version 3)"),
         "{stderr}"
     );
 }

@@ -10,7 +10,7 @@
 mod tcp_common;
 
 use host::integrity::crc32c;
-use host::transport::tcp::frames::{Frame, Hello};
+use host::net::tcp::frames::{Frame, Hello};
 use host::wire::Op;
 use host::wire::{
     AcceptInfo, Ack, AckStatus, Header, Payload, Resend, VerifyMode, ACCEPT_LEN, ACK_LEN,
@@ -93,13 +93,11 @@ fn up_to_the_resend(port: u16, named: Option<&[u8]>) -> TcpStream {
     for i in 0..CHUNKS {
         s.write_all(&frame(i, i != BAD)).unwrap();
     }
-    let mut prefix = [0u8; REPLY_PREFIX_LEN];
-    s.read_exact(&mut prefix).expect("a reply after the data");
+    let reply = read_message(&s).expect("a reply after the data");
     let (round, last, count) =
-        Resend::decode_prefix(&prefix, CHUNKS).expect("a resend request, not an ack");
-    let mut body = vec![0u8; count as usize * 4];
-    s.read_exact(&mut body).unwrap();
-    let resend = Resend::decode_chunks(round, last, count, &body, CHUNKS).unwrap();
+        Resend::decode_prefix(&reply, CHUNKS).expect("a resend request, not an ack");
+    let body = &reply[REPLY_PREFIX_LEN..];
+    let resend = Resend::decode_chunks(round, last, count, body, CHUNKS).unwrap();
     assert_eq!(
         resend.chunks,
         [BAD as u32],
@@ -263,14 +261,11 @@ fn a_chunk_that_fails_on_every_attempt_is_not_counted_repaired_and_the_ack_has_n
     let mut rounds = 0;
     let given_up = loop {
         s.write_all(&frame(BAD, false)).unwrap();
-        let mut prefix = [0u8; REPLY_PREFIX_LEN];
-        s.read_exact(&mut prefix)
-            .expect("a reply after the resent chunk");
+        let reply = read_message(&s).expect("a reply after the resent chunk");
         let (round, last, count) =
-            Resend::decode_prefix(&prefix, CHUNKS).expect("a resend request, not yet the ack");
-        let mut body = vec![0u8; count as usize * 4];
-        s.read_exact(&mut body).unwrap();
-        let resend = Resend::decode_chunks(round, last, count, &body, CHUNKS).unwrap();
+            Resend::decode_prefix(&reply, CHUNKS).expect("a resend request, not yet the ack");
+        let body = &reply[REPLY_PREFIX_LEN..];
+        let resend = Resend::decode_chunks(round, last, count, body, CHUNKS).unwrap();
         assert_eq!(resend.chunks, [BAD as u32]);
         rounds += 1;
         assert!(rounds <= 16, "more rounds than --max-resends 16");
@@ -278,9 +273,8 @@ fn a_chunk_that_fails_on_every_attempt_is_not_counted_repaired_and_the_ack_has_n
             break resend.chunks;
         }
     };
-    let mut bytes = [0u8; ACK_LEN];
-    s.read_exact(&mut bytes)
-        .expect("the ack after the final list");
+    let bytes = read_message(&s).expect("the ack after the final list");
+    assert_eq!(bytes.len(), ACK_LEN);
     let ack = Ack::decode(&bytes).unwrap();
     eprintln!(
         "MEASURED a chunk failing on every attempt: final list {given_up:?} after {rounds} rounds; ack {:?}, {} repaired, digest {:?}",
@@ -303,10 +297,12 @@ fn a_chunk_that_fails_on_every_attempt_is_not_counted_repaired_and_the_ack_has_n
 // --- a receiver that misbehaves in the repair rounds ------------------------------------
 
 /// A hand-written receiver on loopback: takes one offer of `CHUNKS` chunks on one stream,
-/// accepts it, reads the data, then writes `replies` (encoded messages) as long as the
-/// sender reads them, at most `times` times, and reads whatever comes until the sender
-/// hangs up. Its port, and how many times it wrote `replies`.
-fn lying_receiver(replies: Vec<u8>, times: usize) -> (u16, std::thread::JoinHandle<usize>) {
+/// accepts it, reads the data, then writes `replies` (encoded messages, each framed as a
+/// control message) as long as the sender reads them, at most `times` times, and reads
+/// whatever comes until the sender hangs up. Its port, and how many times it wrote
+/// `replies`.
+fn lying_receiver(replies: Vec<Vec<u8>>, times: usize) -> (u16, std::thread::JoinHandle<usize>) {
+    let replies: Vec<u8> = replies.iter().flat_map(|r| message(r)).collect();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let serve = std::thread::spawn(move || {
@@ -363,7 +359,7 @@ fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever(
         chunks: vec![1],
     }
     .encode();
-    let (port, serve) = lying_receiver(last, 1_000_000);
+    let (port, serve) = lying_receiver(vec![last], 1_000_000);
     let t0 = Instant::now();
     let stderr = sender_error(port, "repeated-last");
     assert!(stderr.contains("a second final resend list"), "{stderr}");
@@ -377,8 +373,8 @@ fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever(
 #[test]
 fn a_receiver_that_asks_for_more_rounds_than_offered_is_refused() {
     // Every round asks for every chunk; round 17 is one more than --max-resends 16.
-    let replies: Vec<u8> = (1..=17)
-        .flat_map(|round| {
+    let replies: Vec<Vec<u8>> = (1..=17)
+        .map(|round| {
             Resend {
                 round,
                 last: false,
@@ -414,7 +410,7 @@ fn a_receiver_that_acks_verified_after_its_final_resend_list_is_not_believed() {
     .encode();
     let verified = Ack::checked(CHUNKS * CHUNK, None, Some(digest), 0);
     assert_eq!(verified.status, AckStatus::Verified);
-    let (port, serve) = lying_receiver([&last[..], &verified.encode()[..]].concat(), 1);
+    let (port, serve) = lying_receiver(vec![last, verified.encode().to_vec()], 1);
     let stderr = sender_error(port, "verified-after-last");
     assert!(
         stderr.contains("acked verified after its final resend list named 1 chunk(s)"),
@@ -433,7 +429,7 @@ fn a_receiver_that_asks_for_pieces_its_chunks_cannot_be_cut_into_is_refused() {
         pieces: vec![0],
     }
     .encode();
-    let (port, serve) = lying_receiver(bad, 1);
+    let (port, serve) = lying_receiver(vec![bad], 1);
     let stderr = sender_error(port, "bad-pieces");
     assert!(
         stderr.contains("invalid request for pieces: inconsistent message: a piece request whose pieces are not"),

@@ -42,6 +42,29 @@ pub struct SendOptions {
     pub tcp: TcpSendOptions,
 }
 
+impl SendOptions {
+    /// Sending to `peer` with the command line's defaults: chunks of 1 MiB, 16 in
+    /// flight, one stream, 10 s per wait, the pattern checked element by element.
+    pub fn to(peer: SocketAddr) -> SendOptions {
+        SendOptions {
+            peer,
+            chunk: 1 << 20,
+            depth: 16,
+            timeout: Duration::from_secs(10),
+            progress: false,
+            protocol_version: crate::wire::VERSION,
+            key: None,
+            payload: PayloadOptions::default(),
+            rail_timeout: DEFAULT_RAIL_TIMEOUT,
+            cooldowns: Cooldowns::new(),
+            tcp: TcpSendOptions {
+                streams: 1,
+                ..TcpSendOptions::default()
+            },
+        }
+    }
+}
+
 /// A TCP sender's own options.
 #[derive(Debug, Clone, Default)]
 pub struct TcpSendOptions {
@@ -77,4 +100,24 @@ pub struct RecvOptions {
     pub key: Option<Key>,
     /// `--output`: where each verified transfer is written.
     pub output: Option<Output>,
+}
+
+impl RecvOptions {
+    /// Serving on `bind` with the command line's defaults, but for one transfer of at
+    /// most `max_bytes` (`once`), buffers of at most twice that, no rate limit.
+    pub fn once_on(bind: SocketAddr, max_bytes: u64) -> RecvOptions {
+        RecvOptions {
+            bind,
+            once: true,
+            max_bytes,
+            timeout: Duration::from_secs(10),
+            max_connections: 1,
+            max_memory: max_bytes.saturating_mul(2),
+            min_rate: 0,
+            max_per_peer: 1,
+            allow: AllowList::default(),
+            key: None,
+            output: None,
+        }
+    }
 }

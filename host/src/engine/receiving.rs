@@ -21,40 +21,51 @@ pub enum Stop {
     Broken(String),
 }
 
-/// One pass's items: their states and CRC32Cs.
+/// One pass's items: how many landed (which, where that is kept) and their CRC32Cs
+/// (checksummed passes). What is kept per item is only what the pass needs: a transfer
+/// of 2^28 tiny unchecked chunks over one rail keeps nothing per chunk.
 #[derive(Debug)]
-pub struct PassItems {
+pub struct PassItems<'a> {
     plan: ChunkPlan,
     /// The items expected, increasing; `None`: all of the plan's.
-    only: Option<Vec<u32>>,
-    landed: Vec<bool>,
+    only: Option<&'a [u32]>,
+    len: usize,
+    /// Which have landed, where kept (several rails: items may be missing at the end,
+    /// or come twice); else only the count, the link landing each item once.
+    landed: Option<Vec<bool>>,
     count: u64,
-    /// The CRC32C each item's frame carried (links that carry them), by position.
-    pub sent: Vec<Option<u32>>,
-    /// The CRC32C each item had where it landed, where the link took it, by position.
-    pub landed_crc: Vec<Option<u32>>,
+    /// The CRC32C each item's frame carried (links that carry them), by position, and
+    /// how many came.
+    sent: Option<Vec<u32>>,
+    sent_known: usize,
+    /// The CRC32C each item had where it landed, where the link took it, and how many.
+    landed_crc: Option<Vec<u32>>,
+    landed_known: usize,
 }
 
-impl PassItems {
-    fn new(plan: ChunkPlan, which: Which<'_>) -> PassItems {
+impl<'a> PassItems<'a> {
+    fn new(plan: ChunkPlan, which: Which<'a>, track: bool, crcs: bool) -> PassItems<'a> {
         let only = match which {
             Which::All => None,
-            Which::Only(list) => Some(list.to_vec()),
+            Which::Only(list) => Some(list),
         };
-        let n = only.as_ref().map_or(plan.count(), |l| l.len() as u64) as usize;
+        let len = only.map_or(plan.count(), |l| l.len() as u64) as usize;
         PassItems {
             plan,
             only,
-            landed: vec![false; n],
+            len,
+            landed: track.then(|| vec![false; len]),
             count: 0,
-            sent: vec![None; n],
-            landed_crc: vec![None; n],
+            sent: crcs.then(|| vec![0; len]),
+            sent_known: 0,
+            landed_crc: crcs.then(|| vec![0; len]),
+            landed_known: 0,
         }
     }
 
     /// The position of item `index` in the pass.
     pub fn position(&self, index: u64) -> Option<usize> {
-        match &self.only {
+        match self.only {
             None => (index < self.plan.count()).then_some(index as usize),
             Some(list) => u32::try_from(index)
                 .ok()
@@ -64,45 +75,78 @@ impl PassItems {
 
     /// The item at `position`.
     pub fn index(&self, position: usize) -> u64 {
-        match &self.only {
+        match self.only {
             None => position as u64,
             Some(list) => list[position] as u64,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.landed.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.landed.is_empty()
+        self.len == 0
     }
 
     pub fn all_landed(&self) -> bool {
-        self.count == self.landed.len() as u64
+        self.count == self.len as u64
     }
 
-    /// The items that have not landed, increasing.
+    /// Item at `position` landed (`sent`, `here`: its CRC32Cs, where known); whether it
+    /// is news (not landed before).
+    fn land(&mut self, position: usize, sent: Option<u32>, here: Option<u32>) -> bool {
+        if let Some(landed) = self.landed.as_mut() {
+            if std::mem::replace(&mut landed[position], true) {
+                return false;
+            }
+        }
+        self.count += 1;
+        if let (Some(v), Some(crc)) = (self.sent.as_mut(), sent) {
+            v[position] = crc;
+            self.sent_known += 1;
+        }
+        if let (Some(v), Some(crc)) = (self.landed_crc.as_mut(), here) {
+            v[position] = crc;
+            self.landed_known += 1;
+        }
+        true
+    }
+
+    /// The CRC32C every item's frame carried, once every item's came.
+    pub fn sent_crcs(&self) -> Option<&[u32]> {
+        self.sent.as_deref().filter(|_| self.sent_known == self.len)
+    }
+
+    /// The CRC32C every item had where it landed, once the link took every one.
+    pub fn landed_crcs(&self) -> Option<&[u32]> {
+        self.landed_crc
+            .as_deref()
+            .filter(|_| self.landed_known == self.len)
+    }
+
+    /// The items that have not landed, increasing (none where landings are only
+    /// counted and all came).
     pub fn missing(&self) -> Vec<u32> {
-        (0..self.landed.len())
-            .filter(|&p| !self.landed[p])
-            .map(|p| self.index(p) as u32)
-            .collect()
+        match &self.landed {
+            Some(landed) => (0..self.len)
+                .filter(|&p| !landed[p])
+                .map(|p| self.index(p) as u32)
+                .collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Take the items of `other` (a missing-items round of this pass) that landed.
-    fn absorb(&mut self, other: &PassItems) {
-        for p in 0..other.len() {
-            if !other.landed[p] {
-                continue;
-            }
+    fn absorb(&mut self, other: &PassItems<'_>) {
+        let Some(landed) = other.landed.as_ref() else {
+            return;
+        };
+        for p in (0..other.len).filter(|&p| landed[p]) {
             if let Some(q) = self.position(other.index(p)) {
-                if !self.landed[q] {
-                    self.landed[q] = true;
-                    self.count += 1;
-                }
-                self.sent[q] = other.sent[p];
-                self.landed_crc[q] = other.landed_crc[p];
+                let sent = other.sent.as_ref().map(|v| v[p]);
+                let here = other.landed_crc.as_ref().map(|v| v[p]);
+                self.land(q, sent, here);
             }
         }
     }
@@ -245,34 +289,70 @@ impl<'l> Receiving<'l> {
         }
     }
 
-    /// One pass: expect `which` items of `plan` and take events until they are in (or,
-    /// ends marked, every live rail ended the pass: the rest are missing). `whole`: the
-    /// transfer's deadline (`--min-rate`); no wait without news beyond the timeout.
-    pub fn pass(
+    /// One pass of `which` items of `plan`: [`begin`](Self::begin), then
+    /// [`finish`](Self::finish).
+    pub fn pass<'w>(
         &mut self,
         plan: &ChunkPlan,
-        which: Which<'_>,
+        which: Which<'w>,
+        crcs: bool,
         whole: Option<Instant>,
         first_sending: bool,
-    ) -> Result<PassItems, Stop> {
+    ) -> Result<PassItems<'w>, Stop> {
+        let items = self.begin(plan, which, crcs)?;
+        self.finish(items, whole, first_sending)
+    }
+
+    /// Tell the link to expect `which` items of `plan` from now on: before the request
+    /// that makes the sender send them, so none comes before it is expected. `crcs`:
+    /// keep the items' CRC32Cs.
+    pub fn begin<'w>(
+        &mut self,
+        plan: &ChunkPlan,
+        which: Which<'w>,
+        crcs: bool,
+    ) -> Result<PassItems<'w>, Stop> {
         self.link
             .expect(plan, which)
             .map_err(|e| Stop::Broken(e.0))?;
-        let mut items = PassItems::new(*plan, which);
         for r in &mut self.rails {
             r.ended = false;
         }
+        Ok(PassItems::new(*plan, which, self.ends_marked, crcs))
+    }
+
+    /// Take events until the pass's items are in (or, ends marked, every live rail ended
+    /// the pass: the rest are missing). `whole`: the transfer's deadline
+    /// (`--min-rate`); no wait without news beyond the timeout.
+    pub fn finish<'w>(
+        &mut self,
+        mut items: PassItems<'w>,
+        whole: Option<Instant>,
+        first_sending: bool,
+    ) -> Result<PassItems<'w>, Stop> {
+        let result = self.collect(&mut items, whole, first_sending);
+        // Whatever comes next waits for the next pass to be expected.
+        self.link.expect_none();
+        result.map(|()| items)
+    }
+
+    fn collect(
+        &mut self,
+        items: &mut PassItems<'_>,
+        whole: Option<Instant>,
+        first_sending: bool,
+    ) -> Result<(), Stop> {
         let mut last_news = Instant::now();
         let mut bytes_in = self.link.bytes_in();
         loop {
             if items.all_landed() && !self.ends_marked {
-                return Ok(items);
+                return Ok(());
             }
             if self.ends_marked && self.rails.iter().all(|r| r.ended || r.stopped.is_some()) {
                 if self.rails.iter().all(|r| r.stopped.is_some()) && !items.all_landed() {
                     return Err(Stop::Broken(self.no_rail_left()));
                 }
-                return Ok(items);
+                return Ok(());
             }
             if !self.ends_marked && self.rails.iter().all(|r| r.stopped.is_some()) {
                 return Err(Stop::Broken(self.no_rail_left()));
@@ -300,7 +380,7 @@ impl<'l> Receiving<'l> {
                         .max(Duration::from_millis(1)),
                 );
             }
-            let news = self.poll(wait, Some((&mut items, first_sending)))?;
+            let news = self.poll(wait, Some((items, first_sending)))?;
             let now_in = self.link.bytes_in();
             if news || now_in != bytes_in {
                 bytes_in = now_in;
@@ -312,13 +392,13 @@ impl<'l> Receiving<'l> {
     /// The items a pass left missing, asked for again (`request`: the message that asks
     /// for round `round`) and taken in a pass of their own, until none is missing, at most
     /// `max_rounds` rounds. Returns the pass with them in.
-    pub fn fetch_missing(
+    pub fn fetch_missing<'w>(
         &mut self,
-        mut items: PassItems,
+        mut items: PassItems<'w>,
         whole: Option<Instant>,
         max_rounds: u32,
-        request: &dyn Fn(u32, Vec<u32>) -> Vec<u8>,
-    ) -> Result<PassItems, Stop> {
+        request: &dyn Fn(u32, &[u32]) -> Vec<u8>,
+    ) -> Result<PassItems<'w>, Stop> {
         let mut round = 0u32;
         loop {
             let missing = items.missing();
@@ -334,9 +414,11 @@ impl<'l> Receiving<'l> {
                 )));
             }
             self.asked_again += missing.len() as u64;
-            self.send_message(&request(round, missing.clone()))?;
             let plan = items.plan;
-            let again = self.pass(&plan, Which::Only(&missing), whole, true)?;
+            let crcs = items.sent.is_some();
+            let again = self.begin(&plan, Which::Only(&missing), crcs)?;
+            self.send_message(&request(round, &missing))?;
+            let again = self.finish(again, whole, true)?;
             items.absorb(&again);
         }
     }
@@ -367,13 +449,9 @@ impl<'l> Receiving<'l> {
                     let Some(p) = items.position(index) else {
                         continue;
                     };
-                    if items.landed[p] {
+                    if !items.land(p, sent_crc, landed_crc) {
                         continue;
                     }
-                    items.landed[p] = true;
-                    items.count += 1;
-                    items.sent[p] = sent_crc;
-                    items.landed_crc[p] = landed_crc;
                     let len = items.plan.get(index).map_or(0, |c| c.len);
                     if *first {
                         self.got += len;

@@ -9,7 +9,7 @@
 //! hears the result finds the memory free.
 
 use super::landed::Landed;
-use super::receiving::{PassItems, Receiving, Stop};
+use super::receiving::{Receiving, Stop};
 use crate::memory::select::AttemptLog;
 use crate::memory::Verification;
 use crate::net::{Unit, Which};
@@ -18,7 +18,7 @@ use crate::transfer::repair::{Converge, Step};
 use crate::transfer::report::{Integrity, Repaired, StripedRecv};
 use crate::transfer::store::Output;
 use crate::transfer::{gigabytes_per_second, RecvReport, TransferError};
-use crate::wire::pieces::{self, PieceResend, CRCS_MAGIC};
+use crate::wire::pieces::{self, CRCS_MAGIC, PIECES_MAGIC, QUERY_MAGIC};
 use crate::wire::{
     checked_name, decode_name_prefix, Ack, AckStatus, ChunkChecksums, Header, Payload, Resend,
     CHECKSUMS_MAGIC, NAME_MAGIC, NAME_PREFIX_LEN, REPLY_PREFIX_LEN,
@@ -257,69 +257,60 @@ fn receive_one(
     integrity: &mut Integrity,
 ) -> Result<Repairs, Stop> {
     let header = &terms.header;
-    let items = r.pass(plan, Which::All, whole, true)?;
+    let checksum = header.verify.checksum();
+    let items = r.pass(plan, Which::All, checksum, whole, true)?;
     let items = match r.ends_marked() {
-        true => r.fetch_missing(items, whole, MAX_MISSING_ROUNDS, &|round, chunks| {
-            Resend {
-                round,
-                last: false,
-                missing: true,
-                chunks,
-            }
-            .encode()
-        })?,
+        true => r.fetch_missing(items, whole, MAX_MISSING_ROUNDS, &missing_request)?,
         false => items,
     };
     if header.named && integrity.name.is_none() {
         integrity.name = sender_name(r, terms.timeout)?;
     }
-    if !header.verify.checksum() {
+    if !checksum {
         return Ok(Repairs::default());
     }
     let checking = |e: anyhow::Error| Stop::Broken(format!("checking the chunks: {e:#}"));
-    let mut expected = match r.caps().crc_in_frames {
-        true => frame_crcs(&items)?,
-        false => sender_crcs(r, plan, terms.timeout)?,
+    let mut expected = match (r.caps().crc_in_frames, items.sent_crcs()) {
+        (true, Some(crcs)) => crcs.to_vec(),
+        (true, None) => return Err(Stop::Broken("a chunk came without its CRC32C".into())),
+        (false, _) => sender_crcs(r, plan, terms.timeout)?,
     };
-    let mut now_landed = match items.landed_crc.iter().all(Option::is_some) {
-        true => items.landed_crc.iter().map(|c| c.unwrap_or(0)).collect(),
-        false => landed
-            .crc32c_chunks(0..plan.total() as usize, plan.chunk_bytes() as usize)
-            .map_err(checking)?,
-    };
-    if now_landed.len() != expected.len() {
-        return Err(Stop::Broken(format!(
-            "{} checksums computed for {} chunks",
-            now_landed.len(),
-            expected.len()
-        )));
-    }
-    let failed = crate::transfer::repair::failed(&expected, &now_landed);
-    let repairs = repair(r, landed, terms, plan, whole, failed, &mut expected)?;
-    if repairs.failed.is_empty() {
-        // Every chunk passed: each one's CRC32C where it landed is the sender's (as
-        // repaired chunks were set to), so the digest is that of the bytes as they lie.
-        for &(c, _) in &repairs.repaired {
-            now_landed[c as usize] = expected[c as usize];
+    let failed = {
+        let computed;
+        let here = match items.landed_crcs() {
+            Some(crcs) => crcs,
+            None => {
+                computed = landed
+                    .crc32c_chunks(0..plan.total() as usize, plan.chunk_bytes() as usize)
+                    .map_err(checking)?;
+                &computed[..]
+            }
+        };
+        if here.len() != expected.len() {
+            return Err(Stop::Broken(format!(
+                "{} checksums computed for {} chunks",
+                here.len(),
+                expected.len()
+            )));
         }
-        integrity.digest = Some(crate::integrity::digest(
-            &expected,
-            plan.chunk_bytes(),
-            plan.total(),
-        ));
-    } else {
-        integrity.digest = None;
-    }
+        crate::transfer::repair::failed(&expected, here)
+    };
+    // The pass's books are not needed in the rounds: they go before them.
+    drop(items);
+    let repairs = repair(r, landed, terms, plan, whole, failed, &mut expected)?;
+    // Every chunk passed: each one's CRC32C where it landed is `expected`'s (repaired
+    // chunks' were set to it), so the digest is that of the bytes as they lie. With a
+    // chunk that still fails there is none (the sender's claims are not the data here).
+    integrity.digest = repairs
+        .failed
+        .is_empty()
+        .then(|| crate::integrity::digest(&expected, plan.chunk_bytes(), plan.total()));
     Ok(repairs)
 }
 
-/// The CRC32C every chunk's frame carried.
-fn frame_crcs(items: &PassItems) -> Result<Vec<u32>, Stop> {
-    items
-        .sent
-        .iter()
-        .map(|c| c.ok_or_else(|| Stop::Broken("a chunk came without its CRC32C".into())))
-        .collect()
+/// The request for the items a pass left missing (round `round`).
+fn missing_request(round: u32, chunks: &[u32]) -> Vec<u8> {
+    Resend::encode_list(round, false, true, chunks)
 }
 
 /// The sender's CRC32C of every chunk, from its message(s) after the data.
@@ -384,11 +375,13 @@ fn sender_name(r: &mut Receiving<'_>, timeout: Duration) -> Result<Option<String
 /// Ask for the chunks whose CRC32C failed where they landed, in rounds that converge: a
 /// failed chunk comes again as pieces (when the sender offers them), a failed piece as
 /// smaller ones, each checked against the sender's CRC32C of it (asked for in a query
-/// where the link's frames carry none, or where the pieces are new: only those that
-/// differ are sent); the rounds end when all pass, when the next would send more again
-/// than the transfer's size, after `--timeout` without a repair, or at the sender's
+/// where the link's frames carry none or the pieces are new: only those that differ are
+/// sent); the rounds end when all pass, when the next would send more again than the
+/// transfer's size, after `--timeout` without a repair, or at the sender's
 /// `--max-resends`. Then the chunks still failing are named in a final [`Resend`] (an
 /// ack saying so follows). `expected` ends as the chunks' CRC32Cs where they landed.
+/// The lists travel in the requests from where they lie, not copied: a round may name
+/// every chunk of a million.
 fn repair(
     r: &mut Receiving<'_>,
     landed: &dyn Landed,
@@ -414,14 +407,8 @@ fn repair(
         let (round, unit, items, fresh) = match rounds.next(Instant::now()) {
             Step::Done => break Vec::new(),
             Step::GiveUp { round, chunks, .. } => {
-                let request = Resend {
-                    round,
-                    last: true,
-                    missing: false,
-                    chunks,
-                };
-                r.send_message(&request.encode())?;
-                break request.chunks;
+                r.send_message(&Resend::encode_list(round, true, false, &chunks))?;
+                break chunks;
             }
             Step::Ask {
                 round,
@@ -437,116 +424,103 @@ fn repair(
         let unit_plan = unit
             .plan(plan.total(), plan.chunk_bytes())
             .map_err(|e| Stop::Broken(format!("cutting chunks into pieces: {e}")))?;
-        // The CRC32C each item must have (by position among `items`): the chunks' are
-        // known; pieces' come from the sender, asked in a query, where the frames carry
-        // none or the pieces are new (then only those that differ are sent).
-        let (sent, truth): (Vec<u32>, Option<Vec<u32>>) = match unit {
-            Unit::Chunks => {
-                let request = Resend {
-                    round,
-                    last: false,
-                    missing: false,
-                    chunks: items.clone(),
-                };
-                r.send_message(&request.encode())?;
-                (items.clone(), None)
+        // Pieces' CRC32Cs come from the sender, asked in a query, where the frames carry
+        // none or the pieces are new: then only those that differ where they landed are
+        // sent. Whole chunks' are known.
+        let query = matches!(unit, Unit::Pieces(_)) && (fresh || !frames_carry);
+        let theirs = match (query, unit) {
+            (true, Unit::Pieces(shift)) => {
+                r.send_message(&pieces::encode_list(QUERY_MAGIC, round, shift, &items))?;
+                Some(read_crcs(r, round, items.len() as u32, terms.timeout)?)
             }
-            Unit::Pieces(shift) => {
-                let query_first = fresh || !frames_carry;
-                if query_first {
-                    let query = PieceResend {
-                        round,
-                        shift,
-                        pieces: items.clone(),
-                    };
-                    r.send_message(&query.encode_query())?;
-                    let theirs = read_crcs(r, round, items.len() as u32, terms.timeout)?;
-                    let here = piece_crcs(landed, &unit_plan, &items).map_err(checking)?;
-                    let differ: Vec<u32> = items
+            _ => None,
+        };
+        let differ: Option<Vec<u32>> = match &theirs {
+            Some(theirs) => {
+                let here = piece_crcs(landed, &unit_plan, &items).map_err(checking)?;
+                Some(
+                    items
                         .iter()
                         .zip(theirs.iter().zip(&here))
                         .filter(|(_, (t, l))| t != l)
                         .map(|(&k, _)| k)
-                        .collect();
-                    if !differ.is_empty() {
-                        let request = PieceResend {
-                            round,
-                            shift,
-                            pieces: differ.clone(),
-                        };
-                        r.send_message(&request.encode())?;
-                    }
-                    (differ, Some(theirs))
-                } else {
-                    let request = PieceResend {
-                        round,
-                        shift,
-                        pieces: items.clone(),
-                    };
-                    r.send_message(&request.encode())?;
-                    (items.clone(), None)
-                }
+                        .collect(),
+                )
             }
+            None => None,
         };
+        let sent: &[u32] = differ.as_deref().unwrap_or(&items);
+        // The pass is expected before the request that makes the sender send it.
         let arrived = match sent.is_empty() {
             true => None,
             false => {
-                let got = r
-                    .pass(&unit_plan, Which::Only(&sent), whole, false)
-                    .map_err(|stop| match stop {
-                        // Every byte has arrived by now, so "got N of N bytes" alone would
-                        // read as done: say that the transfer broke while items came again.
-                        Stop::Broken(why) => Stop::Broken(format!(
-                            "in resend round {round}, {} {} asked again: {why}",
-                            sent.len(),
-                            match unit {
-                                Unit::Chunks => "chunk(s)",
-                                Unit::Pieces(_) => "piece(s)",
-                            }
-                        )),
-                        too_slow => too_slow,
-                    })?;
-                let got = match r.ends_marked() {
-                    true => r.fetch_missing(got, whole, MAX_MISSING_ROUNDS, &|round, chunks| {
-                        Resend {
-                            round,
-                            last: false,
-                            missing: true,
-                            chunks,
+                let pending = r.begin(&unit_plan, Which::Only(sent), true)?;
+                let request = match unit {
+                    Unit::Chunks => Resend::encode_list(round, false, false, sent),
+                    Unit::Pieces(shift) => pieces::encode_list(PIECES_MAGIC, round, shift, sent),
+                };
+                r.send_message(&request)?;
+                drop(request);
+                let got = r.finish(pending, whole, false).map_err(|stop| match stop {
+                    // Every byte has arrived by now, so "got N of N bytes" alone would
+                    // read as done: say that the transfer broke while items came again.
+                    Stop::Broken(why) => Stop::Broken(format!(
+                        "in resend round {round}, {} {} asked again: {why}",
+                        sent.len(),
+                        match unit {
+                            Unit::Chunks => "chunk(s)",
+                            Unit::Pieces(_) => "piece(s)",
                         }
-                        .encode()
-                    })?,
+                    )),
+                    too_slow => too_slow,
+                })?;
+                let got = match r.ends_marked() {
+                    true => r.fetch_missing(got, whole, MAX_MISSING_ROUNDS, &missing_request)?,
                     false => got,
                 };
                 Some(got)
             }
         };
-        // Each item's CRC32C where it landed now, against what it must be.
-        let here = match arrived.as_ref() {
-            Some(got) if got.landed_crc.iter().all(Option::is_some) && truth.is_none() => {
-                // Only the sent ones were read; for chunks and unqueried pieces `sent`
-                // is all of `items`.
-                got.landed_crc.iter().map(|c| c.unwrap_or(0)).collect()
+        // Each item's CRC32C where it landed now, against what it must be: the sender's
+        // (queried), or the one its new frame carried (links whose frames carry them),
+        // else the chunk's from the sender's list.
+        let passed: Vec<bool> = {
+            let computed;
+            let here: &[u32] = match arrived.as_ref().and_then(|g| g.landed_crcs()) {
+                Some(crcs) if differ.is_none() => crcs,
+                _ => {
+                    computed = piece_crcs(landed, &unit_plan, &items).map_err(checking)?;
+                    &computed
+                }
+            };
+            let frames = arrived.as_ref().and_then(|g| g.sent_crcs());
+            let musts: Vec<Option<u32>> = items
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| match (&theirs, unit) {
+                    (Some(theirs), _) => Some(theirs[i]),
+                    (None, Unit::Chunks) => frames.map(|f| f[i]).or(Some(expected[k as usize])),
+                    (None, Unit::Pieces(_)) => frames.map(|f| f[i]),
+                })
+                .collect();
+            let passed: Vec<bool> = musts
+                .iter()
+                .zip(here)
+                .map(|(must, here)| *must == Some(*here))
+                .collect();
+            if unit == Unit::Chunks {
+                // A chunk that passed is its new frame's (the sender's digest is over the
+                // CRC32Cs it sent: a frame that lied is caught there).
+                for ((&k, must), ok) in items.iter().zip(&musts).zip(&passed) {
+                    if let (true, Some(crc)) = (*ok, must) {
+                        expected[k as usize] = *crc;
+                    }
+                }
             }
-            _ => piece_crcs(landed, &unit_plan, &items).map_err(checking)?,
+            passed
         };
-        let passed: Vec<bool> = items
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| {
-                let must = match (&truth, unit, arrived.as_ref()) {
-                    (Some(theirs), _, _) => theirs[i],
-                    (None, Unit::Chunks, _) => expected[k as usize],
-                    (None, Unit::Pieces(_), Some(got)) => got
-                        .position(k as u64)
-                        .and_then(|p| got.sent[p])
-                        .unwrap_or(!here[i]),
-                    (None, Unit::Pieces(_), None) => !here[i],
-                };
-                here.get(i) == Some(&must)
-            })
-            .collect();
-        let completed = rounds.checked(&items, &passed, &sent, Instant::now());
+        drop(arrived);
+        let completed = rounds.checked(&items, &passed, sent, Instant::now());
         if let (Unit::Pieces(_), false) = (unit, completed.is_empty()) {
             // Every piece of these chunks passed its own CRC32C: the chunk's CRC32C is
             // now that of its bytes where they landed (for the digest, which the sender

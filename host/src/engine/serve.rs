@@ -163,6 +163,20 @@ enum Event {
     },
 }
 
+/// Listen on `opts.bind` and serve TCP transfers under an admission of their own,
+/// telling `report` about each. Returns only with `--once` (whether that transfer
+/// verified) or on an error of the listener.
+pub fn serve(
+    opts: &RecvOptions,
+    memory: &RecvMemory,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let listener = TcpListener::bind(opts.bind).map_err(|e| {
+        TransferError::Protocol(format!("cannot listen on {} (TCP): {e}", opts.bind))
+    })?;
+    serve_tcp(listener, opts, memory, &admission_of(opts), None, report)
+}
+
 /// Serve TCP transfers on `listener` (bound already) under `admission`, telling
 /// `report` about each.
 pub fn serve_tcp(

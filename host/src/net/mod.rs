@@ -257,8 +257,13 @@ pub unsafe trait RecvLink {
     fn caps(&self) -> Caps;
 
     /// Expect `which` items of `plan` (the pass's unit over the transfer) from here on.
-    /// Must not block. The items of the pass before are no longer expected.
+    /// Must not block for long. The items of the pass before are no longer expected.
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError>;
+
+    /// The pass is over: nothing is expected until the next [`expect`](Self::expect).
+    /// An item that comes meanwhile (the sender answered before the engine said what it
+    /// expects) waits for it, within the link's timeout, and is then checked against it.
+    fn expect_none(&mut self);
 
     /// Send control message `bytes` on `rail` (at most [`MAX_MESSAGE`], whole).
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError>;

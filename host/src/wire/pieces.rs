@@ -125,17 +125,7 @@ impl PieceResend {
     }
 
     fn encode_as(&self, magic: [u8; 4]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * self.pieces.len());
-        out.extend_from_slice(&magic);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(0);
-        out.push(self.shift);
-        out.extend_from_slice(&self.round.to_le_bytes());
-        out.extend_from_slice(&(self.pieces.len() as u32).to_le_bytes());
-        for k in &self.pieces {
-            out.extend_from_slice(&k.to_le_bytes());
-        }
-        out
+        encode_list(magic, self.round, self.shift, &self.pieces)
     }
 
     /// The fixed part, `(round, shift, count)`, checked against a transfer of `total`
@@ -277,6 +267,22 @@ pub fn decode_crcs(body: &[u8]) -> Vec<u32> {
     body.chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// A piece request ([`PIECES_MAGIC`]) or query ([`QUERY_MAGIC`]) of `pieces`, encoded
+/// from where the list lies (a round may name millions).
+pub fn encode_list(magic: [u8; 4], round: u32, shift: u8, pieces: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * pieces.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.push(0);
+    out.push(shift);
+    out.extend_from_slice(&round.to_le_bytes());
+    out.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+    for k in pieces {
+        out.extend_from_slice(&k.to_le_bytes());
+    }
+    out
 }
 
 #[cfg(test)]

@@ -33,16 +33,20 @@ const RESEND_MISSING: u8 = 2;
 
 impl Resend {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * self.chunks.len());
+        Resend::encode_list(self.round, self.last, self.missing, &self.chunks)
+    }
+
+    /// A `Resend` of `chunks` (borrowed: a round's list may name a million chunks, and
+    /// is encoded from where it lies, not copied into a value first).
+    pub fn encode_list(round: u32, last: bool, missing: bool, chunks: &[u32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(REPLY_PREFIX_LEN + 4 * chunks.len());
         out.extend_from_slice(&RESEND_MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(
-            if self.last { RESEND_LAST } else { 0 } | if self.missing { RESEND_MISSING } else { 0 },
-        );
+        out.push(if last { RESEND_LAST } else { 0 } | if missing { RESEND_MISSING } else { 0 });
         out.push(0);
-        out.extend_from_slice(&self.round.to_le_bytes());
-        out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
-        for c in &self.chunks {
+        out.extend_from_slice(&round.to_le_bytes());
+        out.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+        for c in chunks {
             out.extend_from_slice(&c.to_le_bytes());
         }
         out

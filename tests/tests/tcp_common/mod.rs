@@ -286,3 +286,24 @@ pub fn assert_verified(out: &Output, what: &str) {
 }
 
 pub const T: Duration = Duration::from_secs(60);
+
+/// A control message as the TCP link carries it once the opening is done: its frame,
+/// then its bytes (`host::net::tcp::frames`).
+pub fn message(bytes: &[u8]) -> Vec<u8> {
+    let frame = host::net::tcp::frames::Frame::control(bytes);
+    [&frame.encode()[..], bytes].concat()
+}
+
+/// Read one control message (its frame, then its bytes) from `s`.
+pub fn read_message(mut s: &std::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    use host::net::tcp::frames::{Frame, FrameKind, FRAME_LEN};
+    use std::io::Read;
+    let mut head = [0u8; FRAME_LEN];
+    s.read_exact(&mut head)?;
+    let FrameKind::Control { len, .. } = Frame::decode(&head).kind() else {
+        return Err(std::io::Error::other("not a control message"));
+    };
+    let mut bytes = vec![0u8; len as usize];
+    s.read_exact(&mut bytes)?;
+    Ok(bytes)
+}

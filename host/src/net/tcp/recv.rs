@@ -43,6 +43,7 @@ enum State {
 
 /// Where items land.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 enum Place {
     /// Between transfers: no item may land.
     None,
@@ -53,14 +54,32 @@ enum Place {
     Staged { slots: Vec<(usize, usize)> },
 }
 
+/// What the current pass expects.
+#[derive(Debug)]
+enum Expected {
+    /// Nothing (between passes): a frame waits for the next pass.
+    Nothing,
+    /// One rail: stream `s` of `n` carries the pass's items at positions `s`, `s + n`, ...
+    /// in order (the sender deals them out so), so each reader knows what comes next and
+    /// nothing per item is kept: a transfer of 2^28 tiny chunks costs its buffer.
+    Fixed {
+        plan: ChunkPlan,
+        /// The items of the pass, increasing; `None`: all of the plan's.
+        list: Option<Vec<u32>>,
+        /// Each stream's next position.
+        next: Vec<u64>,
+    },
+    /// Several rails: any item on any stream, placed by its offset, each once.
+    Placed { plan: ChunkPlan, states: Vec<State> },
+}
+
 struct Land {
     /// Which lending, and which pass of it: a claim is of one.
     epoch: u64,
     place: Place,
     /// With checksums, readers in host memory take each item's CRC32C as it lands.
     checksum: bool,
-    plan: Option<ChunkPlan>,
-    states: Vec<State>,
+    expected: Expected,
     /// Readers inside an item's place (host), or holding a slot (staged).
     holders: u32,
     free_slots: VecDeque<usize>,
@@ -131,10 +150,10 @@ impl Shared {
     /// pass is expected (its sender answered before the engine said what it expects:
     /// the first pass right after the accept, a round right after its request) waits for
     /// the next pass, up to `wait`.
-    fn claim(&self, offset: u64, len: u32, wait: Duration) -> Claim {
+    fn claim(&self, stream: usize, offset: u64, len: u32, wait: Duration) -> Claim {
         let mut land = self.lock();
         let until = Instant::now() + wait;
-        while land.plan.is_none() {
+        while matches!(land.expected, Expected::Nothing) {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || land.closing {
                 return Claim::Invalid(format!(
@@ -147,23 +166,54 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        let Some(plan) = land.plan else {
-            return Claim::Invalid("no pass".into());
-        };
-        let unit = plan.chunk_bytes();
-        let index = offset / unit;
-        let fits =
-            offset.is_multiple_of(unit) && plan.get(index).is_some_and(|c| c.len == len as u64);
-        let state = land.states.get(index as usize).copied();
-        match state {
-            Some(State::Expected) if fits => {}
-            Some(State::Claimed | State::Landed) if fits => return Claim::Copy { index },
-            _ => {
-                return Claim::Invalid(format!(
-                    "protocol error: a frame of {len} bytes at offset {offset}, which is no item due in this pass"
-                ))
+        let index = match &mut land.expected {
+            Expected::Nothing => return Claim::Invalid("no pass".into()),
+            Expected::Fixed { plan, list, next } => {
+                let n = next.len() as u64;
+                let Some(p) = next.get(stream).copied() else {
+                    return Claim::Invalid(format!("protocol error: data on stream {stream}"));
+                };
+                let count = list.as_ref().map_or(plan.count(), |l| l.len() as u64);
+                let due = (p < count)
+                    .then(|| list.as_ref().map_or(p, |l| l[p as usize] as u64))
+                    .and_then(|i| plan.get(i));
+                match due {
+                    Some(c) if c.offset == offset && c.len == len as u64 => {
+                        next[stream] = p + n;
+                        c.index
+                    }
+                    Some(c) => {
+                        return Claim::Invalid(format!(
+                            "protocol error: a frame of {len} bytes at offset {offset} where chunk {} ({} bytes at {}) was due",
+                            c.index, c.len, c.offset
+                        ))
+                    }
+                    None => {
+                        return Claim::Invalid(format!(
+                            "protocol error: a frame of {len} bytes at offset {offset} after every item due on stream {stream}"
+                        ))
+                    }
+                }
             }
-        }
+            Expected::Placed { plan, states } => {
+                let unit = plan.chunk_bytes();
+                let index = offset / unit;
+                let fits = offset.is_multiple_of(unit)
+                    && plan.get(index).is_some_and(|c| c.len == len as u64);
+                match states.get(index as usize).copied() {
+                    Some(State::Expected) if fits => {
+                        states[index as usize] = State::Claimed;
+                        index
+                    }
+                    Some(State::Claimed | State::Landed) if fits => return Claim::Copy { index },
+                    _ => {
+                        return Claim::Invalid(format!(
+                            "protocol error: a frame of {len} bytes at offset {offset}, which is no item due in this pass"
+                        ))
+                    }
+                }
+            }
+        };
         let epoch = land.epoch;
         let claim = match land.place {
             Place::Host { base, len: size } if offset + len as u64 <= size as u64 => Claim::Host {
@@ -179,23 +229,31 @@ impl Shared {
                 ))
             }
         };
-        land.states[index as usize] = State::Claimed;
         land.holders += 1;
         claim
+    }
+
+    /// Set item `index`'s state in the pass of `epoch` (items placed by offset only).
+    fn set_state(land: &mut Land, index: u64, epoch: u64, state: State) {
+        if land.epoch != epoch {
+            return;
+        }
+        if let Expected::Placed { states, .. } = &mut land.expected {
+            if let Some(s) = states.get_mut(index as usize) {
+                *s = state;
+            }
+        }
     }
 
     /// A host claim ends: landed, or (a failed read) expected again.
     fn finish(&self, index: u64, epoch: u64, landed: bool) {
         let mut land = self.lock();
-        if land.epoch == epoch {
-            if let Some(s) = land.states.get_mut(index as usize) {
-                *s = if landed {
-                    State::Landed
-                } else {
-                    State::Expected
-                };
-            }
-        }
+        let state = if landed {
+            State::Landed
+        } else {
+            State::Expected
+        };
+        Self::set_state(&mut land, index, epoch, state);
         self.leave(&mut land);
     }
 
@@ -264,7 +322,9 @@ enum Report {
 
 struct StreamSide {
     rail: Rail,
-    shutter: TcpStream,
+    /// The stream itself, shared with its reader (one descriptor a stream, as admission
+    /// counts): shut to break the reader off.
+    shutter: Arc<TcpStream>,
     ended: bool,
 }
 
@@ -272,11 +332,12 @@ struct RailSide {
     streams: Vec<usize>,
     /// Where this side's messages go: the rail's first stream (none for a rail whose
     /// streams never came).
-    control: Option<TcpStream>,
+    control: Option<Arc<TcpStream>>,
     down: bool,
 }
 
 /// A slot's copy in flight (staged), in queue order.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct InFlight {
     slot: usize,
     index: u64,
@@ -308,8 +369,7 @@ impl TcpReceiver {
                 epoch: 0,
                 place: Place::None,
                 checksum: false,
-                plan: None,
-                states: Vec::new(),
+                expected: Expected::Nothing,
                 holders: 0,
                 free_slots: VecDeque::new(),
                 closing: false,
@@ -328,7 +388,8 @@ impl TcpReceiver {
             unsaid: Vec::new(),
         };
         for (r, streams) in rails.into_iter().enumerate() {
-            let control = streams.first().map(TcpStream::try_clone).transpose()?;
+            let streams: Vec<Arc<TcpStream>> = streams.into_iter().map(Arc::new).collect();
+            let control = streams.first().cloned();
             if control.is_none() {
                 conn.unsaid.push(r);
             }
@@ -342,11 +403,11 @@ impl TcpReceiver {
                 // Readers wait as long as the connection lives; the engine bounds its
                 // own waits and shuts the sockets to end them.
                 stream.set_read_timeout(None)?;
-                let shutter = stream.try_clone()?;
+                let shutter = stream.clone();
                 let (tx, shared) = (tx.clone(), conn.shared.clone());
                 let thread = std::thread::Builder::new()
                     .name(format!("tcp-reader-{s}"))
-                    .spawn(move || read_stream(s, stream, &tx, &shared, timeout))?;
+                    .spawn(move || read_stream(s, &stream, &tx, &shared, timeout))?;
                 conn.readers.push(thread);
                 conn.streams.push(StreamSide {
                     rail: r,
@@ -386,6 +447,8 @@ impl TcpReceiver {
             Landing::Gpu(upload) => Place::Staged {
                 slots: upload.borrow().slot_addresses(),
             },
+            #[cfg(not(feature = "cuda"))]
+            Landing::_Never(_, never) => match *never {},
         };
         {
             let mut land = self.shared.lock();
@@ -396,16 +459,11 @@ impl TcpReceiver {
             };
             land.place = place;
             land.checksum = checksum;
-            land.plan = None;
-            land.states.clear();
+            land.expected = Expected::Nothing;
         }
         let guard = Takeback {
             shared: self.shared.clone(),
-            streams: self
-                .streams
-                .iter()
-                .filter_map(|s| s.shutter.try_clone().ok())
-                .collect(),
+            streams: self.streams.iter().map(|s| s.shutter.clone()).collect(),
         };
         let mut link = TcpRecvLink {
             conn: self,
@@ -429,9 +487,10 @@ impl TcpReceiver {
         let mut any = false;
         for r in 0..self.rails.len() {
             let side = &mut self.rails[r];
-            let Some(control) = side.control.as_mut().filter(|_| !side.down) else {
+            let Some(control) = side.control.as_deref().filter(|_| !side.down) else {
                 continue;
             };
+            let mut control = control;
             let written = control
                 .write_all(&frame)
                 .and_then(|()| control.write_all(bytes));
@@ -486,7 +545,7 @@ pub enum Landing<'a> {
 /// Takes the landing back from the readers.
 struct Takeback {
     shared: Arc<Shared>,
-    streams: Vec<TcpStream>,
+    streams: Vec<Arc<TcpStream>>,
 }
 
 impl Takeback {
@@ -506,8 +565,7 @@ impl Drop for Takeback {
     fn drop(&mut self) {
         let mut land = self.shared.lock();
         land.place = Place::None;
-        land.plan = None;
-        land.states.clear();
+        land.expected = Expected::Nothing;
         land.epoch += 1;
         let until = Instant::now() + TAKEBACK_WAIT;
         while land.holders > 0 {
@@ -531,6 +589,7 @@ impl Drop for Takeback {
 }
 
 /// The link of one lending.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct TcpRecvLink<'c, 'l> {
     conn: &'c mut TcpReceiver,
     landing: Landing<'l>,
@@ -564,9 +623,7 @@ impl TcpRecvLink<'_, '_> {
                 if land.epoch == done.epoch {
                     land.free_slots.push_back(done.slot);
                     if done.last {
-                        if let Some(s) = land.states.get_mut(done.index as usize) {
-                            *s = State::Landed;
-                        }
+                        Shared::set_state(&mut land, done.index, done.epoch, State::Landed);
                         out.push(RecvEvent::Landed {
                             rail: done.rail,
                             index: done.index,
@@ -633,17 +690,31 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
         let count = usize::try_from(plan.count())
             .map_err(|_| LinkError("a pass of more items than memory holds".into()))?;
         land.epoch += 1;
-        land.plan = Some(*plan);
-        land.states = match which {
-            Which::All => vec![State::Expected; count],
-            Which::Only(list) => {
+        let streams = self.conn.streams.len();
+        land.expected = match (self.conn.rails.len(), which) {
+            (1, which) => Expected::Fixed {
+                plan: *plan,
+                list: match which {
+                    Which::All => None,
+                    Which::Only(list) => Some(list.to_vec()),
+                },
+                next: (0..streams as u64).collect(),
+            },
+            (_, Which::All) => Expected::Placed {
+                plan: *plan,
+                states: vec![State::Expected; count],
+            },
+            (_, Which::Only(list)) => {
                 let mut states = vec![State::NotExpected; count];
                 for &i in list {
                     if let Some(s) = states.get_mut(i as usize) {
                         *s = State::Expected;
                     }
                 }
-                states
+                Expected::Placed {
+                    plan: *plan,
+                    states,
+                }
             }
         };
         // Slots that went back to the ring while the epoch changed are the ring's again.
@@ -660,6 +731,12 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
         Ok(())
     }
 
+    fn expect_none(&mut self) {
+        let mut land = self.conn.shared.lock();
+        land.expected = Expected::Nothing;
+        land.epoch += 1;
+    }
+
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
         let timeout = self.conn.timeout;
         let Some(side) = self.conn.rails.get_mut(rail).filter(|s| !s.down) else {
@@ -669,7 +746,7 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
             return Err(LinkError(format!("a message of {} bytes", bytes.len())));
         }
         let frame = Frame::control(bytes).encode();
-        let Some(control) = side.control.as_mut() else {
+        let Some(mut control) = side.control.as_deref() else {
             return Err(LinkError(format!("rail {rail} never came")));
         };
         let written = control
@@ -793,7 +870,7 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
 /// A reader thread: take frames from stream `s` until it ends or breaks.
 fn read_stream(
     s: usize,
-    stream: TcpStream,
+    stream: &TcpStream,
     tx: &mpsc::Sender<Report>,
     shared: &Shared,
     timeout: Duration,
@@ -801,7 +878,6 @@ fn read_stream(
     let fail = |why: String| {
         let _ = tx.send(Report::Failed { stream: s, why });
     };
-    let mut stream = &stream;
     let mut scratch = Vec::new();
     loop {
         let mut head = [0u8; FRAME_LEN];
@@ -823,7 +899,7 @@ fn read_stream(
                 Report::Message { stream: s, bytes }
             }
             FrameKind::End { failed } => Report::End { stream: s, failed },
-            FrameKind::Item { offset, len, crc } => match shared.claim(offset, len, timeout) {
+            FrameKind::Item { offset, len, crc } => match shared.claim(s, offset, len, timeout) {
                 Claim::Invalid(why) => return fail(why),
                 Claim::Copy { index } => {
                     let mut left = len as usize;
@@ -890,7 +966,7 @@ fn read_stream(
 #[allow(clippy::too_many_arguments)]
 fn fill_slots(
     s: usize,
-    mut stream: &TcpStream,
+    stream: &TcpStream,
     tx: &mpsc::Sender<Report>,
     shared: &Shared,
     index: u64,
@@ -901,10 +977,8 @@ fn fill_slots(
 ) -> Result<(), String> {
     let leave = |landed: bool| {
         let mut land = shared.lock();
-        if !landed && land.epoch == epoch {
-            if let Some(st) = land.states.get_mut(index as usize) {
-                *st = State::Expected;
-            }
+        if !landed {
+            Shared::set_state(&mut land, index, epoch, State::Expected);
         }
         shared.leave(&mut land);
     };

@@ -113,8 +113,9 @@ enum Report {
 
 struct Writer {
     jobs: Option<mpsc::Sender<Work>>,
-    /// A clone of the stream, to break a blocked write off.
-    shutter: TcpStream,
+    /// The stream itself, shared with its writer (and, the first of a rail, with the
+    /// rail's reader): shut to break a blocked write off.
+    shutter: Arc<TcpStream>,
     rail: Rail,
     exited: bool,
     thread: Option<JoinHandle<()>>,
@@ -122,11 +123,19 @@ struct Writer {
 
 struct RailState {
     streams: Vec<usize>,
+    /// The next stream (of `streams`) and the pass it counts for: a pass's items are
+    /// dealt out from its first stream in posting order, so a receiver of one rail knows
+    /// which item comes next on each stream.
     next: usize,
+    pass: Option<Pass>,
     /// Given up, or found broken: carries nothing more.
     down: bool,
     /// Said Quiet already.
     quiet_said: bool,
+    /// Why it went down, said to the engine once its writers have all left: every item
+    /// they wrote is reported before the rail's end (a receiver that acked and closed
+    /// must not have its last chunks taken for lost).
+    why_down: Option<String>,
 }
 
 /// A sender's open TCP connection.
@@ -172,20 +181,23 @@ impl TcpSender {
             let mut state = RailState {
                 streams: Vec::new(),
                 next: 0,
+                pass: None,
                 down: false,
                 quiet_said: false,
+                why_down: None,
             };
             for (k, stream) in streams.into_iter().enumerate() {
                 let s = sender.writers.len();
+                let stream = Arc::new(stream);
                 if k == 0 {
-                    let reading = stream.try_clone()?;
+                    let reading = stream.clone();
                     let tx = tx.clone();
                     let thread = std::thread::Builder::new()
                         .name(format!("tcp-replies-{r}"))
-                        .spawn(move || read_messages(r, reading, &tx))?;
+                        .spawn(move || read_messages(r, &reading, &tx))?;
                     sender.readers.push(thread);
                 }
-                let shutter = stream.try_clone()?;
+                let shutter = stream.clone();
                 let (jobs, rx) = mpsc::channel::<Work>();
                 let (tx, shared) = (tx.clone(), sender.shared.clone());
                 let thread = std::thread::Builder::new()
@@ -193,7 +205,7 @@ impl TcpSender {
                     .spawn(move || {
                         // Sent however the writer leaves, a panic too.
                         let _exit = ExitReport { tx: &tx, stream: s };
-                        write_stream(s, stream, &rx, &tx, &shared, checks, timeout);
+                        write_stream(s, &stream, &rx, &tx, &shared, checks, timeout);
                     })?;
                 sender.writers.push(Writer {
                     jobs: Some(jobs),
@@ -261,6 +273,18 @@ impl TcpSender {
         }
     }
 
+    /// Stop rail `rail` for `why` (said once its writers have left), unless it is
+    /// stopping already.
+    fn stop_rail_for(&mut self, rail: Rail, why: String) {
+        let Some(state) = self.rails.get_mut(rail) else {
+            return;
+        };
+        if !state.down {
+            state.why_down.get_or_insert(why);
+            self.stop_rail(rail);
+        }
+    }
+
     /// Stop rail `rail`: its sockets shut (a blocked write returns at once), its writers
     /// told to leave.
     fn stop_rail(&mut self, rail: Rail) {
@@ -319,15 +343,20 @@ struct TcpSendLink<'c> {
 }
 
 impl TcpSendLink<'_> {
-    /// Queue `work` on the next stream of `rail`.
-    fn queue(&mut self, rail: Rail, work: Work, first_stream: bool) -> Result<(), LinkError> {
+    /// Queue `work` on the next stream of `rail` (an item of `pass`), or on its first
+    /// (a message: `None`).
+    fn queue(&mut self, rail: Rail, work: Work, pass: Option<Pass>) -> Result<(), LinkError> {
         let conn = &mut *self.conn;
         let Some(state) = conn.rails.get_mut(rail).filter(|s| !s.down) else {
             return Err(LinkError(format!("rail {rail} is down")));
         };
-        let s = match first_stream {
-            true => state.streams[0],
-            false => {
+        let s = match pass {
+            None => state.streams[0],
+            Some(pass) => {
+                if state.pass != Some(pass) {
+                    state.pass = Some(pass);
+                    state.next = 0;
+                }
                 let s = state.streams[state.next % state.streams.len()];
                 state.next = (state.next + 1) % state.streams.len();
                 s
@@ -388,7 +417,7 @@ unsafe impl SendLink for TcpSendLink<'_> {
                 crc: item.crc,
                 attempt: item.attempt,
             };
-            self.queue(rail, work, false)?;
+            self.queue(rail, work, Some(item.pass))?;
         }
         Ok(())
     }
@@ -408,14 +437,14 @@ unsafe impl SendLink for TcpSendLink<'_> {
             crc: item.crc,
             attempt: item.attempt,
         };
-        self.queue(rail, work, false)
+        self.queue(rail, work, Some(item.pass))
     }
 
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
         if bytes.len() > MAX_MESSAGE {
             return Err(LinkError(format!("a message of {} bytes", bytes.len())));
         }
-        self.queue(rail, Work::Control(bytes.into()), true)
+        self.queue(rail, Work::Control(bytes.into()), None)
     }
 
     fn end_pass(&mut self, failed: u32) -> Result<(), LinkError> {
@@ -468,35 +497,26 @@ unsafe impl SendLink for TcpSendLink<'_> {
                 }
                 Report::Failed { stream, why } => {
                     let rail = self.conn.writers[stream].rail;
-                    if !self.conn.rails[rail].down {
-                        self.conn.stop_rail(rail);
-                        out.push(SendEvent::Down { rail, why });
-                    }
+                    self.conn.stop_rail_for(rail, why);
                 }
                 Report::Exited { stream } => {
                     self.conn.writers[stream].exited = true;
                     let rail = self.conn.writers[stream].rail;
-                    let state = &self.conn.rails[rail];
+                    let state = &mut self.conn.rails[rail];
                     let all = state.streams.iter().all(|&s| self.conn.writers[s].exited);
                     if all && !state.quiet_said {
-                        self.conn.rails[rail].quiet_said = true;
-                        if !self.conn.rails[rail].down {
-                            self.conn.rails[rail].down = true;
-                            out.push(SendEvent::Down {
-                                rail,
-                                why: "its writers stopped".into(),
-                            });
-                        }
+                        state.quiet_said = true;
+                        state.down = true;
+                        let why = state
+                            .why_down
+                            .take()
+                            .unwrap_or_else(|| "its writers stopped".into());
+                        out.push(SendEvent::Down { rail, why });
                         out.push(SendEvent::Quiet { rail });
                     }
                 }
                 Report::Message { rail, bytes } => out.push(SendEvent::Message { rail, bytes }),
-                Report::ReaderEnded { rail, why } => {
-                    if !self.conn.rails[rail].down {
-                        self.conn.stop_rail(rail);
-                        out.push(SendEvent::Down { rail, why });
-                    }
-                }
+                Report::ReaderEnded { rail, why } => self.conn.stop_rail_for(rail, why),
             }
         }
         Ok(())
@@ -584,7 +604,7 @@ fn with_lent<R>(
 /// error.
 fn write_stream(
     s: usize,
-    mut stream: TcpStream,
+    mut stream: &TcpStream,
     rx: &mpsc::Receiver<Work>,
     tx: &mpsc::Sender<Report>,
     shared: &Shared,
@@ -619,7 +639,7 @@ fn write_stream(
                 crc,
                 attempt,
             } => {
-                let write = |bytes: &[u8], stream: &mut TcpStream| {
+                let write = |bytes: &[u8], mut stream: &TcpStream| {
                     let crc = match (crc, checks.checksum) {
                         (Some(crc), _) => crc,
                         (None, true) => crate::integrity::crc32c(bytes),
@@ -642,13 +662,13 @@ fn write_stream(
                 };
                 let written = match &bytes {
                     Bytes::Lent { range, epoch } => {
-                        match with_lent(shared, range, *epoch, |b| write(b, &mut stream)) {
+                        match with_lent(shared, range, *epoch, |b| write(b, stream)) {
                             Some(w) => w,
                             // Its transfer is over: nothing of it is sent any more.
                             None => continue,
                         }
                     }
-                    Bytes::Copy(copy) => write(copy, &mut stream),
+                    Bytes::Copy(copy) => write(copy, stream),
                 };
                 match written {
                     Ok(crc) => {
@@ -674,14 +694,14 @@ fn write_stream(
 /// A rail's reader: every frame the receiver sends on the rail's first stream is a
 /// control message; each goes to the connection, whole and checked, until the stream
 /// ends.
-fn read_messages(rail: Rail, stream: TcpStream, tx: &mpsc::Sender<Report>) {
+fn read_messages(rail: Rail, stream: &TcpStream, tx: &mpsc::Sender<Report>) {
     let ended = |why: String| {
         let _ = tx.send(Report::ReaderEnded { rail, why });
     };
     // The receiver may take long between messages (verifying 1 GiB on a busy machine):
     // this reader waits as long as the connection lives; its writes have the timeouts.
     let _ = stream.set_read_timeout(None);
-    let mut stream = &stream;
+    let mut stream = stream;
     loop {
         let mut head = [0u8; FRAME_LEN];
         if let Err(e) = std::io::Read::read_exact(&mut stream, &mut head) {
