@@ -356,6 +356,50 @@ fn a_link_down_mid_transfer_fails_over_and_the_next_transfer_uses_both_rails() {
 }
 
 #[test]
+fn the_control_rails_link_down_mid_transfer_the_conversation_moves_to_the_other_rail() {
+    // Rail 0 carried the offer and, until it fails, the receiver's messages. Its link
+    // goes down mid-transfer: the sender gives it up, its chunks move to rail 1, the
+    // receiver asks for what never came and acks over rail 1, and the data verifies.
+    let Some(rails) = Rails::new() else { return };
+    let receiver = rails.receiver();
+    let child = rails.spawn_sender(
+        "10.71.1.2,10.71.2.2",
+        receiver.port,
+        &[
+            "--size",
+            "256MiB",
+            "--bind-interfaces",
+            "10.71.1.1,10.71.2.1",
+        ],
+    );
+    rails.wait_for_connection("10.71.2.1");
+    std::thread::sleep(Duration::from_millis(700));
+    rails.link(1, "down");
+    let (json, stderr) = verified(finish(child, Duration::from_secs(60)), "control failover");
+    rails.link(1, "up");
+    let it = &json["iterations"][0];
+    let control = &it["rails"][0];
+    println!(
+        "rail 0 (the control rail) failed after {:.3} s ({}); {} chunks moved; rail 1 carried {} chunks",
+        control["failed_after_seconds"].as_f64().unwrap_or(-1.0),
+        control["failed"],
+        control["moved_chunks"],
+        it["rails"][1]["chunks"],
+    );
+    assert_eq!(control["failures"], 1, "{json}");
+    assert!(it["rails"][1]["chunks"].as_u64().unwrap() > 0, "{json}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("failover: rail 0 (10.71.1.1) failed after")),
+        "{stderr}"
+    );
+    // The receiver served it whole, its rail 0 stopped.
+    let line = receivers_rails_line(&receiver, "rails: rail 0 from 10.71.1.1");
+    assert!(line.contains("stopped") || line.contains("gave it up"), "{line}");
+}
+
+#[test]
 fn a_rail_that_does_not_connect_is_left_out_and_rests_for_the_next_transfers() {
     let Some(rails) = Rails::new() else { return };
     let receiver = rails.receiver();

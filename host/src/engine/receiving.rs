@@ -161,7 +161,14 @@ struct RailSeen {
     stopped: Option<String>,
     /// Said the end of the current pass.
     ended: bool,
+    /// When it last brought anything.
+    last_news: Option<Instant>,
 }
+
+/// How long a rail that has not ended the pass may stay silent after every item landed
+/// (and after its own last word) before it is taken for a link that died silently:
+/// the pass then ends without it, instead of after all of --timeout.
+const SILENT_AFTER_LANDED: Duration = Duration::from_secs(1);
 
 /// The receiver's side of an open link.
 pub struct Receiving<'l> {
@@ -344,9 +351,13 @@ impl<'l> Receiving<'l> {
     ) -> Result<(), Stop> {
         let mut last_news = Instant::now();
         let mut bytes_in = self.link.bytes_in();
+        let mut all_landed_at: Option<Instant> = None;
         loop {
             if items.all_landed() && !self.ends_marked {
                 return Ok(());
+            }
+            if items.all_landed() && self.ends_marked {
+                self.cut_silent_rails(*all_landed_at.get_or_insert_with(Instant::now));
             }
             if self.ends_marked && self.rails.iter().all(|r| r.ended || r.stopped.is_some()) {
                 if self.rails.iter().all(|r| r.stopped.is_some()) && !items.all_landed() {
@@ -374,6 +385,9 @@ impl<'l> Receiving<'l> {
             let mut wait = (self.timeout - quiet)
                 .min(self.timeout / 4)
                 .max(Duration::from_millis(1));
+            if all_landed_at.is_some() {
+                wait = wait.min(self.silent_grace() / 4);
+            }
             if let Some(w) = whole {
                 wait = wait.min(
                     w.saturating_duration_since(now)
@@ -385,6 +399,32 @@ impl<'l> Receiving<'l> {
             if news || now_in != bytes_in {
                 bytes_in = now_in;
                 last_news = Instant::now();
+            }
+        }
+    }
+
+    /// How long a rail may stay silent after every item landed.
+    fn silent_grace(&self) -> Duration {
+        SILENT_AFTER_LANDED.min(self.timeout)
+    }
+
+    /// Every item landed: a live rail that has not ended the pass and has brought
+    /// nothing for the grace since (since its own last word, if later) is stopped.
+    fn cut_silent_rails(&mut self, landed_at: Instant) {
+        let grace = self.silent_grace();
+        let now = Instant::now();
+        for r in 0..self.rails.len() {
+            let rail = &self.rails[r];
+            if rail.ended || rail.stopped.is_some() {
+                continue;
+            }
+            let since = rail.last_news.map_or(landed_at, |n| n.max(landed_at));
+            if now.saturating_duration_since(since) >= grace {
+                let why = format!(
+                    "no end marker, nor any byte, for {} after every chunk had landed (its link may be down)",
+                    crate::rdma::format_duration(grace)
+                );
+                self.stop_rail(r, why);
             }
         }
     }
@@ -434,6 +474,19 @@ impl<'l> Receiving<'l> {
         events.clear();
         let polled = self.link.poll(wait, &mut events);
         let mut news = false;
+        let now = Instant::now();
+        for e in &events {
+            let rail = match e {
+                RecvEvent::Landed { rail, .. }
+                | RecvEvent::Copy { rail, .. }
+                | RecvEvent::Message { rail, .. }
+                | RecvEvent::PassEnded { rail, .. }
+                | RecvEvent::Down { rail, .. } => *rail,
+            };
+            if let Some(r) = self.rails.get_mut(rail) {
+                r.last_news = Some(now);
+            }
+        }
         for e in events.drain(..) {
             match e {
                 RecvEvent::Landed {
