@@ -396,7 +396,10 @@ fn the_control_rails_link_down_mid_transfer_the_conversation_moves_to_the_other_
     );
     // The receiver served it whole, its rail 0 stopped.
     let line = receivers_rails_line(&receiver, "rails: rail 0 from 10.71.1.1");
-    assert!(line.contains("stopped") || line.contains("gave it up"), "{line}");
+    assert!(
+        line.contains("stopped") || line.contains("gave it up"),
+        "{line}"
+    );
 }
 
 #[test]

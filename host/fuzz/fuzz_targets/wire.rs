@@ -1,10 +1,10 @@
 //! Everything the peer can send us goes through `wire`'s decoders, one family of messages
 //! after another (offer, answers, acks, repair, pieces, auth, names; over TCP,
-//! `transport::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
+//! `net::tcp::frames`' too): arbitrary bytes must never panic there, and whatever
 //! decodes must encode back to a message that decodes to the same value.
 #![no_main]
 
-use host::transport::tcp::frames::{Frame, Hello, FRAME_LEN};
+use host::net::tcp::frames::{Frame, Hello, FRAME_LEN};
 use host::wire::pieces::{self, PieceResend, PIECES_MAGIC, QUERY_MAGIC};
 use host::wire::{
     checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header, Join,

@@ -131,7 +131,7 @@ impl Error {
 }
 
 /// The kind of a failure told only in words (a receiver's transfer thread reports its
-/// error as the line it prints): the phrases `transport::tcp::socket::why` and the
+/// error as the line it prints): the phrases `net::tcp::socket::why` and the
 /// receiver's errors use.
 pub(crate) fn kind_of_words(message: &str) -> ErrorKind {
     if message.contains("(--timeout)") || message.contains("too slow") {

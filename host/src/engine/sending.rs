@@ -402,9 +402,6 @@ unsafe impl ChunkWire for Sending<'_> {
 
     fn wait(&mut self, deadline: &Deadline) -> Result<Option<Done>, WireError> {
         self.poll(deadline.remaining())?;
-        if deadline.expired() && self.pass.is_some() {
-            // The schedule says what timed out; nothing more to do here.
-        }
         let Some(pass) = self.pass else {
             return Ok(None);
         };
@@ -417,6 +414,10 @@ unsafe impl ChunkWire for Sending<'_> {
             self.next_done += 1;
         }
         if self.next_done == before {
+            if deadline.expired() {
+                let e = deadline.timeout_error("chunks to be sent to the receiver");
+                return Err(self.broken(e.to_string()));
+            }
             return Ok(None);
         }
         let now = Instant::now();
@@ -433,5 +434,82 @@ unsafe impl ChunkWire for Sending<'_> {
         self.broken = true;
         self.link.drain();
         self.out.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{HostBuffer, RecvSink, POISON};
+    use crate::net::tcp::frames::{Frame, FrameKind, FRAME_LEN};
+    use crate::net::tcp::send::{TcpSender, WriteChecks};
+    use crate::transfer::plan::ChunkPlan;
+    use crate::transfer::schedule::Schedule;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    /// Every item's payload the peer received, in arrival order, until the sender's side
+    /// closed or broke (read after the sender was done).
+    fn payloads(mut peer: TcpStream) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut head = [0u8; FRAME_LEN];
+        while peer.read_exact(&mut head).is_ok() {
+            let frame = Frame::decode(&head);
+            let FrameKind::Item { len, .. } = frame.kind() else {
+                continue;
+            };
+            let mut bytes = vec![0u8; len as usize];
+            if peer.read_exact(&mut bytes).is_err() {
+                break; // cut off mid-frame: the link broke off
+            }
+            out.push(bytes);
+        }
+        out
+    }
+
+    /// Issue 24, items 8 and 9, over the engine and the TCP link: a pass that fails at
+    /// once (`Schedule::timeout` zero) while 64 MiB of chunks sit queued on the writers,
+    /// and a peer that reads nothing until later. The source's owner then writes it
+    /// (poison) and runs the next pass on the same link. The first pass returns only once
+    /// no writer reads the source, and the second is refused (the link was broken off),
+    /// so no rewritten byte reaches the peer.
+    #[test]
+    fn a_failed_pass_leaves_no_writer_sending_the_source_and_the_next_pass_is_refused() {
+        const CHUNK: usize = 1 << 20;
+        let src = HostBuffer::with_pattern(64 * CHUNK).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        let plan = ChunkPlan::new(src.len() as u64, CHUNK as u64).unwrap();
+        let schedule = Schedule::new(plan, 64, &src, Duration::ZERO);
+        let timeout = Duration::from_secs(10);
+        let mut conn =
+            TcpSender::start(vec![vec![stream]], WriteChecks::default(), timeout).unwrap();
+        let (first, second) = conn
+            .with_source(&src, |link| {
+                let mut sending = Sending::new(link, Duration::from_millis(500));
+                sending.next_transfer(plan.count(), None, false);
+                let first = schedule.run(&src, &mut sending, "peer");
+                RecvSink::poison(&src).unwrap();
+                sending.next_transfer(plan.count(), None, false);
+                let again = Schedule::new(plan, 64, &src, timeout);
+                (first, again.run(&src, &mut sending, "peer"))
+            })
+            .unwrap();
+        drop(conn);
+        assert!(first.is_err(), "a zero timeout fails the pass");
+        assert!(second.is_err(), "the link was broken off: {second:?}");
+        let poison = POISON.to_ne_bytes();
+        let received = payloads(peer);
+        let rewritten = received
+            .iter()
+            .filter(|p| p.chunks(4).any(|w| w == poison))
+            .count();
+        assert_eq!(
+            rewritten,
+            0,
+            "{rewritten} of {} chunks received carried bytes written after the pass",
+            received.len()
+        );
     }
 }

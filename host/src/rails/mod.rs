@@ -10,7 +10,7 @@
 //!
 //! Striping one transfer over the set, and failing over, are the transports' (verbs:
 //! `transport::rdma::striped`, write mode with one receiver address per rail; TCP:
-//! `transport::tcp`); otherwise a transfer uses the first rail of its set.
+//! `net::tcp`); otherwise a transfer uses the first rail of its set.
 
 pub mod pairing;
 pub mod rank;

@@ -1,6 +1,6 @@
 //! What every receiver shares, whatever carries the bytes: who may send ([`allow`],
 //! [`key`]) and how much may be held at once ([`admission`]). The verbs receiver
-//! (`transport::rdma::receiver`) and the TCP receiver (`transport::tcp::receiver`) ask
+//! (`transport::rdma::receiver`) and the engine's serving loop over TCP (`engine::serve`) ask
 //! the same questions here, in the same order, before they allocate anything for a peer:
 //!
 //! 1. Is the peer's address allowed (`--allow`)?

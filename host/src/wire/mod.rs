@@ -1,6 +1,6 @@
 //! The wire formats: every byte that crosses between sender and receiver outside the data
 //! itself is encoded and decoded here, and nowhere else (the TCP transport's own framing,
-//! its stream hellos and chunk frames, is `transport::tcp::frames`).
+//! its stream hellos and frames, is `net::tcp::frames`).
 //!
 //! One file per message family, each with its encoders, decoders and tests; the fuzz
 //! target (`host/fuzz/fuzz_targets/wire.rs`) decodes arbitrary bytes with every decoder:

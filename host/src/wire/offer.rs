@@ -18,7 +18,7 @@ pub const HEADER_FLAG_NAMED: u8 = 0x02;
 /// Header flag (TCP): the transfer is striped over several rails: any chunk may come on
 /// any stream, each stream ends a pass with an end marker, a chunk may arrive twice (a
 /// failover resend), and the receiver names missing chunks in a [`Resend`](super::Resend) with
-/// [`Resend::missing`](super::Resend::missing) (see `transport::tcp::frames`). A receiver that predates it
+/// [`Resend::missing`](super::Resend::missing) (see `net::tcp::frames`). A receiver that predates it
 /// rejects the offer ("unknown flags").
 pub const HEADER_FLAG_STRIPED: u8 = 0x04;
 /// Header hint: the sender marks solicited events (see the module documentation).
