@@ -194,6 +194,7 @@ impl Options {
                 rails: Vec::new(),
                 test_silent_rail: None,
             },
+            verbs: Default::default(),
         }
     }
 }

@@ -14,13 +14,13 @@
 use super::tcp_bench::{median, stats};
 use anyhow::{bail, Context, Result};
 use host::cli::RailsBenchArgs;
-use host::engine::{Cooldowns, SendOptions, TcpSendOptions};
+use host::engine::{VerbsSendOptions, Cooldowns, SendOptions, TcpSendOptions};
 use host::memory::select::{AttemptLog, Method, Plan};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
 use host::net::tcp::dial::{rails_of, Rail};
 use host::rails::NicList;
 use host::transfer::SendReport;
-use host::transport::rdma::{self, RailTarget};
+use host::net::verbs::dial::RailTarget;
 use host::wire::Op;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -189,6 +189,7 @@ impl RailsTransport for Tcp<'_> {
                 rails,
                 test_silent_rail: None,
             },
+            verbs: Default::default(),
         };
         let mut reports =
             host::engine::connect::send_tcp(&opts, &self.source, &AttemptLog::default(), 1)?;
@@ -270,25 +271,29 @@ impl RailsTransport for Verbs<'_> {
     fn transfer(&mut self, which: &[usize]) -> Result<SendReport> {
         let args = self.args;
         let rails: Vec<RailTarget> = which.iter().map(|&k| self.targets[k].clone()).collect();
-        let cfg = rdma::SendConfig {
+        let opts = SendOptions {
             peer: rails[0].peer,
-            op: Op::Write,
-            bytes: args.size,
-            nic: rails[0].nic.clone(),
-            chunk: args.chunk,
+            chunk: args.chunk.min(args.size),
             depth: args.depth,
             timeout: args.timeout,
-            busy_poll: false,
             progress: false,
             protocol_version: host::wire::VERSION,
             key: None,
             payload: host::transfer::PayloadOptions::default(),
-            // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.
-            rails: if rails.len() > 1 { rails } else { Vec::new() },
             rail_timeout: args.rail_timeout,
+            // A round's failure is an error of the bench: nothing rests across rounds.
             cooldowns: Cooldowns::new(),
+            tcp: Default::default(),
+            verbs: VerbsSendOptions {
+                op: Op::Write,
+                nic: rails[0].nic.clone(),
+                // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.
+                rails: if rails.len() > 1 { rails } else { Vec::new() },
+                busy_poll: false,
+            },
         };
-        Ok(rdma::send(&cfg, &mut self.memory)?)
+        let mut reports = host::engine::connect::send_verbs(&opts, &mut self.memory, 1)?;
+        reports.pop().context("the sender reported no transfer")
     }
 
     fn describe(&self) -> &'static str {

@@ -9,10 +9,10 @@ use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
 use host::server::admission::{Admission, Limits};
 use host::transfer::units::format_bytes;
 use host::transfer::{RecvOutcome, RecvReport};
-use host::transport::rdma::{self, RecvConfig, SinkFactoryMaker};
+use host::engine::serve::{admission_of, serve_verbs as serve_verbs_on, SinkFactoryMaker, VerbsServe};
+use host::engine::RecvMemory;
 use host::transport::TransportKind;
 use serde_json::json;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -245,43 +245,26 @@ pub fn run(args: &RecvArgs) -> Result<ExitCode> {
     })
 }
 
-fn verbs_config(args: &RecvArgs) -> Result<RecvConfig> {
-    Ok(RecvConfig {
-        bind: SocketAddr::new(args.bind, args.port),
-        once: args.once,
-        raw: args.raw,
-        max_bytes: args.max_bytes,
-        timeout: args.timeout,
-        busy_poll: args.busy_poll,
-        max_connections: args.max_connections as usize,
-        max_memory: args.max_memory,
-        min_rate: args.min_rate,
-        max_per_peer: args.max_per_peer(),
-        allow: args.allow.clone().unwrap_or_default(),
-        key: args
-            .key_file
-            .as_deref()
-            .map(host::server::Key::from_file)
-            .transpose()?,
-        output: args
-            .output
-            .as_deref()
-            .map(host::transfer::store::Output::parse)
-            .transpose()?,
-    })
-}
-
 /// The verbs receiver, under its own admission or a shared one.
 fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bool> {
-    let cfg = verbs_config(args)?;
-    let make_sinks = sink_factory_maker(args)?;
+    let opts = super::tcp::recv_options(args)?;
+    let memory = RecvMemory::Plan(sink_factory_maker(args)?);
     let json_out = args.json;
     let data_out = args.output.as_deref() == Some("-");
     let mut report = |o: &RecvOutcome| print_outcome(o, json_out, data_out);
-    Ok(match admission {
-        Some(a) => rdma::serve_with(&cfg, make_sinks, a, &mut report)?,
-        None => rdma::serve(&cfg, make_sinks, &mut report)?,
-    })
+    let how = VerbsServe {
+        raw: args.raw,
+        busy_poll: args.busy_poll,
+    };
+    let own;
+    let admission = match admission {
+        Some(a) => a,
+        None => {
+            own = admission_of(&opts);
+            &own
+        }
+    };
+    Ok(serve_verbs_on(&opts, how, &memory, admission, None, &mut report)?)
 }
 
 /// `--transport auto` with an RDMA device: verbs and TCP on the same port number, each on

@@ -14,7 +14,10 @@ use host::net::tcp::streams::{choose_streams, StreamFacts};
 use host::transfer::faults::FaultInjector;
 use host::transfer::units::format_bytes;
 use host::transfer::{self, PayloadOptions, SendReport};
-use host::transport::rdma::{self, RailTarget, SendConfig};
+use host::engine::connect::send_verbs;
+use host::engine::{SendOptions, VerbsSendOptions};
+use host::net::verbs::dial::RailTarget;
+use host::net::verbs::raw::send_raw;
 use host::transport::{self, TransportKind};
 use host::wire::AckStatus;
 use host::wire::{checked_name, Payload, VerifyMode};
@@ -41,7 +44,7 @@ fn route_device(
     }
     // A resolution that works takes milliseconds; one that does not is the transfer's
     // to report, so this one is not allowed to double the wait.
-    rdma::sender::reachable(peer, timeout.min(std::time::Duration::from_secs(2)))
+    host::net::verbs::open::reachable(peer, timeout.min(std::time::Duration::from_secs(2)))
         .ok()
         .flatten()
 }
@@ -149,38 +152,40 @@ fn measure(
         None => SendMemory::new(plan, gpu, size, chunk),
     };
     let payload = payload_options(args)?;
-    let cfg = SendConfig {
+    let key = args
+        .key_file
+        .as_deref()
+        .map(host::server::Key::from_file)
+        .transpose()?;
+    let mut stripe = stripe.to_vec();
+    if stripe.len() > 1 {
+        if let Some(why) = why_not_striped(args, key.is_some()) {
+            eprintln!(
+                "note: {} rails given, but {why}: this transfer uses the first rail only (to {peer})",
+                stripe.len(),
+            );
+            stripe.clear();
+        }
+    }
+    let opts = SendOptions {
         peer,
-        op: args.op,
-        bytes,
-        nic: rail.map(str::to_string),
         chunk: args.chunk,
         depth: args.depth,
         timeout: args.timeout,
-        busy_poll: args.busy_poll,
         progress: !args.json && args.sweep.is_none() && std::io::stderr().is_terminal(),
         protocol_version: args.protocol_version,
-        key: args
-            .key_file
-            .as_deref()
-            .map(host::server::Key::from_file)
-            .transpose()?,
+        key,
         payload: payload.clone(),
-        rails: stripe.to_vec(),
         rail_timeout: args.rail_timeout,
         cooldowns: cooldowns.clone(),
+        tcp: Default::default(),
+        verbs: VerbsSendOptions {
+            op: args.op,
+            nic: rail.map(str::to_string),
+            rails: stripe,
+            busy_poll: args.busy_poll,
+        },
     };
-    let mut cfg = cfg;
-    if let Some(why) = rdma::why_not_striped(&cfg, args.reuse_connection, args.raw) {
-        if cfg.rails.len() > 1 {
-            eprintln!(
-                "note: {} rails given, but {why}: this transfer uses the first rail only (to {})",
-                cfg.rails.len(),
-                cfg.peer
-            );
-            cfg.rails.clear();
-        }
-    }
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {
         format!(
@@ -193,18 +198,18 @@ fn measure(
     let mut reports: Vec<SendReport> = Vec::new();
     if tcp {
         note_streams_once(args);
-        reports = super::tcp::send(args, &cfg, &payload, &mut memory, transfers, cooldowns)?;
+        reports = super::tcp::send(args, opts, &mut memory, transfers)?;
     } else if args.raw && payload.payload != Payload::Pattern {
         bail!("--raw sends the pattern only (no header says what the bytes are): drop --input");
     } else if args.reuse_connection {
         // All iterations on one connection: one call, one report per transfer.
-        reports = rdma::send_repeated(&cfg, &mut memory, transfers)?;
+        reports = send_verbs(&opts, &mut memory, transfers)?;
     } else {
         for i in 0..transfers {
             let result = if args.raw {
-                rdma::send_raw(&cfg, &mut memory)
+                send_raw(peer, rail, &mut memory, bytes, args.timeout, args.busy_poll)
             } else {
-                rdma::send(&cfg, &mut memory)
+                send_verbs(&opts, &mut memory, 1).map(|mut r| r.remove(0))
             };
             let report = result.map_err(|e| iteration_error(e, i, transfers))?;
             reports.push(report);
@@ -219,6 +224,20 @@ fn measure(
         }
     }
     Ok((measured, memory))
+}
+
+/// Why a transfer with several verbs rails goes over the first alone, if it does (the
+/// CLI says so in one line).
+fn why_not_striped(args: &SendArgs, keyed: bool) -> Option<&'static str> {
+    if args.raw {
+        Some("--raw sends one message")
+    } else if keyed {
+        // A further rail's join carries no proof of the key, so a receiver with a key
+        // refuses it: the first rail alone proves it.
+        Some("--key-file is not striped over verbs (a further rail's join cannot prove the key; TCP's streams can)")
+    } else {
+        None
+    }
 }
 
 /// The rails of a verbs transfer: rail k from the k-th device of `--nic`/`--rails` (if

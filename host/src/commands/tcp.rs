@@ -6,13 +6,12 @@ use anyhow::{bail, Result};
 use host::cli::{RecvArgs, SendArgs};
 use host::engine::connect::{choose_source, send_tcp};
 use host::engine::serve::serve_tcp;
-use host::engine::{Cooldowns, RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
+use host::engine::{RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
 use host::memory::select::MemKind;
 use host::memory::SendMemory;
 use host::net::tcp::dial::{rails_of, Rail};
 use host::server::admission::{Admission, Limits};
-use host::transfer::{PayloadOptions, RecvOutcome, SendReport};
-use host::transport::rdma::SendConfig;
+use host::transfer::{RecvOutcome, SendReport};
 use host::wire::Op;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -49,35 +48,22 @@ fn rails(args: &SendArgs, peer: SocketAddr) -> Result<Vec<Rail>> {
     rails_of(&remotes, &args.bind_interfaces).map_err(anyhow::Error::msg)
 }
 
-/// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`).
+/// `transfers` transfers, each on a new connection, or all on one (`--reuse-connection`):
+/// `opts` with the TCP part from the options.
 pub fn send(
     args: &SendArgs,
-    cfg: &SendConfig,
-    payload: &PayloadOptions,
+    mut opts: SendOptions,
     memory: &mut SendMemory,
     transfers: u32,
-    cooldowns: &Cooldowns,
 ) -> Result<Vec<SendReport>> {
     let (source, log) = choose_source(memory)?;
     if let Some(k) = args.test_silent_rail {
         eprintln!("warning: TEST SILENT RAIL: rail {k} writes no end marker after its chunks (--test-silent-rail), as a link that died silently; the receiver has to notice");
     }
-    let opts = SendOptions {
-        peer: cfg.peer,
-        chunk: cfg.chunk,
-        depth: cfg.depth,
-        timeout: cfg.timeout,
-        progress: cfg.progress,
-        protocol_version: cfg.protocol_version,
-        key: cfg.key.clone(),
-        payload: payload.clone(),
-        rail_timeout: args.rail_timeout,
-        cooldowns: cooldowns.clone(),
-        tcp: TcpSendOptions {
-            streams: args.streams,
-            rails: rails(args, cfg.peer)?,
-            test_silent_rail: args.test_silent_rail,
-        },
+    opts.tcp = TcpSendOptions {
+        streams: args.streams,
+        rails: rails(args, opts.peer)?,
+        test_silent_rail: args.test_silent_rail,
     };
     if args.reuse_connection {
         return Ok(send_tcp(&opts, source, &log, transfers)?);
@@ -110,7 +96,24 @@ pub fn serve_with(
     if args.raw {
         bail!("--raw (one SEND_WITH_IMM, no header) is an RDMA mode with no TCP form; use --transport rdma");
     }
-    let opts = RecvOptions {
+    let opts = recv_options(args)?;
+    let memory = match args.mem {
+        MemKind::Host | MemKind::Auto => RecvMemory::Host,
+        MemKind::Device => device_memory(args)?,
+        MemKind::Mapped | MemKind::Staged => {
+            bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
+        }
+    };
+    let listener = TcpListener::bind(opts.bind)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} (TCP): {e}", opts.bind))?;
+    Ok(serve_tcp(
+        listener, &opts, &memory, admission, None, report,
+    )?)
+}
+
+/// The receiver's options from its command line, whichever transport.
+pub fn recv_options(args: &RecvArgs) -> Result<RecvOptions> {
+    Ok(RecvOptions {
         bind: SocketAddr::new(args.bind, args.port),
         once: args.once,
         max_bytes: args.max_bytes,
@@ -126,19 +129,7 @@ pub fn serve_with(
             .as_deref()
             .map(host::transfer::store::Output::parse)
             .transpose()?,
-    };
-    let memory = match args.mem {
-        MemKind::Host | MemKind::Auto => RecvMemory::Host,
-        MemKind::Device => device_memory(args)?,
-        MemKind::Mapped | MemKind::Staged => {
-            bail!("a receiver takes --mem host, device or auto (mapped and staged are ways of sending)")
-        }
-    };
-    let listener = TcpListener::bind(opts.bind)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {} (TCP): {e}", opts.bind))?;
-    Ok(serve_tcp(
-        listener, &opts, &memory, admission, None, report,
-    )?)
+    })
 }
 
 /// `--key-file`, read once.

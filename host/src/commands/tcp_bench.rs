@@ -124,6 +124,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             streams,
             ..TcpSendOptions::default()
         },
+        verbs: Default::default(),
     };
     let sent = host::engine::connect::send_tcp(&opts, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;

@@ -12,9 +12,11 @@ use crate::memory::{SendMemory, SendSource};
 use crate::net::tcp::dial::{self, DialConfig, Rail};
 use crate::net::tcp::frames::MAX_STREAMS;
 use crate::net::tcp::send::WriteChecks;
+use crate::net::verbs::{self, dial::RailTarget};
+use crate::net::SendLink;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{SendReport, TransferError};
-use crate::wire::{encode_name, Header, Op};
+use crate::wire::{encode_name, Header, Op, MAX_VERBS_RAILS};
 use std::time::{Duration, Instant};
 
 /// The offer of `transfers` transfers of `bytes` bytes under `opts`, and the name
@@ -189,6 +191,110 @@ pub fn send_tcp(
             send::transfers(&mut sending, source, &shape, &facts)
         })
         .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?
+}
+
+/// `transfers` transfers of `memory`'s data to `opts.peer` over verbs on one connection
+/// (striped over `opts.verbs.rails` where two or more are given), each verified and
+/// acked before the next. The source is chosen as the connection opens: the first
+/// method of the plan whose memory the NIC registers.
+pub fn send_verbs(
+    opts: &SendOptions,
+    memory: &mut SendMemory,
+    transfers: u32,
+) -> Result<Vec<SendReport>, TransferError> {
+    let label = opts.peer.to_string();
+    let v = &opts.verbs;
+    let (header, plan, name_message) = offer(opts, memory.len() as u64, transfers, v.op)?;
+    let rails: Vec<RailTarget> = match v.rails.len() {
+        0 | 1 => vec![RailTarget {
+            peer: opts.peer,
+            nic: v.nic.clone(),
+        }],
+        _ => v.rails.clone(),
+    };
+    if rails.len() > MAX_VERBS_RAILS as usize {
+        return Err(TransferError::Protocol(format!(
+            "{} rails: a verbs transfer is striped over at most {MAX_VERBS_RAILS}",
+            rails.len()
+        )));
+    }
+    if rails.len() > 1 && opts.key.is_some() {
+        return Err(TransferError::Protocol(
+            "--key-file is not striped over verbs (a further rail's join cannot prove the key; TCP's streams can): give one receiver address".into(),
+        ));
+    }
+    let labels: Vec<String> = rails.iter().map(RailTarget::label).collect();
+    let (tried, left_out) = rails_to_try(&labels, &opts.cooldowns);
+    let cfg = verbs::dial::DialConfig {
+        rails: &rails,
+        tried: &tried,
+        op: v.op,
+        chunk: plan.chunk_bytes(),
+        depth: opts.depth,
+        timeout: opts.timeout,
+        busy_poll: v.busy_poll,
+        key: opts.key.as_ref(),
+        faults: opts.payload.faults,
+        protocol_version: opts.protocol_version,
+    };
+    let version = opts.protocol_version;
+    let offer_for = |count: u8| -> Result<Vec<u8>, TransferError> {
+        let h = match count > 1 {
+            true => header.with_rails(count).map_err(|e| {
+                TransferError::Protocol(format!("cannot offer this transfer: {e}"))
+            })?,
+            false => header,
+        };
+        Ok(h.encode_with_version(version).to_vec())
+    };
+    let shape = Shape {
+        header: &header,
+        plan,
+        depth: opts.depth,
+        timeout: opts.timeout,
+        progress: opts.progress,
+        payload: &opts.payload,
+        transfers,
+    };
+    verbs::dial::dial(&cfg, memory, &offer_for, &mut |link, dialed| {
+        let now = Instant::now();
+        let mut left_out = left_out.clone();
+        for (k, why) in &dialed.left_out {
+            let rest = opts.cooldowns.failed(&labels[*k], now);
+            let rest = crate::rdma::format_duration(rest);
+            left_out.push((*k, format!("{why}; resting {rest}")));
+        }
+        let names: Vec<RailName> = rails
+            .iter()
+            .enumerate()
+            .map(|(k, r)| RailName {
+                local: match dialed.connected.iter().position(|&c| c == k) {
+                    Some(j) => Some(dialed.locals[j].clone()),
+                    None => r.nic.clone(),
+                },
+                remote: r.peer.to_string(),
+                label: labels[k].clone(),
+            })
+            .collect();
+        if !name_message.is_empty() {
+            // The name is the first message, ahead of the data.
+            link.send_message(0, &name_message)
+                .map_err(|e| TransferError::Protocol(format!("{label}: sending the name: {e}")))?;
+        }
+        let facts = Facts {
+            peer: &label,
+            device: dialed.device.clone(),
+            op: v.op.name(),
+            connect_seconds: dialed.connect_seconds,
+            memory: &dialed.memory,
+            rails: &names,
+            connected: &dialed.connected,
+            left_out: &left_out,
+            cooldowns: &opts.cooldowns,
+        };
+        let mut sending = Sending::new(link, opts.rail_timeout);
+        send::transfers(&mut sending, dialed.source, &shape, &facts)
+    })
 }
 
 /// The sender's memory plan over TCP: no NIC reads the memory, so GPUDirect methods

@@ -9,14 +9,19 @@
 pub mod connect;
 pub mod cooldown;
 pub mod landed;
+#[cfg(test)]
+mod memlink;
 pub mod options;
 pub mod receiving;
 pub mod recv;
 pub mod send;
 pub mod sending;
 pub mod serve;
+pub mod serve_offer;
 pub mod stripe;
 
 pub use cooldown::Cooldowns;
-pub use options::{RecvOptions, SendOptions, TcpSendOptions, DEFAULT_RAIL_TIMEOUT};
+pub use options::{
+    RecvOptions, SendOptions, TcpSendOptions, VerbsSendOptions, DEFAULT_RAIL_TIMEOUT,
+};
 pub use serve::RecvMemory;

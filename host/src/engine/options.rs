@@ -4,6 +4,8 @@
 
 use super::cooldown::Cooldowns;
 use crate::net::tcp::dial::Rail;
+use crate::net::verbs::dial::RailTarget;
+use crate::wire::Op;
 use crate::server::{AllowList, Key};
 use crate::transfer::store::Output;
 use crate::transfer::PayloadOptions;
@@ -40,6 +42,8 @@ pub struct SendOptions {
     pub cooldowns: Cooldowns,
     /// What only TCP reads.
     pub tcp: TcpSendOptions,
+    /// What only verbs reads.
+    pub verbs: VerbsSendOptions,
 }
 
 impl SendOptions {
@@ -61,6 +65,32 @@ impl SendOptions {
                 streams: 1,
                 ..TcpSendOptions::default()
             },
+            verbs: VerbsSendOptions::default(),
+        }
+    }
+}
+
+/// A verbs sender's own options.
+#[derive(Debug, Clone)]
+pub struct VerbsSendOptions {
+    /// How each chunk travels: SENDs into the receiver's posted receives, or RDMA WRITEs
+    /// into its buffer.
+    pub op: Op,
+    /// The local RDMA device the route to the receiver must leave through (`--nic`).
+    pub nic: Option<String>,
+    /// Striped over these rails (two or more; rail 0 to `peer`); empty: one rail.
+    pub rails: Vec<RailTarget>,
+    /// Spin on the completion queue instead of sleeping (`--busy-poll`).
+    pub busy_poll: bool,
+}
+
+impl Default for VerbsSendOptions {
+    fn default() -> Self {
+        VerbsSendOptions {
+            op: Op::Send,
+            nic: None,
+            rails: Vec::new(),
+            busy_poll: false,
         }
     }
 }

@@ -269,6 +269,11 @@ impl<'l> Receiving<'l> {
         }
     }
 
+    /// The sender's next message is `len` bytes long (see [`RecvLink::expect_message`]).
+    pub fn expect_message(&mut self, len: usize) {
+        self.link.expect_message(len);
+    }
+
     /// Break every rail off (a transfer that ends in error).
     pub fn close(&mut self) {
         self.link.close();

@@ -9,7 +9,7 @@
 //! hears the result finds the memory free.
 
 use super::landed::Landed;
-use super::receiving::{Receiving, Stop};
+use super::receiving::{PassItems, Receiving, Stop};
 use crate::memory::select::AttemptLog;
 use crate::memory::Verification;
 use crate::net::{Unit, Which};
@@ -21,7 +21,7 @@ use crate::transfer::{gigabytes_per_second, RecvReport, TransferError};
 use crate::wire::pieces::{self, CRCS_MAGIC, PIECES_MAGIC, QUERY_MAGIC};
 use crate::wire::{
     checked_name, decode_name_prefix, Ack, AckStatus, ChunkChecksums, Header, Payload, Resend,
-    CHECKSUMS_MAGIC, NAME_MAGIC, NAME_PREFIX_LEN, REPLY_PREFIX_LEN,
+    CHECKSUMS_MAGIC, CHECKSUMS_PREFIX_LEN, NAME_MAGIC, NAME_PREFIX_LEN, REPLY_PREFIX_LEN,
 };
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,11 @@ struct Repairs {
 
 /// Every transfer the offer announced: receive, check, repair, verify, ack (all but the
 /// last, which is returned), store.
-pub fn transfers(r: &mut Receiving<'_>, landed: &dyn Landed, terms: &Terms<'_>) -> Received {
+pub fn transfers<L: Landed + ?Sized>(
+    r: &mut Receiving<'_>,
+    landed: &L,
+    terms: &Terms<'_>,
+) -> Received {
     let header = terms.header;
     let total = header.total_bytes;
     let transfers = header.transfers.max(1);
@@ -97,17 +101,25 @@ pub fn transfers(r: &mut Receiving<'_>, landed: &dyn Landed, terms: &Terms<'_>) 
             ChunkPlan::new(1, 1).expect("a plan of one byte")
         }
     };
+    // The first transfer's pass is expected now; each later one before the ack that
+    // lets the sender start it (a link whose sender writes in place must find the
+    // buffer poisoned already, and its receives posted).
+    let mut next = match r.begin(&plan, Which::All, header.verify.checksum()) {
+        Ok(p) => Some(p),
+        Err(stop) => {
+            error = Some(TransferError::Incomplete {
+                peer: terms.peer.to_string(),
+                got: 0,
+                total,
+                why: stop_words(stop),
+            });
+            None
+        }
+    };
     for k in 0..transfers {
-        if error.is_some() {
+        let Some(items) = next.take() else {
             break;
-        }
-        if k > 0 {
-            if let Err(e) = landed.poison() {
-                error = Some(TransferError::Memory(e));
-                break;
-            }
-        }
-        r.next_transfer();
+        };
         let whole = crate::server::whole_deadline(
             terms.accepted_at,
             terms.timeout,
@@ -116,7 +128,7 @@ pub fn transfers(r: &mut Receiving<'_>, landed: &dyn Landed, terms: &Terms<'_>) 
             k as u64,
         );
         let start = Instant::now();
-        let received = receive_one(r, landed, terms, &plan, whole, &mut integrity);
+        let received = receive_one(r, landed, terms, &plan, items, whole, &mut integrity);
         let repairs = match received {
             Ok(repairs) => repairs,
             Err(stop) => {
@@ -196,7 +208,28 @@ pub fn transfers(r: &mut Receiving<'_>, landed: &dyn Landed, terms: &Terms<'_>) 
         done += 1;
         if k + 1 == transfers {
             last_ack = Some(ack);
-        } else if r.send_message(&ack.encode()).is_err() {
+            break;
+        }
+        // The next transfer: the buffer poisoned (data that never comes cannot pass)
+        // and its pass expected, then the ack that lets the sender start it.
+        if let Err(e) = landed.poison() {
+            error = Some(TransferError::Memory(e));
+            break;
+        }
+        r.next_transfer();
+        match r.begin(&plan, Which::All, header.verify.checksum()) {
+            Ok(p) => next = Some(p),
+            Err(stop) => {
+                error = Some(TransferError::Incomplete {
+                    peer: terms.peer.to_string(),
+                    got: 0,
+                    total,
+                    why: stop_words(stop),
+                });
+                break;
+            }
+        }
+        if r.send_message(&ack.encode()).is_err() {
             reply_delivered = false;
             break;
         }
@@ -238,6 +271,13 @@ pub fn transfers(r: &mut Receiving<'_>, landed: &dyn Landed, terms: &Terms<'_>) 
     }
 }
 
+fn stop_words(stop: Stop) -> String {
+    match stop {
+        Stop::TooSlow => "too slow".into(),
+        Stop::Broken(why) => why,
+    }
+}
+
 /// " in transfer k of n", or nothing for a connection of one transfer.
 fn context(k: u32, transfers: u32) -> String {
     match transfers > 1 {
@@ -246,19 +286,25 @@ fn context(k: u32, transfers: u32) -> String {
     }
 }
 
-/// One transfer: its data (and missing rounds), the sender's name if it follows, the
-/// checks and their rounds.
-fn receive_one(
+/// One transfer, its pass expected already: its data (and missing rounds), the sender's
+/// name if it follows, the checks and their rounds.
+fn receive_one<L: Landed + ?Sized>(
     r: &mut Receiving<'_>,
-    landed: &dyn Landed,
+    landed: &L,
     terms: &Terms<'_>,
     plan: &ChunkPlan,
+    items: PassItems<'_>,
     whole: Option<Instant>,
     integrity: &mut Integrity,
 ) -> Result<Repairs, Stop> {
     let header = &terms.header;
     let checksum = header.verify.checksum();
-    let items = r.pass(plan, Which::All, checksum, whole, true)?;
+    if checksum && !r.caps().crc_in_frames {
+        // The sender's CRC32Cs follow its chunks.
+        r.expect_message(CHECKSUMS_PREFIX_LEN + 4 * plan.count() as usize);
+    }
+    let items = r.finish(items, whole, true)?;
+    crate::net::verbs::trace!("engine: pass done");
     let items = match r.ends_marked() {
         true => r.fetch_missing(items, whole, MAX_MISSING_ROUNDS, &missing_request)?,
         false => items,
@@ -275,6 +321,7 @@ fn receive_one(
         (true, None) => return Err(Stop::Broken("a chunk came without its CRC32C".into())),
         (false, _) => sender_crcs(r, plan, terms.timeout)?,
     };
+    crate::net::verbs::trace!("engine: sender's crcs in");
     let failed = {
         let computed;
         let here = match items.landed_crcs() {
@@ -297,10 +344,12 @@ fn receive_one(
     };
     // The pass's books are not needed in the rounds: they go before them.
     drop(items);
+    crate::net::verbs::trace!("engine: checked");
     let repairs = repair(r, landed, terms, plan, whole, failed, &mut expected)?;
     // Every chunk passed: each one's CRC32C where it landed is `expected`'s (repaired
     // chunks' were set to it), so the digest is that of the bytes as they lie. With a
     // chunk that still fails there is none (the sender's claims are not the data here).
+    crate::net::verbs::trace!("engine: repaired");
     integrity.digest = repairs
         .failed
         .is_empty()
@@ -382,9 +431,9 @@ fn sender_name(r: &mut Receiving<'_>, timeout: Duration) -> Result<Option<String
 /// ack saying so follows). `expected` ends as the chunks' CRC32Cs where they landed.
 /// The lists travel in the requests from where they lie, not copied: a round may name
 /// every chunk of a million.
-fn repair(
+fn repair<L: Landed + ?Sized>(
     r: &mut Receiving<'_>,
-    landed: &dyn Landed,
+    landed: &L,
     terms: &Terms<'_>,
     plan: &ChunkPlan,
     whole: Option<Instant>,
@@ -430,6 +479,7 @@ fn repair(
         let query = matches!(unit, Unit::Pieces(_)) && (fresh || !frames_carry);
         let theirs = match (query, unit) {
             (true, Unit::Pieces(shift)) => {
+                r.expect_message(REPLY_PREFIX_LEN + 4 * items.len());
                 r.send_message(&pieces::encode_list(QUERY_MAGIC, round, shift, &items))?;
                 Some(read_crcs(r, round, items.len() as u32, terms.timeout)?)
             }
@@ -539,7 +589,8 @@ fn repair(
 }
 
 /// The CRC32C of each of `items` (increasing) of `plan` where it landed.
-fn piece_crcs(landed: &dyn Landed, plan: &ChunkPlan, items: &[u32]) -> anyhow::Result<Vec<u32>> {
+fn piece_crcs<L: Landed + ?Sized>(
+    landed: &L, plan: &ChunkPlan, items: &[u32]) -> anyhow::Result<Vec<u32>> {
     items
         .iter()
         .map(|&k| {

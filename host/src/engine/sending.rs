@@ -105,7 +105,10 @@ impl<'l> Sending<'l> {
         self.pass = None;
         self.next_done = 0;
         self.precomputed = precomputed.is_some();
-        self.crcs = precomputed.unwrap_or_else(|| match checksums {
+        // Without CRC32Cs given, those of a link's frames are collected as its chunks go;
+        // a link whose frames carry none leaves them to the engine (after the pass).
+        let from_frames = checksums && self.caps.crc_in_frames;
+        self.crcs = precomputed.unwrap_or_else(|| match from_frames {
             true => vec![0; chunks as usize],
             false => Vec::new(),
         });

@@ -1,33 +1,36 @@
 //! The serving loop, the same for every listener: hear an offer, admit it (or refuse it,
 //! saying why) under one [`Admission`] before anything is allocated for it, serve each
-//! admitted transfer on a thread of its own (its memory made there, its connection
-//! accepted, the receive loop run, the last ack sent once its memory and lease are
-//! given back), and report every outcome. Returns only with `--once` (whether that
-//! transfer verified), at a library call's end, or on an error of the listener.
+//! admitted transfer on a thread of its own ([`super::serve_offer`]: its memory made
+//! there, its connection accepted, the receive loop run, the last ack sent), and report
+//! every outcome. Returns only with `--once` (whether that transfer verified), at a
+//! library call's end, or on an error of the listener.
 //!
 //! `--once` is used up only by a transfer that was accepted: junk, probes, refusals and
 //! busy answers leave the receiver serving.
 
-use super::landed::Landed;
 use super::options::RecvOptions;
-use super::receiving::Receiving;
-use super::recv::{self, Terms};
+use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind};
 use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
-use crate::memory::select::AttemptLog;
-use crate::memory::HostBuffer;
-use crate::net::tcp::listen::{Heard, ListenConfig, TcpListen, TcpOffer};
-use crate::net::tcp::recv::Landing;
+use crate::memory::SinkFactory;
+use crate::net::tcp::listen::{TcpListen, TcpOffer};
+use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
+use crate::net::{Heard, ListenConfig};
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::transfer::{RecvOutcome, TransferError};
 use crate::wire::{Header, RejectReason, WireError};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Makes the receive buffers of one transfer over verbs, on the thread that serves it
+/// (GPU objects stay on the thread that made them).
+pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
 
 /// Where received data goes.
 pub enum RecvMemory {
     Host,
-    /// GPU memory of this GPU, verified by the verify kernel.
+    /// GPU memory of this GPU, verified by the verify kernel (over TCP, staged through a
+    /// page-locked ring).
     #[cfg(feature = "cuda")]
     Device(std::rc::Rc<crate::gpu::Gpu>),
     /// Memory a library caller lent (host or GPU), for one transfer of exactly its size:
@@ -37,17 +40,9 @@ pub enum RecvMemory {
     /// first offer admitted is shown to it, and the serve ends with that offer, taken
     /// into the memory the caller gives or declined.
     Ask(AskCaller),
-}
-
-/// What a transfer's thread makes its memory from: `Send`, unlike the GPU itself.
-enum MemoryKind {
-    Host,
-    /// A caller's memory; `None`: taken already.
-    Lent(Option<LentTarget>),
-    #[cfg(feature = "cuda")]
-    Device {
-        ordinal: u32,
-    },
+    /// A memory plan walked per transfer until the NIC registers a method's buffer
+    /// (verbs: GPUDirect RDMA where the NIC takes GPU memory, else host memory).
+    Plan(Arc<SinkFactoryMaker>),
 }
 
 impl RecvMemory {
@@ -62,7 +57,7 @@ impl RecvMemory {
                 .map_or(u64::MAX, |r| r as u64)
         };
         match self {
-            RecvMemory::Host => total,
+            RecvMemory::Host | RecvMemory::Plan(_) => total,
             // Asked before admission, and then lent memory.
             RecvMemory::Ask(_) => 0,
             // The caller's memory is there already; into GPU memory, the upload ring.
@@ -123,6 +118,7 @@ impl RecvMemory {
             RecvMemory::Lent(target) => {
                 MemoryKind::Lent(target.lock().unwrap_or_else(|p| p.into_inner()).take())
             }
+            RecvMemory::Plan(maker) => MemoryKind::Plan(maker.clone()),
             _ => MemoryKind::Host,
         }
     }
@@ -154,14 +150,107 @@ pub fn admission_of(opts: &RecvOptions) -> Arc<Admission> {
     ))
 }
 
+/// An offer a listener heard, as the serving loop sees it whatever the transport.
+pub trait Offer: Send + 'static {
+    fn peer(&self) -> SocketAddr;
+    /// `None`: a raw request (verbs `--raw`), of up to `--max-bytes`.
+    fn header(&self) -> Option<&Header>;
+    fn name(&self) -> Option<String>;
+    /// Streams of the connection (a GPU upload ring's slots serve each).
+    fn streams(&self) -> u16;
+    /// Descriptors the connection holds.
+    fn descriptors(&self) -> u64;
+    /// Bytes the connection holds besides its buffer (a verbs rail's slots).
+    fn link_bytes(&self) -> u64;
+    fn refuse(self, reason: RejectReason, detail: Option<String>) -> RecvOutcome;
+}
+
+impl Offer for TcpOffer {
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+    fn header(&self) -> Option<&Header> {
+        Some(&self.header)
+    }
+    fn name(&self) -> Option<String> {
+        self.name.clone()
+    }
+    fn streams(&self) -> u16 {
+        self.hello.count
+    }
+    fn descriptors(&self) -> u64 {
+        TcpOffer::descriptors(self)
+    }
+    fn link_bytes(&self) -> u64 {
+        0
+    }
+    fn refuse(self, reason: RejectReason, detail: Option<String>) -> RecvOutcome {
+        TcpOffer::refuse(self, reason, detail)
+    }
+}
+
+impl Offer for VerbsOffer {
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+    fn header(&self) -> Option<&Header> {
+        self.header.as_ref()
+    }
+    fn name(&self) -> Option<String> {
+        None // it follows the accept, as the sender's first message
+    }
+    fn streams(&self) -> u16 {
+        1
+    }
+    fn descriptors(&self) -> u64 {
+        0
+    }
+    fn link_bytes(&self) -> u64 {
+        VerbsOffer::link_bytes(self)
+    }
+    fn refuse(self, reason: RejectReason, detail: Option<String>) -> RecvOutcome {
+        VerbsOffer::refuse(self, reason, detail)
+    }
+}
+
+/// A listener the loop stops taking connections from while a library call's one
+/// transfer runs.
+pub trait Pausable: Send + Sync {
+    fn pause(&self);
+    fn resume(&self);
+}
+
+impl Pausable for TcpListen {
+    fn pause(&self) {
+        TcpListen::pause(self, Duration::from_millis(100));
+    }
+    fn resume(&self) {
+        TcpListen::resume(self);
+    }
+}
+
+impl Pausable for VerbsListen {
+    fn pause(&self) {
+        VerbsListen::pause(self);
+    }
+    fn resume(&self) {
+        VerbsListen::resume(self);
+    }
+}
+
 /// What comes back from the listener and the transfers' threads.
-enum Event {
-    Heard(Heard),
+enum Event<O> {
+    Heard(Heard<O>),
     Served {
         outcome: RecvOutcome,
         accepted: bool,
     },
 }
+
+/// Serves one admitted offer on its thread: the outcome, and whether it was accepted.
+type ServeOne<O> = dyn Fn(O, Lease, MemoryKind, Option<&dyn Pausable>) -> (RecvOutcome, bool)
+    + Send
+    + Sync;
 
 /// Listen on `opts.bind` and serve TCP transfers under an admission of their own,
 /// telling `report` about each. Returns only with `--once` (whether that transfer
@@ -177,6 +266,26 @@ pub fn serve(
     serve_tcp(listener, opts, memory, &admission_of(opts), None, report)
 }
 
+fn listen_config(opts: &RecvOptions) -> ListenConfig {
+    ListenConfig {
+        timeout: opts.timeout,
+        max_bytes: opts.max_bytes,
+        allow: opts.allow.clone(),
+        key: opts.key.clone(),
+    }
+}
+
+/// The listener's words, sent to the loop from its threads.
+fn tell<O: Send + 'static>(events: &mpsc::Sender<Event<O>>) -> Box<dyn Fn(Heard<O>) + Send + Sync> {
+    let heard = Mutex::new(events.clone());
+    Box::new(move |h: Heard<O>| {
+        let _ = heard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Event::Heard(h));
+    })
+}
+
 /// Serve TCP transfers on `listener` (bound already) under `admission`, telling
 /// `report` about each.
 pub fn serve_tcp(
@@ -187,31 +296,68 @@ pub fn serve_tcp(
     library: Option<LibraryCall>,
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
-    let listen_cfg = ListenConfig {
-        timeout: opts.timeout,
-        max_bytes: opts.max_bytes,
-        allow: opts.allow.clone(),
-        key: opts.key.clone(),
-    };
-    let (events, rx) = mpsc::channel::<Event>();
-    let heard = Mutex::new(events.clone());
-    let tell = Box::new(move |h: Heard| {
-        let _ = heard
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Event::Heard(h));
-    });
-    let listen = TcpListen::start(listener, listen_cfg, admission.clone(), tell)
+    let (events, rx) = mpsc::channel::<Event<TcpOffer>>();
+    let listen = TcpListen::start(listener, listen_config(opts), admission.clone(), tell(&events))
         .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?;
     report(&RecvOutcome::Listening {
         addr: listen.local_addr().to_string(),
     });
+    let serve_one: Arc<ServeOne<TcpOffer>> = {
+        let opts = opts.clone();
+        Arc::new(move |offer, lease, kind, one| serve_tcp_offer(offer, lease, kind, &opts, one))
+    };
+    serve_offers(Arc::new(listen), rx, events, memory, admission, opts, library, report, serve_one)
+}
+
+/// How a verbs receiver serves, beyond its options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerbsServe {
+    /// The seed's raw senders only (`--raw`).
+    pub raw: bool,
+    /// Spin on completion queues instead of sleeping (`--busy-poll`).
+    pub busy_poll: bool,
+}
+
+/// Listen on `opts.bind` over verbs and serve its transfers under `admission`, telling
+/// `report` about each.
+pub fn serve_verbs(
+    opts: &RecvOptions,
+    how: VerbsServe,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    library: Option<LibraryCall>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let (events, rx) = mpsc::channel::<Event<VerbsOffer>>();
+    let listen = VerbsListen::start(opts.bind, listen_config(opts), how.raw, tell(&events))?;
+    report(&RecvOutcome::Listening {
+        addr: listen.local_addr().to_string(),
+    });
+    let serve_one: Arc<ServeOne<VerbsOffer>> = {
+        let opts = opts.clone();
+        Arc::new(move |offer, lease, kind, one| serve_verbs_offer(offer, lease, kind, &opts, how, one))
+    };
+    serve_offers(Arc::new(listen), rx, events, memory, admission, opts, library, report, serve_one)
+}
+
+/// The loop itself, over any listener's offers.
+#[allow(clippy::too_many_arguments)]
+fn serve_offers<O: Offer, L: Pausable + 'static>(
+    listen: Arc<L>,
+    rx: mpsc::Receiver<Event<O>>,
+    events: mpsc::Sender<Event<O>>,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    opts: &RecvOptions,
+    library: Option<LibraryCall>,
+    report: &mut dyn FnMut(&RecvOutcome),
+    serve_one: Arc<ServeOne<O>>,
+) -> Result<bool, TransferError> {
     let give_up = library
         .as_ref()
         .and_then(|c| c.wait)
         .map(|w| (Instant::now() + w, w));
     let one_per_call = library.is_some() && opts.once;
-    let listen = Arc::new(listen);
     // Transfer threads started and not yet served: a bounded wait ends only between them.
     let mut in_flight = 0usize;
     loop {
@@ -237,11 +383,15 @@ pub fn serve_tcp(
                 let lent_on_ask;
                 let memory = match memory {
                     RecvMemory::Ask(caller) => {
+                        let Some(header) = offer.header() else {
+                            report(&offer.refuse(RejectReason::Declined, None));
+                            continue;
+                        };
                         let seen = OfferSeen {
-                            peer: offer.peer,
-                            bytes: offer.header.total_bytes,
-                            chunk: offer.header.chunk_bytes as u64,
-                            name: offer.name.clone(),
+                            peer: offer.peer(),
+                            bytes: header.total_bytes,
+                            chunk: header.chunk_bytes as u64,
+                            name: offer.name(),
                         };
                         let Some(target) = caller.ask(seen) else {
                             report(&offer.refuse(RejectReason::Declined, None));
@@ -252,26 +402,25 @@ pub fn serve_tcp(
                     }
                     memory => memory,
                 };
-                if let Some((reason, why)) = memory.refuses(&offer.header) {
+                if let Some((reason, why)) = offer.header().and_then(|h| memory.refuses(h)) {
                     report(&offer.refuse(reason, why));
                     continue;
                 }
-                let want = Want {
-                    bytes: memory.bytes_for(
-                        offer.header.total_bytes,
-                        offer.header.chunk_bytes as u64,
-                        offer.hello.count,
+                let (bytes, books) = match offer.header() {
+                    Some(h) => (
+                        memory.bytes_for(h.total_bytes, h.chunk_bytes as u64, offer.streams()),
+                        // Chunks checked by checksum or striped keep books per chunk,
+                        // counted with the buffers: tiny chunks would cost many times
+                        // their data.
+                        Books::of(h.chunks(), h.verify.checksum(), h.striped),
                     ),
+                    None => (opts.max_bytes, Books::default()),
+                };
+                let want = Want {
+                    bytes: bytes.saturating_add(offer.link_bytes()),
                     descriptors: offer.descriptors(),
                 };
-                // Chunks checked by checksum or striped keep books per chunk, counted
-                // with the buffers: tiny chunks would cost many times their data.
-                let books = Books::of(
-                    offer.header.chunks(),
-                    offer.header.verify.checksum(),
-                    offer.header.striped,
-                );
-                let lease = match admission.admit_offer(offer.peer.ip(), want, books) {
+                let lease = match admission.admit_offer(offer.peer().ip(), want, books) {
                     Ok(lease) => lease,
                     Err(reason) => {
                         report(&offer.refuse(reason, None));
@@ -279,18 +428,13 @@ pub fn serve_tcp(
                     }
                 };
                 let kind = memory.kind();
-                let (events, listen, opts) = (events.clone(), listen.clone(), opts.clone());
-                let peer = offer.peer;
+                let (events, listen, serve_one) = (events.clone(), listen.clone(), serve_one.clone());
+                let peer = offer.peer();
                 let spawned = std::thread::Builder::new()
-                    .name("tcp-transfer".into())
+                    .name("transfer".into())
                     .spawn(move || {
-                        let (outcome, accepted) = serve_offer(
-                            offer,
-                            lease,
-                            kind,
-                            &opts,
-                            one_per_call.then_some(&*listen),
-                        );
+                        let one = one_per_call.then_some(&*listen as &dyn Pausable);
+                        let (outcome, accepted) = serve_one(offer, lease, kind, one);
                         let _ = events.send(Event::Served { outcome, accepted });
                     });
                 match spawned {
@@ -312,190 +456,5 @@ pub fn serve_tcp(
                 }
             }
         }
-    }
-}
-
-/// The memory one transfer lands in, made on its thread.
-enum Memory {
-    Host(HostBuffer),
-    #[cfg(feature = "cuda")]
-    Gpu(super::landed::StagedGpu),
-}
-
-impl Memory {
-    fn landed(&self) -> &dyn Landed {
-        match self {
-            Memory::Host(b) => b,
-            #[cfg(feature = "cuda")]
-            Memory::Gpu(g) => g,
-        }
-    }
-
-    fn landing(&self) -> Landing<'_> {
-        match self {
-            Memory::Host(b) => {
-                let (ptr, len) = b.raw_parts();
-                Landing::Host { ptr, len }
-            }
-            #[cfg(feature = "cuda")]
-            Memory::Gpu(g) => Landing::Gpu(&g.upload),
-        }
-    }
-}
-
-/// Make the memory of a transfer of `len` bytes in chunks of `chunk` over `streams`.
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-fn make_memory(
-    kind: MemoryKind,
-    len: usize,
-    chunk: usize,
-    streams: usize,
-) -> anyhow::Result<(Memory, Option<std::sync::mpsc::Sender<()>>)> {
-    match kind {
-        MemoryKind::Host => Ok((Memory::Host(HostBuffer::poisoned(len)?), None)),
-        MemoryKind::Lent(None) => anyhow::bail!("the caller's buffer is in use"),
-        MemoryKind::Lent(Some(target)) => {
-            if target.len != len {
-                anyhow::bail!("{len} bytes offered into a buffer of {}", target.len);
-            }
-            let in_use = target.in_use();
-            let memory = match target.place {
-                LentPlace::Host(ptr) => {
-                    // SAFETY: LentTarget::new's caller promised `len` bytes at `ptr` for
-                    // this transfer alone until the last token (`in_use`, dropped after
-                    // this buffer by the caller of make_memory) is gone.
-                    let buffer = unsafe { HostBuffer::borrowed(ptr, len) };
-                    crate::memory::RecvSink::poison(&buffer)?;
-                    Memory::Host(buffer)
-                }
-                #[cfg(feature = "cuda")]
-                LentPlace::Device { ordinal, ptr } => {
-                    let gpu = crate::gpu::Gpu::open(ordinal)?;
-                    // The owner's own work queued on the memory (a tensor zeroed on a
-                    // stream of its) is done before the first byte lands.
-                    gpu.synchronize_context()?;
-                    // SAFETY: as above, device memory of that device's primary context,
-                    // which `Gpu::open` binds.
-                    let memory =
-                        unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
-                    let upload =
-                        crate::gpu::upload::DeviceUpload::over(&gpu, memory, len, chunk, streams)?;
-                    Memory::Gpu(super::landed::StagedGpu {
-                        gpu,
-                        upload: std::cell::RefCell::new(upload),
-                        len,
-                    })
-                }
-                #[cfg(not(feature = "cuda"))]
-                LentPlace::Device { .. } => {
-                    anyhow::bail!("this build has no GPU support (the cuda feature)")
-                }
-            };
-            drop(target);
-            Ok((memory, Some(in_use)))
-        }
-        #[cfg(feature = "cuda")]
-        MemoryKind::Device { ordinal } => {
-            let gpu = crate::gpu::Gpu::open(ordinal)?;
-            let upload = crate::gpu::upload::DeviceUpload::new(&gpu, len, chunk, streams)?;
-            Ok((
-                Memory::Gpu(super::landed::StagedGpu {
-                    gpu,
-                    upload: std::cell::RefCell::new(upload),
-                    len,
-                }),
-                None,
-            ))
-        }
-    }
-}
-
-/// Serve one admitted offer: memory, accept, receive, verify, ack. Also whether the
-/// accept was sent (the transfer used `--once` up).
-fn serve_offer(
-    offer: TcpOffer,
-    lease: Lease,
-    kind: MemoryKind,
-    opts: &RecvOptions,
-    one_per_call: Option<&TcpListen>,
-) -> (RecvOutcome, bool) {
-    let peer = offer.peer;
-    let label = peer.to_string();
-    let header = offer.header;
-    let total = header.total_bytes;
-    let (Ok(len), Ok(chunk)) = (usize::try_from(total), usize::try_from(header.chunk_bytes)) else {
-        return (
-            offer.refuse(RejectReason::NoMemory { bytes: total }, None),
-            false,
-        );
-    };
-    let (memory, in_use) = match make_memory(kind, len, chunk, offer.hello.count as usize) {
-        Ok(m) => m,
-        Err(e) => {
-            let reason = RejectReason::NoMemory { bytes: total };
-            return (offer.refuse(reason, Some(format!("{e:#}"))), false);
-        }
-    };
-    let name = offer.name.clone();
-    let accepted = match offer.accept() {
-        Ok(a) => a,
-        Err(outcome) => return (outcome, false),
-    };
-    if let Some(listen) = one_per_call {
-        // Served alone and the call ends with it: whoever connects next waits in the
-        // listen queue for the next call.
-        listen.pause(Duration::from_millis(100));
-    }
-    let mut receiver = accepted.receiver;
-    let terms = Terms {
-        peer: &label,
-        header,
-        name,
-        timeout: opts.timeout,
-        min_rate: opts.min_rate,
-        accepted_at: accepted.accepted_at,
-        output: opts.output.as_ref(),
-        op: "tcp",
-        memory: AttemptLog::default(),
-        rails_from: accepted.rails_from,
-    };
-    let checksum = header.verify.checksum();
-    let received = receiver.with_landing(memory.landing(), checksum, |link| {
-        let mut r = Receiving::new(link, opts.timeout);
-        recv::transfers(&mut r, memory.landed(), &terms)
-    });
-    // The last ack goes out only after this transfer's memory and its admission lease
-    // are given back: a sender that offers its next transfer the moment it hears the
-    // result must find the memory free, not "busy".
-    let recv::Received {
-        mut report,
-        last_ack,
-        error,
-    } = received;
-    drop(memory);
-    drop(in_use);
-    drop(lease);
-    if let Some(ack) = last_ack {
-        report.reply_delivered &= receiver.send_last(&ack.encode());
-    }
-    drop(receiver);
-    let outcome = match error {
-        Some(e) => RecvOutcome::Failed {
-            peer: label,
-            error: failed_words(&e, report.transfers, report.offered),
-        },
-        None => RecvOutcome::Completed(report),
-    };
-    (outcome, true)
-}
-
-/// A failed connection's error, saying which transfer of several it was.
-fn failed_words(e: &TransferError, done: u32, transfers: u32) -> String {
-    match transfers > 1 {
-        true => format!(
-            "{e} (in transfer {} of {transfers}; {done} done before it)",
-            done + 1
-        ),
-        false => e.to_string(),
     }
 }

@@ -152,6 +152,15 @@ impl SendMemory {
         }
     }
 
+    /// Bytes of the data.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
     /// Whether the data is the user's (opaque bytes) rather than the pattern.
     pub fn is_user_data(&self) -> bool {
         self.user_data.is_some() || self.made_from_user

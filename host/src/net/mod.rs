@@ -27,8 +27,11 @@
 
 pub mod joins;
 pub mod tcp;
+pub mod verbs;
 
+use crate::server::{AllowList, Key};
 use crate::transfer::plan::ChunkPlan;
+use crate::transfer::RecvOutcome;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,6 +147,23 @@ pub enum RecvEvent {
     PassEnded { rail: Rail, failed: u32 },
     /// `rail` is broken: nothing more arrives on it.
     Down { rail: Rail, why: String },
+}
+
+/// What a receiver's listener hears, whichever transport: an offer (`O`, the
+/// transport's, with what it needs to be answered), or something to report.
+pub enum Heard<O> {
+    Offer(O),
+    /// A refusal at the handshake, a failed one, a notice.
+    Said(RecvOutcome),
+}
+
+/// What a listener checks before it hands an offer on (nothing of it needs memory).
+#[derive(Debug, Clone)]
+pub struct ListenConfig {
+    pub timeout: Duration,
+    pub max_bytes: u64,
+    pub allow: AllowList,
+    pub key: Option<Key>,
 }
 
 /// The longest control message a link carries, whole: a list of 2^24 CRC32Cs (the most
@@ -264,6 +284,11 @@ pub unsafe trait RecvLink {
     /// An item that comes meanwhile (the sender answered before the engine said what it
     /// expects) waits for it, within the link's timeout, and is then checked against it.
     fn expect_none(&mut self);
+
+    /// The sender's next message, after what is expected already, is `len` bytes long
+    /// exactly: a link whose receives are laid out in advance (verbs SENDs into their
+    /// places) makes room for it there. Nothing for others. Must not block.
+    fn expect_message(&mut self, _len: usize) {}
 
     /// Send control message `bytes` on `rail` (at most [`MAX_MESSAGE`], whole).
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError>;

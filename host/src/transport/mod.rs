@@ -25,8 +25,6 @@
 //! [`RejectReason`]: crate::wire::RejectReason
 //! [`Ack`]: crate::wire::Ack
 
-pub mod rdma;
-
 /// `--transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -98,7 +96,7 @@ pub fn choose_here(
             e => format!("no RDMA device ({e})"),
         })
         .and_then(|()| match peer {
-            Some(peer) => rdma::sender::reachable(peer, timeout)
+            Some(peer) => crate::net::verbs::open::reachable(peer, timeout)
                 .map_err(|e| format!("{peer} is not reachable over RDMA ({e})")),
             None => Ok(None),
         });

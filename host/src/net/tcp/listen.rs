@@ -16,8 +16,9 @@ use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
 use super::recv::TcpReceiver;
 use super::socket::{self, ReadStop};
 use crate::net::joins::{JoinSlot, Joins, Refused};
+use crate::net::{Heard, ListenConfig};
 use crate::server::admission::{Admission, HandshakeSlot};
-use crate::server::{AllowList, Key};
+use crate::server::Key;
 use crate::transfer::RecvOutcome;
 use crate::wire::{
     checked_name, decode_name_prefix, AcceptInfo, Challenge, Header, Proof, RejectReason,
@@ -40,23 +41,6 @@ const HANDSHAKE_STACK: usize = 256 << 10;
 /// hold the others up for all of --timeout: the sender fails it over).
 const STRIPED_JOIN: Duration = Duration::from_secs(1);
 
-/// What a listener hears.
-pub enum Heard {
-    /// A transfer offered, to admit or refuse.
-    Offer(TcpOffer),
-    /// Something to report (a refusal at the handshake, a failed one).
-    Said(RecvOutcome),
-}
-
-/// What the listener is told by its owner.
-#[derive(Debug, Clone)]
-pub struct ListenConfig {
-    pub timeout: Duration,
-    pub max_bytes: u64,
-    pub allow: AllowList,
-    pub key: Option<Key>,
-}
-
 /// Shared by the accept loop, the handshake threads and the offers.
 struct Shared {
     cfg: ListenConfig,
@@ -69,7 +53,7 @@ struct Shared {
 }
 
 /// Where the listener tells what it hears (from its threads).
-pub type Tell = Box<dyn Fn(Heard) + Send + Sync>;
+pub type Tell = Box<dyn Fn(Heard<TcpOffer>) + Send + Sync>;
 
 /// A listening socket and its accept loop.
 pub struct TcpListen {
@@ -100,7 +84,7 @@ impl TcpListen {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (shared, stop) = (shared.clone(), stop.clone());
-            let tell: Arc<dyn Fn(Heard) + Send + Sync> = Arc::from(tell);
+            let tell: Arc<dyn Fn(Heard<TcpOffer>) + Send + Sync> = Arc::from(tell);
             std::thread::Builder::new()
                 .name("tcp-accept".into())
                 .spawn(move || accept_loop(listener, &shared, &tell, &stop))?
@@ -327,7 +311,7 @@ fn out_of_descriptors(e: &std::io::Error) -> bool {
 fn accept_loop(
     listener: TcpListener,
     shared: &Arc<Shared>,
-    heard: &Arc<dyn Fn(Heard) + Send + Sync>,
+    heard: &Arc<dyn Fn(Heard<TcpOffer>) + Send + Sync>,
     stop: &AtomicBool,
 ) {
     let tell = |outcome| heard(Heard::Said(outcome));
@@ -447,7 +431,7 @@ fn handshake(
     peer: SocketAddr,
     deadline: Instant,
     _slot: HandshakeSlot,
-) -> Option<Heard> {
+) -> Option<Heard<TcpOffer>> {
     let cfg = &shared.cfg;
     let said = |outcome| Some(Heard::Said(outcome));
     let failed = |why: String| RecvOutcome::Failed {
