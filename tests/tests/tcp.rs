@@ -400,7 +400,7 @@ fn a_data_trickle_under_min_rate_is_ended_within_timeout_plus_size_over_rate() {
         r.log()
     );
     let ack = &ack[host::net::tcp::frames::FRAME_LEN..whole];
-    let ack = Ack::decode(&ack).unwrap();
+    let ack = Ack::decode(ack).unwrap();
     assert_eq!(ack.status, AckStatus::TooSlow);
     eprintln!(
         "MEASURED data trickle (10 KiB/s, --timeout 1, --min-rate 128KiB, 256 KiB): too-slow ack after {ended:?} (allowed 3 s), {} bytes in",

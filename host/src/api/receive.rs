@@ -246,7 +246,7 @@ impl Listener {
             &mut report,
         )?;
         match last {
-            Some(RecvOutcome::Completed(report)) if report.ok() => Ok(report),
+            Some(RecvOutcome::Completed(report)) if report.ok() => Ok(*report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),
             Some(RecvOutcome::Rejected { peer, reason }) => Err(Error::new(
                 ErrorKind::Rejected,

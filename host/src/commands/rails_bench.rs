@@ -14,13 +14,13 @@
 use super::tcp_bench::{median, stats};
 use anyhow::{bail, Context, Result};
 use host::cli::RailsBenchArgs;
-use host::engine::{VerbsSendOptions, Cooldowns, SendOptions, TcpSendOptions};
+use host::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
 use host::memory::select::{AttemptLog, Method, Plan};
 use host::memory::{GpuChoice, GpuSelection, HostBuffer, SendMemory};
 use host::net::tcp::dial::{rails_of, Rail};
+use host::net::verbs::dial::RailTarget;
 use host::rails::NicList;
 use host::transfer::SendReport;
-use host::net::verbs::dial::RailTarget;
 use host::wire::Op;
 use serde_json::json;
 use std::net::SocketAddr;

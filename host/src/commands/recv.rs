@@ -4,13 +4,15 @@ use super::facts::{memory_notes, path_facts};
 use super::output::{integrity_lines, is_user_data, values_line, verification_words, Human};
 use anyhow::{bail, Result};
 use host::cli::RecvArgs;
+use host::engine::serve::{
+    admission_of, serve_verbs as serve_verbs_on, SinkFactoryMaker, VerbsServe,
+};
+use host::engine::RecvMemory;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
 use host::server::admission::{Admission, Limits};
 use host::transfer::units::format_bytes;
 use host::transfer::{RecvOutcome, RecvReport};
-use host::engine::serve::{admission_of, serve_verbs as serve_verbs_on, SinkFactoryMaker, VerbsServe};
-use host::engine::RecvMemory;
 use host::transport::TransportKind;
 use serde_json::json;
 use std::process::ExitCode;
@@ -264,7 +266,14 @@ fn serve_verbs(args: &RecvArgs, admission: Option<&Arc<Admission>>) -> Result<bo
             &own
         }
     };
-    Ok(serve_verbs_on(&opts, how, &memory, admission, None, &mut report)?)
+    Ok(serve_verbs_on(
+        &opts,
+        how,
+        &memory,
+        admission,
+        None,
+        &mut report,
+    )?)
 }
 
 /// `--transport auto` with an RDMA device: verbs and TCP on the same port number, each on

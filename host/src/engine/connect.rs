@@ -240,9 +240,9 @@ pub fn send_verbs(
     let version = opts.protocol_version;
     let offer_for = |count: u8| -> Result<Vec<u8>, TransferError> {
         let h = match count > 1 {
-            true => header.with_rails(count).map_err(|e| {
-                TransferError::Protocol(format!("cannot offer this transfer: {e}"))
-            })?,
+            true => header
+                .with_rails(count)
+                .map_err(|e| TransferError::Protocol(format!("cannot offer this transfer: {e}")))?,
             false => header,
         };
         Ok(h.encode_with_version(version).to_vec())

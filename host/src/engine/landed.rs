@@ -10,6 +10,9 @@ use std::ops::Range;
 /// The memory a transfer lands in, as the receive loop checks it.
 pub trait Landed {
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Fill with the poison, so data that never arrived cannot pass (before a transfer).
     fn poison(&self) -> Result<()>;
     /// The first `len` bytes against the pattern.

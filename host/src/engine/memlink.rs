@@ -13,7 +13,7 @@ use super::recv::{self, Terms};
 use super::send::{self, Facts, RailName, Shape};
 use super::sending::Sending;
 use crate::memory::select::AttemptLog;
-use crate::memory::{HostBuffer, RecvSink};
+use crate::memory::HostBuffer;
 use crate::net::{Caps, Item, LinkError, Rail, RecvEvent, RecvLink, SendEvent, SendLink, Which};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{PayloadOptions, RecvReport, SendReport, TransferError};
@@ -26,9 +26,15 @@ use std::time::{Duration, Instant};
 
 /// What travels to the receiver on a rail.
 enum Frame {
-    Item { index: u64, bytes: Vec<u8>, crc: u32 },
+    Item {
+        index: u64,
+        bytes: Vec<u8>,
+        crc: u32,
+    },
     Message(Vec<u8>),
-    End { failed: u32 },
+    End {
+        failed: u32,
+    },
 }
 
 /// A rail's faults.
@@ -72,8 +78,9 @@ impl Wire {
 }
 
 fn flips(one_in: u64, index: u64, attempt: u32) -> bool {
-    let h = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (attempt as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
-    (h >> 17) % one_in == 0
+    let h = index.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (attempt as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
+    (h >> 17).is_multiple_of(one_in)
 }
 
 struct MemSender {
@@ -134,13 +141,18 @@ unsafe impl SendLink for MemSender {
             gpu_memory: false,
         }
     }
+    /// # Safety
+    /// As [`SendLink::post`] says.
     unsafe fn post(&mut self, rail: Rail, items: &[Item]) -> Result<(), LinkError> {
         for item in items {
             assert!(item.bytes.end <= self.source.1);
             // SAFETY: the range lies in the source (checked), valid until reported (the
             // caller's promise); copied at once.
             let bytes = unsafe {
-                std::slice::from_raw_parts(self.source.0.as_ptr().add(item.bytes.start), item.bytes.len())
+                std::slice::from_raw_parts(
+                    self.source.0.as_ptr().add(item.bytes.start),
+                    item.bytes.len(),
+                )
             };
             self.send_item(rail, item, bytes)?;
         }
@@ -154,11 +166,19 @@ unsafe impl SendLink for MemSender {
         if w.down.load(Ordering::SeqCst) {
             return Err(LinkError("down".into()));
         }
-        w.to_recv.lock().unwrap().push_back(Frame::Message(bytes.to_vec()));
+        w.to_recv
+            .lock()
+            .unwrap()
+            .push_back(Frame::Message(bytes.to_vec()));
         Ok(())
     }
     fn end_pass(&mut self, failed: u32) -> Result<(), LinkError> {
-        for w in self.wire.rails.iter().filter(|w| !w.down.load(Ordering::SeqCst)) {
+        for w in self
+            .wire
+            .rails
+            .iter()
+            .filter(|w| !w.down.load(Ordering::SeqCst))
+        {
             w.to_recv.lock().unwrap().push_back(Frame::End { failed });
         }
         Ok(())
@@ -173,7 +193,10 @@ unsafe impl SendLink for MemSender {
                 }
                 if w.down.load(Ordering::SeqCst) && !self.told_down[r] {
                     self.told_down[r] = true;
-                    out.push(SendEvent::Down { rail: r, why: format!("rail {r} cut") });
+                    out.push(SendEvent::Down {
+                        rail: r,
+                        why: format!("rail {r} cut"),
+                    });
                     out.push(SendEvent::Quiet { rail: r });
                 }
             }
@@ -267,7 +290,11 @@ unsafe impl RecvLink for MemReceiver {
         self.expecting = None;
     }
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
-        self.wire.rails[rail].to_send.lock().unwrap().push_back(bytes.to_vec());
+        self.wire.rails[rail]
+            .to_send
+            .lock()
+            .unwrap()
+            .push_back(bytes.to_vec());
         Ok(())
     }
     fn poll(&mut self, wait: Duration, out: &mut Vec<RecvEvent>) -> Result<(), LinkError> {
@@ -279,13 +306,21 @@ unsafe impl RecvLink for MemReceiver {
                 }
             }
             for r in 0..self.wire.rails.len() {
-                let frames: Vec<Frame> = self.wire.rails[r].to_recv.lock().unwrap().drain(..).collect();
+                let frames: Vec<Frame> = self.wire.rails[r]
+                    .to_recv
+                    .lock()
+                    .unwrap()
+                    .drain(..)
+                    .collect();
                 for f in frames {
                     self.take(r, f, out);
                 }
                 if self.wire.rails[r].down.load(Ordering::SeqCst) && !self.told_down[r] {
                     self.told_down[r] = true;
-                    out.push(RecvEvent::Down { rail: r, why: "cut".into() });
+                    out.push(RecvEvent::Down {
+                        rail: r,
+                        why: "cut".into(),
+                    });
                 }
             }
             if !out.is_empty() || Instant::now() >= deadline {
@@ -310,9 +345,16 @@ fn run(
     faults: &[Faults],
     checksum: bool,
     max_resends: u8,
-) -> (Result<Vec<SendReport>, TransferError>, Result<RecvReport, TransferError>) {
+) -> (
+    Result<Vec<SendReport>, TransferError>,
+    Result<RecvReport, TransferError>,
+) {
     let wire = Wire::new(faults);
-    let verify = if checksum { VerifyMode::Checksum } else { VerifyMode::Pattern };
+    let verify = if checksum {
+        VerifyMode::Checksum
+    } else {
+        VerifyMode::Pattern
+    };
     let payload = PayloadOptions {
         payload: Payload::Pattern,
         verify,
@@ -321,9 +363,15 @@ fn run(
         faults: None,
     };
     let plan = ChunkPlan::new(len as u64, chunk).unwrap();
-    let mut header = Header::of(Op::Send, len as u64, plan.chunk_bytes(), 8, Payload::Pattern)
-        .and_then(|h| h.with_payload(Payload::Pattern, verify, max_resends))
-        .unwrap();
+    let mut header = Header::of(
+        Op::Send,
+        len as u64,
+        plan.chunk_bytes(),
+        8,
+        Payload::Pattern,
+    )
+    .and_then(|h| h.with_payload(Payload::Pattern, verify, max_resends))
+    .unwrap();
     if checksum {
         header = header.with_pieces();
     }
@@ -425,7 +473,10 @@ fn three_clean_rails_carry_a_transfer_that_verifies() {
     let got = got.unwrap();
     assert!(got.ok(), "{got:?}");
     let carried: Vec<u64> = sent[0].rails.iter().map(|r| r.chunks).collect();
-    assert!(carried.iter().all(|&c| c > 0), "every rail carried chunks: {carried:?}");
+    assert!(
+        carried.iter().all(|&c| c > 0),
+        "every rail carried chunks: {carried:?}"
+    );
     assert_eq!(carried.iter().sum::<u64>(), got.chunks);
 }
 
@@ -442,7 +493,10 @@ fn a_rail_cut_mid_pass_with_items_lost_is_failed_over_and_the_missing_asked_agai
     let failed = &sent[0].rails[1];
     assert_eq!(failed.failures, 1, "{failed:?}");
     let striped = got.striped.as_ref().unwrap();
-    assert!(striped.asked_again >= 1, "the lost items were asked for again: {striped:?}");
+    assert!(
+        striped.asked_again >= 1,
+        "the lost items were asked for again: {striped:?}"
+    );
 }
 
 #[test]
@@ -455,8 +509,14 @@ fn repair_converges_when_one_item_in_three_arrives_corrupt() {
     let sent = sent.unwrap();
     let got = got.unwrap();
     assert!(got.ok(), "{got:?}");
-    assert!(!sent[0].integrity.repaired.is_empty(), "chunks were repaired");
-    assert_eq!(got.integrity.repaired.len(), sent[0].integrity.repaired.len());
+    assert!(
+        !sent[0].integrity.repaired.is_empty(),
+        "chunks were repaired"
+    );
+    assert_eq!(
+        got.integrity.repaired.len(),
+        sent[0].integrity.repaired.len()
+    );
 }
 
 #[test]
@@ -473,7 +533,10 @@ fn every_item_corrupt_fails_in_bounded_time_naming_the_chunks() {
         other => panic!("expected a checksum failure, got {other:?}"),
     }
     if let Ok(r) = got {
-        assert!(!r.ok(), "the receiver's report says the chunks failed: {r:?}");
+        assert!(
+            !r.ok(),
+            "the receiver's report says the chunks failed: {r:?}"
+        );
     }
 }
 
@@ -489,4 +552,3 @@ fn every_rail_cut_ends_the_transfer_with_an_error_not_a_hang() {
     assert!(got.is_err(), "{got:?}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }
-

@@ -5,10 +5,10 @@
 use super::cooldown::Cooldowns;
 use crate::net::tcp::dial::Rail;
 use crate::net::verbs::dial::RailTarget;
-use crate::wire::Op;
 use crate::server::{AllowList, Key};
 use crate::transfer::store::Output;
 use crate::transfer::PayloadOptions;
+use crate::wire::Op;
 use std::net::SocketAddr;
 use std::time::Duration;
 

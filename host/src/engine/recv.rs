@@ -304,7 +304,6 @@ fn receive_one<L: Landed + ?Sized>(
         r.expect_message(CHECKSUMS_PREFIX_LEN + 4 * plan.count() as usize);
     }
     let items = r.finish(items, whole, true)?;
-    crate::net::verbs::trace!("engine: pass done");
     let items = match r.ends_marked() {
         true => r.fetch_missing(items, whole, MAX_MISSING_ROUNDS, &missing_request)?,
         false => items,
@@ -321,7 +320,6 @@ fn receive_one<L: Landed + ?Sized>(
         (true, None) => return Err(Stop::Broken("a chunk came without its CRC32C".into())),
         (false, _) => sender_crcs(r, plan, terms.timeout)?,
     };
-    crate::net::verbs::trace!("engine: sender's crcs in");
     let failed = {
         let computed;
         let here = match items.landed_crcs() {
@@ -344,12 +342,10 @@ fn receive_one<L: Landed + ?Sized>(
     };
     // The pass's books are not needed in the rounds: they go before them.
     drop(items);
-    crate::net::verbs::trace!("engine: checked");
     let repairs = repair(r, landed, terms, plan, whole, failed, &mut expected)?;
     // Every chunk passed: each one's CRC32C where it landed is `expected`'s (repaired
     // chunks' were set to it), so the digest is that of the bytes as they lie. With a
     // chunk that still fails there is none (the sender's claims are not the data here).
-    crate::net::verbs::trace!("engine: repaired");
     integrity.digest = repairs
         .failed
         .is_empty()
@@ -590,7 +586,10 @@ fn repair<L: Landed + ?Sized>(
 
 /// The CRC32C of each of `items` (increasing) of `plan` where it landed.
 fn piece_crcs<L: Landed + ?Sized>(
-    landed: &L, plan: &ChunkPlan, items: &[u32]) -> anyhow::Result<Vec<u32>> {
+    landed: &L,
+    plan: &ChunkPlan,
+    items: &[u32],
+) -> anyhow::Result<Vec<u32>> {
     items
         .iter()
         .map(|&k| {

@@ -248,9 +248,8 @@ enum Event<O> {
 }
 
 /// Serves one admitted offer on its thread: the outcome, and whether it was accepted.
-type ServeOne<O> = dyn Fn(O, Lease, MemoryKind, Option<&dyn Pausable>) -> (RecvOutcome, bool)
-    + Send
-    + Sync;
+type ServeOne<O> =
+    dyn Fn(O, Lease, MemoryKind, Option<&dyn Pausable>) -> (RecvOutcome, bool) + Send + Sync;
 
 /// Listen on `opts.bind` and serve TCP transfers under an admission of their own,
 /// telling `report` about each. Returns only with `--once` (whether that transfer
@@ -297,8 +296,13 @@ pub fn serve_tcp(
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let (events, rx) = mpsc::channel::<Event<TcpOffer>>();
-    let listen = TcpListen::start(listener, listen_config(opts), admission.clone(), tell(&events))
-        .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?;
+    let listen = TcpListen::start(
+        listener,
+        listen_config(opts),
+        admission.clone(),
+        tell(&events),
+    )
+    .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?;
     report(&RecvOutcome::Listening {
         addr: listen.local_addr().to_string(),
     });
@@ -306,7 +310,17 @@ pub fn serve_tcp(
         let opts = opts.clone();
         Arc::new(move |offer, lease, kind, one| serve_tcp_offer(offer, lease, kind, &opts, one))
     };
-    serve_offers(Arc::new(listen), rx, events, memory, admission, opts, library, report, serve_one)
+    serve_offers(
+        Arc::new(listen),
+        rx,
+        events,
+        memory,
+        admission,
+        opts,
+        library,
+        report,
+        serve_one,
+    )
 }
 
 /// How a verbs receiver serves, beyond its options.
@@ -335,9 +349,21 @@ pub fn serve_verbs(
     });
     let serve_one: Arc<ServeOne<VerbsOffer>> = {
         let opts = opts.clone();
-        Arc::new(move |offer, lease, kind, one| serve_verbs_offer(offer, lease, kind, &opts, how, one))
+        Arc::new(move |offer, lease, kind, one| {
+            serve_verbs_offer(offer, lease, kind, &opts, how, one)
+        })
     };
-    serve_offers(Arc::new(listen), rx, events, memory, admission, opts, library, report, serve_one)
+    serve_offers(
+        Arc::new(listen),
+        rx,
+        events,
+        memory,
+        admission,
+        opts,
+        library,
+        report,
+        serve_one,
+    )
 }
 
 /// The loop itself, over any listener's offers.
@@ -428,15 +454,17 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                     }
                 };
                 let kind = memory.kind();
-                let (events, listen, serve_one) = (events.clone(), listen.clone(), serve_one.clone());
+                let (events, listen, serve_one) =
+                    (events.clone(), listen.clone(), serve_one.clone());
                 let peer = offer.peer();
-                let spawned = std::thread::Builder::new()
-                    .name("transfer".into())
-                    .spawn(move || {
-                        let one = one_per_call.then_some(&*listen as &dyn Pausable);
-                        let (outcome, accepted) = serve_one(offer, lease, kind, one);
-                        let _ = events.send(Event::Served { outcome, accepted });
-                    });
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("transfer".into())
+                        .spawn(move || {
+                            let one = one_per_call.then_some(&*listen as &dyn Pausable);
+                            let (outcome, accepted) = serve_one(offer, lease, kind, one);
+                            let _ = events.send(Event::Served { outcome, accepted });
+                        });
                 match spawned {
                     Ok(_) => in_flight += 1,
                     Err(e) => report(&RecvOutcome::Failed {

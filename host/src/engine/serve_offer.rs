@@ -204,7 +204,7 @@ pub fn serve_tcp_offer(
             peer: label,
             error: failed_words(&e, report.transfers, report.offered),
         },
-        None => RecvOutcome::Completed(report),
+        None => RecvOutcome::Completed(Box::new(report)),
     };
     (outcome, true)
 }
@@ -227,7 +227,10 @@ pub fn serve_verbs_offer(
     let label = peer.to_string();
     let total = offer.header.map_or(opts.max_bytes, |h| h.total_bytes);
     let refuse = |offer: VerbsOffer, why: String| {
-        (offer.refuse(RejectReason::NoMemory { bytes: total }, Some(why)), false)
+        (
+            offer.refuse(RejectReason::NoMemory { bytes: total }, Some(why)),
+            false,
+        )
     };
     // The factory (a plan's GPU is opened on this thread), or a buffer of the caller's.
     let factory: SinkFactory;
@@ -240,7 +243,10 @@ pub fn serve_verbs_offer(
             }
             Err(e) => return refuse(offer, format!("{e:#}")),
         },
-        MemoryKind::Host => match usize::try_from(total).map_err(anyhow::Error::from).and_then(HostBuffer::poisoned) {
+        MemoryKind::Host => match usize::try_from(total)
+            .map_err(anyhow::Error::from)
+            .and_then(HostBuffer::poisoned)
+        {
             Ok(b) => SinkChoice::Given(Box::new(b)),
             Err(e) => return refuse(offer, format!("{e:#}")),
         },
@@ -267,7 +273,8 @@ pub fn serve_verbs_offer(
     }
     let header = offer.header;
     let Some(header) = header else {
-        let (outcome, accepted) = offer.serve_raw(sinks, opts.max_bytes, opts.timeout, how.busy_poll);
+        let (outcome, accepted) =
+            offer.serve_raw(sinks, opts.max_bytes, opts.timeout, how.busy_poll);
         drop(lease);
         return (outcome, accepted);
     };
@@ -295,7 +302,11 @@ pub fn serve_verbs_offer(
     match served {
         Err((outcome, accepted)) => (outcome, accepted),
         Ok((received, delivered)) => {
-            let recv::Received { mut report, error, last_ack } = received;
+            let recv::Received {
+                mut report,
+                error,
+                last_ack,
+            } = received;
             if last_ack.is_some() {
                 report.reply_delivered &= delivered;
             }
@@ -304,7 +315,7 @@ pub fn serve_verbs_offer(
                     peer: label,
                     error: failed_words(&e, report.transfers, report.offered),
                 },
-                None => RecvOutcome::Completed(report),
+                None => RecvOutcome::Completed(Box::new(report)),
             };
             (outcome, true)
         }

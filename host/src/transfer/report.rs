@@ -301,7 +301,7 @@ pub enum RecvOutcome {
         peer: String,
         reason: String,
     },
-    Completed(RecvReport),
+    Completed(Box<RecvReport>),
     /// A transfer broke off (the receiver goes on serving).
     Failed {
         peer: String,

@@ -108,7 +108,7 @@ case_rejections() {
   start receiver host recv --gpu none --max-bytes 1MiB --timeout 30
   wait_for receiver "receiver: listening" 30
   run raw_sender 30 host "$A" 7471 --raw --gpu none
-  run version_sender 30 host "$A" 7471 --gpu none --protocol-version 3
+  run version_sender 30 host "$A" 7471 --gpu none --protocol-version 4
   run large_sender 30 host "$A" 7471 --gpu none --size 2MiB
   run good_sender 30 host "$A" 7471 --gpu none
   wait_outcomes receiver 4 30

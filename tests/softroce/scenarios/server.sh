@@ -116,7 +116,7 @@ case_absurd_sizes() {
 case_once_after_garbage() {
   start receiver host recv --gpu none --once --timeout 10
   wait_for receiver "receiver: listening" 30
-  run bad 30 host "$A" 7471 --gpu none --protocol-version 3
+  run bad 30 host "$A" 7471 --gpu none --protocol-version 4
   run good 30 host "$A" 7471 --gpu none --timeout 10
   finish receiver 30
 }

@@ -609,7 +609,7 @@ impl TcpRecvLink<'_, '_> {
 
     /// Give back the slots whose copies landed, in order; report items whose last copy
     /// landed.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables, clippy::ptr_arg))]
     fn land_copies(&mut self, out: &mut Vec<RecvEvent>) -> Result<(), LinkError> {
         #[cfg(feature = "cuda")]
         if let Landing::Gpu(upload) = &self.landing {

@@ -253,7 +253,6 @@ impl TcpSender {
         let mut link = TcpSendLink { conn: self, epoch };
         let result = f(&mut link);
         let broken = link.conn.broken;
-        drop(link);
         if broken {
             // Writers blocked on a stalled peer stop reading at once.
             self.shut_all(Shutdown::Write);
@@ -391,6 +390,8 @@ unsafe impl SendLink for TcpSendLink<'_> {
         }
     }
 
+    /// # Safety
+    /// As [`SendLink::post`] says.
     unsafe fn post(&mut self, rail: Rail, items: &[Item]) -> Result<(), LinkError> {
         let len = self.conn.shared.lock().memory.map_or(0, |(_, len)| len);
         for item in items {

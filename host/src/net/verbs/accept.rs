@@ -9,7 +9,7 @@ use super::listen::{refuse, VerbsOffer};
 use super::recv::{slots_for, Joining, Mode, RecvRail, VerbsReceiver};
 use super::send::SEND_SLOTS;
 use crate::memory::select::{walk, AttemptLog};
-use crate::memory::{Registrable, RecvSink, RegistrationTarget, SinkFactory};
+use crate::memory::{RecvSink, Registrable, SinkFactory};
 use crate::rdma::{self, CmEventKind, ConnParams, ConnectRequest, Deadline, MemoryRegion, QpCaps};
 use crate::transfer::RecvOutcome;
 use crate::wire::{AcceptInfo, Header, Op, RejectReason, StripedAccept, ACK_LEN, MAX_DEPTH};
@@ -67,7 +67,11 @@ impl RailSetup {
             max_send_wr: SEND_SLOTS as u32 + 8,
             max_recv_wr: self.recv_depth.max(slots) as u32 + 8,
             // The ack fragment goes inline, its buffer free at once.
-            max_inline_data: if inline { (ACK_LEN + SLOT / 8) as u32 } else { 0 },
+            max_inline_data: if inline {
+                (ACK_LEN + SLOT / 8) as u32
+            } else {
+                0
+            },
         }
     }
 
@@ -134,15 +138,28 @@ pub fn prepare<'r>(
             (Some(mr), info)
         }
         // SENDs land in this rail's own slots: nothing of the buffer is registered here.
-        _ => (None, AcceptInfo { addr: 0, rkey: 0, len: setup.total }),
+        _ => (
+            None,
+            AcceptInfo {
+                addr: 0,
+                rkey: 0,
+                len: setup.total,
+            },
+        ),
     };
     let conn = setup.connection(&res).map_err(|_| RejectReason::Internal)?;
     Ok((RecvRail { conn, mr }, info))
 }
 
 /// Accept `request` with `private_data`, once its receives are posted.
-pub(crate) fn accept(request: &ConnectRequest, conn: &Connection, private_data: &[u8]) -> Result<(), rdma::RdmaError> {
-    request.id.accept(&ConnParams::with_private_data(private_data))?;
+pub(crate) fn accept(
+    request: &ConnectRequest,
+    conn: &Connection,
+    private_data: &[u8],
+) -> Result<(), rdma::RdmaError> {
+    request
+        .id
+        .accept(&ConnParams::with_private_data(private_data))?;
     // Should the receives run out, the sender retries after 0.64 ms, not 655 ms: only
     // an optimisation, not fatal.
     let _ = conn.qp.set_min_rnr_timer(MIN_RNR_TIMER);
@@ -187,59 +204,75 @@ impl VerbsOffer {
     ) -> Result<(R, bool), NotServed> {
         let peer = self.peer;
         let Some(header) = self.header else {
-            return Err((RecvOutcome::Failed {
-                peer: peer.to_string(),
-                error: "a raw request offered to a framed receiver".into(),
-            }, false));
+            return Err((
+                RecvOutcome::Failed {
+                    peer: peer.to_string(),
+                    error: "a raw request offered to a framed receiver".into(),
+                },
+                false,
+            ));
         };
         let request = self.request.into_inner();
         let setup = RailSetup::of(&header, busy_poll);
-        let refused = |reason: RejectReason, why: String| (refuse(&request, peer, reason, Some(why)), false);
-        let withdrawn = |e: rdma::RdmaError| match e.errno() {
+        let refused =
+            |reason: RejectReason, why: String| (refuse(&request, peer, reason, Some(why)), false);
+        let withdrawn = |e: rdma::RdmaError| {
+            match e.errno() {
             // The request's id is no longer connectable: the sender gave up first.
             Some(libc::EINVAL) => (RecvOutcome::Failed {
                 peer: peer.to_string(),
                 error: format!("the connection request from {peer} was withdrawn before it could be accepted ({e})"),
             }, false),
             _ => (refuse(&request, peer, RejectReason::Internal, Some(e.to_string())), false),
+        }
         };
         let caps = setup.caps(true);
-        let res = Resources::new(&request.id, Resources::cq_entries(caps), busy_poll).map_err(withdrawn)?;
-        let (sink, memory) = choose_sink(&res, sinks, &setup).map_err(|(reason, why)| refused(reason, why))?;
+        let res = Resources::new(&request.id, Resources::cq_entries(caps), busy_poll)
+            .map_err(withdrawn)?;
+        let (sink, memory) =
+            choose_sink(&res, sinks, &setup).map_err(|(reason, why)| refused(reason, why))?;
         let sink = sink.as_ref();
-        let host = match sink.memory().target() {
-            RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
-            _ => None,
-        };
         // SAFETY: `mr` is a local declared after `sink` and never moved out or leaked: it
         // is deregistered before the buffer goes; a RecvSink reads its memory only by
         // copies.
-        let mr = unsafe { register(&res, sink.memory(), setup.mode) }.map_err(|e| {
-            refused(RejectReason::NoMemory { bytes: setup.total }, e.to_string())
-        })?;
+        let mr = unsafe { register(&res, sink.memory(), setup.mode) }
+            .map_err(|e| refused(RejectReason::NoMemory { bytes: setup.total }, e.to_string()))?;
         let conn = setup.connection(&res).map_err(withdrawn)?;
         let striped = header.rails > 1;
         let joining = match striped {
             false => None,
             true => {
-                let slot = self.joins.open(None, header.rails as u16, None).map_err(|r| {
-                    refused(RejectReason::Internal, r.words().to_string())
-                })?;
-                Some(Joining { slot, memory: sink.memory(), setup })
+                let slot = self
+                    .joins
+                    .open(None, header.rails as u16, None)
+                    .map_err(|r| refused(RejectReason::Internal, r.words().to_string()))?;
+                Some(Joining {
+                    slot,
+                    memory: sink.memory(),
+                    setup,
+                })
             }
         };
         let token = joining.as_ref().map(|j| j.slot.token);
         let info = AcceptInfo {
-            addr: if setup.mode == Mode::Write { mr.remote_base() } else { 0 },
-            rkey: if setup.mode == Mode::Write { mr.rkey() } else { 0 },
+            addr: if setup.mode == Mode::Write {
+                mr.remote_base()
+            } else {
+                0
+            },
+            rkey: if setup.mode == Mode::Write {
+                mr.rkey()
+            } else {
+                0
+            },
             len: setup.total,
         };
         let mut link = VerbsReceiver::new(
             RecvRail { conn, mr: None },
             header.rails.max(1) as usize,
             setup.mode,
+            sink,
             &mr,
-            host,
             setup.recv_depth,
             header.named,
             joining,
@@ -249,9 +282,16 @@ impl VerbsOffer {
             Some(token) => StripedAccept { info, token }.encode().to_vec(),
             None => info.encode().to_vec(),
         };
-        link.accept_first(&request, &private_data).map_err(withdrawn)?;
+        link.accept_first(&request, &private_data)
+            .map_err(withdrawn)?;
         wait_established(&request, peer, timeout).map_err(|why| {
-            (RecvOutcome::Failed { peer: peer.to_string(), error: why }, true)
+            (
+                RecvOutcome::Failed {
+                    peer: peer.to_string(),
+                    error: why,
+                },
+                true,
+            )
         })?;
         let session = Session {
             memory,
@@ -264,7 +304,11 @@ impl VerbsOffer {
         };
         // The sender disconnects once it has the ack: wait for that on rail 0 (a moment
         // only where the ack went another way).
-        link.wait_closed(if delivered { timeout.min(DISCONNECT_GRACE * 2) } else { RAIL_CLOSE_GRACE });
+        link.wait_closed(if delivered {
+            timeout.min(DISCONNECT_GRACE * 2)
+        } else {
+            RAIL_CLOSE_GRACE
+        });
         crate::net::RecvLink::close(&mut link);
         drop(link);
         Ok((made, delivered))
@@ -295,7 +339,8 @@ fn choose_sink<'a>(
     };
     match sinks {
         SinkChoice::Given(sink) => {
-            usable(sink.as_ref()).map_err(|why| (RejectReason::NotRegistrable { bytes: total }, why))?;
+            usable(sink.as_ref())
+                .map_err(|why| (RejectReason::NotRegistrable { bytes: total }, why))?;
             Ok((sink, AttemptLog::default()))
         }
         SinkChoice::Plan(factory) => {
@@ -314,7 +359,11 @@ fn choose_sink<'a>(
 }
 
 /// Wait for ESTABLISHED on a connection this side accepted.
-fn wait_established(request: &ConnectRequest, peer: SocketAddr, timeout: Duration) -> Result<(), String> {
+fn wait_established(
+    request: &ConnectRequest,
+    peer: SocketAddr,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = Deadline::after(timeout);
     let what = format!("the connection from {peer} to be established");
     let event = next_event(&request.id, &deadline, &what).map_err(|e| e.to_string())?;

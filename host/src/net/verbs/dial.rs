@@ -13,16 +13,21 @@
 //! 4. The link ([`VerbsSender`]) runs the engine's transfers; then every rail closes.
 
 use super::conn::{Connection, Resources, DISCONNECT_GRACE, SLOT};
-use super::open::{check_device, check_message_size, choose_source, connect, register_source, resolve};
+use super::open::{
+    check_device, check_message_size, choose_source, connect, register_source, resolve,
+};
 use super::send::{post_replies, SendRail, Target, VerbsSender, REPLY_SLOTS, SEND_SLOTS};
 use crate::memory::select::AttemptLog;
-use crate::memory::{RegistrationTarget, SendMemory, SendSource};
+use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{self, CmId, EventChannel, MemoryRegion, QpCaps};
 use crate::server::key::NONCE_LEN;
 use crate::server::Key;
 use crate::transfer::faults::FaultInjector;
 use crate::transfer::TransferError;
-use crate::wire::{AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, WireError, HEADER_FLAG_REPEAT, HEADER_LEN};
+use crate::wire::{
+    AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, WireError, HEADER_FLAG_REPEAT,
+    HEADER_LEN,
+};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -38,7 +43,12 @@ pub struct RailTarget {
 impl RailTarget {
     /// The name it rests under after a failure (its device, else its address).
     pub fn label(&self) -> String {
-        format!("rdma {}", self.nic.clone().unwrap_or_else(|| self.peer.ip().to_string()))
+        format!(
+            "rdma {}",
+            self.nic
+                .clone()
+                .unwrap_or_else(|| self.peer.ip().to_string())
+        )
     }
 }
 
@@ -140,7 +150,9 @@ fn attempt<R>(
         }
     }
     if opened.is_empty() {
-        return Err(first_error.unwrap_or_else(|| TransferError::Protocol("no rail to open".into())));
+        return Err(
+            first_error.unwrap_or_else(|| TransferError::Protocol("no rail to open".into()))
+        );
     }
 
     // --- the memory: chosen on the first rail's device, registered on every rail's ----
@@ -170,7 +182,11 @@ fn attempt<R>(
     // --- the first rail: the offer; then the joins ------------------------------------
     let rails = opened.len();
     let header = offer(rails as u8)?;
-    let private_data = match (nonce, cfg.key, <[u8; HEADER_LEN]>::try_from(header.as_slice())) {
+    let private_data = match (
+        nonce,
+        cfg.key,
+        <[u8; HEADER_LEN]>::try_from(header.as_slice()),
+    ) {
         (Some(nonce), Some(key), Ok(h)) => VerbsProof {
             nonce_id: VerbsProof::nonce_id(&nonce),
             tag: key.prove_truncated(&h, &nonce),
@@ -199,7 +215,10 @@ fn attempt<R>(
     };
     let peer = cfg.rails[first.rail].peer;
     let (first_info, token) = match rails {
-        1 => (AcceptInfo::decode(&answer).map_err(|e| not_framed(peer, e, &close_first))?, None),
+        1 => (
+            AcceptInfo::decode(&answer).map_err(|e| not_framed(peer, e, &close_first))?,
+            None,
+        ),
         _ => {
             let s = StripedAccept::decode(&answer).map_err(|e| {
                 TransferError::Protocol(close_first(format!(
@@ -221,7 +240,8 @@ fn attempt<R>(
         let wait = cfg.timeout.min(JOIN_WAIT);
         let target = &cfg.rails[o.rail];
         let joined = connect(&o.id, target.peer, &join.encode(), wait, false).and_then(|data| {
-            AcceptInfo::decode(&data).map_err(|e| TransferError::Protocol(format!("its accept: {e}")))
+            AcceptInfo::decode(&data)
+                .map_err(|e| TransferError::Protocol(format!("its accept: {e}")))
         });
         match joined {
             Ok(info) => infos.push(Some(info)),
@@ -267,12 +287,14 @@ fn attempt<R>(
             target,
         });
     }
-    let host = match source.memory().target() {
-        RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
-        _ => None,
-    };
-    let mut link = VerbsSender::new(send_rails, rails > 1, cfg.chunk as usize, host, cfg.faults)
-        .map_err(|e| TransferError::Protocol(e.0))?;
+    let mut link = VerbsSender::new(
+        send_rails,
+        rails > 1,
+        cfg.chunk as usize,
+        source,
+        cfg.faults,
+    )
+    .map_err(|e| TransferError::Protocol(e.0))?;
     let dialed = Dialed {
         source,
         memory: memory_log,
@@ -294,9 +316,10 @@ fn memory_len(source: &dyn SendSource) -> u64 {
 /// A first rail's accept that is no accept: the receiver is no framed `host recv`.
 fn not_framed(peer: SocketAddr, e: WireError, close: &dyn Fn(String) -> String) -> TransferError {
     let why = match e {
-        WireError::BadMagic { got: [0, 0, 0, 0], .. } | WireError::Short { got: 0, .. } => {
-            "no accept data".to_string()
+        WireError::BadMagic {
+            got: [0, 0, 0, 0], ..
         }
+        | WireError::Short { got: 0, .. } => "no accept data".to_string(),
         e => e.to_string(),
     };
     TransferError::NotFramed {

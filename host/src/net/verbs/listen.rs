@@ -219,7 +219,9 @@ impl Listener {
             .peer
             .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
         let said = |o: RecvOutcome| Some(Heard::Said(o));
-        if !self.cfg.allow.is_empty() && (request.peer.is_none() || !self.cfg.allow.permits(peer.ip())) {
+        if !self.cfg.allow.is_empty()
+            && (request.peer.is_none() || !self.cfg.allow.permits(peer.ip()))
+        {
             return said(refuse(&request, peer, RejectReason::NotAllowed, None));
         }
         if let Ok(join) = Join::decode(&request.private_data) {
@@ -235,7 +237,9 @@ impl Listener {
             Err(e) => return said(refuse(&request, peer, RejectReason::BadHeader(e), None)),
         };
         if let (Some(key), Some(h)) = (&self.cfg.key, &header) {
-            if let Err(reason) = check_proof(key, &mut self.nonces, peer.ip(), &request.private_data) {
+            if let Err(reason) =
+                check_proof(key, &mut self.nonces, peer.ip(), &request.private_data)
+            {
                 return said(refuse(&request, peer, reason, None));
             }
             if h.striped {

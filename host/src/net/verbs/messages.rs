@@ -65,8 +65,12 @@ impl Reassembly {
             ));
         }
         let u32_at = |i: usize| {
-            u32::from_le_bytes([fragment[i], fragment[i + 1], fragment[i + 2], fragment[i + 3]])
-                as usize
+            u32::from_le_bytes([
+                fragment[i],
+                fragment[i + 1],
+                fragment[i + 2],
+                fragment[i + 3],
+            ]) as usize
         };
         let (total, offset) = (u32_at(4), u32_at(8));
         let part = &fragment[FRAGMENT_HEAD..];
@@ -109,7 +113,14 @@ mod tests {
 
     #[test]
     fn messages_of_every_length_come_back_whole() {
-        for len in [0, 1, FRAGMENT_BYTES - 1, FRAGMENT_BYTES, FRAGMENT_BYTES + 1, 70_000] {
+        for len in [
+            0,
+            1,
+            FRAGMENT_BYTES - 1,
+            FRAGMENT_BYTES,
+            FRAGMENT_BYTES + 1,
+            70_000,
+        ] {
             let message: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
             let parts: Vec<Vec<u8>> = fragments(&message).collect();
             assert_eq!(parts.len(), fragment_count(len), "{len}");
@@ -139,8 +150,14 @@ mod tests {
         assert!(r.take(&parts[0]).is_err(), "a message begun twice");
         let mut huge = parts[0].clone();
         huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Reassembly::default().take(&huge).is_err(), "beyond MAX_MESSAGE");
-        assert!(Reassembly::default().take(b"GRDK....").is_err(), "not a fragment");
+        assert!(
+            Reassembly::default().take(&huge).is_err(),
+            "beyond MAX_MESSAGE"
+        );
+        assert!(
+            Reassembly::default().take(b"GRDK....").is_err(),
+            "not a fragment"
+        );
         // A short fragment before the last is a lie about the length.
         let mut short = parts[0].clone();
         short.truncate(FRAGMENT_HEAD + 10);

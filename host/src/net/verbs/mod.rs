@@ -34,7 +34,10 @@ pub(crate) fn tracing() -> bool {
 /// The time since the first trace line.
 pub(crate) fn trace_time() -> f64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 macro_rules! trace {

@@ -7,7 +7,9 @@
 use super::conn::{next_event, Resources};
 use crate::memory::select::{walk, AttemptLog};
 use crate::memory::{SendMemory, SendSource};
-use crate::rdma::{self, errno_message, CmEventKind, CmId, ConnParams, Deadline, EventChannel, MemoryRegion};
+use crate::rdma::{
+    self, errno_message, CmEventKind, CmId, ConnParams, Deadline, EventChannel, MemoryRegion,
+};
 use crate::transfer::units::format_bytes_apart;
 use crate::transfer::TransferError;
 use crate::wire::{RejectReason, WireError};
@@ -203,4 +205,3 @@ pub(crate) fn register_source<'s>(
         }
     })
 }
-

@@ -8,10 +8,15 @@
 use super::accept::SinkChoice;
 use super::conn::{Connection, Resources, Waited, DISCONNECT_GRACE, TAG_RAW};
 use super::listen::{refuse, VerbsOffer};
-use super::open::{check_device, check_message_size, choose_source, connect, register_source, resolve};
+use super::open::{
+    check_device, check_message_size, choose_source, connect, register_source, resolve,
+};
 use crate::memory::select::walk;
 use crate::memory::SendMemory;
-use crate::rdma::{self, format_duration, CmId, ConnParams, Deadline, EventChannel, MemoryRegion, MessageBuffer, QpCaps, RdmaError, SendOp, SendWr};
+use crate::rdma::{
+    self, format_duration, CmId, ConnParams, Deadline, EventChannel, MemoryRegion, MessageBuffer,
+    QpCaps, RdmaError, SendOp, SendWr,
+};
 use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, SendReport, TransferError};
 use crate::wire::{RejectReason, RAW_IMM, RAW_REPLY};
@@ -47,7 +52,11 @@ pub fn send_raw(
     let channel = EventChannel::new()?;
     let id = CmId::new(&channel)?;
     resolve(&id, peer, timeout)?;
-    check_message_size(&id, bytes, "--raw sends the whole buffer as one message; a message")?;
+    check_message_size(
+        &id,
+        bytes,
+        "--raw sends the whole buffer as one message; a message",
+    )?;
     check_device(&id, nic, peer)?;
     let res = Resources::new(&id, Resources::cq_entries(CAPS), busy_poll)?;
     let making_before = memory.making_time();
@@ -56,7 +65,10 @@ pub fn send_raw(
     let reply_buf = MessageBuffer::new(&res.pd, 64)?;
     let conn = Connection::new(&res, CAPS, (1, 0), 1)?;
     // SAFETY: nobody reads the reply buffer before this receive's completion is polled.
-    unsafe { conn.qp.post_recv(TAG_RAW | 1, Some(reply_buf.sge(reply_buf.len())))? };
+    unsafe {
+        conn.qp
+            .post_recv(TAG_RAW | 1, Some(reply_buf.sge(reply_buf.len())))?
+    };
     connect(&id, peer, &[], timeout, true)?;
     // Generating the data is not connection setup.
     let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
@@ -86,14 +98,24 @@ pub fn send_raw(
     let d = Deadline::after(timeout);
     let sent = loop {
         comps.clear();
-        match conn.wait(&mut comps, &d, &format!("the SEND of the whole buffer to {label}")) {
+        match conn.wait(
+            &mut comps,
+            &d,
+            &format!("the SEND of the whole buffer to {label}"),
+        ) {
             Ok(waited) => {
-                reply = comps.iter().find(|c| c.wr_id == TAG_RAW | 1).copied().or(reply);
+                reply = comps
+                    .iter()
+                    .find(|c| c.wr_id == TAG_RAW | 1)
+                    .copied()
+                    .or(reply);
                 if let Some(c) = comps.iter().find(|c| c.wr_id == TAG_RAW) {
                     break Ok(*c);
                 }
                 if waited == Waited::Disconnected {
-                    break Err(TransferError::Protocol(format!("{label} disconnected before the message was sent")));
+                    break Err(TransferError::Protocol(format!(
+                        "{label} disconnected before the message was sent"
+                    )));
                 }
             }
             Err(e) => break Err(e.into()),
@@ -152,12 +174,22 @@ impl VerbsOffer {
     /// Serve a raw sender: one receive of up to `max_bytes` (and the device's largest
     /// message) in a buffer from `sinks`, verified, then the 16-byte reply. The outcome,
     /// and whether the request was accepted.
-    pub fn serve_raw(self, sinks: SinkChoice<'_>, max_bytes: u64, timeout: Duration, busy_poll: bool) -> (RecvOutcome, bool) {
+    pub fn serve_raw(
+        self,
+        sinks: SinkChoice<'_>,
+        max_bytes: u64,
+        timeout: Duration,
+        busy_poll: bool,
+    ) -> (RecvOutcome, bool) {
         let peer = self.peer.to_string();
         let request = self.request.into_inner();
         let len = max_bytes.min(self.max_message).max(1);
-        let failed = |error: String| RecvOutcome::Failed { peer: peer.clone(), error };
-        let refused = |reason: RejectReason, why: String| refuse(&request, self.peer, reason, Some(why));
+        let failed = |error: String| RecvOutcome::Failed {
+            peer: peer.clone(),
+            error,
+        };
+        let refused =
+            |reason: RejectReason, why: String| refuse(&request, self.peer, reason, Some(why));
         let res = match Resources::new(&request.id, Resources::cq_entries(CAPS), busy_poll) {
             Ok(r) => r,
             Err(e) => return (refused(RejectReason::Internal, e.to_string()), false),
@@ -165,8 +197,12 @@ impl VerbsOffer {
         let made = match sinks {
             SinkChoice::Given(sink) => Ok((sink, Default::default())),
             SinkChoice::Plan(factory) => walk(&factory.plan(), |method| {
-                let sink = factory.make(method, len as usize).map_err(|e| format!("{e:#}"))?;
-                MemoryRegion::register(&res.pd, sink.memory()).map(drop).map_err(|e| e.to_string())?;
+                let sink = factory
+                    .make(method, len as usize)
+                    .map_err(|e| format!("{e:#}"))?;
+                MemoryRegion::register(&res.pd, sink.memory())
+                    .map(drop)
+                    .map_err(|e| e.to_string())?;
                 Ok(sink)
             })
             .map(|w| (w.value, w.log))
@@ -174,13 +210,25 @@ impl VerbsOffer {
         };
         let (sink, memory_log) = match made {
             Ok(m) => m,
-            Err(why) => return (refused(RejectReason::NotRegistrable { bytes: len }, why), false),
+            Err(why) => {
+                return (
+                    refused(RejectReason::NotRegistrable { bytes: len }, why),
+                    false,
+                )
+            }
         };
         let mr = match MemoryRegion::register(&res.pd, sink.memory()) {
             Ok(mr) => mr,
-            Err(e) => return (refused(RejectReason::NoMemory { bytes: len }, e.to_string()), false),
+            Err(e) => {
+                return (
+                    refused(RejectReason::NoMemory { bytes: len }, e.to_string()),
+                    false,
+                )
+            }
         };
-        let reply_buf = match MessageBuffer::new(&res.pd, RAW_REPLY.len()).and_then(|b| b.write(&RAW_REPLY).map(|()| b)) {
+        let reply_buf = match MessageBuffer::new(&res.pd, RAW_REPLY.len())
+            .and_then(|b| b.write(&RAW_REPLY).map(|()| b))
+        {
             Ok(b) => b,
             Err(e) => return (refused(RejectReason::Internal, e.to_string()), false),
         };
@@ -203,7 +251,13 @@ impl VerbsOffer {
             let waited = match conn.wait(&mut comps, &d, "the message") {
                 Ok(w) => w,
                 Err(RdmaError::Timeout { after, .. }) => {
-                    return (failed(format!("timed out: no message within {}", format_duration(after))), true)
+                    return (
+                        failed(format!(
+                            "timed out: no message within {}",
+                            format_duration(after)
+                        )),
+                        true,
+                    )
                 }
                 Err(e) => return (failed(e.to_string()), true),
             };
@@ -219,7 +273,10 @@ impl VerbsOffer {
         };
         let seconds = start.elapsed().as_secs_f64();
         let checked = message.check(|| {
-            format!("the receive of up to {} (a larger message fails here: raise --max-bytes)", format_bytes(len))
+            format!(
+                "the receive of up to {} (a larger message fails here: raise --max-bytes)",
+                format_bytes(len)
+            )
         });
         if let Err(e) = checked {
             return (failed(e.to_string()), true);
@@ -272,7 +329,9 @@ impl VerbsOffer {
             path: sink.path(),
             verification,
             verify_error,
-            first_values: sink.first_values(5.min(bytes as usize / 4)).unwrap_or_default(),
+            first_values: sink
+                .first_values(5.min(bytes as usize / 4))
+                .unwrap_or_default(),
             imm: message.imm,
             reply_delivered,
             transfers: 1,
@@ -282,6 +341,6 @@ impl VerbsOffer {
             integrity: Default::default(),
             striped: None,
         };
-        (RecvOutcome::Completed(report), true)
+        (RecvOutcome::Completed(Box::new(report)), true)
     }
 }

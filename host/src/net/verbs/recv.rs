@@ -19,11 +19,11 @@
 //! here ([`Joining`]), where the buffer is registered on its device and the rail
 //! accepted, while the transfer runs.
 
-use super::conn::{tag, Connection, Waited, INDEX_MASK, SLOT, TAG_FRAGMENT, TAG_SLOT};
 use super::accept::{accept, prepare, RailSetup};
+use super::conn::{tag, Connection, Waited, INDEX_MASK, SLOT, TAG_FRAGMENT, TAG_SLOT};
 use super::messages::{fragment_count, fragments, Reassembly};
 use super::trace;
-use crate::memory::Registrable;
+use crate::memory::{RecvSink, Registrable, RegistrationTarget};
 use crate::net::joins::JoinSlot;
 use crate::net::{Caps, LinkError, Rail, RecvEvent, RecvLink, Which, MAX_MESSAGE};
 use crate::rdma::{Completion, Deadline, MemoryRegion, RdmaError, SendableRequest};
@@ -61,7 +61,10 @@ pub struct Joining<'r> {
 enum Posted {
     Slot(usize),
     /// Item `index` of the pass, in place (send in place).
-    Place { index: u64, len: u64 },
+    Place {
+        index: u64,
+        len: u64,
+    },
 }
 
 struct RailState<'r> {
@@ -147,23 +150,30 @@ const IDLE_NAP: Duration = Duration::from_micros(100);
 const SEND_GRACE: Duration = Duration::from_secs(1);
 
 impl<'r> VerbsReceiver<'r> {
-    /// A link over rail 0 (`first`, accepted already) of `rails`, landing items in
-    /// `sink` (registered on rail 0; `host`: the buffer's bytes, where it lies in host
-    /// memory) by `mode`, with `recv_depth` receives posted per rail; `named`: the
-    /// sender's first message is its name; `joining`: where further rails come from.
+    /// A link over rail 0 (`first`, not accepted yet) of `rails`, landing items in
+    /// `buffer` (registered on rail 0 as `sink`) by `mode`, with `recv_depth` receives
+    /// posted per rail; `named`: the sender's first message is its name; `joining`:
+    /// where further rails come from.
     ///
     /// # Errors
     /// Send copied needs the buffer in host memory; posting the first receives failed.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         first: RecvRail<'r>,
         rails: usize,
         mode: Mode,
+        buffer: &'r dyn RecvSink,
         sink: &'r MemoryRegion<'r>,
-        host: Option<(NonNull<u8>, usize)>,
         recv_depth: usize,
         named: bool,
         joining: Option<Joining<'r>>,
     ) -> Result<VerbsReceiver<'r>, LinkError> {
+        // Where copies land: the buffer's memory, valid and in place while borrowed
+        // ('r: Registrable), written only at an expected item's place (RecvLink).
+        let host = match buffer.memory().target() {
+            RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
+            _ => None,
+        };
         if mode == Mode::SendCopied && host.is_none() {
             return Err(LinkError(
                 "SENDs over several rails are copied in by the CPU: the buffer must be in host memory".into(),
@@ -186,7 +196,8 @@ impl<'r> VerbsReceiver<'r> {
         if named && mode == Mode::SendInPlace {
             link.next.push_back(Next::Message(1));
         }
-        link.add_rail(0, first).map_err(|e| LinkError(e.to_string()))?;
+        link.add_rail(0, first)
+            .map_err(|e| LinkError(e.to_string()))?;
         Ok(link)
     }
 
@@ -223,7 +234,9 @@ impl<'r> VerbsReceiver<'r> {
         request: &crate::rdma::ConnectRequest,
         private_data: &[u8],
     ) -> Result<(), RdmaError> {
-        let s = self.rails[0].as_ref().expect("rail 0 is there from the start");
+        let s = self.rails[0]
+            .as_ref()
+            .expect("rail 0 is there from the start");
         accept(request, &s.rail.conn, private_data)
     }
 
@@ -293,7 +306,13 @@ impl<'r> VerbsReceiver<'r> {
                     // SAFETY: the engine reads an item's place only once the item is
                     // reported landed, which happens only after this receive completed
                     // (RecvLink's contract); the region outlives the queue pair.
-                    unsafe { state.rail.conn.qp.post_recv(TAG_SLOT | INDEX_MASK, Some(sge))? };
+                    unsafe {
+                        state
+                            .rail
+                            .conn
+                            .qp
+                            .post_recv(TAG_SLOT | INDEX_MASK, Some(sge))?
+                    };
                     state.posted.push_back(Posted::Place {
                         index,
                         len: chunk.len,
@@ -354,7 +373,10 @@ impl<'r> VerbsReceiver<'r> {
                 (false, _, _) => {
                     out.push(RecvEvent::Down {
                         rail: r,
-                        why: format!("protocol error: item {index} of {} bytes does not fit its place", bytes.len()),
+                        why: format!(
+                            "protocol error: item {index} of {} bytes does not fit its place",
+                            bytes.len()
+                        ),
                     });
                     return;
                 }
@@ -394,7 +416,13 @@ impl<'r> VerbsReceiver<'r> {
 
     /// Take one completion of rail `r`.
     fn take(&mut self, r: Rail, c: &Completion, out: &mut Vec<RecvEvent>) {
-        trace!("recv rail {r}: completion tag {:#x} status {} bytes {} imm {:?}", tag(c.wr_id) >> 56, c.status_str(), c.byte_len, c.imm);
+        trace!(
+            "recv rail {r}: completion tag {:#x} status {} bytes {} imm {:?}",
+            tag(c.wr_id) >> 56,
+            c.status_str(),
+            c.byte_len,
+            c.imm
+        );
         let Some(s) = self.rails[r].as_mut() else {
             return;
         };
@@ -405,7 +433,11 @@ impl<'r> VerbsReceiver<'r> {
                 s.free_send.push(slot);
             }
             if !c.is_ok() {
-                self.down(r, format!("a message's SEND failed: {}", c.status_str()), out);
+                self.down(
+                    r,
+                    format!("a message's SEND failed: {}", c.status_str()),
+                    out,
+                );
             }
             return;
         }
@@ -420,7 +452,8 @@ impl<'r> VerbsReceiver<'r> {
             Posted::Place { index, len } => {
                 self.bytes_in += c.byte_len as u64;
                 if c.byte_len as u64 != len || c.imm.is_some() {
-                    let why = format!(
+                    let why =
+                        format!(
                         "protocol error: item {index}'s receive took {} bytes{} ({len} expected)",
                         c.byte_len,
                         if c.imm.is_some() { " with an immediate" } else { "" }
@@ -440,7 +473,14 @@ impl<'r> VerbsReceiver<'r> {
                         Some(s.rail.conn.read_slot(slot, c.byte_len as usize))
                     }
                     _ => {
-                        self.down(r, format!("protocol error: an unexpected {} byte(s) with immediate {:?}", c.byte_len, c.imm), out);
+                        self.down(
+                            r,
+                            format!(
+                                "protocol error: an unexpected {} byte(s) with immediate {:?}",
+                                c.byte_len, c.imm
+                            ),
+                            out,
+                        );
                         return;
                     }
                 };
@@ -451,7 +491,8 @@ impl<'r> VerbsReceiver<'r> {
                         s.free_slots.push(slot);
                         Ok(())
                     }
-                    _ => post_slot(&s.rail.conn, slot).map(|()| s.posted.push_back(Posted::Slot(slot))),
+                    _ => post_slot(&s.rail.conn, slot)
+                        .map(|()| s.posted.push_back(Posted::Slot(slot))),
                 };
                 if let Err(e) = reposted {
                     self.down(r, format!("reposting a receive: {e}"), out);
@@ -470,7 +511,11 @@ impl<'r> VerbsReceiver<'r> {
                         let s = self.rails[r].as_mut().expect("this rail");
                         match s.reassembly.take(&bytes) {
                             Ok(Some(bytes)) => {
-                                trace!("recv rail {r}: message of {} bytes ({:?})", bytes.len(), String::from_utf8_lossy(&bytes[..bytes.len().min(4)]));
+                                trace!(
+                                    "recv rail {r}: message of {} bytes ({:?})",
+                                    bytes.len(),
+                                    String::from_utf8_lossy(&bytes[..bytes.len().min(4)])
+                                );
                                 out.push(RecvEvent::Message { rail: r, bytes })
                             }
                             Ok(None) => {}
@@ -490,13 +535,20 @@ impl<'r> VerbsReceiver<'r> {
         let inline_max = s.rail.conn.qp.caps().max_inline_data as usize;
         while let Some(bytes) = s.outbox.front() {
             if bytes.len() <= inline_max {
-                s.rail.conn.qp.post_send_inline(TAG_FRAGMENT | INDEX_MASK, bytes)?;
+                s.rail
+                    .conn
+                    .qp
+                    .post_send_inline(TAG_FRAGMENT | INDEX_MASK, bytes)?;
             } else {
                 let Some(slot) = s.free_send.pop() else {
                     break;
                 };
                 // SAFETY: the slot was free: given back only when its send completed.
-                unsafe { s.rail.conn.send_slot(TAG_FRAGMENT | slot as u64, slot, bytes)? };
+                unsafe {
+                    s.rail
+                        .conn
+                        .send_slot(TAG_FRAGMENT | slot as u64, slot, bytes)?
+                };
             }
             s.sends_out += 1;
             trace!("recv rail {r}: sent a fragment of {} bytes", bytes.len());
@@ -518,7 +570,9 @@ impl<'r> VerbsReceiver<'r> {
         for (r, request) in came {
             let joining = self.joining.as_ref().expect("checked above");
             if r >= self.rails.len() || self.rails[r].is_some() {
-                let _ = request.id.reject(&crate::wire::RejectReason::UnknownJoin.encode());
+                let _ = request
+                    .id
+                    .reject(&crate::wire::RejectReason::UnknownJoin.encode());
                 continue;
             }
             let (rail, info) = match prepare(&request, joining.memory, &joining.setup) {
@@ -530,7 +584,9 @@ impl<'r> VerbsReceiver<'r> {
             };
             if self.add_rail(r, rail).is_err() {
                 self.rails[r] = None;
-                let _ = request.id.reject(&crate::wire::RejectReason::Internal.encode());
+                let _ = request
+                    .id
+                    .reject(&crate::wire::RejectReason::Internal.encode());
                 continue;
             }
             let s = self.rails[r].as_ref().expect("just added");
@@ -547,9 +603,6 @@ impl<'r> VerbsReceiver<'r> {
             if self.rails[r].as_ref().is_none_or(|s| s.down) {
                 continue;
             }
-            if let Err(e) = self.pump(r) {
-                self.down(r, format!("sending a message: {e}"), out);
-            }
             self.comps.clear();
             let s = self.rails[r].as_ref().expect("checked");
             let polled = s.rail.conn.cq.poll(&mut self.comps);
@@ -561,6 +614,10 @@ impl<'r> VerbsReceiver<'r> {
             if let Err(e) = polled {
                 self.down(r, e.to_string(), out);
                 continue;
+            }
+            // Completions free send slots: what waits goes now.
+            if let Err(e) = self.pump(r) {
+                self.down(r, format!("sending a message: {e}"), out);
             }
             let s = self.rails[r].as_ref().expect("checked");
             if !s.down {
@@ -612,7 +669,11 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
     }
 
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {
-        trace!("recv: expect {} items of {}-byte units", which.count(plan), plan.chunk_bytes());
+        trace!(
+            "recv: expect {} items of {}-byte units",
+            which.count(plan),
+            plan.chunk_bytes()
+        );
         let only = match which {
             Which::All => None,
             Which::Only(list) => Some(list.to_vec()),

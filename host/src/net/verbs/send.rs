@@ -25,6 +25,7 @@
 use super::conn::{tag, Connection, Waited, INDEX_MASK, TAG_FRAGMENT, TAG_ITEM, TAG_SLOT};
 use super::messages::{fragments, Reassembly};
 use super::trace;
+use crate::memory::{RegistrationTarget, SendSource};
 use crate::net::{Caps, Item, LinkError, Pass, Rail, SendEvent, SendLink, MAX_MESSAGE};
 use crate::rdma::{Completion, Deadline, MemoryRegion, RdmaError, SendOp, SendWr, POST_LIST_MAX};
 use crate::transfer::faults::FaultInjector;
@@ -95,7 +96,9 @@ enum Posted {
 enum State {
     Live,
     /// Disconnected at `since`; requests may still read the source until flushed.
-    Down { since: Instant },
+    Down {
+        since: Instant,
+    },
     Quiet,
 }
 
@@ -122,7 +125,8 @@ pub struct VerbsSender<'r> {
     striped: bool,
     /// Largest item (a bounce slot's size).
     item_len: usize,
-    /// The source's bytes in host memory, for the fault injector's copies.
+    /// The source's bytes in host memory (from its registration target, valid while
+    /// the source is borrowed), for the fault injector's copies.
     host: Option<(NonNull<u8>, usize)>,
     faults: Option<FaultInjector>,
     comps: Vec<Completion>,
@@ -131,9 +135,10 @@ pub struct VerbsSender<'r> {
 
 impl<'r> VerbsSender<'r> {
     /// A link over `rails` (receive slots posted on each already, see [`post_replies`]),
-    /// items of at most `item_len` bytes; `striped`: the offer named several rails (the
-    /// receiver then takes every item by its own immediate, however many joined).
-    /// `faults` (test only) needs the source in host memory (`host`).
+    /// items of at most `item_len` bytes of `source` (registered on each rail);
+    /// `striped`: the offer named several rails (the receiver then takes every item by
+    /// its own immediate, however many joined). `faults` (test only) needs the source in
+    /// host memory.
     ///
     /// # Errors
     /// A fault injector without the source in host memory.
@@ -141,9 +146,15 @@ impl<'r> VerbsSender<'r> {
         rails: Vec<SendRail<'r>>,
         striped: bool,
         item_len: usize,
-        host: Option<(NonNull<u8>, usize)>,
+        source: &'r dyn SendSource,
         faults: Option<FaultInjector>,
     ) -> Result<VerbsSender<'r>, LinkError> {
+        // The CPU reads the source only to copy an item a fault is injected into; the
+        // source's memory stays valid and in place while it is borrowed ('r: Registrable).
+        let host = match source.memory().target() {
+            RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
+            _ => None,
+        };
         if faults.is_some() && host.is_none() {
             return Err(LinkError(
                 "--test-inject-faults needs the data in host memory (--mem host, staged or mapped): it corrupts a copy the CPU makes".into(),
@@ -180,7 +191,11 @@ impl<'r> VerbsSender<'r> {
     /// (the first rail's, the longest): the end of a connection that went well.
     pub fn close(&mut self, grace: Duration) {
         for (r, rail) in self.rails.iter().enumerate() {
-            let wait = if r == 0 { grace } else { grace.min(RAIL_CLOSE_GRACE) };
+            let wait = if r == 0 {
+                grace
+            } else {
+                grace.min(RAIL_CLOSE_GRACE)
+            };
             rail.conn.close(true, wait);
         }
     }
@@ -289,7 +304,9 @@ impl<'r> VerbsSender<'r> {
                     if copy.is_some() && rail.free_bounce.is_empty() {
                         break;
                     }
-                    let bounce = copy.as_ref().map(|_| rail.free_bounce.pop().expect("checked"));
+                    let bounce = copy
+                        .as_ref()
+                        .map(|_| rail.free_bounce.pop().expect("checked"));
                     let sge = match (&copy, bounce) {
                         (Some(bytes), Some(slot)) => {
                             // SAFETY: the slot was free (given back once its request's
@@ -355,10 +372,23 @@ impl<'r> VerbsSender<'r> {
     /// Take one completion of rail `r`.
     fn take(&mut self, r: Rail, c: &Completion, events: &mut Vec<SendEvent>) {
         let index = c.wr_id & INDEX_MASK;
-        trace!("send rail {r}: completion tag {:#x} index {index} status {} bytes {} imm {:?}", tag(c.wr_id) >> 56, c.status_str(), c.byte_len, c.imm);
+        trace!(
+            "send rail {r}: completion tag {:#x} index {index} status {} bytes {} imm {:?}",
+            tag(c.wr_id) >> 56,
+            c.status_str(),
+            c.byte_len,
+            c.imm
+        );
         if tag(c.wr_id) == TAG_SLOT {
             if !c.is_ok() {
-                self.down(r, format!("a receive for the receiver's messages failed: {}", c.status_str()), events);
+                self.down(
+                    r,
+                    format!(
+                        "a receive for the receiver's messages failed: {}",
+                        c.status_str()
+                    ),
+                    events,
+                );
                 return;
             }
             let rail = &mut self.rails[r];
@@ -371,7 +401,11 @@ impl<'r> VerbsSender<'r> {
                 (Err(e), _) => self.down(r, format!("reposting a receive: {e}"), events),
                 (_, Err(why)) => self.down(r, format!("the receiver's message: {why}"), events),
                 (Ok(()), Ok(Some(bytes))) => {
-                    trace!("send rail {r}: message of {} bytes ({:?})", bytes.len(), String::from_utf8_lossy(&bytes[..bytes.len().min(4)]));
+                    trace!(
+                        "send rail {r}: message of {} bytes ({:?})",
+                        bytes.len(),
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(4)])
+                    );
                     events.push(SendEvent::Message { rail: r, bytes })
                 }
                 (Ok(()), Ok(None)) => {}
@@ -446,9 +480,6 @@ impl<'r> VerbsSender<'r> {
             if self.rails[r].state == State::Quiet {
                 continue;
             }
-            if let Err(why) = self.pump(r) {
-                self.down(r, format!("posting failed: {why}"), events);
-            }
             self.comps.clear();
             let polled = self.rails[r].conn.cq.poll(&mut self.comps);
             let comps = std::mem::take(&mut self.comps);
@@ -458,6 +489,10 @@ impl<'r> VerbsSender<'r> {
             self.comps = comps;
             if let Err(e) = polled {
                 self.down(r, e.to_string(), events);
+            }
+            // Completions free room: what waits goes now (nothing else would wake it).
+            if let Err(why) = self.pump(r) {
+                self.down(r, format!("posting failed: {why}"), events);
             }
             if self.rails[r].state == State::Live {
                 match self.rails[r].conn.poll_events() {
@@ -469,9 +504,15 @@ impl<'r> VerbsSender<'r> {
             }
             let rail = &mut self.rails[r];
             if let State::Down { since } = rail.state {
-                let reading = rail.out.iter().any(
-                    |o| matches!(o.what, Posted::Item { reads_source: true, .. }),
-                );
+                let reading = rail.out.iter().any(|o| {
+                    matches!(
+                        o.what,
+                        Posted::Item {
+                            reads_source: true,
+                            ..
+                        }
+                    )
+                });
                 if !reading || since.elapsed() >= QUIET_WAIT {
                     rail.state = State::Quiet;
                     rail.out.clear();
@@ -538,6 +579,8 @@ unsafe impl SendLink for VerbsSender<'_> {
         }
     }
 
+    /// # Safety
+    /// As [`SendLink::post`] says.
     unsafe fn post(&mut self, rail: Rail, items: &[Item]) -> Result<(), LinkError> {
         let item_len = self.item_len;
         let r = self.live(rail)?;
@@ -562,7 +605,9 @@ unsafe impl SendLink for VerbsSender<'_> {
                 bytes.len()
             )));
         }
-        self.live(rail)?.waiting.push_back(Waiting::Copy(item, bytes));
+        self.live(rail)?
+            .waiting
+            .push_back(Waiting::Copy(item, bytes));
         self.pump(rail).map_err(LinkError)
     }
 
