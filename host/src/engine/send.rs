@@ -490,12 +490,13 @@ fn piece_crcs(
         .collect()
 }
 
-/// A link's failure as the transfer's.
+/// A link's failure after the data's pass (its end, the conversation) as the
+/// transfer's: every byte had been sent by then.
 pub fn wire_error(e: WireError, label: &str, total: u64) -> TransferError {
     match e {
         WireError::Broken(why) => TransferError::Broken {
             peer: label.to_string(),
-            done: 0,
+            done: total,
             total,
             why,
         },
