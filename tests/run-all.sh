@@ -41,6 +41,9 @@ export SOFTROCE_HOST_BIN="$PWD/target/guest/release/host"
 step "building the tutorial's verbs example for the guests (examples/host/rdma_loopback.rs)"
 cargo build --release -p host-examples --no-default-features --bin rdma-loopback --locked --target-dir target/guest
 export SOFTROCE_LOOPBACK_BIN="$PWD/target/guest/release/rdma-loopback"
+step "building the library's endpoint example for the guests (examples/host/endpoint.rs)"
+cargo build --release -p host-examples --no-default-features --bin endpoint --locked --target-dir target/guest
+export SOFTROCE_ENDPOINT_BIN="$PWD/target/guest/release/endpoint"
 step "building the CUDA build too, to check in a guest that it runs without a GPU"
 cargo build --release -p host --locked
 mkdir -p target/guest-cuda

@@ -7,8 +7,11 @@
 //! the checksum kernel there.
 //!
 //! ```sh
-//! cargo run -p host-examples --bin endpoint [COUNT]    # default 100
+//! cargo run -p host-examples --bin endpoint [COUNT [ADDRESS]]    # default 100 127.0.0.1:0
 //! ```
+//!
+//! The transport is the library's choice (`Options::transport`, `Auto`): RDMA verbs where
+//! the address is on an RDMA device (the Soft-RoCE guests run it so), else TCP.
 
 use anyhow::{ensure, Context as _, Result};
 use host::api::{self, Options};
@@ -46,8 +49,16 @@ fn run() -> Result<()> {
         wait: Some(Duration::from_secs(30)),
         ..Options::default()
     };
-    let listener = api::Listener::bind("127.0.0.1:0".parse()?, &opts)?;
+    let bind: std::net::SocketAddr = match std::env::args().nth(2) {
+        Some(a) => a.parse().context("ADDRESS: an IP address and port, as 192.0.2.1:0")?,
+        None => "127.0.0.1:0".parse()?,
+    };
+    let listener = api::Listener::bind(bind, &opts)?;
     let endpoint = api::connect(listener.local_addr(), &opts)?;
+    let over = match endpoint.transport() {
+        api::TransportKind::Rdma => "RDMA verbs",
+        _ => "TCP",
+    };
 
     // The receiving caller: its own buffers, one per transfer, each checked on arrival.
     let receiving = std::thread::spawn(move || -> Result<(usize, u64)> {
@@ -82,7 +93,7 @@ fn run() -> Result<()> {
     ensure!(report?.receiver.is_some_and(|v| v.ok()), "not verified");
     let (received, bytes) = receiving.join().expect("the receiving thread")?;
     println!(
-        "{received} transfers over one endpoint, {bytes} bytes, each received in place and checked"
+        "{received} transfers over one endpoint ({over}), {bytes} bytes, each received in place and checked"
     );
     println!("the last one started with start_send and polled {polls} times until it was verified");
     gpu(&opts)

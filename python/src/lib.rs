@@ -432,6 +432,19 @@ fn listen(
     Ok(Listener { inner })
 }
 
+/// `transport=`: "auto" (RDMA verbs where this machine has an RDMA device and a route to
+/// the peer, else TCP), "tcp", or "rdma".
+fn transport_of(transport: &str) -> PyResult<api::TransportKind> {
+    match transport {
+        "auto" => Ok(api::TransportKind::Auto),
+        "tcp" => Ok(api::TransportKind::Tcp),
+        "rdma" | "verbs" => Ok(api::TransportKind::Rdma),
+        other => Err(PyValueError::new_err(format!(
+            "transport={other:?}: expected \"auto\", \"tcp\" or \"rdma\""
+        ))),
+    }
+}
+
 /// An endpoint for the receiver at `address` ("host:port").
 #[pyfunction]
 #[pyo3(signature = (address, *, transport="auto", streams=None, key_file=None, chunk=1<<20, timeout=10.0, max_resends=16, test_inject_faults=None))]
@@ -446,19 +459,7 @@ fn connect(
     max_resends: u8,
     test_inject_faults: Option<String>,
 ) -> PyResult<Endpoint> {
-    match transport {
-        "auto" | "tcp" => {}
-        "rdma" | "verbs" => {
-            return Err(PyValueError::new_err(
-                "transport=\"rdma\": the library's transfers run over TCP today; verbs transfers are the command line's (host <ip> <port> --transport rdma)",
-            ))
-        }
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "transport={other:?}: expected \"auto\" or \"tcp\""
-            )))
-        }
-    }
+    let transport = transport_of(transport)?;
     let peer = resolve(address)?;
     let streams = match streams {
         Some(n) => n,
@@ -479,6 +480,7 @@ fn connect(
         max_resends,
         key: key_of(key_file)?,
         test_inject_faults: faults,
+        transport,
         ..Options::default()
     };
     let inner = api::connect(peer, &opts).map_err(errors::to_py)?;

@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 
 /// The variable naming the no-CUDA build of the tutorial's `rdma-loopback` example.
 const LOOPBACK_BIN: &str = "SOFTROCE_LOOPBACK_BIN";
+/// The variable naming the no-CUDA build of the library's `endpoint` example.
+const ENDPOINT_BIN: &str = "SOFTROCE_ENDPOINT_BIN";
 
 /// Guest a's address; guest b's in topology two.
 const A: &str = "192.0.2.1";
@@ -332,6 +334,10 @@ fn run(spec: &'static Spec) -> Outcome {
     // The tutorial's verbs example (examples/host/rdma_loopback.rs), where run-all.sh
     // built it; one-guest.sh runs it where it is there.
     if let Some(example) = std::env::var_os(LOOPBACK_BIN) {
+        args.extend(["--bin".into(), PathBuf::from(example).display().to_string()]);
+    }
+    // The library's endpoint example (examples/host/endpoint.rs), likewise.
+    if let Some(example) = std::env::var_os(ENDPOINT_BIN) {
         args.extend(["--bin".into(), PathBuf::from(example).display().to_string()]);
     }
     args.extend([
@@ -1073,6 +1079,41 @@ fn one_guest_the_tutorial_loopback_example_sends_and_verifies() {
         &format!("one line for a wrong address, got {lines:?}"),
     );
     c.one_error("wrong_address", "error: ");
+}
+
+#[test]
+fn one_guest_the_library_endpoint_carries_100_transfers_over_verbs() {
+    let test = "one_guest_the_library_endpoint_carries_100_transfers_over_verbs";
+    if std::env::var_os(ENDPOINT_BIN).is_none() {
+        let why = "SOFTROCE_ENDPOINT_BIN is not set (tests/run-all.sh builds the example with \
+             `cargo build --release -p host-examples --no-default-features --bin endpoint \
+             --target-dir target/guest` and exports its path)";
+        skip_unless_ci(test, why);
+        return;
+    }
+    let Some(run) = one_guest(test) else {
+        return;
+    };
+    let c = run.case('a', "library_endpoint");
+    c.rc("endpoint", 0);
+    c.ended_by_itself("endpoint");
+    c.no_error("endpoint");
+    c.find(
+        "endpoint",
+        0,
+        "100 transfers over one endpoint (RDMA verbs), ",
+        &["each received in place and checked"],
+    );
+    c.find(
+        "endpoint",
+        0,
+        "the last one started with start_send and polled",
+        &["until it was verified"],
+    );
+    note(&format!(
+        "one guest: the library's endpoint, 100 transfers over verbs in {:.1} s",
+        c.out("endpoint").secs
+    ));
 }
 
 #[test]

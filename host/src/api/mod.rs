@@ -1,7 +1,8 @@
 //! The library: send bytes you own to a `host recv` (or to a [`Listener`]), and receive
 //! them into memory of yours, with the same options the command line has ([`Options`];
-//! `host` builds its transfers from the same values). Over TCP, which every machine has;
-//! the verbs path is the command line's (`host <ip> <port> --transport rdma`).
+//! `host` builds its transfers from the same values). Over TCP, which every machine has,
+//! or RDMA verbs: [`Options::transport`] decides as `--transport` does (`auto`, the
+//! default, takes verbs where the RDMA connection manager finds a route to the peer).
 //!
 //! ```
 //! use host::api::{self, Options};
@@ -63,7 +64,9 @@ pub use send::{connect, send_host, send_source, Endpoint};
 #[cfg(feature = "cuda")]
 pub use send::{send_device, send_device_lent};
 
-use crate::engine::{Cooldowns, SendOptions, TcpSendOptions};
+use crate::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
+pub use crate::transport::TransportKind;
+pub use crate::wire::Op;
 use crate::net::tcp::frames::MAX_STREAMS;
 use crate::server::Key;
 use crate::transfer::PayloadOptions;
@@ -100,6 +103,13 @@ pub struct Options {
     /// Receiving: how long a receive waits for a sender to come; `None`, as long as
     /// none does (as `accept` waits).
     pub wait: Option<Duration>,
+    /// `--transport`: TCP, RDMA verbs, or `Auto` (verbs where this machine has an RDMA
+    /// device and, sending, a route to the peer through it; a receiver then listens on
+    /// both).
+    pub transport: TransportKind,
+    /// `--op` (verbs): each chunk as a SEND into the receiver's posted receives, or an
+    /// RDMA WRITE into its buffer.
+    pub op: Op,
     /// Test only (`--test-inject-faults 1/N`): flip a bit in every Nth chunk after its
     /// CRC32C was computed, so the receiver's checks and the resends are exercised.
     #[doc(hidden)]
@@ -120,6 +130,8 @@ impl Default for Options {
             max_bytes: 1 << 30,
             min_rate: 1 << 20,
             wait: None,
+            transport: TransportKind::Auto,
+            op: Op::Send,
             test_inject_faults: None,
         }
     }
@@ -164,7 +176,7 @@ impl Options {
         Ok(())
     }
 
-    /// The TCP sender's configuration for `bytes` of `payload` to `peer`.
+    /// The sender's configuration for `bytes` of `payload` to `peer`.
     pub(crate) fn send_options(
         &self,
         peer: SocketAddr,
@@ -194,7 +206,10 @@ impl Options {
                 rails: Vec::new(),
                 test_silent_rail: None,
             },
-            verbs: Default::default(),
+            verbs: VerbsSendOptions {
+                op: self.op,
+                ..VerbsSendOptions::default()
+            },
         }
     }
 }

@@ -3,8 +3,11 @@
 //! owns ([`Listener::receive_into`], and GPU memory with `receive_into_device`).
 
 use super::error::{Error, ErrorKind};
-use super::Options;
-use crate::engine::serve::{admission_of, serve_tcp, LibraryCall};
+use super::{Options, TransportKind};
+use crate::engine::serve::{
+    admission_of, listen_config, serve_any, serve_tcp, LibraryCall, VerbsServe, VerbsSide,
+};
+use crate::net::verbs::listen::VerbsListen;
 use crate::engine::{RecvMemory, RecvOptions};
 use crate::memory::lent::{LentPlace, LentTarget};
 use crate::server::AllowList;
@@ -12,6 +15,7 @@ use crate::transfer::store::Output;
 use crate::transfer::{RecvOutcome, RecvReport};
 use std::net::{SocketAddr, TcpListener};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// A verified transfer, received into bytes of the library's.
 #[derive(Debug)]
@@ -29,6 +33,10 @@ pub struct Received {
 /// that come in between wait in the listen queue).
 pub struct Listener {
     listener: TcpListener,
+    /// Over verbs too (`transport` RDMA, or `Auto` on a machine with an RDMA device): the
+    /// CM listener on the same port number, paused between receives (connect requests
+    /// wait in the CM's queue), shared by the handles of [`try_clone`](Self::try_clone).
+    verbs: Option<Arc<VerbsListen>>,
     opts: Options,
 }
 
@@ -44,10 +52,35 @@ impl Listener {
                 format!("cannot listen on {addr}: {e}"),
             )
         })?;
+        let bound = listener.local_addr().map_err(|e| {
+            Error::new(ErrorKind::Other, format!("the bound address: {e}"))
+        })?;
+        let verbs = match opts.transport {
+            TransportKind::Tcp => None,
+            TransportKind::Rdma => Some(verbs_listen(bound, opts)?),
+            // Where the address is on an RDMA device: else TCP alone.
+            TransportKind::Auto if crate::rdma::ensure_device().is_ok() => {
+                verbs_listen(bound, opts).ok()
+            }
+            TransportKind::Auto => None,
+        };
         Ok(Listener {
             listener,
+            verbs,
             opts: opts.clone(),
         })
+    }
+
+    /// The transports this listener serves: TCP, and RDMA verbs where it listens there too.
+    pub fn transports(&self) -> Vec<TransportKind> {
+        let mut t = Vec::new();
+        if self.opts.transport != TransportKind::Rdma {
+            t.push(TransportKind::Tcp);
+        }
+        if self.verbs.is_some() {
+            t.push(TransportKind::Rdma);
+        }
+        t
     }
 
     /// The bound address (the port the system picked for port 0).
@@ -80,6 +113,7 @@ impl Listener {
                     format!("cannot duplicate the listener: {e}"),
                 )
             })?,
+            verbs: self.verbs.clone(),
             opts: self.opts.clone(),
         })
     }
@@ -237,14 +271,15 @@ impl Listener {
         let call = LibraryCall {
             wait: self.opts.wait,
         };
-        serve_tcp(
-            listener,
-            &cfg,
-            memory,
-            &admission_of(&cfg),
-            Some(call),
-            &mut report,
-        )?;
+        let admission = admission_of(&cfg);
+        match (&self.verbs, self.opts.transport) {
+            (None, _) => serve_tcp(listener, &cfg, memory, &admission, Some(call), &mut report)?,
+            (Some(verbs), kind) => {
+                let tcp = (kind != TransportKind::Rdma).then_some(listener);
+                let side = VerbsSide::Shared(verbs.clone(), VerbsServe::default());
+                serve_any(tcp, Some(side), &cfg, memory, &admission, Some(call), &mut report)?
+            }
+        };
         match last {
             Some(RecvOutcome::Completed(report)) if report.ok() => Ok(*report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),
@@ -261,4 +296,23 @@ impl Listener {
             )),
         }
     }
+}
+
+/// A verbs listener on `addr` for a library [`Listener`], paused until a receive.
+fn verbs_listen(addr: SocketAddr, opts: &Options) -> Result<Arc<VerbsListen>, Error> {
+    let cfg = listen_config(&crate::engine::RecvOptions {
+        max_bytes: opts.max_bytes,
+        timeout: opts.timeout,
+        key: opts.key.clone(),
+        ..crate::engine::RecvOptions::once_on(addr, opts.max_bytes)
+    });
+    let heard_nothing = Box::new(|_| {});
+    VerbsListen::start(addr, cfg, false, heard_nothing, true)
+        .map(Arc::new)
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot listen on {addr} over RDMA: {e}"),
+            )
+        })
 }

@@ -3,7 +3,7 @@
 //! its CRC32C at the receiver and sent again if it fails.
 
 use super::error::{Error, ErrorKind};
-use super::Options;
+use super::{Options, TransportKind};
 use crate::engine::Cooldowns;
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, LentBytes, SendSource};
@@ -11,6 +11,7 @@ use crate::transfer::SendReport;
 use crate::wire::Payload;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// Send `source` (any [`SendSource`]: host memory, GPU memory behind a staging ring)
 /// as the user's bytes; the report carries the receiver's verdict ("verified").
@@ -23,18 +24,31 @@ pub fn send_source(
     source: &dyn SendSource,
     opts: &Options,
 ) -> Result<SendReport, Error> {
-    send_with(peer, source, opts, &Cooldowns::new())
+    let transport = chosen(peer, opts);
+    send_with(peer, transport, source, opts, &Cooldowns::new())
 }
 
-/// [`send_source`], remembering failed rails in `cooldowns` (an endpoint's).
+/// The transport a send to `peer` takes under `opts.transport` (`Auto`: verbs where the
+/// RDMA connection manager finds a route to the peer, asked within 2 s at most).
+fn chosen(peer: SocketAddr, opts: &Options) -> TransportKind {
+    let wait = opts.timeout.min(Duration::from_secs(2));
+    crate::transport::choose_here(opts.transport, Some(peer), wait).kind
+}
+
+/// [`send_source`] over `transport`, remembering failed rails in `cooldowns` (an
+/// endpoint's).
 fn send_with(
     peer: SocketAddr,
+    transport: TransportKind,
     source: &dyn SendSource,
     opts: &Options,
     cooldowns: &Cooldowns,
 ) -> Result<SendReport, Error> {
     let cfg = opts.send_options(peer, source.len() as u64, Payload::Opaque, cooldowns);
-    let mut reports = crate::engine::connect::send_tcp(&cfg, source, &AttemptLog::default(), 1)?;
+    let mut reports = match transport {
+        TransportKind::Rdma => crate::engine::connect::send_verbs_source(&cfg, source, 1)?,
+        _ => crate::engine::connect::send_tcp(&cfg, source, &AttemptLog::default(), 1)?,
+    };
     let report = reports
         .pop()
         .ok_or_else(|| Error::new(ErrorKind::Other, "no report of the transfer"))?;
@@ -113,15 +127,18 @@ pub unsafe fn send_device_lent(
     send_source(peer, &staged, opts)
 }
 
-/// A peer to send to, and how: the options every send of this endpoint uses.
+/// A peer to send to, and how: the options every send of this endpoint uses, and the
+/// transport chosen for it once (as `--transport` chooses).
 ///
-/// Each send opens its own connection (the offer, the streams, the chunks, the ack) and
-/// closes it when the receiver has acked; a connection that carries many transfers of
-/// different sizes is not there yet (`host --reuse-connection` repeats one transfer).
+/// Each send opens its own connection (the offer, the streams or queue pairs, the
+/// chunks, the ack) and closes it when the receiver has acked; a connection that carries
+/// many transfers of different sizes is not there yet (`host --reuse-connection` repeats
+/// one transfer).
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     peer: SocketAddr,
     opts: Options,
+    transport: TransportKind,
     /// Where this endpoint's failed rails rest.
     cooldowns: Cooldowns,
 }
@@ -135,6 +152,7 @@ pub fn connect(peer: SocketAddr, opts: &Options) -> Result<Endpoint, Error> {
     Ok(Endpoint {
         peer,
         opts: opts.clone(),
+        transport: chosen(peer, opts),
         cooldowns: Cooldowns::new(),
     })
 }
@@ -143,6 +161,11 @@ impl Endpoint {
     /// The receiver's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The transport its sends take (TCP or RDMA verbs).
+    pub fn transport(&self) -> TransportKind {
+        self.transport
     }
 
     /// The options every send of this endpoint uses.
@@ -156,7 +179,7 @@ impl Endpoint {
     /// As for [`send_source`].
     pub fn send(&self, data: &[u8], name: Option<&str>) -> Result<SendReport, Error> {
         let opts = self.named(name);
-        send_with(self.peer, &LentBytes::new(data), &opts, &self.cooldowns)
+        send_with(self.peer, self.transport, &LentBytes::new(data), &opts, &self.cooldowns)
     }
 
     /// Send the file at `path`, read whole first, named by its file name unless `name`
@@ -170,7 +193,7 @@ impl Endpoint {
             .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))?;
         let file_name = path.file_name().and_then(|n| n.to_str());
         let opts = self.named(name.or(file_name));
-        send_with(self.peer, &data, &opts, &self.cooldowns)
+        send_with(self.peer, self.transport, &data, &opts, &self.cooldowns)
     }
 
     /// The endpoint's options with `name`, if given, in place of its own.

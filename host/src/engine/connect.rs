@@ -12,7 +12,10 @@ use crate::memory::{SendMemory, SendSource};
 use crate::net::tcp::dial::{self, DialConfig, Rail};
 use crate::net::tcp::frames::MAX_STREAMS;
 use crate::net::tcp::send::WriteChecks;
-use crate::net::verbs::{self, dial::RailTarget};
+use crate::net::verbs::{
+    self,
+    dial::{RailTarget, Source},
+};
 use crate::net::SendLink;
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{SendReport, TransferError};
@@ -202,9 +205,28 @@ pub fn send_verbs(
     memory: &mut SendMemory,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
+    let bytes = memory.len() as u64;
+    send_verbs_from(opts, &mut Source::Plan(memory), bytes, transfers)
+}
+
+/// [`send_verbs`] of memory the caller gives (the library's), registered as it is.
+pub fn send_verbs_source(
+    opts: &SendOptions,
+    source: &dyn SendSource,
+    transfers: u32,
+) -> Result<Vec<SendReport>, TransferError> {
+    send_verbs_from(opts, &mut Source::Given(source), source.len() as u64, transfers)
+}
+
+fn send_verbs_from(
+    opts: &SendOptions,
+    memory: &mut Source<'_>,
+    bytes: u64,
+    transfers: u32,
+) -> Result<Vec<SendReport>, TransferError> {
     let label = opts.peer.to_string();
     let v = &opts.verbs;
-    let (header, plan, name_message) = offer(opts, memory.len() as u64, transfers, v.op)?;
+    let (header, plan, name_message) = offer(opts, bytes, transfers, v.op)?;
     let rails: Vec<RailTarget> = match v.rails.len() {
         0 | 1 => vec![RailTarget {
             peer: opts.peer,

@@ -265,7 +265,7 @@ pub fn serve(
     serve_tcp(listener, opts, memory, &admission_of(opts), None, report)
 }
 
-fn listen_config(opts: &RecvOptions) -> ListenConfig {
+pub fn listen_config(opts: &RecvOptions) -> ListenConfig {
     ListenConfig {
         timeout: opts.timeout,
         max_bytes: opts.max_bytes,
@@ -343,7 +343,7 @@ pub fn serve_verbs(
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let (events, rx) = mpsc::channel::<Event<VerbsOffer>>();
-    let listen = VerbsListen::start(opts.bind, listen_config(opts), how.raw, tell(&events))?;
+    let listen = VerbsListen::start(opts.bind, listen_config(opts), how.raw, tell(&events), false)?;
     report(&RecvOutcome::Listening {
         addr: listen.local_addr().to_string(),
     });
@@ -364,6 +364,175 @@ pub fn serve_verbs(
         report,
         serve_one,
     )
+}
+
+/// An offer heard by either listener of a receiver that serves both transports.
+pub enum AnyOffer {
+    Tcp(TcpOffer),
+    Verbs(VerbsOffer),
+}
+
+impl Offer for AnyOffer {
+    fn peer(&self) -> SocketAddr {
+        match self {
+            AnyOffer::Tcp(o) => Offer::peer(o),
+            AnyOffer::Verbs(o) => Offer::peer(o),
+        }
+    }
+    fn header(&self) -> Option<&Header> {
+        match self {
+            AnyOffer::Tcp(o) => Offer::header(o),
+            AnyOffer::Verbs(o) => Offer::header(o),
+        }
+    }
+    fn name(&self) -> Option<String> {
+        match self {
+            AnyOffer::Tcp(o) => Offer::name(o),
+            AnyOffer::Verbs(o) => Offer::name(o),
+        }
+    }
+    fn streams(&self) -> u16 {
+        match self {
+            AnyOffer::Tcp(o) => Offer::streams(o),
+            AnyOffer::Verbs(o) => Offer::streams(o),
+        }
+    }
+    fn descriptors(&self) -> u64 {
+        match self {
+            AnyOffer::Tcp(o) => Offer::descriptors(o),
+            AnyOffer::Verbs(o) => Offer::descriptors(o),
+        }
+    }
+    fn link_bytes(&self) -> u64 {
+        match self {
+            AnyOffer::Tcp(o) => Offer::link_bytes(o),
+            AnyOffer::Verbs(o) => Offer::link_bytes(o),
+        }
+    }
+    fn refuse(self, reason: RejectReason, detail: Option<String>) -> RecvOutcome {
+        match self {
+            AnyOffer::Tcp(o) => Offer::refuse(o, reason, detail),
+            AnyOffer::Verbs(o) => Offer::refuse(o, reason, detail),
+        }
+    }
+}
+
+/// Both listeners, paused and resumed together.
+struct Both {
+    tcp: Option<TcpListen>,
+    verbs: Option<Arc<VerbsListen>>,
+}
+
+impl Pausable for Both {
+    fn pause(&self) {
+        self.tcp.iter().for_each(Pausable::pause);
+        self.verbs.iter().for_each(|v| v.pause());
+    }
+    fn resume(&self) {
+        self.tcp.iter().for_each(Pausable::resume);
+        self.verbs.iter().for_each(|v| v.resume());
+    }
+}
+
+/// A listener's words, as the offers of a receiver that serves both transports.
+fn tell_as<O: Send + 'static>(
+    events: &mpsc::Sender<Event<AnyOffer>>,
+    wrap: fn(O) -> AnyOffer,
+) -> Box<dyn Fn(Heard<O>) + Send + Sync> {
+    let heard = Mutex::new(events.clone());
+    Box::new(move |h: Heard<O>| {
+        let h = match h {
+            Heard::Offer(o) => Heard::Offer(wrap(o)),
+            Heard::Said(s) => Heard::Said(s),
+        };
+        let _ = heard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Event::Heard(h));
+    })
+}
+
+/// The verbs side of [`serve_any`]: a listener of its own, started for the call, or one
+/// that lives across calls (a library's, paused between them: requests wait in the CM's
+/// queue).
+pub enum VerbsSide {
+    Start(VerbsServe),
+    Shared(Arc<VerbsListen>, VerbsServe),
+}
+
+/// Serve TCP transfers on `tcp` (bound already) and verbs transfers (`verbs`) at once,
+/// under `admission`, on one loop: `--transport auto` with an RDMA device, where a
+/// sender whose own choice fell back to TCP finds this receiver too. Either may be left
+/// out. With both, the TCP listener is announced as a notice.
+///
+/// # Errors
+/// Neither listener could start, or the verbs one could not and was asked for alone.
+pub fn serve_any(
+    tcp: Option<TcpListener>,
+    verbs: Option<VerbsSide>,
+    opts: &RecvOptions,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    library: Option<LibraryCall>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) -> Result<bool, TransferError> {
+    let (events, rx) = mpsc::channel::<Event<AnyOffer>>();
+    let (verbs_listen, how, shared) = match verbs {
+        Some(VerbsSide::Start(how)) => {
+            let listen = VerbsListen::start(
+                opts.bind,
+                listen_config(opts),
+                how.raw,
+                tell_as(&events, AnyOffer::Verbs),
+                false,
+            )?;
+            (Some(Arc::new(listen)), how, false)
+        }
+        Some(VerbsSide::Shared(listen, how)) => {
+            listen.retell(tell_as(&events, AnyOffer::Verbs), listen_config(opts));
+            listen.resume();
+            (Some(listen), how, true)
+        }
+        None => (None, VerbsServe::default(), false),
+    };
+    let tcp_listen = match tcp {
+        Some(listener) => Some(
+            TcpListen::start(listener, listen_config(opts), admission.clone(), tell_as(&events, AnyOffer::Tcp))
+                .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?,
+        ),
+        None => None,
+    };
+    if let Some(v) = &verbs_listen {
+        report(&RecvOutcome::Listening {
+            addr: v.local_addr().to_string(),
+        });
+    }
+    if let Some(t) = &tcp_listen {
+        let addr = t.local_addr().to_string();
+        report(&match verbs_listen.is_some() {
+            true => RecvOutcome::Notice {
+                text: format!("also listening on {addr} (TCP, for senders without an RDMA route here)"),
+            },
+            false => RecvOutcome::Listening { addr },
+        });
+    }
+    let serve_one: Arc<ServeOne<AnyOffer>> = {
+        let opts = opts.clone();
+        Arc::new(move |offer, lease, kind, one| match offer {
+            AnyOffer::Tcp(o) => serve_tcp_offer(o, lease, kind, &opts, one),
+            AnyOffer::Verbs(o) => serve_verbs_offer(o, lease, kind, &opts, how, one),
+        })
+    };
+    let both = Arc::new(Both {
+        tcp: tcp_listen,
+        verbs: verbs_listen,
+    });
+    let served = serve_offers(both.clone(), rx, events, memory, admission, opts, library, report, serve_one);
+    if shared {
+        // Until the next call: requests wait in the CM's queue.
+        both.pause();
+    }
+    served
 }
 
 /// The loop itself, over any listener's offers.
@@ -476,10 +645,14 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
             Event::Served { outcome, accepted } => {
                 in_flight = in_flight.saturating_sub(1);
                 report(&outcome);
-                if one_per_call {
+                let last = opts.once && accepted;
+                if one_per_call && !last {
+                    // The call goes on: take the next offer. (After its last one, a
+                    // listener that outlives the call stays paused: what comes next is the
+                    // next call's.)
                     listen.resume();
                 }
-                if opts.once && accepted {
+                if last {
                     return Ok(matches!(&outcome, RecvOutcome::Completed(r) if r.ok()));
                 }
             }

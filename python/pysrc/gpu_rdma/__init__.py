@@ -13,8 +13,11 @@ fails.
     out = torch.empty(incoming.size, dtype=torch.uint8, device="cuda")
     incoming.recv_into(out)                              # sized from the offer
 
-Transfers run over TCP (the library's transport today), on as many sockets as the
-machine and link suggest (``streams=None``), as ``host`` does on the command line.
+Transfers run over TCP, on as many sockets as the machine and link suggest
+(``streams=None``), or over RDMA verbs where this machine has an RDMA device and a route
+to the peer (``transport="auto"``, as ``host --transport auto`` chooses; a listener then
+serves both). Over verbs, memory lands in host memory (a CUDA tensor is received over
+TCP).
 Reports are dicts (the JSON the command line prints); failures are exceptions, all
 subclasses of ``TransferError``.
 """

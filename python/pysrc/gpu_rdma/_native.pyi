@@ -146,8 +146,9 @@ def connect(
     max_resends: int = 16,
     test_inject_faults: Optional[str] = None,
 ) -> Endpoint:
-    """An endpoint for the receiver at ``address``. ``transport``: "auto" or "tcp" (the
-    library runs over TCP today); ``streams``: sockets per transfer (None: chosen from
+    """An endpoint for the receiver at ``address``. ``transport``: "auto" (RDMA verbs
+    where this machine has an RDMA device and a route to the peer, else TCP), "tcp" or
+    "rdma"; ``streams``: sockets per transfer (None: chosen from
     this machine's cores and the link, as ``host --streams auto``); ``chunk``: bytes per
     CRC32C; ``max_resends``: the most rounds of resends of chunks that failed (failed
     chunks come again in pieces while the rounds repair something);

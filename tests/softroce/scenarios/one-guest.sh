@@ -176,6 +176,18 @@ case_loopback_example() {
   run wrong_address 30 rdma-loopback 198.51.100.7 7473
 }
 
+# 9b. The library's endpoint example (examples/host/endpoint.rs), where the test copied it
+#     in: 100 transfers of different sizes over one endpoint to a listener on rxe0's
+#     address, the library choosing verbs there, each received in place and checked; the
+#     last one started and polled.
+case_library_endpoint() {
+  if ! command -v endpoint >/dev/null; then
+    echo "@@VAL skipped=1@@"
+    return
+  fi
+  run endpoint 240 endpoint 100 "$A:0"
+}
+
 # 10. Rails (docs/hardware.md#rails): the seed transfer through --nic rxe0 (the one
 #     rail), then --rails 1; a name that is no device and more rails than there are are
 #     refused, each in one line naming what there is.
@@ -190,7 +202,7 @@ case_rails() {
   run too_many 30 host "$A" 7471 --gpu none --rails 2
 }
 
-ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe loopback_example rails"
+ALL="seed write chunked raw_rdma_server raw_rdma_client raw_host no_receiver sender_killed receiver_killed rejections port_in_use concurrent cuda_build_no_gpu gpudirect_probe loopback_example library_endpoint rails"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

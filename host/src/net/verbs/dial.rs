@@ -69,6 +69,15 @@ pub struct DialConfig<'a> {
     pub protocol_version: u16,
 }
 
+/// Where the sender's memory comes from.
+pub enum Source<'a> {
+    /// A plan, walked on the first rail's device until the NIC registers a method's
+    /// memory (the command line's: GPUDirect RDMA, staged, mapped, host).
+    Plan(&'a mut SendMemory),
+    /// Memory the caller gives (the library's), registered as it is.
+    Given(&'a dyn SendSource),
+}
+
 /// What the opening found, for the report.
 pub struct Dialed<'s> {
     pub source: &'s dyn SendSource,
@@ -98,7 +107,7 @@ struct Opened {
 /// offer for a link of `rails` rails (1: not striped).
 pub fn dial<R>(
     cfg: &DialConfig<'_>,
-    memory: &mut SendMemory,
+    memory: &mut Source<'_>,
     offer: &dyn Fn(u8) -> Result<Vec<u8>, TransferError>,
     run: &mut dyn FnMut(&mut VerbsSender<'_>, &Dialed<'_>) -> Result<R, TransferError>,
 ) -> Result<R, TransferError> {
@@ -114,7 +123,7 @@ pub fn dial<R>(
 
 fn attempt<R>(
     cfg: &DialConfig<'_>,
-    memory: &mut SendMemory,
+    memory: &mut Source<'_>,
     offer: &dyn Fn(u8) -> Result<Vec<u8>, TransferError>,
     nonce: Option<[u8; NONCE_LEN]>,
     run: &mut dyn FnMut(&mut VerbsSender<'_>, &Dialed<'_>) -> Result<R, TransferError>,
@@ -156,8 +165,13 @@ fn attempt<R>(
     }
 
     // --- the memory: chosen on the first rail's device, registered on every rail's ----
-    let making_before = memory.making_time();
-    let (source, memory_log, making) = choose_source(&opened[0].res, memory, making_before)?;
+    let (source, memory_log, making): (&dyn SendSource, _, _) = match memory {
+        Source::Plan(m) => {
+            let making_before = m.making_time();
+            choose_source(&opened[0].res, m, making_before)?
+        }
+        Source::Given(s) => (*s, AttemptLog::default(), Duration::ZERO),
+    };
     let mut mrs: Vec<MemoryRegion> = Vec::new();
     let mut kept: Vec<Opened> = Vec::new();
     for (i, o) in opened.into_iter().enumerate() {

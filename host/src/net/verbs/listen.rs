@@ -20,13 +20,14 @@ use crate::transfer::RecvOutcome;
 use crate::wire::{Header, Join, RejectReason, VerbsProof, WireError, HEADER_LEN};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// Connection requests the CM queues for the listener before it takes them.
 const LISTEN_BACKLOG: i32 = 64;
-/// How often the listener looks whether it should stop.
-const TICK: Duration = Duration::from_millis(50);
+/// How often the listener looks whether it should stop or go on (a library's next
+/// receive resumes it: a request held meanwhile waits this long at most).
+const TICK: Duration = Duration::from_millis(5);
 /// Nonces a receiver with a key keeps at once (each 16 bytes and an address).
 const MAX_NONCES: usize = 4096;
 /// Chunks a transfer checked by checksum may have (8 bytes of books each).
@@ -70,17 +71,33 @@ pub(super) fn refuse(
     }
 }
 
+/// Where a listener tells what it hears.
+pub type Tell = Box<dyn Fn(Heard<VerbsOffer>) + Send + Sync>;
+
+/// What the listener's owner changes while it runs.
+struct Shared {
+    tell: Tell,
+    cfg: ListenConfig,
+    /// Take no request; one taken meanwhile (the thread was waiting for one as the pause
+    /// came) is held and told once resumed, to whatever `tell` is then: no offer is lost
+    /// between a library's receives.
+    paused: bool,
+}
+
 /// The listening CM id's thread.
 pub struct VerbsListen {
     stop: Arc<AtomicBool>,
-    paused: Arc<AtomicBool>,
+    /// Where what is heard goes, the checks it is heard under (both replaced for a
+    /// library's next receive, [`retell`](Self::retell)), and whether it is paused.
+    shared: Arc<Mutex<Shared>>,
     thread: Option<std::thread::JoinHandle<()>>,
     addr: SocketAddr,
 }
 
 impl VerbsListen {
     /// Listen on `bind` (`raw`: for the seed's raw senders only); what is heard goes to
-    /// `tell`, from the listener's thread.
+    /// `tell`, from the listener's thread; `paused`: take no request until
+    /// [`resume`](Self::resume).
     ///
     /// # Errors
     /// No RDMA device, or the address cannot be bound.
@@ -88,13 +105,18 @@ impl VerbsListen {
         bind: SocketAddr,
         cfg: ListenConfig,
         raw: bool,
-        tell: Box<dyn Fn(Heard<VerbsOffer>) + Send + Sync>,
+        tell: Tell,
+        paused: bool,
     ) -> Result<VerbsListen, rdma::RdmaError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let paused = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Mutex::new(Shared {
+            tell,
+            cfg: cfg.clone(),
+            paused,
+        }));
         let (ready, bound) = mpsc::channel();
         let thread = {
-            let (stop, paused) = (stop.clone(), paused.clone());
+            let (stop, shared) = (stop.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("verbs-listen".into())
                 .spawn(move || {
@@ -118,7 +140,7 @@ impl VerbsListen {
                         joins: Arc::new(Joins::default()),
                     };
                     heard.nonces = Nonces::new(heard.cfg.timeout, MAX_NONCES);
-                    heard.run(&channel, &tell, &stop, &paused);
+                    heard.run(&channel, &shared, &stop);
                 })
                 .map_err(|e| rdma::RdmaError::InvalidArgument(format!("a listener thread: {e}")))?
         };
@@ -127,7 +149,7 @@ impl VerbsListen {
             .map_err(|_| rdma::RdmaError::InvalidArgument("the listener thread ended".into()))??;
         Ok(VerbsListen {
             stop,
-            paused,
+            shared,
             thread: Some(thread),
             addr,
         })
@@ -140,11 +162,23 @@ impl VerbsListen {
     /// Take no more requests until [`resume`](Self::resume) (they wait in the CM's
     /// queue): the library's one transfer per call.
     pub fn pause(&self) {
-        self.paused.store(true, Ordering::SeqCst);
+        self.lock().paused = true;
     }
 
     pub fn resume(&self) {
-        self.paused.store(false, Ordering::SeqCst);
+        self.lock().paused = false;
+    }
+
+    /// Tell what is heard to `tell`, checked under `cfg`, from now on (a library's next
+    /// receive).
+    pub fn retell(&self, tell: Tell, cfg: ListenConfig) {
+        let mut shared = self.lock();
+        shared.tell = tell;
+        shared.cfg = cfg;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -165,23 +199,27 @@ struct Listener {
 }
 
 impl Listener {
-    fn run(
-        &mut self,
-        channel: &std::rc::Rc<EventChannel>,
-        tell: &(dyn Fn(Heard<VerbsOffer>) + Send + Sync),
-        stop: &AtomicBool,
-        paused: &AtomicBool,
-    ) {
+    fn run(&mut self, channel: &std::rc::Rc<EventChannel>, shared: &Mutex<Shared>, stop: &AtomicBool) {
+        let lock = || shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held: Vec<Heard<VerbsOffer>> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
-            if paused.load(Ordering::SeqCst) {
-                std::thread::sleep(TICK);
-                continue;
+            {
+                let s = lock();
+                if s.paused {
+                    drop(s);
+                    std::thread::sleep(TICK);
+                    continue;
+                }
+                for h in held.drain(..) {
+                    (s.tell)(h);
+                }
+                self.cfg = s.cfg.clone();
             }
             let event = match channel.get_event_within(TICK) {
                 Ok(Some(e)) => e,
                 Ok(None) => continue,
                 Err(e) => {
-                    tell(Heard::Said(RecvOutcome::Notice {
+                    (lock().tell)(Heard::Said(RecvOutcome::Notice {
                         text: format!("the listener's events: {e}"),
                     }));
                     std::thread::sleep(TICK);
@@ -191,23 +229,29 @@ impl Listener {
             match event.kind() {
                 CmEventKind::ConnectRequest => {}
                 CmEventKind::DeviceRemoval => {
-                    tell(Heard::Said(RecvOutcome::Notice {
+                    (lock().tell)(Heard::Said(RecvOutcome::Notice {
                         text: "the RDMA device of the listener was removed".into(),
                     }));
                     return;
                 }
                 _ => continue, // nothing else concerns the listener
             }
-            match event.into_connect_request(channel) {
+            let heard = match event.into_connect_request(channel) {
                 Ok(request) => {
-                    if let Some(heard) = self.hear(request) {
-                        tell(heard);
-                    }
+                    super::trace!("listen: a connect request from {:?}, {} bytes", request.peer, request.private_data.len());
+                    self.hear(request)
                 }
-                Err(e) => tell(Heard::Said(RecvOutcome::Failed {
+                Err(e) => Some(Heard::Said(RecvOutcome::Failed {
                     peer: "?".into(),
                     error: format!("taking a connection request: {e}"),
                 })),
+            };
+            if let Some(h) = heard {
+                let s = lock();
+                match s.paused {
+                    true => held.push(h),
+                    false => (s.tell)(h),
+                }
             }
         }
     }
@@ -329,6 +373,10 @@ impl Listener {
             Err((refused, sendable)) => {
                 let reason = match refused {
                     Refused::Unknown => RejectReason::UnknownJoin,
+                    Refused::BadMember { member, members } => RejectReason::BadJoin {
+                        rail: member as u64,
+                        rails: members as u64,
+                    },
                     other => RejectReason::BadHeader(WireError::Inconsistent {
                         what: other.words(),
                     }),
