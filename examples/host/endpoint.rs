@@ -50,7 +50,9 @@ fn run() -> Result<()> {
         ..Options::default()
     };
     let bind: std::net::SocketAddr = match std::env::args().nth(2) {
-        Some(a) => a.parse().context("ADDRESS: an IP address and port, as 192.0.2.1:0")?,
+        Some(a) => a
+            .parse()
+            .context("ADDRESS: an IP address and port, as 192.0.2.1:0")?,
         None => "127.0.0.1:0".parse()?,
     };
     let listener = api::Listener::bind(bind, &opts)?;

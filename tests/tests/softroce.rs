@@ -26,6 +26,8 @@
 //! QEMU and the test bed's cache (tests/softroce/setup.sh). Without them the tests skip,
 //! saying why; under CI (the variable `CI` set) they fail instead.
 
+mod shared_cases;
+
 use integration_tests::{skip_unless_ci, workspace_root};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -261,6 +263,29 @@ fn files(test: &str) -> Option<&'static Run> {
 fn vanishing(test: &str) -> Option<&'static Run> {
     static RUN: OnceLock<Outcome> = OnceLock::new();
     ran(test, RUN.get_or_init(|| run(&VANISHING)))
+}
+
+/// The cases both transports share (`shared_cases/mod.rs`), over verbs: a script made
+/// from the list, run in one guest.
+fn shared(test: &str) -> Option<&'static Run> {
+    static RUN: OnceLock<Outcome> = OnceLock::new();
+    ran(
+        test,
+        RUN.get_or_init(|| {
+            let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shared-cases.sh");
+            std::fs::write(&path, shared_cases::guest_script("rdma")).unwrap();
+            let script: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+            let spec: &'static Spec = Box::leak(Box::new(Spec {
+                what: "topology one, the cases both transports share, over verbs",
+                topology: "one",
+                script,
+                timeout_s: 900,
+                extra: &[],
+                cases: &[],
+            }));
+            run(spec)
+        }),
+    )
 }
 
 fn ran(test: &str, outcome: &'static Outcome) -> Option<&'static Run> {
@@ -2983,4 +3008,39 @@ fn rails_a_key_keeps_a_verbs_transfer_on_one_rail_and_says_why() {
         "note: 2 rails given, but --key-file is not striped over verbs",
         &["uses the first rail only"],
     );
+}
+
+#[test]
+fn shared_every_case_both_transports_share_over_verbs() {
+    // The same list and the same check as tests/tests/shared_tcp.rs over TCP loopback.
+    let Some(run) = shared("shared_every_case_both_transports_share_over_verbs") else {
+        return;
+    };
+    let mut failed = Vec::new();
+    for sc in shared_cases::CASES {
+        let c = run.case('a', sc.name);
+        let out = c.out("sender");
+        let text = out.lines.join("\n");
+        let ran = shared_cases::Ran {
+            rc: out.rc,
+            stdout: text.clone(),
+            stderr: text,
+            stored_equal: c.vals.get("stored_equal").map(|v| v == "1"),
+        };
+        if let Err(why) = shared_cases::check(sc, &ran) {
+            failed.push(format!("{}: {why}", sc.name));
+        }
+    }
+    if !failed.is_empty() {
+        panic!(
+            "{} of {} shared cases failed over verbs:\n{}",
+            failed.len(),
+            shared_cases::CASES.len(),
+            failed.join("\n\n")
+        );
+    }
+    note(&format!(
+        "shared: {} cases over verbs, each judged as over TCP",
+        shared_cases::CASES.len()
+    ));
 }

@@ -65,11 +65,11 @@ pub use send::{connect, send_host, send_source, Endpoint};
 pub use send::{send_device, send_device_lent};
 
 use crate::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
-pub use crate::transport::TransportKind;
-pub use crate::wire::Op;
 use crate::net::tcp::frames::MAX_STREAMS;
 use crate::server::Key;
 use crate::transfer::PayloadOptions;
+pub use crate::transport::TransportKind;
+pub use crate::wire::Op;
 use crate::wire::{Payload, VerifyMode, DEFAULT_MAX_RESENDS, MAX_RESENDS};
 use std::net::SocketAddr;
 use std::time::Duration;

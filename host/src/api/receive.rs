@@ -7,9 +7,9 @@ use super::{Options, TransportKind};
 use crate::engine::serve::{
     admission_of, listen_config, serve_any, serve_tcp, LibraryCall, VerbsServe, VerbsSide,
 };
-use crate::net::verbs::listen::VerbsListen;
 use crate::engine::{RecvMemory, RecvOptions};
 use crate::memory::lent::{LentPlace, LentTarget};
+use crate::net::verbs::listen::VerbsListen;
 use crate::server::AllowList;
 use crate::transfer::store::Output;
 use crate::transfer::{RecvOutcome, RecvReport};
@@ -52,9 +52,9 @@ impl Listener {
                 format!("cannot listen on {addr}: {e}"),
             )
         })?;
-        let bound = listener.local_addr().map_err(|e| {
-            Error::new(ErrorKind::Other, format!("the bound address: {e}"))
-        })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| Error::new(ErrorKind::Other, format!("the bound address: {e}")))?;
         let verbs = match opts.transport {
             TransportKind::Tcp => None,
             TransportKind::Rdma => Some(verbs_listen(bound, opts)?),
@@ -277,7 +277,15 @@ impl Listener {
             (Some(verbs), kind) => {
                 let tcp = (kind != TransportKind::Rdma).then_some(listener);
                 let side = VerbsSide::Shared(verbs.clone(), VerbsServe::default());
-                serve_any(tcp, Some(side), &cfg, memory, &admission, Some(call), &mut report)?
+                serve_any(
+                    tcp,
+                    Some(side),
+                    &cfg,
+                    memory,
+                    &admission,
+                    Some(call),
+                    &mut report,
+                )?
             }
         };
         match last {

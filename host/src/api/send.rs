@@ -179,7 +179,13 @@ impl Endpoint {
     /// As for [`send_source`].
     pub fn send(&self, data: &[u8], name: Option<&str>) -> Result<SendReport, Error> {
         let opts = self.named(name);
-        send_with(self.peer, self.transport, &LentBytes::new(data), &opts, &self.cooldowns)
+        send_with(
+            self.peer,
+            self.transport,
+            &LentBytes::new(data),
+            &opts,
+            &self.cooldowns,
+        )
     }
 
     /// Send the file at `path`, read whole first, named by its file name unless `name`

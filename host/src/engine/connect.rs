@@ -215,7 +215,12 @@ pub fn send_verbs_source(
     source: &dyn SendSource,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
-    send_verbs_from(opts, &mut Source::Given(source), source.len() as u64, transfers)
+    send_verbs_from(
+        opts,
+        &mut Source::Given(source),
+        source.len() as u64,
+        transfers,
+    )
 }
 
 fn send_verbs_from(

@@ -343,7 +343,13 @@ pub fn serve_verbs(
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let (events, rx) = mpsc::channel::<Event<VerbsOffer>>();
-    let listen = VerbsListen::start(opts.bind, listen_config(opts), how.raw, tell(&events), false)?;
+    let listen = VerbsListen::start(
+        opts.bind,
+        listen_config(opts),
+        how.raw,
+        tell(&events),
+        false,
+    )?;
     report(&RecvOutcome::Listening {
         addr: listen.local_addr().to_string(),
     });
@@ -497,8 +503,13 @@ pub fn serve_any(
     };
     let tcp_listen = match tcp {
         Some(listener) => Some(
-            TcpListen::start(listener, listen_config(opts), admission.clone(), tell_as(&events, AnyOffer::Tcp))
-                .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?,
+            TcpListen::start(
+                listener,
+                listen_config(opts),
+                admission.clone(),
+                tell_as(&events, AnyOffer::Tcp),
+            )
+            .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?,
         ),
         None => None,
     };
@@ -511,7 +522,9 @@ pub fn serve_any(
         let addr = t.local_addr().to_string();
         report(&match verbs_listen.is_some() {
             true => RecvOutcome::Notice {
-                text: format!("also listening on {addr} (TCP, for senders without an RDMA route here)"),
+                text: format!(
+                    "also listening on {addr} (TCP, for senders without an RDMA route here)"
+                ),
             },
             false => RecvOutcome::Listening { addr },
         });
@@ -527,7 +540,17 @@ pub fn serve_any(
         tcp: tcp_listen,
         verbs: verbs_listen,
     });
-    let served = serve_offers(both.clone(), rx, events, memory, admission, opts, library, report, serve_one);
+    let served = serve_offers(
+        both.clone(),
+        rx,
+        events,
+        memory,
+        admission,
+        opts,
+        library,
+        report,
+        serve_one,
+    );
     if shared {
         // Until the next call: requests wait in the CM's queue.
         both.pause();

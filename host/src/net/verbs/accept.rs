@@ -213,7 +213,10 @@ impl VerbsOffer {
             ));
         };
         let request = self.request.into_inner();
-        super::trace!("accept: serving an offer of {} bytes from {peer}", header.total_bytes);
+        super::trace!(
+            "accept: serving an offer of {} bytes from {peer}",
+            header.total_bytes
+        );
         let setup = RailSetup::of(&header, busy_poll);
         let refused =
             |reason: RejectReason, why: String| (refuse(&request, peer, reason, Some(why)), false);

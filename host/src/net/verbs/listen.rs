@@ -199,7 +199,12 @@ struct Listener {
 }
 
 impl Listener {
-    fn run(&mut self, channel: &std::rc::Rc<EventChannel>, shared: &Mutex<Shared>, stop: &AtomicBool) {
+    fn run(
+        &mut self,
+        channel: &std::rc::Rc<EventChannel>,
+        shared: &Mutex<Shared>,
+        stop: &AtomicBool,
+    ) {
         let lock = || shared.lock().unwrap_or_else(|p| p.into_inner());
         let mut held: Vec<Heard<VerbsOffer>> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
@@ -238,7 +243,11 @@ impl Listener {
             }
             let heard = match event.into_connect_request(channel) {
                 Ok(request) => {
-                    super::trace!("listen: a connect request from {:?}, {} bytes", request.peer, request.private_data.len());
+                    super::trace!(
+                        "listen: a connect request from {:?}, {} bytes",
+                        request.peer,
+                        request.private_data.len()
+                    );
                     self.hear(request)
                 }
                 Err(e) => Some(Heard::Said(RecvOutcome::Failed {
