@@ -3,6 +3,7 @@
 //! ([`RecvOptions`]). What only one transport reads sits in its own part of the value.
 
 use super::cooldown::Cooldowns;
+use crate::memory::SinkFactory;
 use crate::net::tcp::dial::Rail;
 use crate::net::verbs::dial::RailTarget;
 use crate::server::{AllowList, Key};
@@ -150,4 +151,17 @@ impl RecvOptions {
             output: None,
         }
     }
+}
+
+/// Makes the receive buffers of one transfer over verbs, on the thread that serves it
+/// (GPU objects stay on the thread that made them).
+pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
+
+/// How a verbs receiver serves, beyond its options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerbsServe {
+    /// The seed's raw senders only (`--raw`).
+    pub raw: bool,
+    /// Spin on completion queues instead of sleeping (`--busy-poll`).
+    pub busy_poll: bool,
 }

@@ -9,9 +9,11 @@
 //! busy answers leave the receiver serving.
 
 use super::options::RecvOptions;
+pub use super::options::{SinkFactoryMaker, VerbsServe};
+pub use super::serve_offer::Pausable;
 use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind};
 use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
-use crate::memory::SinkFactory;
+
 use crate::net::tcp::listen::{TcpListen, TcpOffer};
 use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
 use crate::net::{Heard, ListenConfig};
@@ -21,10 +23,6 @@ use crate::wire::{Header, RejectReason, WireError};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Makes the receive buffers of one transfer over verbs, on the thread that serves it
-/// (GPU objects stay on the thread that made them).
-pub type SinkFactoryMaker = dyn Fn() -> anyhow::Result<SinkFactory> + Send + Sync;
 
 /// Where received data goes.
 pub enum RecvMemory {
@@ -213,13 +211,6 @@ impl Offer for VerbsOffer {
     }
 }
 
-/// A listener the loop stops taking connections from while a library call's one
-/// transfer runs.
-pub trait Pausable: Send + Sync {
-    fn pause(&self);
-    fn resume(&self);
-}
-
 impl Pausable for TcpListen {
     fn pause(&self) {
         TcpListen::pause(self, Duration::from_millis(100));
@@ -321,15 +312,6 @@ pub fn serve_tcp(
         report,
         serve_one,
     )
-}
-
-/// How a verbs receiver serves, beyond its options.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct VerbsServe {
-    /// The seed's raw senders only (`--raw`).
-    pub raw: bool,
-    /// Spin on completion queues instead of sleeping (`--busy-poll`).
-    pub busy_poll: bool,
 }
 
 /// Listen on `opts.bind` over verbs and serve its transfers under `admission`, telling

@@ -7,9 +7,9 @@
 
 use super::landed::Landed;
 use super::options::RecvOptions;
+use super::options::{SinkFactoryMaker, VerbsServe};
 use super::receiving::Receiving;
 use super::recv::{self, Terms};
-use super::serve::{Pausable, SinkFactoryMaker, VerbsServe};
 use crate::memory::lent::{LentPlace, LentTarget};
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, RecvSink, SinkFactory};
@@ -21,6 +21,13 @@ use crate::server::admission::Lease;
 use crate::transfer::{RecvOutcome, TransferError};
 use crate::wire::RejectReason;
 use std::sync::Arc;
+
+/// A listener the loop stops taking connections from while a library call's one
+/// transfer runs.
+pub trait Pausable: Send + Sync {
+    fn pause(&self);
+    fn resume(&self);
+}
 
 /// What a transfer's thread makes its memory from: `Send`, unlike the GPU itself.
 pub enum MemoryKind {

@@ -4,7 +4,8 @@
 //! - [`open`]: a sender's route, connect and memory; [`dial`]: its rails opened, the
 //!   offer, the joins, the link run and closed.
 //! - [`listen`]: the receiver's CM listener (admission's first checks, keys, joins);
-//!   [`accept`]: an admitted offer answered and its link run.
+//!   [`accept`]: an admitted offer answered and its link run; [`rail`]: a receiver's
+//!   rail (how items land on it, its slots, its accept), rail 0 and the joins alike.
 //! - [`send`] and [`recv`]: the two ends of a link (work requests, immediates, receive
 //!   layout, slots); [`conn`]: one queue pair and its slots; [`messages`]: control
 //!   messages cut into slot-sized fragments.
@@ -19,6 +20,7 @@ pub mod dial;
 pub mod listen;
 pub mod messages;
 pub mod open;
+pub mod rail;
 pub mod raw;
 pub mod recv;
 pub mod send;

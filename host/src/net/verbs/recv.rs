@@ -19,9 +19,9 @@
 //! here ([`Joining`]), where the buffer is registered on its device and the rail
 //! accepted, while the transfer runs.
 
-use super::accept::{accept, prepare, RailSetup};
-use super::conn::{tag, Connection, Waited, INDEX_MASK, SLOT, TAG_FRAGMENT, TAG_SLOT};
+use super::conn::{tag, Connection, Waited, INDEX_MASK, TAG_FRAGMENT, TAG_SLOT};
 use super::messages::{fragment_count, fragments, Reassembly};
+use super::rail::{accept, prepare, Mode, RailSetup, RecvRail};
 use super::trace;
 use crate::memory::{RecvSink, Registrable, RegistrationTarget};
 use crate::net::joins::JoinSlot;
@@ -31,22 +31,6 @@ use crate::transfer::plan::ChunkPlan;
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
-
-/// How items land (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Write,
-    SendInPlace,
-    SendCopied,
-}
-
-/// One rail of a receiver's link.
-pub struct RecvRail<'r> {
-    /// First: the queue pair is destroyed before the region below.
-    pub(crate) conn: Connection<'r>,
-    /// A joined rail's own registration of the buffer (the rail's NIC writes through it).
-    pub mr: Option<MemoryRegion<'r>>,
-}
 
 /// Further rails of a striped transfer: where the listener routes them, and the buffer
 /// they are registered over.
@@ -786,15 +770,5 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
         for r in 0..self.rails.len() {
             self.down(r, String::new(), &mut ignored);
         }
-    }
-}
-
-/// Receive slots a rail needs: write mode and send copied post every receive in a slot;
-/// send in place only messages' ([`SLOT`] bytes each).
-pub fn slots_for(mode: Mode, recv_depth: usize, chunk: usize) -> (usize, usize) {
-    match mode {
-        Mode::Write => (recv_depth, SLOT),
-        Mode::SendInPlace => (8, SLOT),
-        Mode::SendCopied => (recv_depth.min(32), chunk.max(SLOT)),
     }
 }
