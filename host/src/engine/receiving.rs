@@ -261,6 +261,9 @@ impl<'l> Receiving<'l> {
             if let Some((_, m)) = self.messages.pop_front() {
                 return Ok(Some(m));
             }
+            if self.rails.iter().all(|r| r.stopped.is_some()) {
+                return Err(Stop::Broken(self.no_rail_left()));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(None);
@@ -552,7 +555,16 @@ impl<'l> Receiving<'l> {
             }
         }
         self.events = events;
-        polled.map_err(|e| Stop::Broken(e.0))?;
+        if let Err(e) = polled {
+            // Every rail's own reason (a reader's protocol error, say) says more than the
+            // link's "gone".
+            return Err(Stop::Broken(
+                match self.rails.iter().all(|r| r.stopped.is_some()) {
+                    true => self.no_rail_left(),
+                    false => e.0,
+                },
+            ));
+        }
         Ok(news)
     }
 
