@@ -455,7 +455,10 @@ fn run(spec: &'static Spec) -> Outcome {
     let wall = start.elapsed();
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "softroce-{}{}.log",
-        spec.script.trim_end_matches(".sh"),
+        std::path::Path::new(spec.script)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("run"),
         spec.cases
             .iter()
             .map(|c| format!("-{c}"))
