@@ -139,6 +139,7 @@ unsafe impl SendLink for MemSender {
             crc_in_frames: true,
             sent_means_landed: false,
             gpu_memory: false,
+            post_batch: 1,
         }
     }
     /// # Safety
@@ -276,6 +277,7 @@ unsafe impl RecvLink for MemReceiver {
             crc_in_frames: true,
             sent_means_landed: false,
             gpu_memory: false,
+            post_batch: 1,
         }
     }
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {

@@ -375,7 +375,7 @@ impl<'l> Sending<'l> {
 // `drain` returns only once the link reads nothing (its contract).
 unsafe impl ChunkWire for Sending<'_> {
     fn batch(&self) -> usize {
-        1
+        self.caps.post_batch.max(1)
     }
 
     /// # Safety

@@ -191,6 +191,9 @@ pub struct Caps {
     /// The receiver's link reads and writes GPU memory itself (verbs with GPUDirect
     /// RDMA); otherwise GPU memory is staged through host memory by the link.
     pub gpu_memory: bool,
+    /// Items best handed to [`SendLink::post`] at once (verbs: one doorbell for a list of
+    /// work requests, a system call under Soft-RoCE); 1 where each goes as it comes.
+    pub post_batch: usize,
 }
 
 /// The sender's end of one connection over 1..=N rails.

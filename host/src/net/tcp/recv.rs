@@ -666,6 +666,7 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
             crc_in_frames: true,
             sent_means_landed: false,
             gpu_memory: false,
+            post_batch: 1,
         }
     }
 

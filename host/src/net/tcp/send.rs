@@ -387,6 +387,7 @@ unsafe impl SendLink for TcpSendLink<'_> {
             crc_in_frames: true,
             sent_means_landed: false,
             gpu_memory: false,
+            post_batch: 1,
         }
     }
 

@@ -649,6 +649,7 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
             crc_in_frames: false,
             sent_means_landed: true,
             gpu_memory: true,
+            post_batch: 1,
         }
     }
 

@@ -13,9 +13,10 @@
 //!   (in order on one queue pair); over several rails every item carries its own. SENDs
 //!   carry one only over several rails, where the receiver copies each in from a slot;
 //!   over one rail its receives are posted in the order the items come.
-//! - **Nothing waits in a call.** Whatever cannot be posted now (no room in the send
+//! - **Nothing waits in a call.** Items are queued on their rail and posted at the next
+//!   poll, as one list (one doorbell); whatever cannot be posted then (no room in the send
 //!   queue, no free slot) waits in the rail's queue, in order, and goes as completions
-//!   free room. The CPU touches the source only to copy an item whose bytes must differ
+//!   free room. A control message goes at once, after what is queued before it. The CPU touches the source only to copy an item whose bytes must differ
 //!   on the wire (the test-only fault injector) into a bounce slot of the connection.
 //! - **Quiet after down.** A rail that fails is disconnected: its queue pair goes to the
 //!   error state, where nothing queued runs and each request completes as flushed; once
@@ -60,6 +61,11 @@ const BOUNCE_SLOTS: usize = 8;
 /// How long a rail that went down may take to flush its requests before it is taken for
 /// quiet anyway (as [`Connection::quiesce`]).
 const QUIET_WAIT: Duration = Duration::from_secs(2);
+/// Work requests handed to the provider per call (one doorbell for all): Soft-RoCE does
+/// its protocol work in the doorbell's system call, so at 4 KiB a call per request cost
+/// about a third of the throughput (tests/softroce/BENCH.md); 16 takes most of the gain
+/// and keeps the first requests of a window from waiting long for the rest.
+const POST_BATCH: usize = 16;
 /// How long a poll over several rails sleeps when none had news.
 const IDLE_NAP: Duration = Duration::from_micros(100);
 
@@ -576,6 +582,7 @@ unsafe impl SendLink for VerbsSender<'_> {
             crc_in_frames: false,
             sent_means_landed: true,
             gpu_memory: true,
+            post_batch: POST_BATCH,
         }
     }
 
@@ -595,7 +602,8 @@ unsafe impl SendLink for VerbsSender<'_> {
             }
             r.waiting.push_back(Waiting::Source(item.clone()));
         }
-        self.pump(rail).map_err(LinkError)
+        // Posted at the next poll, with whatever else came meanwhile: one doorbell.
+        Ok(())
     }
 
     fn post_copy(&mut self, rail: Rail, item: Item, bytes: Arc<[u8]>) -> Result<(), LinkError> {
@@ -608,7 +616,7 @@ unsafe impl SendLink for VerbsSender<'_> {
         self.live(rail)?
             .waiting
             .push_back(Waiting::Copy(item, bytes));
-        self.pump(rail).map_err(LinkError)
+        Ok(())
     }
 
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
