@@ -14,6 +14,7 @@
 pub mod dial;
 pub mod frames;
 pub mod listen;
+pub mod readers;
 pub mod recv;
 pub mod send;
 pub mod socket;
