@@ -270,10 +270,10 @@ pub struct SendArgs {
 
     /// The rails to send through, comma-separated: RDMA devices (`mlx5_0`: its active
     /// ports) or ports (`mlx5_0:1`); `host info` lists them, ranked for each GPU. With
-    /// one receiver address per rail (`<IP>` a comma list, rail k to the k-th) and
-    /// `--op write`, the transfer is striped over them (chunks to the rail with the
-    /// fewest in flight; a failed rail's chunks move to the others, see
-    /// --rail-timeout); otherwise only the first rail carries it (a note says so). The
+    /// one receiver address per rail (`<IP>` a comma list, rail k to the k-th), the
+    /// transfer is striped over them (chunks to the rail with the fewest in flight; a
+    /// failed rail's chunks move to the others, see --rail-timeout); with --raw or
+    /// --key-file only the first rail carries it (a note says so). The
     /// first device's facts (dma-buf probe, distance to the GPU) decide the memory
     /// path, and the route to each rail's receiver address must leave through its
     /// device. Without --nic and --rails, with a GPU, the memory path is
