@@ -24,7 +24,6 @@
 use anyhow::{bail, Context, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use std::io::Read;
 use std::path::Path;
 
 /// Bytes of a nonce.
@@ -204,10 +203,25 @@ impl Nonces {
     }
 }
 
-/// A fresh random nonce from the kernel's generator.
+/// A fresh random nonce from the kernel's generator (`getrandom(2)`: no file
+/// to open, so it works where `/dev` is absent, and under Miri).
 pub fn fresh_nonce() -> std::io::Result<[u8; NONCE_LEN]> {
     let mut nonce = [0u8; NONCE_LEN];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut nonce)?;
+    let mut filled = 0;
+    while filled < NONCE_LEN {
+        let rest = &mut nonce[filled..];
+        // SAFETY: `rest` is a live, writable slice of `rest.len()` bytes for
+        // the whole call; getrandom writes at most that many.
+        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if got < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        filled += got as usize;
+    }
     Ok(nonce)
 }
 
