@@ -76,8 +76,12 @@ fn run() -> Result<()> {
 
     // The sending caller: all but the last transfer one after another, the last one
     // started and polled.
+    // A send that did not go on the connection of the one before opened a new one
+    // (over TCP the endpoint keeps its connection; over verbs each send opens its own).
+    let mut connections = 0usize;
     for t in 0..count - 1 {
-        endpoint.send(&bytes_of(t, size_of(t)), None)?;
+        let sent = endpoint.send(&bytes_of(t, size_of(t)), None)?;
+        connections += usize::from(!sent.kept_connection);
     }
     let last = count - 1;
     let mut pending = endpoint.start_send(bytes_of(last, size_of(last)), None)?;
@@ -92,10 +96,13 @@ fn run() -> Result<()> {
         std::thread::sleep(Duration::from_micros(200));
     }
     let (report, _bytes_back) = pending.wait();
-    ensure!(report?.receiver.is_some_and(|v| v.ok()), "not verified");
+    let report = report?;
+    ensure!(report.receiver.is_some_and(|v| v.ok()), "not verified");
+    connections += usize::from(!report.kept_connection);
     let (received, bytes) = receiving.join().expect("the receiving thread")?;
+    let s = if connections == 1 { "" } else { "s" };
     println!(
-        "{received} transfers over one endpoint ({over}), {bytes} bytes, each received in place and checked"
+        "{received} transfers over one endpoint ({over}, {connections} connection{s}), {bytes} bytes, each received in place and checked"
     );
     println!("the last one started with start_send and polled {polls} times until it was verified");
     gpu(&opts)

@@ -379,17 +379,11 @@ impl Endpoint {
                 Place::Device { .. } => return Err(no_gpu_support()),
                 #[cfg(feature = "cuda")]
                 Place::Device { ordinal, ptr } => {
-                    let mut opts = endpoint.options().clone();
-                    if let Some(n) = name {
-                        opts.name = Some(n);
-                    }
                     // SAFETY: the region holds the tensor (its DLPack capsule or its
                     // owner), device memory of that GPU's primary context where CUDA's
                     // runtime and torch allocate, until this closure returns; the send
                     // waits for the context's queued work before it reads.
-                    unsafe {
-                        api::send_device_lent(endpoint.peer(), ordinal, ptr, region.len, &opts)
-                    }?
+                    unsafe { endpoint.send_device_lent(ordinal, ptr, region.len, name.as_deref()) }?
                 }
             };
             Ok(Finished {

@@ -1129,7 +1129,7 @@ fn one_guest_the_library_endpoint_carries_100_transfers_over_verbs() {
     c.find(
         "endpoint",
         0,
-        "100 transfers over one endpoint (RDMA verbs), ",
+        "100 transfers over one endpoint (RDMA verbs, 100 connections), ",
         &["each received in place and checked"],
     );
     c.find(

@@ -198,7 +198,7 @@ fn endpoint_carries_a_hundred_transfers_into_the_callers_buffers() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     assert!(
-        lines[0].starts_with("100 transfers over one endpoint (TCP), 20390050 bytes"),
+        lines[0].starts_with("100 transfers over one endpoint (TCP, 1 connection), 20390050 bytes"),
         "{stdout}"
     );
     assert!(lines[1].contains("polled"), "{stdout}");

@@ -7,7 +7,7 @@
 use host::net::tcp::frames::{Frame, Hello, FRAME_LEN};
 use host::wire::pieces::{self, PieceResend, PIECES_MAGIC, QUERY_MAGIC};
 use host::wire::{
-    checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header, Join,
+    checked_name, decode_name_prefix, AcceptInfo, Ack, Challenge, ChunkChecksums, Header, Join, NextOffer,
     Proof, RejectReason, Resend, StripedAccept, VerbsProof, HEADER_LEN, NAME_PREFIX_LEN,
     REPLY_PREFIX_LEN,
 };
@@ -16,6 +16,10 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(header) = Header::decode(data) {
         assert_eq!(Header::decode(&header.encode()), Ok(header));
+    }
+    if let Ok(next) = NextOffer::decode(data) {
+        let again = next.encode().expect("a decoded next offer encodes");
+        assert_eq!(NextOffer::decode(&again), Ok(next));
     }
     if let Ok(accept) = AcceptInfo::decode(data) {
         assert_eq!(AcceptInfo::decode(&accept.encode()), Ok(accept));

@@ -540,10 +540,69 @@ mod tests {
         });
         let endpoint = connect(addr, &opts).unwrap();
         for i in 0..100usize {
-            endpoint.send(&pattern(1000 + i, i as u8), None).unwrap();
+            let sent = endpoint.send(&pattern(1000 + i, i as u8), None).unwrap();
+            // One connection: opened by the first, kept for every one after it.
+            assert_eq!(sent.kept_connection, i > 0, "transfer {i}");
         }
         let sizes = receiving.join().unwrap();
         assert_eq!(sizes.len(), 100);
+    }
+
+    #[test]
+    fn a_kept_connection_carries_sizes_names_refusals_and_faults_and_reopens_when_closed() {
+        let opts = Options {
+            chunk: 64 << 10,
+            timeout: Duration::from_millis(1500),
+            test_inject_faults: Some(crate::transfer::faults::FaultInjector::parse("1/5").unwrap()),
+            max_resends: 8,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let lens = [(3 << 20) + 1, 1, 65536, 12_345];
+        let receiving = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            for len in lens {
+                let incoming = listener.accept().unwrap();
+                assert_eq!(incoming.len(), len as u64);
+                got.push(incoming.receive().unwrap());
+            }
+            // A next offer declined on the kept connection: it closes, the sender's next
+            // send opens another.
+            listener.accept().unwrap().decline();
+            got.push(listener.receive().unwrap());
+            // The receiver waits its timeout (1.5 s) for a next offer, then closes: the
+            // send after that finds it closed and opens a new one.
+            got.push(listener.receive().unwrap());
+            got
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        for (k, &len) in lens.iter().enumerate() {
+            let sent = endpoint
+                .send(&pattern(len, k as u8), Some(&format!("n{k}")))
+                .unwrap();
+            assert_eq!(sent.kept_connection, k > 0, "transfer {k}");
+        }
+        let e = endpoint.send(b"declined", None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+        let sent = endpoint.send(b"after the refusal", None).unwrap();
+        assert!(!sent.kept_connection, "a refused connection is not kept");
+        std::thread::sleep(Duration::from_millis(2500));
+        let sent = endpoint.send(b"after the idle close", None).unwrap();
+        assert!(!sent.kept_connection, "the receiver closed it after 1.5 s idle");
+        let got = receiving.join().unwrap();
+        for (k, &len) in lens.iter().enumerate() {
+            assert_eq!(got[k].name.as_deref(), Some(format!("n{k}").as_str()));
+            assert!(got[k].bytes == pattern(len, k as u8), "transfer {k} differs");
+        }
+        assert!(
+            got[..lens.len()]
+                .iter()
+                .any(|r| !r.report.integrity.repaired.is_empty()),
+            "faults 1 in 5 and nothing repaired"
+        );
+        assert_eq!(got[4].bytes, b"after the refusal");
+        assert_eq!(got[5].bytes, b"after the idle close");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use super::error::{Error, ErrorKind};
 use super::{Options, TransportKind};
 use crate::engine::serve::{
-    admission_of, listen_config, serve_any, serve_tcp, LibraryCall, VerbsServe, VerbsSide,
+    admission_of, listen_config, serve_any, AnyOffer, KeptOffers, LibraryCall, VerbsServe,
+    VerbsSide,
 };
 use crate::engine::{RecvMemory, RecvOptions};
 use crate::memory::lent::{LentPlace, LentTarget};
@@ -37,6 +38,9 @@ pub struct Listener {
     /// CM listener on the same port number, paused between receives (connect requests
     /// wait in the CM's queue), shared by the handles of [`try_clone`](Self::try_clone).
     verbs: Option<Arc<VerbsListen>>,
+    /// Connections kept by senders that carry many transfers on one (an
+    /// [`Endpoint`](super::Endpoint)'s), their next offers held between receives.
+    kept: Arc<KeptOffers<AnyOffer>>,
     opts: Options,
 }
 
@@ -67,6 +71,7 @@ impl Listener {
         Ok(Listener {
             listener,
             verbs,
+            kept: KeptOffers::new(),
             opts: opts.clone(),
         })
     }
@@ -114,6 +119,7 @@ impl Listener {
                 )
             })?,
             verbs: self.verbs.clone(),
+            kept: self.kept.clone(),
             opts: self.opts.clone(),
         })
     }
@@ -272,22 +278,21 @@ impl Listener {
             wait: self.opts.wait,
         };
         let admission = admission_of(&cfg);
-        match (&self.verbs, self.opts.transport) {
-            (None, _) => serve_tcp(listener, &cfg, memory, &admission, Some(call), &mut report)?,
-            (Some(verbs), kind) => {
-                let tcp = (kind != TransportKind::Rdma).then_some(listener);
-                let side = VerbsSide::Shared(verbs.clone(), VerbsServe::default());
-                serve_any(
-                    tcp,
-                    Some(side),
-                    &cfg,
-                    memory,
-                    &admission,
-                    Some(call),
-                    &mut report,
-                )?
-            }
-        };
+        let tcp = (self.opts.transport != TransportKind::Rdma).then_some(listener);
+        let verbs = self
+            .verbs
+            .as_ref()
+            .map(|v| VerbsSide::Shared(v.clone(), VerbsServe::default()));
+        serve_any(
+            tcp,
+            verbs,
+            Some(self.kept.clone()),
+            &cfg,
+            memory,
+            &admission,
+            Some(call),
+            &mut report,
+        )?;
         match last {
             Some(RecvOutcome::Completed(report)) if report.ok() => Ok(*report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),

@@ -4,6 +4,7 @@
 
 use super::error::{Error, ErrorKind};
 use super::{Options, TransportKind};
+use crate::engine::kept::{KeptSender, Tried};
 use crate::engine::Cooldowns;
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, LentBytes, SendSource};
@@ -11,6 +12,7 @@ use crate::transfer::SendReport;
 use crate::wire::Payload;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Send `source` (any [`SendSource`]: host memory, GPU memory behind a staging ring)
@@ -25,7 +27,7 @@ pub fn send_source(
     opts: &Options,
 ) -> Result<SendReport, Error> {
     let transport = chosen(peer, opts);
-    send_with(peer, transport, source, opts, &Cooldowns::new())
+    send_with(peer, transport, source, opts, &Cooldowns::new(), None)
 }
 
 /// The transport a send to `peer` takes under `opts.transport` (`Auto`: verbs where the
@@ -36,25 +38,106 @@ fn chosen(peer: SocketAddr, opts: &Options) -> TransportKind {
 }
 
 /// [`send_source`] over `transport`, remembering failed rails in `cooldowns` (an
-/// endpoint's).
+/// endpoint's); over TCP on the connection `kept` holds, if it has one that fits (else
+/// on a new one, left there afterwards).
 fn send_with(
     peer: SocketAddr,
     transport: TransportKind,
     source: &dyn SendSource,
     opts: &Options,
     cooldowns: &Cooldowns,
+    kept: Option<&KeptSlot>,
 ) -> Result<SendReport, Error> {
     let cfg = opts.send_options(peer, source.len() as u64, Payload::Opaque, cooldowns);
-    let mut reports = match transport {
-        TransportKind::Rdma => crate::engine::connect::send_verbs_source(&cfg, source, 1)?,
-        _ => crate::engine::connect::send_tcp(&cfg, source, &AttemptLog::default(), 1)?,
+    let report = match (transport, kept) {
+        (TransportKind::Rdma, _) => {
+            last(crate::engine::connect::send_verbs_source(&cfg, source, 1)?)?
+        }
+        (_, None) => last(crate::engine::connect::send_tcp(
+            &cfg,
+            source,
+            &AttemptLog::default(),
+            1,
+        )?)?,
+        (_, Some(slot)) => send_kept(&cfg, source, slot)?,
     };
-    let report = reports
-        .pop()
-        .ok_or_else(|| Error::new(ErrorKind::Other, "no report of the transfer"))?;
     match Error::from_send_report(&report) {
         Some(e) => Err(e),
         None => Ok(report),
+    }
+}
+
+/// The one report of a transfer.
+fn last(mut reports: Vec<SendReport>) -> Result<SendReport, Error> {
+    reports
+        .pop()
+        .ok_or_else(|| Error::new(ErrorKind::Other, "no report of the transfer"))
+}
+
+/// Send over TCP on `slot`'s connection where it has one that fits, else on a new one
+/// offered as a session; the connection goes back into the slot while it stays good. A
+/// send while another holds the connection (a clone of the endpoint on another thread)
+/// opens one of its own.
+fn send_kept(
+    cfg: &crate::engine::SendOptions,
+    source: &dyn SendSource,
+    slot: &KeptSlot,
+) -> Result<SendReport, Error> {
+    let taken = slot.take().filter(|k| k.fits(cfg));
+    if let Some(kept) = taken {
+        match kept.send(cfg, source) {
+            Tried::Sent(result, again) => {
+                if let Some(again) = again {
+                    slot.put(again);
+                }
+                return Ok(result?);
+            }
+            // The receiver closed it before answering: nothing was accepted.
+            Tried::Closed => {}
+        }
+    }
+    let mut fresh = None;
+    let reports = crate::engine::connect::send_tcp_keeping(
+        cfg,
+        source,
+        &AttemptLog::default(),
+        1,
+        Some(&mut fresh),
+    )?;
+    if let Some(fresh) = fresh {
+        slot.put(fresh);
+    }
+    last(reports)
+}
+
+/// An endpoint's kept TCP connection, shared by its clones; taken out while a send uses
+/// it.
+#[derive(Default)]
+struct KeptSlot(Mutex<Option<KeptSender>>);
+
+impl KeptSlot {
+    fn take(&self) -> Option<KeptSender> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Keep `kept` unless the slot holds one already (it closes then).
+    fn put(&self, kept: KeptSender) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(kept);
+        }
+    }
+
+    fn holds(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+}
+
+impl std::fmt::Debug for KeptSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptSlot")
+            .field("holds", &self.holds())
+            .finish()
     }
 }
 
@@ -113,6 +196,22 @@ pub unsafe fn send_device_lent(
     len: usize,
     opts: &Options,
 ) -> Result<SendReport, Error> {
+    // SAFETY: the caller's contract, passed on as it is.
+    unsafe { with_device_lent(ordinal, ptr, len, opts, |staged| send_source(peer, staged, opts)) }
+}
+
+/// `f` with GPU memory the caller lent, behind its staging ring.
+///
+/// # Safety
+/// As for [`send_device_lent`], until this returns.
+#[cfg(feature = "cuda")]
+unsafe fn with_device_lent<R>(
+    ordinal: u32,
+    ptr: u64,
+    len: usize,
+    opts: &Options,
+    f: impl FnOnce(&crate::gpu::sources::StagedSource) -> Result<R, Error>,
+) -> Result<R, Error> {
     let gpu = crate::gpu::Gpu::open(ordinal)
         .map_err(|e| Error::new(ErrorKind::Other, format!("GPU {ordinal}: {e:#}")))?;
     // A producer's kernel queued on any stream of the context (a side stream of the
@@ -124,16 +223,19 @@ pub unsafe fn send_device_lent(
     // dropped (never freed: it is borrowed) before we return, with the staging ring.
     let memory = unsafe { crate::gpu::allocations::DeviceBuffer::borrowed(&gpu, ptr, len) };
     let staged = stage(memory, opts)?;
-    send_source(peer, &staged, opts)
+    f(&staged)
 }
 
 /// A peer to send to, and how: the options every send of this endpoint uses, and the
 /// transport chosen for it once (as `--transport` chooses).
 ///
-/// Each send opens its own connection (the offer, the streams or queue pairs, the
-/// chunks, the ack) and closes it when the receiver has acked; a connection that carries
-/// many transfers of different sizes is not there yet (`host --reuse-connection` repeats
-/// one transfer).
+/// Over TCP, the endpoint keeps its connection after a verified transfer and offers the
+/// next on it, whatever its size (the streams stay open: no connect, offer, hellos or
+/// proof of the key again); a receiver keeps it for its `timeout` after each transfer,
+/// and a send that finds it closed opens a new one. Clones share it (a send while
+/// another uses it opens one of its own); it closes when the last clone is dropped.
+/// Over verbs each send opens its own connection (queue pairs, registration) and closes
+/// it after the ack.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     peer: SocketAddr,
@@ -141,6 +243,8 @@ pub struct Endpoint {
     transport: TransportKind,
     /// Where this endpoint's failed rails rest.
     cooldowns: Cooldowns,
+    /// Its TCP connection between sends.
+    kept: Arc<KeptSlot>,
 }
 
 /// An endpoint for `peer`.
@@ -154,6 +258,7 @@ pub fn connect(peer: SocketAddr, opts: &Options) -> Result<Endpoint, Error> {
         opts: opts.clone(),
         transport: chosen(peer, opts),
         cooldowns: Cooldowns::new(),
+        kept: Arc::default(),
     })
 }
 
@@ -185,6 +290,7 @@ impl Endpoint {
             &LentBytes::new(data),
             &opts,
             &self.cooldowns,
+            Some(&self.kept),
         )
     }
 
@@ -199,7 +305,48 @@ impl Endpoint {
             .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))?;
         let file_name = path.file_name().and_then(|n| n.to_str());
         let opts = self.named(name.or(file_name));
-        send_with(self.peer, self.transport, &data, &opts, &self.cooldowns)
+        send_with(
+            self.peer,
+            self.transport,
+            &data,
+            &opts,
+            &self.cooldowns,
+            Some(&self.kept),
+        )
+    }
+
+    /// Send `len` bytes of GPU memory at `ptr` on device `ordinal` that the caller
+    /// allocated (the Python module's tensors), read in place through the staging ring,
+    /// on this endpoint's connection.
+    ///
+    /// # Safety
+    /// As for the function [`send_device_lent`]: device memory of that device's primary
+    /// context, allocated and not written until this returns.
+    ///
+    /// # Errors
+    /// As for [`send_source`]; the GPU could not be opened.
+    #[cfg(feature = "cuda")]
+    pub unsafe fn send_device_lent(
+        &self,
+        ordinal: u32,
+        ptr: u64,
+        len: usize,
+        name: Option<&str>,
+    ) -> Result<SendReport, Error> {
+        let opts = self.named(name);
+        // SAFETY: the caller's contract, passed on as it is.
+        unsafe {
+            with_device_lent(ordinal, ptr, len, &opts, |staged| {
+                send_with(
+                    self.peer,
+                    self.transport,
+                    staged,
+                    &opts,
+                    &self.cooldowns,
+                    Some(&self.kept),
+                )
+            })
+        }
     }
 
     /// The endpoint's options with `name`, if given, in place of its own.

@@ -4,6 +4,7 @@
 //! opening itself is the transport's (its `dial`), and what runs on the link once open is
 //! [`super::send`]'s.
 
+use super::kept::KeptSender;
 use super::options::SendOptions;
 use super::send::{self, Facts, RailName, Shape};
 use super::sending::Sending;
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// The offer of `transfers` transfers of `bytes` bytes under `opts`, and the name
 /// message that follows it (empty without a name).
-fn offer(
+pub(super) fn offer(
     opts: &SendOptions,
     bytes: u64,
     transfers: u32,
@@ -89,6 +90,19 @@ pub fn send_tcp(
     memory_log: &AttemptLog,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
+    send_tcp_keeping(opts, source, memory_log, transfers, None)
+}
+
+/// [`send_tcp`]; with `keep`, the offer asks the receiver to keep the connection
+/// ([`HINT_SESSION`](crate::wire::HINT_SESSION)), and a connection whose transfers all
+/// verified is left in `keep` for the next offer ([`super::kept`]).
+pub fn send_tcp_keeping(
+    opts: &SendOptions,
+    source: &dyn SendSource,
+    memory_log: &AttemptLog,
+    transfers: u32,
+    keep: Option<&mut Option<KeptSender>>,
+) -> Result<Vec<SendReport>, TransferError> {
     let t0 = Instant::now();
     let label = opts.peer.to_string();
     let streams = opts.tcp.streams;
@@ -97,7 +111,11 @@ pub fn send_tcp(
             "--streams {streams} is outside 1..={MAX_STREAMS}"
         )));
     }
-    let (header, plan, name_message) = offer(opts, source.len() as u64, transfers, Op::Send)?;
+    let (mut header, plan, name_message) =
+        offer(opts, source.len() as u64, transfers, Op::Send)?;
+    if keep.is_some() {
+        header = header.with_session();
+    }
     let rails: Vec<Rail> = match opts.tcp.rails.is_empty() {
         true => vec![Rail {
             local: None,
@@ -138,11 +156,14 @@ pub fn send_tcp(
         },
     };
     let version = opts.protocol_version;
+    // The header as it went (a kept connection's next offers must say the same rails).
+    let header_sent = std::cell::Cell::new(header);
     let header_for = |rails: u16| -> Vec<u8> {
         let h = match rails > 1 {
             true => header.with_rails(rails as u8).unwrap_or(header),
             false => header,
         };
+        header_sent.set(h);
         h.encode_with_version(version).to_vec()
     };
     let dialed = dial::dial(&cfg, &tried, &header_for, &name_message, &label);
@@ -187,13 +208,26 @@ pub fn send_tcp(
         transfers,
     };
     let rail_timeout = opts.rail_timeout;
-    dialed
+    let sent = dialed
         .sender
         .with_source(source.memory(), |link| {
             let mut sending = Sending::new(link, rail_timeout);
             send::transfers(&mut sending, source, &shape, &facts)
         })
-        .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?
+        .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
+    if let (Some(keep), Ok(reports)) = (keep, &sent) {
+        let verified = |r: &SendReport| r.receiver.is_some_and(|v| v.ok());
+        if reports.iter().all(verified) && dialed.sender.usable() {
+            *keep = Some(KeptSender::new(
+                dialed.sender,
+                opts,
+                header_sent.get(),
+                names,
+                dialed.connected,
+            ));
+        }
+    }
+    sent
 }
 
 /// `transfers` transfers of `memory`'s data to `opts.peer` over verbs on one connection

@@ -3,11 +3,13 @@
 //! failure ([`cooldown`]), the sender's transfers and its conversation with the receiver
 //! ([`send`]), the receiver's passes, checks, converging repair, acks and reports
 //! ([`receiving`], [`recv`]), the serving loop ([`serve`]), and opening a connection
-//! over each transport ([`connect`]). One options value per direction ([`options`]).
+//! over each transport ([`connect`]), and a sender's TCP connection kept for its next
+//! transfer ([`kept`]). One options value per direction ([`options`]).
 //! Nothing below it imports it.
 
 pub mod connect;
 pub mod cooldown;
+pub mod kept;
 pub mod landed;
 #[cfg(test)]
 mod memlink;

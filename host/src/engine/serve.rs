@@ -11,9 +11,10 @@
 use super::options::RecvOptions;
 pub use super::options::{SinkFactoryMaker, VerbsServe};
 pub use super::serve_offer::Pausable;
-use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind};
+use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind, Served};
 use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
 
+use crate::net::tcp::kept::KeptConn;
 use crate::net::tcp::listen::{TcpListen, TcpOffer};
 use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
 use crate::net::{Heard, ListenConfig};
@@ -238,9 +239,118 @@ enum Event<O> {
     },
 }
 
-/// Serves one admitted offer on its thread: the outcome, and whether it was accepted.
-type ServeOne<O> =
-    dyn Fn(O, Lease, MemoryKind, Option<&dyn Pausable>) -> (RecvOutcome, bool) + Send + Sync;
+/// Serves one admitted offer on its thread: the outcome, whether it was accepted, and
+/// for a connection kept after it, the wait for the sender's next offer on it.
+type ServeOne<O> = dyn Fn(O, Lease, MemoryKind, Option<&dyn Pausable>) -> (RecvOutcome, bool, Option<NextOf<O>>)
+    + Send
+    + Sync;
+
+/// Waits for the next offer on a kept connection (`None`: the session ended).
+type NextOf<O> = Box<dyn FnOnce() -> Option<O> + Send>;
+
+/// What a served TCP offer comes to in a loop over offers of kind `O`: a kept
+/// connection waits up to `idle` for its next offer (wrapped by `wrap`).
+fn tcp_served<O: 'static>(
+    served: Served<KeptConn>,
+    idle: Duration,
+    wrap: fn(TcpOffer) -> O,
+) -> (RecvOutcome, bool, Option<NextOf<O>>) {
+    let next = served.kept.map(|kept| -> NextOf<O> {
+        Box::new(move || kept.next_offer(idle).map(wrap))
+    });
+    (served.outcome, served.accepted, next)
+}
+
+/// Offers that came on kept connections ([`HINT_SESSION`](crate::wire::HINT_SESSION)),
+/// told to the serving loop running now, or held while none runs (a library's listener
+/// between calls) or while it takes no offers (a call's one transfer running). Held
+/// offers older than the connection's idle time are dropped (closed): their senders
+/// stopped waiting for an answer.
+pub struct KeptOffers<O> {
+    inner: Mutex<KeptInner<O>>,
+}
+
+struct KeptInner<O> {
+    tell: Option<Box<dyn Fn(O) + Send>>,
+    paused: bool,
+    held: std::collections::VecDeque<(Instant, O)>,
+    idle: Duration,
+}
+
+impl<O: Send + 'static> KeptOffers<O> {
+    /// Paused, telling no loop yet.
+    pub fn new() -> Arc<KeptOffers<O>> {
+        Arc::new(KeptOffers {
+            inner: Mutex::new(KeptInner {
+                tell: None,
+                paused: true,
+                held: Default::default(),
+                idle: Duration::from_secs(30),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptInner<O>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tell this loop's `events` from now on, holding offers up to `idle` old.
+    fn retell(&self, events: &mpsc::Sender<Event<O>>, idle: Duration) {
+        let events = events.clone();
+        let mut inner = self.lock();
+        inner.idle = idle;
+        inner.tell = Some(Box::new(move |o| {
+            let _ = events.send(Event::Heard(Heard::Offer(o)));
+        }));
+    }
+
+    /// The next offer of a kept connection.
+    fn offer(&self, offer: O) {
+        let mut inner = self.lock();
+        let idle = inner.idle;
+        inner.held.retain(|(at, _)| at.elapsed() < idle);
+        match (&inner.tell, inner.paused) {
+            (Some(tell), false) => tell(offer),
+            _ => inner.held.push_back((Instant::now(), offer)),
+        }
+    }
+}
+
+impl<O: Send + 'static> Pausable for KeptOffers<O> {
+    fn pause(&self) {
+        self.lock().paused = true;
+    }
+    fn resume(&self) {
+        let mut inner = self.lock();
+        inner.paused = false;
+        let idle = inner.idle;
+        let held = std::mem::take(&mut inner.held);
+        if let Some(tell) = &inner.tell {
+            for (at, offer) in held {
+                if at.elapsed() < idle {
+                    tell(offer);
+                }
+            }
+        }
+    }
+}
+
+/// A listener and the kept connections, paused and resumed together.
+struct AndKept<L, O> {
+    listen: Arc<L>,
+    kept: Arc<KeptOffers<O>>,
+}
+
+impl<L: Pausable, O: Send + 'static> Pausable for AndKept<L, O> {
+    fn pause(&self) {
+        self.listen.pause();
+        self.kept.pause();
+    }
+    fn resume(&self) {
+        self.listen.resume();
+        self.kept.resume();
+    }
+}
 
 /// Listen on `opts.bind` and serve TCP transfers under an admission of their own,
 /// telling `report` about each. Returns only with `--once` (whether that transfer
@@ -297,12 +407,17 @@ pub fn serve_tcp(
     report(&RecvOutcome::Listening {
         addr: listen.local_addr().to_string(),
     });
+    let keep = keeps(opts, &library);
     let serve_one: Arc<ServeOne<TcpOffer>> = {
         let opts = opts.clone();
-        Arc::new(move |offer, lease, kind, one| serve_tcp_offer(offer, lease, kind, &opts, one))
+        Arc::new(move |offer, lease, kind, one| {
+            let served = serve_tcp_offer(offer, lease, kind, &opts, one, keep);
+            tcp_served(served, opts.timeout, |o| o)
+        })
     };
     serve_offers(
         Arc::new(listen),
+        KeptOffers::new(),
         rx,
         events,
         memory,
@@ -312,6 +427,12 @@ pub fn serve_tcp(
         report,
         serve_one,
     )
+}
+
+/// Whether connections are kept for their senders' next offers: not by a receiver that
+/// ends with its one transfer (`--once` outside a library, whose listener lives on).
+fn keeps(opts: &RecvOptions, library: &Option<LibraryCall>) -> bool {
+    library.is_some() || !opts.once
 }
 
 /// Listen on `opts.bind` over verbs and serve its transfers under `admission`, telling
@@ -338,11 +459,13 @@ pub fn serve_verbs(
     let serve_one: Arc<ServeOne<VerbsOffer>> = {
         let opts = opts.clone();
         Arc::new(move |offer, lease, kind, one| {
-            serve_verbs_offer(offer, lease, kind, &opts, how, one)
+            let (outcome, accepted) = serve_verbs_offer(offer, lease, kind, &opts, how, one);
+            (outcome, accepted, None)
         })
     };
     serve_offers(
         Arc::new(listen),
+        KeptOffers::new(),
         rx,
         events,
         memory,
@@ -455,9 +578,11 @@ pub enum VerbsSide {
 ///
 /// # Errors
 /// Neither listener could start, or the verbs one could not and was asked for alone.
+#[allow(clippy::too_many_arguments)]
 pub fn serve_any(
     tcp: Option<TcpListener>,
     verbs: Option<VerbsSide>,
+    kept: Option<Arc<KeptOffers<AnyOffer>>>,
     opts: &RecvOptions,
     memory: &RecvMemory,
     admission: &Arc<Admission>,
@@ -513,9 +638,16 @@ pub fn serve_any(
     }
     let serve_one: Arc<ServeOne<AnyOffer>> = {
         let opts = opts.clone();
+        let keep = keeps(&opts, &library);
         Arc::new(move |offer, lease, kind, one| match offer {
-            AnyOffer::Tcp(o) => serve_tcp_offer(o, lease, kind, &opts, one),
-            AnyOffer::Verbs(o) => serve_verbs_offer(o, lease, kind, &opts, how, one),
+            AnyOffer::Tcp(o) => {
+                let served = serve_tcp_offer(o, lease, kind, &opts, one, keep);
+                tcp_served(served, opts.timeout, AnyOffer::Tcp)
+            }
+            AnyOffer::Verbs(o) => {
+                let (outcome, accepted) = serve_verbs_offer(o, lease, kind, &opts, how, one);
+                (outcome, accepted, None)
+            }
         })
     };
     let both = Arc::new(Both {
@@ -524,6 +656,7 @@ pub fn serve_any(
     });
     let served = serve_offers(
         both.clone(),
+        kept.unwrap_or_else(KeptOffers::new),
         rx,
         events,
         memory,
@@ -544,6 +677,7 @@ pub fn serve_any(
 #[allow(clippy::too_many_arguments)]
 fn serve_offers<O: Offer, L: Pausable + 'static>(
     listen: Arc<L>,
+    kept: Arc<KeptOffers<O>>,
     rx: mpsc::Receiver<Event<O>>,
     events: mpsc::Sender<Event<O>>,
     memory: &RecvMemory,
@@ -553,11 +687,50 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
     report: &mut dyn FnMut(&RecvOutcome),
     serve_one: Arc<ServeOne<O>>,
 ) -> Result<bool, TransferError> {
+    let one_per_call = library.is_some() && opts.once;
+    kept.retell(&events, opts.timeout);
+    kept.resume();
+    let listen = Arc::new(AndKept {
+        listen,
+        kept: kept.clone(),
+    });
+    let served = serve_offers_on(
+        &listen,
+        &kept,
+        rx,
+        events,
+        memory,
+        admission,
+        opts,
+        library,
+        report,
+        serve_one,
+        one_per_call,
+    );
+    // Until the next call (a library's listener): offers of kept connections are held.
+    kept.pause();
+    served
+}
+
+/// [`serve_offers`]' loop.
+#[allow(clippy::too_many_arguments)]
+fn serve_offers_on<O: Offer, L: Pausable + 'static>(
+    listen: &Arc<AndKept<L, O>>,
+    kept: &Arc<KeptOffers<O>>,
+    rx: mpsc::Receiver<Event<O>>,
+    events: mpsc::Sender<Event<O>>,
+    memory: &RecvMemory,
+    admission: &Arc<Admission>,
+    opts: &RecvOptions,
+    library: Option<LibraryCall>,
+    report: &mut dyn FnMut(&RecvOutcome),
+    serve_one: Arc<ServeOne<O>>,
+    one_per_call: bool,
+) -> Result<bool, TransferError> {
     let give_up = library
         .as_ref()
         .and_then(|c| c.wait)
         .map(|w| (Instant::now() + w, w));
-    let one_per_call = library.is_some() && opts.once;
     // Transfer threads started and not yet served: a bounded wait ends only between them.
     let mut in_flight = 0usize;
     loop {
@@ -628,16 +801,21 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                     }
                 };
                 let kind = memory.kind();
-                let (events, listen, serve_one) =
-                    (events.clone(), listen.clone(), serve_one.clone());
+                let (events, listen, serve_one, kept) =
+                    (events.clone(), listen.clone(), serve_one.clone(), kept.clone());
                 let peer = offer.peer();
                 let spawned =
                     std::thread::Builder::new()
                         .name("transfer".into())
                         .spawn(move || {
                             let one = one_per_call.then_some(&*listen as &dyn Pausable);
-                            let (outcome, accepted) = serve_one(offer, lease, kind, one);
+                            let (outcome, accepted, next) = serve_one(offer, lease, kind, one);
                             let _ = events.send(Event::Served { outcome, accepted });
+                            // A kept connection waits here for its sender's next offer,
+                            // which then goes round the loop as any offer does.
+                            if let Some(offer) = next.and_then(|next| next()) {
+                                kept.offer(offer);
+                            }
                         });
                 match spawned {
                     Ok(_) => in_flight += 1,

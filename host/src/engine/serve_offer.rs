@@ -13,6 +13,7 @@ use super::recv::{self, Terms};
 use crate::memory::lent::{LentPlace, LentTarget};
 use crate::memory::select::AttemptLog;
 use crate::memory::{HostBuffer, RecvSink, SinkFactory};
+use crate::net::tcp::kept::KeptConn;
 use crate::net::tcp::listen::TcpOffer;
 use crate::net::tcp::recv::Landing;
 use crate::net::verbs::accept::SinkChoice;
@@ -137,21 +138,43 @@ fn make_memory(
     }
 }
 
-/// Serve one admitted offer: memory, accept, receive, verify, ack. Also whether the
-/// accept was sent (the transfer used `--once` up).
+/// What serving one offer came to.
+pub struct Served<K> {
+    pub outcome: RecvOutcome,
+    /// Whether the accept was sent (the transfer used `--once` up).
+    pub accepted: bool,
+    /// The connection, kept for the sender's next offer.
+    pub kept: Option<K>,
+}
+
+impl<K> Served<K> {
+    fn ended(outcome: RecvOutcome, accepted: bool) -> Served<K> {
+        Served {
+            outcome,
+            accepted,
+            kept: None,
+        }
+    }
+}
+
+/// Serve one admitted offer: memory, accept, receive, verify, ack. With `keep`, a
+/// transfer that verified on a connection whose sender asked for a session
+/// ([`HINT_SESSION`](crate::wire::HINT_SESSION)) leaves it open for the next offer.
 pub fn serve_tcp_offer(
     offer: TcpOffer,
     lease: Lease,
     kind: MemoryKind,
     opts: &RecvOptions,
     one_per_call: Option<&dyn Pausable>,
-) -> (RecvOutcome, bool) {
+    keep: bool,
+) -> Served<KeptConn> {
+    let (hello, keep) = (offer.hello, keep && offer.header.session);
     let peer = offer.peer;
     let label = peer.to_string();
     let header = offer.header;
     let total = header.total_bytes;
     let (Ok(len), Ok(chunk)) = (usize::try_from(total), usize::try_from(header.chunk_bytes)) else {
-        return (
+        return Served::ended(
             offer.refuse(RejectReason::NoMemory { bytes: total }, None),
             false,
         );
@@ -160,13 +183,13 @@ pub fn serve_tcp_offer(
         Ok(m) => m,
         Err(e) => {
             let reason = RejectReason::NoMemory { bytes: total };
-            return (offer.refuse(reason, Some(format!("{e:#}"))), false);
+            return Served::ended(offer.refuse(reason, Some(format!("{e:#}"))), false);
         }
     };
     let name = offer.name.clone();
     let accepted = match offer.accept() {
         Ok(a) => a,
-        Err(outcome) => return (outcome, false),
+        Err(outcome) => return Served::ended(outcome, false),
     };
     if let Some(listen) = one_per_call {
         // Served alone and the call ends with it: whoever connects next waits in the
@@ -202,10 +225,27 @@ pub fn serve_tcp_offer(
     drop(memory);
     drop(in_use);
     drop(lease);
-    if let Some(ack) = last_ack {
-        report.reply_delivered &= receiver.send_last(&ack.encode());
+    let mut kept = None;
+    match last_ack {
+        // The ack on one rail only: a copy on another would be read as the next
+        // transfer's answer.
+        Some(ack) if keep && error.is_none() && report.ok() && receiver.usable() => {
+            report.reply_delivered &= receiver.send_message(&ack.encode());
+            if report.reply_delivered {
+                let rails_from = terms.rails_from.clone();
+                kept = Some(KeptConn::new(
+                    receiver,
+                    peer,
+                    hello,
+                    &header,
+                    rails_from,
+                    opts.timeout,
+                ));
+            }
+        }
+        Some(ack) => report.reply_delivered &= receiver.send_last(&ack.encode()),
+        None => {}
     }
-    drop(receiver);
     let outcome = match error {
         Some(e) => RecvOutcome::Failed {
             peer: label,
@@ -213,8 +253,14 @@ pub fn serve_tcp_offer(
         },
         None => RecvOutcome::Completed(Box::new(report)),
     };
-    (outcome, true)
+    Served {
+        outcome,
+        accepted: true,
+        kept,
+    }
 }
+
+
 
 /// Why a GPU buffer of the caller's is not received into over verbs.
 const GPU_LENT_WHY: &str = "over verbs data lands in host memory or, where the NIC takes it, GPU memory of the receiver's own (GPUDirect RDMA): not in a caller's GPU buffer; receive it over TCP";

@@ -81,8 +81,12 @@ pub struct SendReport {
     /// Chunks actually kept in flight (RDMA: work requests posted; TCP: chunks handed to
     /// the socket writers), the depth limited by the source.
     pub in_flight: u32,
-    /// Address and route resolution, setup, registration and connection.
+    /// Address and route resolution, setup, registration and connection (on a kept
+    /// connection: the next offer and its answer).
     pub connect_seconds: f64,
+    /// It went on a connection that carried a transfer before: after the first of
+    /// `--reuse-connection`, or an endpoint's kept TCP connection.
+    pub kept_connection: bool,
     /// From the first work request posted to the last data completion.
     pub seconds: f64,
     /// `bytes / seconds`, in 10^9 bytes per second (GB/s; JSON `gb_per_s`, so that
@@ -194,6 +198,7 @@ impl Framed<'_> {
             chunk_bytes: self.plan.chunk_bytes(),
             in_flight: self.in_flight,
             connect_seconds: if k == 0 { self.connect_seconds } else { 0.0 },
+            kept_connection: k > 0,
             seconds,
             gbps: gigabytes_per_second(total, seconds),
             receiver: Some(ReceiverVerdict {

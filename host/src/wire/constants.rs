@@ -28,3 +28,5 @@ pub const MAX_RESENDS: u8 = 16;
 pub const MAX_VERBS_RAILS: u8 = 8;
 /// Most rails of one striped transfer of any transport (bits of a failed-rail mask).
 pub const MAX_RAILS: u8 = 32;
+/// The next offer on a kept connection ([`super::session`]).
+pub const NEXT_OFFER_MAGIC: [u8; 4] = *b"GRDO";

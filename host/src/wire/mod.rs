@@ -16,9 +16,11 @@
 //! | `pieces.rs` | [`pieces::PieceResend`], its query and the sender's answer: the repair in pieces (TCP), their sizes and the bound on what is sent again |
 //! | `auth.rs` | [`Challenge`], [`Proof`], [`VerbsProof`]: proof of the key (`--key-file`) |
 //! | `names.rs` | the name message (`--name`) and what a name may hold ([`checked_name`], [`printable`]) |
+//! | `session.rs` | [`NextOffer`]: the next transfer offered on a kept connection ([`HINT_SESSION`]) |
 //!
 //! The constants and the error sit below the families, which import them and nothing of
-//! each other but the offer's length (auth: a verbs proof follows the header), so no file
+//! each other but the offer's length (auth: a verbs proof follows the header) and the offer
+//! with its name (session: a next offer carries both), so no file
 //! of the format imports one that imports it back.
 //!
 //! All integers are little-endian. The messages, each starting with a 4-byte magic and a
@@ -38,6 +40,7 @@
 //! | name (`--name`, [`encode_name`]) | after the offer (TCP, header flag 0x02) | `GRDF` | 8 + name |
 //! | [`Challenge`]: a nonce to prove the key over (`--key-file`, TCP) | the answer to an offer | `GRDN` | 28 |
 //! | [`Proof`]: HMAC-SHA256 over the offer and the nonce (TCP) | the sender's reply to a challenge | `GRDP` | 40 |
+//! | [`NextOffer`]: the next transfer on a kept connection (TCP, hint 0x04) | a message after the ack | `GRDO` | 40 + name |
 //!
 //! Header layout (RC connect private data holds at most 56 bytes; this uses 32):
 //!
@@ -69,7 +72,8 @@
 //! so the receiver may sleep until a solicited completion instead of waking for each
 //! (Soft-RoCE does the notification on the sender's CPU: 64 KiB SENDs went from 47 to
 //! 73 MB/s, see tests/softroce/BENCH.md). `0x02` ([`HINT_PIECES`]): the sender answers
-//! piece requests ([`pieces`]); a receiver that ignores it asks for whole chunks.
+//! piece requests ([`pieces`]); a receiver that ignores it asks for whole chunks. `0x04`
+//! ([`HINT_SESSION`]): the sender keeps the connection after the ack for a [`NextOffer`].
 //!
 //! The CM pads private data with zeros to its fixed size, so decoders accept (and
 //! ignore) trailing bytes.
@@ -96,6 +100,7 @@ mod names;
 mod offer;
 pub mod pieces;
 mod repair;
+mod session;
 
 pub use acks::{Ack, AckStatus, ACK_LEN};
 pub use answers::{
@@ -118,6 +123,7 @@ pub use names::{
 };
 pub use offer::{
     Header, Op, Payload, VerifyMode, DEFAULT_MAX_RESENDS, HEADER_FLAG_NAMED, HEADER_FLAG_REPEAT,
-    HEADER_FLAG_STRIPED, HEADER_LEN, HINT_PIECES, HINT_SOLICITED, RAW_IMM, RAW_REPLY,
+    HEADER_FLAG_STRIPED, HEADER_LEN, HINT_PIECES, HINT_SESSION, HINT_SOLICITED, RAW_IMM, RAW_REPLY,
 };
 pub use repair::{ChunkChecksums, Resend, CHECKSUMS_PREFIX_LEN, REPLY_PREFIX_LEN};
+pub use session::NextOffer;

@@ -26,6 +26,10 @@ pub const HINT_SOLICITED: u8 = 0x01;
 /// Header hint: the sender answers piece requests ([`super::pieces`]); a receiver that
 /// predates it ignores it and asks for whole chunks.
 pub const HINT_PIECES: u8 = 0x02;
+/// Header hint (TCP): the sender keeps the connection after the ack and may offer its
+/// next transfer on it ([`super::session`]); a receiver that predates it closes, and the
+/// sender opens a new connection for the next.
+pub const HINT_SESSION: u8 = 0x04;
 /// The resends a sender allows when it is not told (`--max-resends`): the most, so that
 /// the rounds end by what they achieve (see `transfer::repair::Converge`), not by count.
 pub const DEFAULT_MAX_RESENDS: u8 = super::MAX_RESENDS;
@@ -157,6 +161,8 @@ pub struct Header {
     pub striped: bool,
     /// The sender answers piece requests ([`HINT_PIECES`]).
     pub pieces: bool,
+    /// The sender may offer another transfer on this connection ([`HINT_SESSION`]).
+    pub session: bool,
     /// Striped: the rails of the connection (over verbs, the rails the sender will open:
     /// rail 0 is this connection, the others [`Join`](super::Join) it; over TCP, the
     /// rails whose sockets connected). Carried in byte 27; 0 where not striped.
@@ -202,6 +208,7 @@ impl Header {
             named: false,
             striped: false,
             pieces: false,
+            session: false,
             rails: 0,
         };
         header.validate()?;
@@ -257,6 +264,15 @@ impl Header {
     pub fn with_pieces(self) -> Header {
         Header {
             pieces: true,
+            ..self
+        }
+    }
+
+    /// The same offer, from a sender that keeps the connection for its next offer
+    /// ([`HINT_SESSION`]).
+    pub fn with_session(self) -> Header {
+        Header {
+            session: true,
             ..self
         }
     }
@@ -355,6 +371,9 @@ impl Header {
         if self.pieces {
             out[28] |= HINT_PIECES;
         }
+        if self.session {
+            out[28] |= HINT_SESSION;
+        }
         out[29] = match self.payload {
             Payload::Pattern => 0,
             Payload::Opaque => 1,
@@ -412,6 +431,7 @@ impl Header {
             named: flags & HEADER_FLAG_NAMED != 0,
             striped,
             pieces: hints & HINT_PIECES != 0,
+            session: hints & HINT_SESSION != 0,
             rails,
         };
         header.validate()?;
@@ -570,6 +590,7 @@ pub(super) mod tests {
             named: false,
             striped: false,
             pieces: false,
+            session: false,
             rails: 0,
         }
         .encode()
@@ -592,11 +613,17 @@ pub(super) mod tests {
         // Unknown hint bits are ignored.
         let mut future = bytes;
         future[28] = 0xff;
-        assert_eq!(Header::decode(&future), Ok(h.with_pieces()));
-        // The piece hint beside it, in the same byte.
+        assert_eq!(
+            Header::decode(&future),
+            Ok(h.with_pieces().with_session())
+        );
+        // The piece and session hints beside it, in the same byte.
         let pieces = seed_header().with_pieces();
         assert_eq!(pieces.encode()[28], HINT_PIECES);
         assert_eq!(Header::decode(&pieces.encode()), Ok(pieces));
+        let session = seed_header().with_session();
+        assert_eq!(session.encode()[28], HINT_SESSION);
+        assert_eq!(Header::decode(&session.encode()), Ok(session));
         // Together with the repeat flag.
         let both = h.with_transfers(10).unwrap();
         assert_eq!(Header::decode(&both.encode()), Ok(both));

@@ -13,6 +13,7 @@
 //! joins book ([`crate::net::joins`]). A refusal is one non-blocking write and a close.
 
 use super::frames::{Hello, HELLO_LEN, HELLO_MAGIC};
+use super::kept::KeptConn;
 use super::recv::TcpReceiver;
 use super::socket::{self, ReadStop};
 use crate::net::joins::{JoinSlot, Joins, Refused};
@@ -133,9 +134,19 @@ pub struct TcpOffer {
     pub header: Header,
     pub hello: Hello,
     pub name: Option<String>,
-    control: TcpStream,
-    joins: Arc<Joins<(SocketAddr, TcpStream)>>,
+    from: OfferFrom,
     timeout: Duration,
+}
+
+/// Where an offer came from.
+enum OfferFrom {
+    /// A new connection: its first stream, and where its other streams join it.
+    Opened {
+        control: TcpStream,
+        joins: Arc<Joins<(SocketAddr, TcpStream)>>,
+    },
+    /// A connection kept after its last transfer ([`super::kept`]).
+    Kept(Box<KeptConn>),
 }
 
 impl TcpOffer {
@@ -144,9 +155,29 @@ impl TcpOffer {
         self.hello.count as u64 + 1
     }
 
+    /// The next offer on a kept connection (its streams as they were).
+    pub(super) fn kept(kept: KeptConn, header: Header, name: Option<String>) -> TcpOffer {
+        TcpOffer {
+            peer: kept.peer,
+            header,
+            hello: kept.hello,
+            name,
+            timeout: kept.timeout,
+            from: OfferFrom::Kept(Box::new(kept)),
+        }
+    }
+
+    /// Whether it came on a connection kept from a transfer before.
+    pub fn is_kept(&self) -> bool {
+        matches!(self.from, OfferFrom::Kept(_))
+    }
+
     /// Refuse, saying why; what to report.
     pub fn refuse(self, reason: RejectReason, detail: Option<String>) -> RecvOutcome {
-        refuse(self.control, self.peer, reason, detail)
+        match self.from {
+            OfferFrom::Opened { control, .. } => refuse(control, self.peer, reason, detail),
+            OfferFrom::Kept(kept) => kept.refuse(reason, detail),
+        }
     }
 
     /// Accept the offer: the connection's streams are gathered (within `--timeout`;
@@ -154,14 +185,17 @@ impl TcpOffer {
     /// read. Errors are what to report.
     pub fn accept(self) -> Result<Accepted, RecvOutcome> {
         let TcpOffer {
-            mut control,
+            from,
             peer,
             header,
             hello,
             name: _,
-            joins,
             timeout,
         } = self;
+        let (mut control, joins) = match from {
+            OfferFrom::Opened { control, joins } => (control, joins),
+            OfferFrom::Kept(kept) => return kept.accept(&header),
+        };
         let rails = header.rails.max(1) as u16;
         let striped = header.striped;
         if hello.count % rails != 0 {
@@ -505,8 +539,10 @@ fn handshake(
                 header,
                 hello,
                 name,
-                control: stream,
-                joins: shared.joins.clone(),
+                from: OfferFrom::Opened {
+                    control: stream,
+                    joins: shared.joins.clone(),
+                },
                 timeout: cfg.timeout,
             }))
         }

@@ -7,12 +7,15 @@
 //!   hellos and proofs);
 //! - [`listen`]: the receiver's accept loop and handshakes, offers to the engine,
 //!   further streams to their connection;
+//! - [`kept`]: a receiver's connection between transfers, waiting for the sender's next
+//!   offer on it;
 //! - [`send`], [`recv`]: each end's threads for the life of a connection, lent the
 //!   transfer's memory one transfer at a time, and the link over them;
 //! - [`streams`]: how many streams a connection opens by default, from the machine.
 
 pub mod dial;
 pub mod frames;
+pub mod kept;
 pub mod listen;
 pub mod readers;
 pub mod recv;

@@ -214,6 +214,51 @@ impl TcpReceiver {
         any
     }
 
+    /// Send `bytes` as one message on the lowest live rail (the next if that one
+    /// fails): between transfers of a kept connection, where a copy on every rail would
+    /// be read as the next transfer's; whether a rail took it.
+    pub fn send_message(&mut self, bytes: &[u8]) -> bool {
+        let frame = Frame::control(bytes).encode();
+        for r in 0..self.rails.len() {
+            let side = &mut self.rails[r];
+            let Some(mut control) = side.control.as_deref().filter(|_| !side.down) else {
+                continue;
+            };
+            let written = control
+                .write_all(&frame)
+                .and_then(|()| control.write_all(bytes));
+            match written {
+                Ok(()) => return true,
+                Err(_) => self.stop_rail(r),
+            }
+        }
+        false
+    }
+
+    /// The sender's next message between transfers (no landing lent), waiting until
+    /// `deadline`. `None`: nothing came, every rail closed, or the sender sent something
+    /// other than a message (data with no transfer offered): the connection is done.
+    pub fn next_message(&mut self, deadline: Instant) -> Option<Vec<u8>> {
+        loop {
+            if !self.usable() {
+                return None;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.reports.recv_timeout(left.max(Duration::from_millis(1))) {
+                Ok(Report::Message { bytes, .. }) => return Some(bytes),
+                Ok(Report::Failed { stream, .. }) => {
+                    let rail = self.streams[stream].rail;
+                    self.stop_rail(rail);
+                }
+                Ok(_) | Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => {
+                    return None
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
     fn stop_rail(&mut self, rail: Rail) {
         let Some(side) = self.rails.get_mut(rail) else {
             return;

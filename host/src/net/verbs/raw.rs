@@ -157,6 +157,7 @@ pub fn send_raw(
         chunk_bytes: bytes,
         in_flight: 1,
         connect_seconds,
+        kept_connection: false,
         seconds,
         gbps: gigabytes_per_second(bytes, seconds),
         receiver: None,
