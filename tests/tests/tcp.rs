@@ -1711,3 +1711,38 @@ fn the_docs_show_what_the_program_prints() {
         );
     }
 }
+
+#[test]
+fn a_library_endpoints_transfers_share_one_connection_into_a_serving_receiver() {
+    // `host recv` without --once keeps a connection whose sender asked for it (an
+    // endpoint's), so its sends of any size skip the opening; the receiver's descriptors
+    // do not grow with them.
+    let r = Receiver::start(&["--json", "--timeout", "5"]);
+    let opts = host::api::Options {
+        chunk: 64 << 10,
+        ..host::api::Options::default()
+    };
+    let addr = format!("127.0.0.1:{}", r.port).parse().unwrap();
+    let endpoint = host::api::connect(addr, &opts).unwrap();
+    let mut files = Vec::new();
+    for k in 0..20usize {
+        let data: Vec<u8> = (0..(k * 7919 + 1)).map(|i| (i * 31 + k) as u8).collect();
+        let sent = endpoint.send(&data, None).unwrap();
+        assert_eq!(sent.kept_connection, k > 0, "transfer {k}: {}", r.log());
+        assert!(sent.receiver.is_some_and(|v| v.ok()), "transfer {k}");
+        files.push(r.open_files());
+    }
+    let t0 = Instant::now();
+    while r.log().matches("\"event\":\"completed\"").count() < 20 {
+        assert!(t0.elapsed() < T, "{}", r.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        files[19] <= files[1],
+        "descriptors grew with the transfers: {files:?}"
+    );
+    // The endpoint gone, the receiver closes the connection and goes on serving.
+    drop(endpoint);
+    let out = send(r.port, &["--iters", "1"], T);
+    assert_verified(&out, "a sender after the endpoint");
+}

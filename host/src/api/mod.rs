@@ -35,7 +35,8 @@
 //!   [`Endpoint::send_file`], and [`Endpoint::start_send`], which returns a [`Pending`]
 //!   at once; `send_device` sends GPU memory you allocated (the `cuda` feature: the
 //!   checksum kernel computes every chunk's CRC32C on the GPU, the chunks go through a
-//!   page-locked staging ring).
+//!   page-locked staging ring). Over TCP an endpoint keeps its connection between sends
+//!   (of any size), so only the first pays for the opening.
 //! - [`Listener::bind`] gives a [`Listener`]: [`Listener::receive`] (bytes of ours),
 //!   [`Listener::receive_into`] (in place into yours; an offer of another size is refused
 //!   before a byte lands), `receive_into_device` (a `DeviceBuffer`, checked by the

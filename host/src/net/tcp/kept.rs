@@ -117,3 +117,128 @@ impl KeptConn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A peer on a kept connection that sends something other than a good next offer:
+    //! each is refused or closed, within the idle time, never taken for a transfer.
+    use super::*;
+    use crate::net::tcp::frames::{Frame, FRAME_LEN};
+    use crate::wire::{Op, Payload, REJECT_MAGIC};
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// A kept connection of one stream, and the sender's end of it.
+    fn kept(first: &Header) -> (KeptConn, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mine, from) = listener.accept().unwrap();
+        let receiver = TcpReceiver::start(vec![vec![mine]], Duration::from_secs(2)).unwrap();
+        let hello = Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 7,
+        };
+        let conn = KeptConn::new(receiver, from, hello, first, vec![None], Duration::from_secs(2));
+        (conn, peer)
+    }
+
+    fn send_message(stream: &mut TcpStream, bytes: &[u8]) {
+        stream.write_all(&Frame::control(bytes).encode()).unwrap();
+        stream.write_all(bytes).unwrap();
+    }
+
+    /// The next message the receiver sent, `None` once it closed.
+    fn read_message(stream: &mut TcpStream) -> Option<Vec<u8>> {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut head = [0u8; FRAME_LEN];
+        stream.read_exact(&mut head).ok()?;
+        let frame = Frame::decode(&head);
+        let mut bytes = vec![0u8; frame.len as usize];
+        stream.read_exact(&mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    fn header() -> Header {
+        Header::of(Op::Send, 4096, 4096, 4, Payload::Opaque)
+            .unwrap()
+            .with_session()
+    }
+
+    #[test]
+    fn a_good_next_offer_comes_out_as_an_offer_and_its_accept_goes_back() {
+        let (conn, mut peer) = kept(&header());
+        let next = NextOffer {
+            header: Header::of(Op::Send, 12_345, 4096, 4, Payload::Opaque)
+                .unwrap()
+                .with_name(),
+            name: Some("second".into()),
+        };
+        send_message(&mut peer, &next.encode().unwrap());
+        let offer = conn.next_offer(Duration::from_secs(2)).expect("an offer");
+        assert!(offer.is_kept());
+        assert_eq!(offer.header.total_bytes, 12_345);
+        assert_eq!(offer.name.as_deref(), Some("second"));
+        let accepted = offer.accept().map_err(|_| "refused").unwrap();
+        assert!(accepted.receiver.usable());
+        let answer = read_message(&mut peer).expect("the accept");
+        assert_eq!(AcceptInfo::decode(&answer).unwrap().len, 12_345);
+    }
+
+    #[test]
+    fn junk_silence_and_a_close_end_the_connection_without_an_offer() {
+        // A message that is not a next offer: closed.
+        let (conn, mut peer) = kept(&header());
+        send_message(&mut peer, b"GRDKnot an offer at all");
+        assert!(conn.next_offer(Duration::from_secs(2)).is_none());
+        assert_eq!(read_message(&mut peer), None, "the connection closed");
+        // Data where an offer is due: closed.
+        let (conn, mut peer) = kept(&header());
+        peer.write_all(&Frame { offset: 0, len: 4, crc: 0 }.encode()).unwrap();
+        peer.write_all(b"data").unwrap();
+        assert!(conn.next_offer(Duration::from_secs(3)).is_none());
+        // Nothing within the idle time: given up at it.
+        let (conn, _peer) = kept(&header());
+        let t0 = Instant::now();
+        assert!(conn.next_offer(Duration::from_millis(300)).is_none());
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // The sender closed: over at once, not at the idle time.
+        let (conn, peer) = kept(&header());
+        drop(peer);
+        let t0 = Instant::now();
+        assert!(conn.next_offer(Duration::from_secs(30)).is_none());
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_next_offer_that_lies_is_refused_with_its_reason() {
+        // A header that does not decode.
+        let (conn, mut peer) = kept(&header());
+        let mut bad = NextOffer {
+            header: header(),
+            name: None,
+        }
+        .encode()
+        .unwrap();
+        bad[8 + 6] = 99; // the header's op
+        send_message(&mut peer, &bad);
+        assert!(conn.next_offer(Duration::from_secs(2)).is_none());
+        let answer = read_message(&mut peer).expect("a reject");
+        assert_eq!(answer[..4], REJECT_MAGIC);
+        // Striped over rails this connection does not have: refused at its accept.
+        let (conn, mut peer) = kept(&header());
+        let striped = NextOffer {
+            header: header().with_rails(2).unwrap(),
+            name: None,
+        };
+        send_message(&mut peer, &striped.encode().unwrap());
+        let offer = conn.next_offer(Duration::from_secs(2)).expect("an offer");
+        assert!(matches!(offer.accept(), Err(RecvOutcome::Rejected { .. })));
+        let answer = read_message(&mut peer).expect("a reject");
+        assert_eq!(answer[..4], REJECT_MAGIC);
+        assert_eq!(read_message(&mut peer), None, "then closed");
+    }
+}
