@@ -442,8 +442,11 @@ pub struct NcclNetV8 {
 // literal and every other member is a function pointer, so sharing them between the
 // threads NCCL calls from cannot race.
 unsafe impl Sync for NcclNetV11 {}
+// SAFETY: as for v11: an immutable static of a C string literal and function pointers.
 unsafe impl Sync for NcclNetV10 {}
+// SAFETY: as for v11.
 unsafe impl Sync for NcclNetV9 {}
+// SAFETY: as for v11.
 unsafe impl Sync for NcclNetV8 {}
 
 #[cfg(test)]

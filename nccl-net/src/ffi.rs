@@ -82,9 +82,13 @@ fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> NcclResult {
     }
 }
 
-fn out<T>(p: *mut T, what: &str) -> Result<&'static mut T> {
-    // SAFETY: NCCL passes a pointer to its own variable for each output; null is
-    // refused, anything else is NCCL's promise.
+/// An output argument NCCL passed, as a reference; null is an error.
+///
+/// # Safety
+/// `p` is null or points at a `T` this call may write and nothing else touches while
+/// the reference lives (NCCL's output arguments, for the entry point's call).
+unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    // SAFETY: the caller's contract; null is refused.
     unsafe { p.as_mut() }.ok_or_else(|| NetError::invalid(format!("{what} is null")))
 }
 
@@ -116,6 +120,9 @@ fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
     Ok(())
 }
 
+/// # Safety
+/// NCCL's `init` (net_v11.h): `ctx` null or a pointer variable to write (handed back to
+/// `finalize`), `log_fn` NCCL's logger or null.
 unsafe extern "C" fn init_v11(
     ctx: *mut *mut c_void,
     comm_id: u64,
@@ -133,6 +140,8 @@ unsafe extern "C" fn init_v11(
     })
 }
 
+/// # Safety
+/// NCCL's `finalize`: `ctx` null or what `init_v11` wrote there, finalized once.
 unsafe extern "C" fn finalize_v11(ctx: *mut c_void) -> NcclResult {
     guard("finalize", || {
         if !ctx.is_null() {
@@ -149,20 +158,27 @@ unsafe extern "C" fn finalize_v11(ctx: *mut c_void) -> NcclResult {
     })
 }
 
+/// # Safety
+/// NCCL's `init` (v10): `log_fn` NCCL's logger or null.
 unsafe extern "C" fn init_v10(log_fn: NcclDebugLogger, _prof: NcclProfilerCallback) -> NcclResult {
     guard("init", || init_common(log_fn, true))
 }
 
+/// # Safety
+/// NCCL's `init` (v8, v9): `log_fn` NCCL's logger or null.
 unsafe extern "C" fn init_v8(log_fn: NcclDebugLogger) -> NcclResult {
     guard("init", || init_common(log_fn, true))
 }
 
+/// # Safety
+/// NCCL's `devices`: `ndev` null or an `int` to write.
 unsafe extern "C" fn devices_fn(ndev: *mut c_int) -> NcclResult {
     guard("devices", || {
         if std::env::var_os("NCCL_GRDMA_TEST_PANIC").is_some_and(|v| v == "devices") {
             panic!("NCCL_GRDMA_TEST_PANIC=devices");
         }
-        *out(ndev, "devices: ndev")? = devices()?.len() as c_int;
+        // SAFETY: NCCL's output argument (devices: `int* ndev`).
+        *unsafe { out(ndev, "devices: ndev") }? = devices()?.len() as c_int;
         Ok(())
     })
 }
@@ -197,17 +213,23 @@ fn properties(dev: c_int) -> Result<NcclNetPropertiesV11> {
     })
 }
 
+/// # Safety
+/// NCCL's `getProperties`: `p` null or its v11 properties struct to write.
 unsafe extern "C" fn get_properties_v11(dev: c_int, p: *mut NcclNetPropertiesV11) -> NcclResult {
     guard("getProperties", || {
-        *out(p, "getProperties: props")? = properties(dev)?;
+        // SAFETY: NCCL's output argument (getProperties: its properties struct).
+        *unsafe { out(p, "getProperties: props") }? = properties(dev)?;
         Ok(())
     })
 }
 
+/// # Safety
+/// NCCL's `getProperties` (v9, v10): `p` null or its v9 properties struct to write.
 unsafe extern "C" fn get_properties_v9(dev: c_int, p: *mut NcclNetPropertiesV9) -> NcclResult {
     guard("getProperties", || {
         let v = properties(dev)?;
-        *out(p, "getProperties: props")? = NcclNetPropertiesV9 {
+        // SAFETY: NCCL's output argument (getProperties: its properties struct).
+        *unsafe { out(p, "getProperties: props") }? = NcclNetPropertiesV9 {
             name: v.name,
             pciPath: v.pciPath,
             guid: v.guid,
@@ -229,10 +251,13 @@ unsafe extern "C" fn get_properties_v9(dev: c_int, p: *mut NcclNetPropertiesV9) 
     })
 }
 
+/// # Safety
+/// NCCL's `getProperties` (v8): `p` null or its v8 properties struct to write.
 unsafe extern "C" fn get_properties_v8(dev: c_int, p: *mut NcclNetPropertiesV8) -> NcclResult {
     guard("getProperties", || {
         let v = properties(dev)?;
-        *out(p, "getProperties: props")? = NcclNetPropertiesV8 {
+        // SAFETY: NCCL's output argument (getProperties: its properties struct).
+        *unsafe { out(p, "getProperties: props") }? = NcclNetPropertiesV8 {
             name: v.name,
             pciPath: v.pciPath,
             guid: v.guid,
@@ -250,6 +275,9 @@ unsafe extern "C" fn get_properties_v8(dev: c_int, p: *mut NcclNetPropertiesV8) 
     })
 }
 
+/// # Safety
+/// NCCL's `listen`: `handle` null or NCCL_NET_HANDLE_MAXSIZE bytes to write,
+/// `listen_comm` null or a pointer variable to write.
 unsafe extern "C" fn listen_v11(
     _ctx: *mut c_void,
     dev: c_int,
@@ -260,18 +288,20 @@ unsafe extern "C" fn listen_v11(
     unsafe { listen_v8(dev, handle, listen_comm) }
 }
 
+/// # Safety
+/// NCCL's `listen` (v8 to v10): as [`listen_v11`].
 unsafe extern "C" fn listen_v8(
     dev: c_int,
     handle: *mut c_void,
     listen_comm: *mut *mut c_void,
 ) -> NcclResult {
     guard("listen", || {
-        let lc = out(listen_comm, "listen: listenComm")?;
+        // SAFETY: NCCL's output argument (listen: `void** listenComm`).
+        let lc = unsafe { out(listen_comm, "listen: listenComm") }?;
         *lc = std::ptr::null_mut();
-        let h = out(
-            handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE],
-            "listen: handle",
-        )?;
+        let handle = handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE];
+        // SAFETY: NCCL's handle buffer, NCCL_NET_HANDLE_MAXSIZE bytes to fill.
+        let h = unsafe { out(handle, "listen: handle") }?;
         let d = device(dev)?;
         let cfg = Config::from_env()?;
         let (comm, handle) = ListenComm::new(d.addr, &cfg)?;
@@ -281,20 +311,32 @@ unsafe extern "C" fn listen_v8(
     })
 }
 
-fn connect_common(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> Result<()> {
-    let sc = out(send_comm, "connect: sendComm")?;
+/// `connect` of every version.
+///
+/// # Safety
+/// As NCCL calls it: `handle` null or the listener's NCCL_NET_HANDLE_MAXSIZE-byte
+/// handle, `send_comm` null or a pointer variable to write.
+unsafe fn connect_common(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: the caller's contract (NCCL's `void** sendComm`).
+    let sc = unsafe { out(send_comm, "connect: sendComm") }?;
     *sc = std::ptr::null_mut();
     device(dev)?;
-    let h = out(
-        handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE],
-        "connect: handle",
-    )?;
+    let handle = handle as *mut [u8; NCCL_NET_HANDLE_MAXSIZE];
+    // SAFETY: the caller's contract (the handle's bytes).
+    let h = unsafe { out(handle, "connect: handle") }?;
     if let Some(comm) = crate::comm::connect::connect(h)? {
         *sc = Box::into_raw(comm) as *mut c_void;
     }
     Ok(())
 }
 
+/// # Safety
+/// NCCL's `connect`: `handle` null or the listener's NCCL_NET_HANDLE_MAXSIZE-byte
+/// handle, `send_comm` null or a pointer variable to write.
 unsafe extern "C" fn connect_v11(
     _ctx: *mut c_void,
     dev: c_int,
@@ -302,9 +344,14 @@ unsafe extern "C" fn connect_v11(
     send_comm: *mut *mut c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
-    guard("connect", || connect_common(dev, handle, send_comm))
+    // SAFETY: NCCL's arguments, as connect_common asks.
+    guard("connect", || unsafe {
+        connect_common(dev, handle, send_comm)
+    })
 }
 
+/// # Safety
+/// NCCL's `connect` (v10): as [`connect_v11`].
 unsafe extern "C" fn connect_v10(
     dev: c_int,
     _config: *mut NcclNetCommConfig,
@@ -312,25 +359,37 @@ unsafe extern "C" fn connect_v10(
     send_comm: *mut *mut c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
-    guard("connect", || connect_common(dev, handle, send_comm))
+    // SAFETY: NCCL's arguments, as connect_common asks.
+    guard("connect", || unsafe {
+        connect_common(dev, handle, send_comm)
+    })
 }
 
+/// # Safety
+/// NCCL's `connect` (v8, v9): as [`connect_v11`].
 unsafe extern "C" fn connect_v8(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
-    guard("connect", || connect_common(dev, handle, send_comm))
+    // SAFETY: NCCL's arguments, as connect_common asks.
+    guard("connect", || unsafe {
+        connect_common(dev, handle, send_comm)
+    })
 }
 
+/// # Safety
+/// NCCL's `accept`: `listen_comm` a listen comm of this plugin's not yet closed (its
+/// magic is checked), `recv_comm` null or a pointer variable to write.
 unsafe extern "C" fn accept_fn(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
     guard("accept", || {
-        let rc = out(recv_comm, "accept: recvComm")?;
+        // SAFETY: NCCL's output argument (accept: `void** recvComm`).
+        let rc = unsafe { out(recv_comm, "accept: recvComm") }?;
         *rc = std::ptr::null_mut();
         // SAFETY: a listen comm NCCL got from listen and has not closed.
         let l: &mut ListenComm = unsafe { checked(listen_comm, LISTEN_MAGIC, "listen comm")? };
@@ -351,15 +410,24 @@ struct Mr {
 }
 const MR_MAGIC: u64 = u64::from_le_bytes(*b"grdMemRg");
 
-fn is_comm(comm: *mut c_void) -> bool {
+/// Whether `comm` is a send or receive comm of ours.
+///
+/// # Safety
+/// `comm` is null or points at 8 readable bytes (NCCL passes a comm it got from this
+/// plugin: every one starts with its u64 magic).
+unsafe fn is_comm(comm: *mut c_void) -> bool {
     if comm.is_null() {
         return false;
     }
-    // SAFETY: NCCL passes a send or receive comm of ours; both start with a u64 magic.
+    // SAFETY: the caller's contract.
     let m = unsafe { *(comm as *const u64) };
     m == SEND_MAGIC || m == RECV_MAGIC
 }
 
+/// # Safety
+/// NCCL's `regMr`: `comm` null or a comm of this plugin's, `mhandle` null or a pointer
+/// variable to write; `data` and `size` are only remembered, for the checks of `isend`
+/// and `irecv`.
 unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -368,8 +436,10 @@ unsafe extern "C" fn reg_mr(
     mhandle: *mut *mut c_void,
 ) -> NcclResult {
     guard("regMr", || {
-        let mh = out(mhandle, "regMr: mhandle")?;
-        if !is_comm(comm) {
+        // SAFETY: NCCL's output argument (regMr: `void** mhandle`).
+        let mh = unsafe { out(mhandle, "regMr: mhandle") }?;
+        // SAFETY: NCCL passes the comm it registers for, one of ours.
+        if !unsafe { is_comm(comm) } {
             return Err(NetError::invalid(
                 "regMr: not a send or receive comm of this plugin",
             ));
@@ -389,6 +459,9 @@ unsafe extern "C" fn reg_mr(
     })
 }
 
+/// # Safety
+/// NCCL's `deregMr`: `mhandle` null or a registration of this plugin's not yet
+/// deregistered.
 unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     guard("deregMr", || {
         if mhandle.is_null() {
@@ -403,11 +476,20 @@ unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclR
     })
 }
 
-fn check_in_mr(mhandle: *mut c_void, data: *mut c_void, size: usize, what: &str) -> Result<()> {
+/// Whether `[data, data + size)` lies inside the registration `mhandle` (null: none).
+///
+/// # Safety
+/// `mhandle` is null or a registration of this plugin's `regMr` not yet deregistered.
+unsafe fn check_in_mr(
+    mhandle: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    what: &str,
+) -> Result<()> {
     if mhandle.is_null() {
         return Ok(());
     }
-    // SAFETY: a registration of ours NCCL passes along with the buffer.
+    // SAFETY: the caller's contract (checked is given the registration's magic).
     let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
     let start = data as usize;
     if start < mr.start || start.saturating_add(size) > mr.start + mr.len {
@@ -419,7 +501,13 @@ fn check_in_mr(mhandle: *mut c_void, data: *mut c_void, size: usize, what: &str)
     Ok(())
 }
 
-fn isend_common(
+/// `isend` of every version.
+///
+/// # Safety
+/// As NCCL calls it (net_v11.h): a send comm of this plugin's not yet closed, `data`
+/// readable for `size` bytes until `test` reports the request done, `mhandle` null or
+/// its registration, `request` null or a pointer variable to write.
+unsafe fn isend_common(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -427,20 +515,26 @@ fn isend_common(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
-    let rq = out(request, "isend: request")?;
+    // SAFETY: the caller's contract (`void** request`).
+    let rq = unsafe { out(request, "isend: request") }?;
     *rq = std::ptr::null_mut();
     // SAFETY: a send comm NCCL got from connect and has not closed.
     let c: &mut SendComm = unsafe { checked(send_comm, SEND_MAGIC, "send comm")? };
     if data.is_null() && size > 0 {
         return Err(NetError::invalid("isend: null buffer"));
     }
-    check_in_mr(mhandle, data, size, "isend")?;
+    // SAFETY: the caller's contract (mhandle).
+    unsafe { check_in_mr(mhandle, data, size, "isend") }?;
     if let Some(r) = c.isend(data as *const u8, size as u64, tag)? {
         *rq = r;
     }
     Ok(())
 }
 
+/// # Safety
+/// NCCL's `isend` (v10, v11): as `isend_common` asks: a send comm of this plugin's not
+/// yet closed, `data` readable for `size` bytes until `test` reports the request done,
+/// `mhandle` null or its registration, `request` null or a pointer variable to write.
 unsafe extern "C" fn isend_v10(
     send_comm: *mut c_void,
     data: *mut c_void,
@@ -450,11 +544,14 @@ unsafe extern "C" fn isend_v10(
     _phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    guard("isend", || {
+    // SAFETY: NCCL's arguments, as isend_common asks.
+    guard("isend", || unsafe {
         isend_common(send_comm, data, size, tag, mhandle, request)
     })
 }
 
+/// # Safety
+/// NCCL's `isend` (v9): as [`isend_v10`].
 unsafe extern "C" fn isend_v9(
     send_comm: *mut c_void,
     data: *mut c_void,
@@ -463,11 +560,14 @@ unsafe extern "C" fn isend_v9(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    guard("isend", || {
+    // SAFETY: NCCL's arguments, as isend_common asks.
+    guard("isend", || unsafe {
         isend_common(send_comm, data, size, tag, mhandle, request)
     })
 }
 
+/// # Safety
+/// NCCL's `isend` (v8): as [`isend_v10`].
 unsafe extern "C" fn isend_v8(
     send_comm: *mut c_void,
     data: *mut c_void,
@@ -479,11 +579,19 @@ unsafe extern "C" fn isend_v8(
     guard("isend", || {
         let size =
             usize::try_from(size).map_err(|_| NetError::invalid(format!("isend: size {size}")))?;
-        isend_common(send_comm, data, size, tag, mhandle, request)
+        // SAFETY: NCCL's arguments, as isend_common asks.
+        unsafe { isend_common(send_comm, data, size, tag, mhandle, request) }
     })
 }
 
-fn irecv_common(
+/// `irecv` of every version.
+///
+/// # Safety
+/// As NCCL calls it (net_v11.h): a receive comm of this plugin's not yet closed, `data`,
+/// `tags` and `mhandles` (or null) arrays of `n` elements, each buffer writable for its
+/// size until `test` reports the request done, `request` null or a pointer variable to
+/// write.
+unsafe fn irecv_common(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -492,7 +600,8 @@ fn irecv_common(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
-    let rq = out(request, "irecv: request")?;
+    // SAFETY: the caller's contract (`void** request`).
+    let rq = unsafe { out(request, "irecv: request") }?;
     *rq = std::ptr::null_mut();
     // SAFETY: a receive comm NCCL got from accept and has not closed.
     let c: &mut RecvComm = unsafe { checked(recv_comm, RECV_MAGIC, "receive comm")? };
@@ -519,7 +628,8 @@ fn irecv_common(
         if d.is_null() && size > 0 {
             return Err(NetError::invalid(format!("irecv: buffer {i} is null")));
         }
-        check_in_mr(mh, d, size, "irecv")?;
+        // SAFETY: the caller's contract (each mhandle).
+        unsafe { check_in_mr(mh, d, size, "irecv") }?;
         bufs.push((d as *mut u8, size as u64, tag));
     }
     if let Some(r) = c.irecv(&bufs)? {
@@ -528,16 +638,25 @@ fn irecv_common(
     Ok(())
 }
 
-fn sizes_of<T: Copy>(sizes: *mut T, n: c_int) -> Result<Vec<T>> {
+/// The `n` sizes of an `irecv`.
+///
+/// # Safety
+/// `sizes` is null or an array of `n` elements (NCCL's).
+unsafe fn sizes_of<T: Copy>(sizes: *mut T, n: c_int) -> Result<Vec<T>> {
     if sizes.is_null() || n <= 0 || n as usize > MAX_RECVS {
         return Err(NetError::invalid(format!(
             "irecv: {n} buffers (1 to maxRecvs = {MAX_RECVS}, with sizes)"
         )));
     }
-    // SAFETY: NCCL passes an n-element array of sizes.
+    // SAFETY: the caller's contract: n elements, n checked above.
     Ok(unsafe { std::slice::from_raw_parts(sizes, n as usize) }.to_vec())
 }
 
+/// # Safety
+/// NCCL's `irecv` (v10, v11): a receive comm of this plugin's not yet closed; `data`,
+/// `sizes`, `tags` and `mhandles` (or null) arrays of `n` elements, each buffer
+/// writable for its size until `test` reports the request done; `request` null or a
+/// pointer variable to write.
 unsafe extern "C" fn irecv_v10(
     recv_comm: *mut c_void,
     n: c_int,
@@ -548,7 +667,8 @@ unsafe extern "C" fn irecv_v10(
     _phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    guard("irecv", || {
+    // SAFETY: NCCL's arguments, as sizes_of and irecv_common ask.
+    guard("irecv", || unsafe {
         irecv_common(
             recv_comm,
             n,
@@ -561,6 +681,8 @@ unsafe extern "C" fn irecv_v10(
     })
 }
 
+/// # Safety
+/// NCCL's `irecv` (v9): as [`irecv_v10`].
 unsafe extern "C" fn irecv_v9(
     recv_comm: *mut c_void,
     n: c_int,
@@ -570,7 +692,8 @@ unsafe extern "C" fn irecv_v9(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    guard("irecv", || {
+    // SAFETY: NCCL's arguments, as sizes_of and irecv_common ask.
+    guard("irecv", || unsafe {
         irecv_common(
             recv_comm,
             n,
@@ -583,6 +706,8 @@ unsafe extern "C" fn irecv_v9(
     })
 }
 
+/// # Safety
+/// NCCL's `irecv` (v8, `int` sizes): as [`irecv_v10`].
 unsafe extern "C" fn irecv_v8(
     recv_comm: *mut c_void,
     n: c_int,
@@ -593,16 +718,22 @@ unsafe extern "C" fn irecv_v8(
     request: *mut *mut c_void,
 ) -> NcclResult {
     guard("irecv", || {
-        let s: Vec<usize> = sizes_of(sizes, n)?
+        // SAFETY: NCCL's `int* sizes`, n elements.
+        let s: Vec<usize> = unsafe { sizes_of(sizes, n) }?
             .into_iter()
             .map(|s| usize::try_from(s).map_err(|_| NetError::invalid(format!("irecv: size {s}"))))
             .collect::<Result<_>>()?;
-        irecv_common(recv_comm, n, data, &s, tags, mhandles, request)
+        // SAFETY: NCCL's arguments, as irecv_common asks.
+        unsafe { irecv_common(recv_comm, n, data, &s, tags, mhandles, request) }
     })
 }
 
 /// `iflush`: data lands in host memory, which the CPU sees at once: nothing to flush,
 /// no request (NCCL only flushes CUDA memory, which this plugin never claims).
+///
+/// # Safety
+/// NCCL's `iflush`: `request` null or a pointer variable to write (nothing else is
+/// read).
 unsafe extern "C" fn iflush_fn(
     _recv_comm: *mut c_void,
     _n: c_int,
@@ -612,18 +743,24 @@ unsafe extern "C" fn iflush_fn(
     request: *mut *mut c_void,
 ) -> NcclResult {
     guard("iflush", || {
-        *out(request, "iflush: request")? = std::ptr::null_mut();
+        // SAFETY: NCCL's output argument (iflush: `void** request`).
+        *unsafe { out(request, "iflush: request") }? = std::ptr::null_mut();
         Ok(())
     })
 }
 
+/// # Safety
+/// NCCL's `test`: `request` a request of this plugin's not yet reported done (its magic
+/// is checked), `done` an `int` to write, `sizes` null or an array of as many elements
+/// as the request's buffers.
 unsafe extern "C" fn test_fn(
     request: *mut c_void,
     done: *mut c_int,
     sizes: *mut c_int,
 ) -> NcclResult {
     guard("test", || {
-        let d = out(done, "test: done")?;
+        // SAFETY: NCCL's output argument (test: `int* done`).
+        let d = unsafe { out(done, "test: done") }?;
         *d = 0;
         // SAFETY: a request of ours (from isend/irecv), not yet reported done.
         let h: &mut RequestHandle = unsafe { checked(request, REQUEST_MAGIC, "request")? };
@@ -657,6 +794,9 @@ unsafe extern "C" fn test_fn(
     })
 }
 
+/// # Safety
+/// NCCL's `closeSend`: `comm` null or a send comm of this plugin's, closed once; its
+/// requests are not tested after.
 unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     guard("closeSend", || {
         if comm.is_null() {
@@ -673,6 +813,9 @@ unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     })
 }
 
+/// # Safety
+/// NCCL's `closeRecv`: `comm` null or a receive comm of this plugin's, closed once; its
+/// requests are not tested after.
 unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     guard("closeRecv", || {
         if comm.is_null() {
@@ -689,6 +832,8 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     })
 }
 
+/// # Safety
+/// NCCL's `closeListen`: `comm` null or a listen comm of this plugin's, closed once.
 unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
         if comm.is_null() {

@@ -590,11 +590,17 @@ mod tests {
         assert!(!sent.kept_connection, "a refused connection is not kept");
         std::thread::sleep(Duration::from_millis(2500));
         let sent = endpoint.send(b"after the idle close", None).unwrap();
-        assert!(!sent.kept_connection, "the receiver closed it after 1.5 s idle");
+        assert!(
+            !sent.kept_connection,
+            "the receiver closed it after 1.5 s idle"
+        );
         let got = receiving.join().unwrap();
         for (k, &len) in lens.iter().enumerate() {
             assert_eq!(got[k].name.as_deref(), Some(format!("n{k}").as_str()));
-            assert!(got[k].bytes == pattern(len, k as u8), "transfer {k} differs");
+            assert!(
+                got[k].bytes == pattern(len, k as u8),
+                "transfer {k} differs"
+            );
         }
         assert!(
             got[..lens.len()]

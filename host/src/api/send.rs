@@ -197,7 +197,11 @@ pub unsafe fn send_device_lent(
     opts: &Options,
 ) -> Result<SendReport, Error> {
     // SAFETY: the caller's contract, passed on as it is.
-    unsafe { with_device_lent(ordinal, ptr, len, opts, |staged| send_source(peer, staged, opts)) }
+    unsafe {
+        with_device_lent(ordinal, ptr, len, opts, |staged| {
+            send_source(peer, staged, opts)
+        })
+    }
 }
 
 /// `f` with GPU memory the caller lent, behind its staging ring.

@@ -111,8 +111,7 @@ pub fn send_tcp_keeping(
             "--streams {streams} is outside 1..={MAX_STREAMS}"
         )));
     }
-    let (mut header, plan, name_message) =
-        offer(opts, source.len() as u64, transfers, Op::Send)?;
+    let (mut header, plan, name_message) = offer(opts, source.len() as u64, transfers, Op::Send)?;
     if keep.is_some() {
         header = header.with_session();
     }

@@ -181,9 +181,9 @@ impl KeptSender {
 /// The receiver's answer to a next offer: go on, or why not.
 fn accepted(answer: &[u8], label: &str) -> Result<(), TransferError> {
     match answer.get(..4) {
-        Some(m) if m == ACCEPT_MAGIC => AcceptInfo::decode(answer).map(drop).map_err(|e| {
-            TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
-        }),
+        Some(m) if m == ACCEPT_MAGIC => AcceptInfo::decode(answer)
+            .map(drop)
+            .map_err(|e| TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))),
         Some(m) if m == REJECT_MAGIC => Err(match RejectReason::decode(answer) {
             Some(reason) => TransferError::Rejected(reason),
             None => TransferError::Protocol(format!("{label} sent an invalid reject")),

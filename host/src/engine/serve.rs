@@ -255,9 +255,9 @@ fn tcp_served<O: 'static>(
     idle: Duration,
     wrap: fn(TcpOffer) -> O,
 ) -> (RecvOutcome, bool, Option<NextOf<O>>) {
-    let next = served.kept.map(|kept| -> NextOf<O> {
-        Box::new(move || kept.next_offer(idle).map(wrap))
-    });
+    let next = served
+        .kept
+        .map(|kept| -> NextOf<O> { Box::new(move || kept.next_offer(idle).map(wrap)) });
     (served.outcome, served.accepted, next)
 }
 
@@ -801,8 +801,12 @@ fn serve_offers_on<O: Offer, L: Pausable + 'static>(
                     }
                 };
                 let kind = memory.kind();
-                let (events, listen, serve_one, kept) =
-                    (events.clone(), listen.clone(), serve_one.clone(), kept.clone());
+                let (events, listen, serve_one, kept) = (
+                    events.clone(),
+                    listen.clone(),
+                    serve_one.clone(),
+                    kept.clone(),
+                );
                 let peer = offer.peer();
                 let spawned =
                     std::thread::Builder::new()

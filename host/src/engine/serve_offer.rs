@@ -260,8 +260,6 @@ pub fn serve_tcp_offer(
     }
 }
 
-
-
 /// Why a GPU buffer of the caller's is not received into over verbs.
 const GPU_LENT_WHY: &str = "over verbs data lands in host memory or, where the NIC takes it, GPU memory of the receiver's own (GPUDirect RDMA): not in a caller's GPU buffer; receive it over TCP";
 

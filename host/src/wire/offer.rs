@@ -613,10 +613,7 @@ pub(super) mod tests {
         // Unknown hint bits are ignored.
         let mut future = bytes;
         future[28] = 0xff;
-        assert_eq!(
-            Header::decode(&future),
-            Ok(h.with_pieces().with_session())
-        );
+        assert_eq!(Header::decode(&future), Ok(h.with_pieces().with_session()));
         // The piece and session hints beside it, in the same byte.
         let pieces = seed_header().with_pieces();
         assert_eq!(pieces.encode()[28], HINT_PIECES);

@@ -140,7 +140,14 @@ mod tests {
             rail: 0,
             token: 7,
         };
-        let conn = KeptConn::new(receiver, from, hello, first, vec![None], Duration::from_secs(2));
+        let conn = KeptConn::new(
+            receiver,
+            from,
+            hello,
+            first,
+            vec![None],
+            Duration::from_secs(2),
+        );
         (conn, peer)
     }
 
@@ -197,7 +204,15 @@ mod tests {
         assert_eq!(read_message(&mut peer), None, "the connection closed");
         // Data where an offer is due: closed.
         let (conn, mut peer) = kept(&header());
-        peer.write_all(&Frame { offset: 0, len: 4, crc: 0 }.encode()).unwrap();
+        peer.write_all(
+            &Frame {
+                offset: 0,
+                len: 4,
+                crc: 0,
+            }
+            .encode(),
+        )
+        .unwrap();
         peer.write_all(b"data").unwrap();
         assert!(conn.next_offer(Duration::from_secs(3)).is_none());
         // Nothing within the idle time: given up at it.

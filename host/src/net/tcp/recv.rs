@@ -244,16 +244,17 @@ impl TcpReceiver {
                 return None;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.reports.recv_timeout(left.max(Duration::from_millis(1))) {
+            match self
+                .reports
+                .recv_timeout(left.max(Duration::from_millis(1)))
+            {
                 Ok(Report::Message { bytes, .. }) => return Some(bytes),
                 Ok(Report::Failed { stream, .. }) => {
                     let rail = self.streams[stream].rail;
                     self.stop_rail(rail);
                 }
                 Ok(_) | Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => {
-                    return None
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => return None,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
         }
