@@ -57,7 +57,9 @@ pub struct KeptSender {
     connected: Vec<usize>,
 }
 
-/// What trying a kept connection came to.
+/// What trying a kept connection came to (returned once per send and taken apart at
+/// once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Tried {
     /// The transfer ran (or was refused, or failed) on it; the connection if it is still
     /// good for another.
