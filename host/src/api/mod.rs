@@ -613,6 +613,38 @@ mod tests {
     }
 
     #[test]
+    fn a_next_offer_nobody_takes_times_out_as_a_new_connections_offer_does() {
+        let opts = Options {
+            timeout: Duration::from_millis(500),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            let first = listener.receive().unwrap().bytes;
+            // No receive for a while: the next offer is held, unanswered, then dropped
+            // (older than the listener's timeout) when the next receive starts.
+            std::thread::sleep(Duration::from_millis(1000));
+            (first, listener.receive().unwrap().bytes)
+        });
+        let endpoint = connect(addr, &opts).unwrap();
+        endpoint.send(b"first", None).unwrap();
+        let e = endpoint.send(b"unanswered", None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        std::thread::sleep(Duration::from_millis(1000));
+        let sent = endpoint.send(b"third", None).unwrap();
+        assert!(
+            !sent.kept_connection,
+            "a connection whose offer timed out is not kept"
+        );
+        let (first, third) = receiving.join().unwrap();
+        assert_eq!(
+            (first.as_slice(), third.as_slice()),
+            (&b"first"[..], &b"third"[..])
+        );
+    }
+
+    #[test]
     fn pending_transfers_are_polled_to_their_end_and_give_the_memory_back() {
         let opts = Options {
             chunk: 256 << 10,

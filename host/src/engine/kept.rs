@@ -138,10 +138,11 @@ impl KeptSender {
                 // Every rail closed before an answer: the receiver did not keep it.
                 Err(_) => return None,
                 Ok(None) => {
+                    // Worded as a new connection's unanswered offer is.
                     return Some(Err(TransferError::Protocol(format!(
-                        "{label}: no answer to the next offer within {}",
+                        "{label}: nothing moved for {} while waiting for the receiver to accept the next offer (--timeout)",
                         crate::rdma::format_duration(opts.timeout)
-                    ))))
+                    ))));
                 }
             };
             if let Err(e) = accepted(&answer, &label) {
