@@ -301,7 +301,9 @@ def test_one_endpoint_carries_a_hundred_transfers(listener):
 
     join = receive_in_thread(receive_all)
     for i, n in enumerate(sizes):
-        endpoint.send(pattern(n, i))
+        report = endpoint.send(pattern(n, i))
+        # Over TCP one connection: opened by the first send, kept for the others.
+        assert report["kept_connection"] == (i > 0), f"transfer {i}"
     for i, (n, got) in enumerate(zip(sizes, join(120))):
         assert np.array_equal(got, pattern(n, i)), f"transfer {i}"
 
