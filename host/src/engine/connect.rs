@@ -5,6 +5,7 @@
 //! [`super::send`]'s.
 
 use super::kept::KeptSender;
+use super::offer::offer;
 use super::options::SendOptions;
 use super::send::{self, Facts, RailName, Shape};
 use super::sending::Sending;
@@ -18,42 +19,9 @@ use crate::net::verbs::{
     dial::{RailTarget, Source},
 };
 use crate::net::SendLink;
-use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{SendReport, TransferError};
-use crate::wire::{encode_name, Header, Op, MAX_VERBS_RAILS};
+use crate::wire::{Op, MAX_VERBS_RAILS};
 use std::time::{Duration, Instant};
-
-/// The offer of `transfers` transfers of `bytes` bytes under `opts`, and the name
-/// message that follows it (empty without a name).
-pub(super) fn offer(
-    opts: &SendOptions,
-    bytes: u64,
-    transfers: u32,
-    op: Op,
-) -> Result<(Header, ChunkPlan, Vec<u8>), TransferError> {
-    let plan = ChunkPlan::new(bytes, opts.chunk).map_err(TransferError::Protocol)?;
-    let p = &opts.payload;
-    let cannot = |e: crate::wire::WireError| {
-        TransferError::Protocol(format!("cannot offer this transfer: {e}"))
-    };
-    let mut header = Header::of(op, bytes, plan.chunk_bytes(), opts.depth, p.payload)
-        .and_then(|h| h.with_transfers(transfers))
-        .and_then(|h| h.with_payload(p.payload, p.verify, p.max_resends))
-        .map_err(cannot)?;
-    if p.verify.checksum() {
-        // This sender answers piece requests: a failed chunk comes again in pieces,
-        // each with its own CRC32C, so repair converges on a lossy path.
-        header = header.with_pieces();
-    }
-    let name = match &p.name {
-        Some(name) => {
-            header = header.with_name();
-            encode_name(name).map_err(cannot)?
-        }
-        None => Vec::new(),
-    };
-    Ok((header, plan, name))
-}
 
 /// Which of `labels` to try, and why the others are left out: those resting after a
 /// failure, unless all are (then all are tried rather than none).

@@ -9,7 +9,7 @@
 //! before the next offer was answered is [`Tried::Closed`]: nothing was accepted, and
 //! the caller opens a new one.
 
-use super::connect::offer;
+use super::offer::offer;
 use super::options::SendOptions;
 use super::send::{self, Facts, RailName, Shape};
 use super::sending::Sending;

@@ -2,9 +2,10 @@
 //! carries each chunk and failover ([`stripe`], [`sending`]), rails that rest after a
 //! failure ([`cooldown`]), the sender's transfers and its conversation with the receiver
 //! ([`send`]), the receiver's passes, checks, converging repair, acks and reports
-//! ([`receiving`], [`recv`]), the serving loop ([`serve`]), and opening a connection
-//! over each transport ([`connect`]), and a sender's TCP connection kept for its next
-//! transfer ([`kept`]). One options value per direction ([`options`]).
+//! ([`receiving`], [`recv`]), the serving loop ([`serve`]), the sender's [`offer`],
+//! opening a connection over each transport ([`connect`]), and a sender's TCP
+//! connection kept for its next transfer ([`kept`]). One options value per direction
+//! ([`options`]).
 //! Nothing below it imports it.
 
 pub mod connect;
@@ -13,6 +14,7 @@ pub mod kept;
 pub mod landed;
 #[cfg(test)]
 mod memlink;
+pub mod offer;
 pub mod options;
 pub mod receiving;
 pub mod recv;

@@ -257,7 +257,7 @@ fn tcp_served<O: 'static>(
 ) -> (RecvOutcome, bool, Option<NextOf<O>>) {
     let next = served
         .kept
-        .map(|kept| -> NextOf<O> { Box::new(move || kept.next_offer(idle).map(wrap)) });
+        .map(|kept| -> NextOf<O> { Box::new(move || TcpOffer::next_on(kept, idle).map(wrap)) });
     (served.outcome, served.accepted, next)
 }
 

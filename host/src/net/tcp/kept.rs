@@ -1,8 +1,9 @@
 //! A receiver's connection kept after a transfer, for the sender's next offer on it
 //! ([`HINT_SESSION`](crate::wire::HINT_SESSION)): the readers stay, no landing is lent,
 //! and the next message must be a [`NextOffer`]. That offer goes to the serving loop as
-//! a [`TcpOffer`] like any other (admitted, shown to a library caller, given memory);
-//! its accept or reject goes back as one message on the connection.
+//! a [`TcpOffer`](super::listen::TcpOffer) like any other (admitted, shown to a library
+//! caller, given memory); its accept or reject goes back as one message on the
+//! connection.
 //!
 //! The streams were admitted and, with a key, proved when the connection opened; a next
 //! offer is not challenged again. A kept connection holds its sockets and reader
@@ -11,7 +12,6 @@
 //! closing.
 
 use super::frames::Hello;
-use super::listen::{Accepted, TcpOffer};
 use super::recv::TcpReceiver;
 use crate::transfer::RecvOutcome;
 use crate::wire::{AcceptInfo, Header, NextOffer, RejectReason, WireError};
@@ -57,13 +57,13 @@ impl KeptConn {
     /// Wait up to `idle` for the sender's next offer. `None`: the sender closed (its
     /// session over), sent nothing in time, or sent something else (a bad offer is
     /// refused with its reason first); the connection is closed then.
-    pub fn next_offer(mut self, idle: Duration) -> Option<TcpOffer> {
+    pub fn next_offer(mut self, idle: Duration) -> Option<(KeptConn, NextOffer)> {
         let bytes = self.receiver.next_message(Instant::now() + idle)?;
         if !NextOffer::is_one(&bytes) {
             return None;
         }
         match NextOffer::decode(&bytes) {
-            Ok(next) => Some(TcpOffer::kept(self, next.header, next.name)),
+            Ok(next) => Some((self, next)),
             Err(e) => {
                 let _ = self.refuse(RejectReason::BadHeader(e), None);
                 None
@@ -71,8 +71,12 @@ impl KeptConn {
         }
     }
 
-    /// Accept `header`, an offer on this connection: the accept goes as a message.
-    pub(super) fn accept(mut self, header: &Header) -> Result<Accepted, RecvOutcome> {
+    /// Accept `header`, an offer on this connection: the accept goes as a message. The
+    /// connection, and the sender's address on each rail.
+    pub(super) fn accept(
+        mut self,
+        header: &Header,
+    ) -> Result<(TcpReceiver, Vec<Option<String>>), RecvOutcome> {
         if header.rails != self.rails || header.striped != self.striped {
             let reason = RejectReason::BadHeader(WireError::Inconsistent {
                 what: "a next offer that names other rails than its connection has",
@@ -93,12 +97,7 @@ impl KeptConn {
                 ),
             });
         }
-        Ok(Accepted {
-            receiver: self.receiver,
-            rails_from: self.rails_from,
-            missing_rails: Vec::new(),
-            accepted_at: Instant::now(),
-        })
+        Ok((self.receiver, self.rails_from))
     }
 
     /// Refuse the offer on this connection, saying why, and close it; what to report.
@@ -185,12 +184,10 @@ mod tests {
             name: Some("second".into()),
         };
         send_message(&mut peer, &next.encode().unwrap());
-        let offer = conn.next_offer(Duration::from_secs(2)).expect("an offer");
-        assert!(offer.is_kept());
-        assert_eq!(offer.header.total_bytes, 12_345);
-        assert_eq!(offer.name.as_deref(), Some("second"));
-        let accepted = offer.accept().map_err(|_| "refused").unwrap();
-        assert!(accepted.receiver.usable());
+        let (conn, got) = conn.next_offer(Duration::from_secs(2)).expect("an offer");
+        assert_eq!(got, next);
+        let (receiver, _) = conn.accept(&got.header).map_err(|_| "refused").unwrap();
+        assert!(receiver.usable());
         let answer = read_message(&mut peer).expect("the accept");
         assert_eq!(AcceptInfo::decode(&answer).unwrap().len, 12_345);
     }
@@ -250,8 +247,11 @@ mod tests {
             name: None,
         };
         send_message(&mut peer, &striped.encode().unwrap());
-        let offer = conn.next_offer(Duration::from_secs(2)).expect("an offer");
-        assert!(matches!(offer.accept(), Err(RecvOutcome::Rejected { .. })));
+        let (conn, got) = conn.next_offer(Duration::from_secs(2)).expect("an offer");
+        assert!(matches!(
+            conn.accept(&got.header),
+            Err(RecvOutcome::Rejected { .. })
+        ));
         let answer = read_message(&mut peer).expect("a reject");
         assert_eq!(answer[..4], REJECT_MAGIC);
         assert_eq!(read_message(&mut peer), None, "then closed");

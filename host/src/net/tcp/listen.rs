@@ -155,21 +155,18 @@ impl TcpOffer {
         self.hello.count as u64 + 1
     }
 
-    /// The next offer on a kept connection (its streams as they were).
-    pub(super) fn kept(kept: KeptConn, header: Header, name: Option<String>) -> TcpOffer {
-        TcpOffer {
+    /// The sender's next offer on `kept`, waited for up to `idle` (`None`: the session
+    /// ended, see [`KeptConn::next_offer`]).
+    pub fn next_on(kept: KeptConn, idle: Duration) -> Option<TcpOffer> {
+        let (kept, next) = kept.next_offer(idle)?;
+        Some(TcpOffer {
             peer: kept.peer,
-            header,
+            header: next.header,
             hello: kept.hello,
-            name,
+            name: next.name,
             timeout: kept.timeout,
             from: OfferFrom::Kept(Box::new(kept)),
-        }
-    }
-
-    /// Whether it came on a connection kept from a transfer before.
-    pub fn is_kept(&self) -> bool {
-        matches!(self.from, OfferFrom::Kept(_))
+        })
     }
 
     /// Refuse, saying why; what to report.
@@ -194,7 +191,15 @@ impl TcpOffer {
         } = self;
         let (mut control, joins) = match from {
             OfferFrom::Opened { control, joins } => (control, joins),
-            OfferFrom::Kept(kept) => return kept.accept(&header),
+            OfferFrom::Kept(kept) => {
+                let (receiver, rails_from) = kept.accept(&header)?;
+                return Ok(Accepted {
+                    receiver,
+                    rails_from,
+                    missing_rails: Vec::new(),
+                    accepted_at: Instant::now(),
+                });
+            }
         };
         let rails = header.rails.max(1) as u16;
         let striped = header.striped;
