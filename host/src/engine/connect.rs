@@ -165,15 +165,7 @@ pub fn send_tcp_keeping(
         left_out: &left_out,
         cooldowns: &opts.cooldowns,
     };
-    let shape = Shape {
-        header: &header,
-        plan,
-        depth: opts.depth,
-        timeout: opts.timeout,
-        progress: opts.progress,
-        payload: &opts.payload,
-        transfers,
-    };
+    let shape = Shape::of(opts, &header, plan, transfers);
     let rail_timeout = opts.rail_timeout;
     let sent = dialed
         .sender
@@ -275,15 +267,7 @@ fn send_verbs_from(
         };
         Ok(h.encode_with_version(version).to_vec())
     };
-    let shape = Shape {
-        header: &header,
-        plan,
-        depth: opts.depth,
-        timeout: opts.timeout,
-        progress: opts.progress,
-        payload: &opts.payload,
-        transfers,
-    };
+    let shape = Shape::of(opts, &header, plan, transfers);
     verbs::dial::dial(&cfg, memory, &offer_for, &mut |link, dialed| {
         let now = Instant::now();
         let mut left_out = left_out.clone();

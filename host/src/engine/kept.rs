@@ -118,15 +118,7 @@ impl KeptSender {
             }
         };
         let memory_log = AttemptLog::default();
-        let shape = Shape {
-            header: &header,
-            plan,
-            depth: opts.depth,
-            timeout: opts.timeout,
-            progress: opts.progress,
-            payload: &opts.payload,
-            transfers: 1,
-        };
+        let shape = Shape::of(opts, &header, plan, 1);
         let (names, connected) = (self.names.clone(), self.connected.clone());
         let ran = self.sender.with_source(source.memory(), |link| {
             let mut sending = Sending::new(link, opts.rail_timeout);

@@ -71,6 +71,26 @@ pub struct Shape<'a> {
     pub transfers: u32,
 }
 
+impl<'a> Shape<'a> {
+    /// `transfers` transfers offered by `header`, in `plan`'s chunks, as `opts` says.
+    pub fn of(
+        opts: &'a super::options::SendOptions,
+        header: &'a Header,
+        plan: ChunkPlan,
+        transfers: u32,
+    ) -> Shape<'a> {
+        Shape {
+            header,
+            plan,
+            depth: opts.depth,
+            timeout: opts.timeout,
+            progress: opts.progress,
+            payload: &opts.payload,
+            transfers,
+        }
+    }
+}
+
 /// `shape.transfers` transfers of `source` over `sending`'s link; each verified and
 /// acked before the next starts.
 pub fn transfers(

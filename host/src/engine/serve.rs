@@ -335,6 +335,15 @@ impl<O: Send + 'static> Pausable for KeptOffers<O> {
     }
 }
 
+/// Pauses the kept offers when dropped.
+struct PauseOnDrop<O: Send + 'static>(Arc<KeptOffers<O>>);
+
+impl<O: Send + 'static> Drop for PauseOnDrop<O> {
+    fn drop(&mut self) {
+        self.0.pause();
+    }
+}
+
 /// A listener and the kept connections, paused and resumed together.
 struct AndKept<L, O> {
     listen: Arc<L>,
@@ -690,43 +699,13 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
     let one_per_call = library.is_some() && opts.once;
     kept.retell(&events, opts.timeout);
     kept.resume();
+    // Until the next call (a library's listener): offers of kept connections are held
+    // from the loop's end on, however it ends.
+    let _held_after = PauseOnDrop(kept.clone());
     let listen = Arc::new(AndKept {
         listen,
         kept: kept.clone(),
     });
-    let served = serve_offers_on(
-        &listen,
-        &kept,
-        rx,
-        events,
-        memory,
-        admission,
-        opts,
-        library,
-        report,
-        serve_one,
-        one_per_call,
-    );
-    // Until the next call (a library's listener): offers of kept connections are held.
-    kept.pause();
-    served
-}
-
-/// [`serve_offers`]' loop.
-#[allow(clippy::too_many_arguments)]
-fn serve_offers_on<O: Offer, L: Pausable + 'static>(
-    listen: &Arc<AndKept<L, O>>,
-    kept: &Arc<KeptOffers<O>>,
-    rx: mpsc::Receiver<Event<O>>,
-    events: mpsc::Sender<Event<O>>,
-    memory: &RecvMemory,
-    admission: &Arc<Admission>,
-    opts: &RecvOptions,
-    library: Option<LibraryCall>,
-    report: &mut dyn FnMut(&RecvOutcome),
-    serve_one: Arc<ServeOne<O>>,
-    one_per_call: bool,
-) -> Result<bool, TransferError> {
     let give_up = library
         .as_ref()
         .and_then(|c| c.wait)
