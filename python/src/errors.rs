@@ -43,6 +43,13 @@ create_exception!(
     "Nobody accepts connections at the address."
 );
 
+create_exception!(
+    gpu_rdma,
+    Cancelled,
+    TransferError,
+    "The caller cancelled the transfer (Handle.cancel()); Ctrl-C cancels it too and raises KeyboardInterrupt."
+);
+
 /// The exception for a library error: its kind's class, its message.
 pub fn to_py(e: api::Error) -> PyErr {
     let message = e.message().to_string();
@@ -53,6 +60,7 @@ pub fn to_py(e: api::Error) -> PyErr {
         ErrorKind::PeerGone => PeerGone::new_err(message),
         ErrorKind::Unreachable => Unreachable::new_err(message),
         ErrorKind::InvalidArgument => PyValueError::new_err(message),
+        ErrorKind::Cancelled => Cancelled::new_err(message),
         ErrorKind::Other => TransferError::new_err(message),
     }
 }
@@ -66,5 +74,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TimedOut", py.get_type::<TimedOut>())?;
     m.add("PeerGone", py.get_type::<PeerGone>())?;
     m.add("Unreachable", py.get_type::<Unreachable>())?;
+    m.add("Cancelled", py.get_type::<Cancelled>())?;
     Ok(())
 }

@@ -16,6 +16,8 @@ use std::sync::Mutex;
 #[pyclass(module = "gpu_rdma")]
 pub struct Incoming {
     inner: Mutex<Option<api::Incoming>>,
+    /// The token of the listener's call that heard it: it cancels the receive.
+    cancel: api::Cancel,
     peer: String,
     size: u64,
     chunk: u64,
@@ -23,8 +25,9 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    pub fn new(inner: api::Incoming) -> Incoming {
+    pub fn new(inner: api::Incoming, cancel: api::Cancel) -> Incoming {
         Incoming {
+            cancel,
             peer: inner.peer().to_string(),
             size: inner.len(),
             chunk: inner.chunk(),
@@ -74,7 +77,7 @@ impl Incoming {
     #[pyo3(signature = (report=false))]
     fn recv(&self, py: Python<'_>, report: bool) -> PyResult<Py<PyAny>> {
         let incoming = self.take()?;
-        let handle = spawn("gpu-rdma-recv", None, move |_| {
+        let handle = spawn("gpu-rdma-recv", None, self.cancel.clone(), move |_| {
             let got = incoming.receive()?;
             Ok(Finished {
                 report: report_json(&got.report),
@@ -107,24 +110,29 @@ impl Incoming {
             )));
         }
         let incoming = self.take()?;
-        spawn("gpu-rdma-recv", Some(region), move |region| {
-            let region = region.expect("a region");
-            let place = match region.place {
-                Place::Host(ptr) => host::memory::lent::LentPlace::Host(ptr),
-                Place::Device { ordinal, ptr } => {
-                    host::memory::lent::LentPlace::Device { ordinal, ptr }
-                }
-            };
-            // SAFETY: as in `Listener.recv_into_async`: the region holds the object's
-            // memory until this closure has returned (`spawn` releases it after), valid
-            // for reads and writes of `len` bytes; `receive_lent` returns only after
-            // every use of it has ended.
-            let report = unsafe { incoming.receive_lent(place, region.len) }?;
-            Ok(Finished {
-                report: report_json(&report),
-                bytes: None,
-            })
-        })
+        spawn(
+            "gpu-rdma-recv",
+            Some(region),
+            self.cancel.clone(),
+            move |region| {
+                let region = region.expect("a region");
+                let place = match region.place {
+                    Place::Host(ptr) => host::memory::lent::LentPlace::Host(ptr),
+                    Place::Device { ordinal, ptr } => {
+                        host::memory::lent::LentPlace::Device { ordinal, ptr }
+                    }
+                };
+                // SAFETY: as in `Listener.recv_into_async`: the region holds the object's
+                // memory until this closure has returned (`spawn` releases it after), valid
+                // for reads and writes of `len` bytes; `receive_lent` returns only after
+                // every use of it has ended.
+                let report = unsafe { incoming.receive_lent(place, region.len) }?;
+                Ok(Finished {
+                    report: report_json(&report),
+                    bytes: None,
+                })
+            },
+        )
     }
 
     /// Refuse the transfer: its sender gets Rejected ("declined").
@@ -148,7 +156,7 @@ impl Incoming {
 }
 
 /// `Listener.accept`'s wait: on a thread of its own, the GIL released, Ctrl-C seen.
-pub fn accept(py: Python<'_>, listener: api::Listener) -> PyResult<Incoming> {
+pub fn accept(py: Python<'_>, listener: api::Listener, cancel: api::Cancel) -> PyResult<Incoming> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("gpu-rdma-accept".into())
@@ -166,9 +174,15 @@ pub fn accept(py: Python<'_>, listener: api::Listener) -> PyResult<Incoming> {
         });
         rx = back;
         match got {
-            Ok(Ok(incoming)) => return Ok(Incoming::new(incoming)),
+            Ok(Ok(incoming)) => return Ok(Incoming::new(incoming, cancel)),
             Ok(Err(e)) => return Err(errors::to_py(e)),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(interrupt) = py.check_signals() {
+                    // The wait for an offer ends with the call.
+                    cancel.cancel();
+                    return Err(interrupt);
+                }
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err("the accept ended without a result"))
             }

@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 /// How often a waiting call looks at Python's signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
+/// How long a wait interrupted by Ctrl-C waits for its cancelled transfer to end (it
+/// ends within a moment: the engine looks at its token every 50 ms; an opening of a
+/// connection runs to its own timeout) before it raises KeyboardInterrupt anyway.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
 /// A finished transfer: its report as JSON, and (for `recv`) the bytes.
 struct Finished {
     report: String,
@@ -67,10 +72,11 @@ fn report_json<T: serde::Serialize>(report: &T) -> String {
 }
 
 /// Run `work` on a thread of its own, with `region` (if any) held there until it ends
-/// and then given back under the GIL.
+/// and then given back under the GIL; `cancel` is the token its transfer stops by.
 fn spawn(
     name: &str,
     region: Option<Region>,
+    cancel: api::Cancel,
     work: impl FnOnce(Option<&Region>) -> Outcome + Send + 'static,
 ) -> PyResult<Handle> {
     let (tx, rx) = mpsc::channel();
@@ -89,6 +95,7 @@ fn spawn(
     Ok(Handle {
         rx: Mutex::new(Some(rx)),
         result: Mutex::new(None),
+        cancel,
     })
 }
 
@@ -97,6 +104,7 @@ fn spawn(
 pub struct Handle {
     rx: Mutex<Option<mpsc::Receiver<Outcome>>>,
     result: Mutex<Option<Outcome>>,
+    cancel: api::Cancel,
 }
 
 impl Handle {
@@ -128,8 +136,9 @@ impl Handle {
         }
     }
 
-    /// Wait (GIL released) until the transfer ends or `timeout` passes, raising
-    /// KeyboardInterrupt on Ctrl-C; whether it ended.
+    /// Wait (GIL released) until the transfer ends or `timeout` passes; whether it
+    /// ended. Ctrl-C cancels the transfer, waits for it to end (up to [`CANCEL_GRACE`]:
+    /// its memory is then free) and raises KeyboardInterrupt.
     fn wait_done(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline = match timeout {
             Some(t) if t >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(t)),
@@ -144,7 +153,11 @@ impl Handle {
             if py.detach(|| self.poll(step)) {
                 return Ok(true);
             }
-            py.check_signals()?;
+            if let Err(interrupt) = py.check_signals() {
+                self.cancel.cancel();
+                py.detach(|| self.poll(CANCEL_GRACE));
+                return Err(interrupt);
+            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(false);
             }
@@ -173,6 +186,12 @@ impl Handle {
     /// Whether the transfer has ended (never waits).
     fn done(&self) -> bool {
         self.poll(Duration::ZERO)
+    }
+
+    /// Stop the transfer: it ends within a moment (the connection broken off) unless it
+    /// ended already, and `wait` then raises Cancelled. Never waits.
+    fn cancel(&self) {
+        self.cancel.cancel();
     }
 
     /// Wait for the transfer to end (at most `timeout` seconds; None: until it ends,
@@ -216,10 +235,14 @@ impl Listener {
         Ok(opts)
     }
 
-    fn listener_for(&self, timeout: Option<f64>) -> PyResult<api::Listener> {
-        let opts = self.options_with_wait(timeout)?;
+    /// A handle on the listener for one call, with its wait and the token that cancels
+    /// the call.
+    fn listener_for(&self, timeout: Option<f64>) -> PyResult<(api::Listener, api::Cancel)> {
+        let mut opts = self.options_with_wait(timeout)?;
+        let cancel = api::Cancel::new();
+        opts.cancel = Some(cancel.clone());
         let clone = self.inner.try_clone().map_err(errors::to_py)?;
-        Ok(clone.with_options(&opts))
+        Ok((clone.with_options(&opts), cancel))
     }
 }
 
@@ -243,7 +266,8 @@ impl Listener {
     /// refuse with `decline()`.
     #[pyo3(signature = (timeout=None))]
     fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<incoming::Incoming> {
-        incoming::accept(py, self.listener_for(timeout)?)
+        let (listener, cancel) = self.listener_for(timeout)?;
+        incoming::accept(py, listener, cancel)
     }
 
     /// Receive one transfer and return its bytes (with `report=True`, the bytes and the
@@ -251,8 +275,8 @@ impl Listener {
     /// default as long as none comes).
     #[pyo3(signature = (timeout=None, report=false))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>, report: bool) -> PyResult<Py<PyAny>> {
-        let listener = self.listener_for(timeout)?;
-        let handle = spawn("gpu-rdma-recv", None, move |_| {
+        let (listener, cancel) = self.listener_for(timeout)?;
+        let handle = spawn("gpu-rdma-recv", None, cancel, move |_| {
             let got = listener.receive()?;
             Ok(Finished {
                 report: report_json(&got.report),
@@ -287,8 +311,8 @@ impl Listener {
     #[pyo3(signature = (target, timeout=None))]
     fn recv_into_async(&self, target: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<Handle> {
         let region = region_of(target, true)?;
-        let listener = self.listener_for(timeout)?;
-        spawn("gpu-rdma-recv", Some(region), move |region| {
+        let (listener, cancel) = self.listener_for(timeout)?;
+        spawn("gpu-rdma-recv", Some(region), cancel, move |region| {
             let region = region.expect("a region");
             let place = match region.place {
                 Place::Host(ptr) => host::memory::lent::LentPlace::Host(ptr),
@@ -348,7 +372,8 @@ impl Endpoint {
     /// `send` that returns a Handle at once.
     #[pyo3(signature = (obj, name=None))]
     fn send_async(&self, obj: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Handle> {
-        let endpoint = self.inner.clone();
+        let cancel = api::Cancel::new();
+        let endpoint = self.inner.with_cancel(&cancel);
         let is_path = obj.is_instance_of::<pyo3::types::PyString>()
             || obj
                 .py()
@@ -357,7 +382,7 @@ impl Endpoint {
                 .and_then(|p| obj.is_instance(&p))?;
         if is_path {
             let path: PathBuf = obj.extract()?;
-            return spawn("gpu-rdma-send", None, move |_| {
+            return spawn("gpu-rdma-send", None, cancel, move |_| {
                 let report = endpoint.send_file(&path, name.as_deref())?;
                 Ok(Finished {
                     report: report_json(&report),
@@ -366,7 +391,7 @@ impl Endpoint {
             });
         }
         let region = region_of(obj, false)?;
-        spawn("gpu-rdma-send", Some(region), move |region| {
+        spawn("gpu-rdma-send", Some(region), cancel, move |region| {
             let region = region.expect("a region");
             let report = match region.place {
                 Place::Host(ptr) => {

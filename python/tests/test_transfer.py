@@ -416,3 +416,39 @@ def test_accept_with_no_sender_times_out(listener):
     with pytest.raises(gpu_rdma.TimedOut):
         listener.accept(timeout=0.3)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_cancelled_receive_raises_cancelled_at_once_and_the_listener_goes_on(listener):
+    target = np.zeros(1000, dtype=np.uint8)
+    handle = listener.recv_into_async(target)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    handle.cancel()
+    with pytest.raises(gpu_rdma.Cancelled, match="cancelled by the caller"):
+        handle.wait(10)
+    assert time.monotonic() - t0 < 2
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    gpu_rdma.connect(listener.address).send(pattern(1000, 5))
+    join()
+    assert np.array_equal(target, pattern(1000, 5))
+
+
+def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener):
+    # SIGINT to this process while recv_into waits for a sender (up to 20 s): the
+    # receive is cancelled, its thread ends and lets the array go (the buffer it held
+    # counted a reference to it), and Python sees KeyboardInterrupt at once.
+    target = np.zeros(4096, dtype=np.uint8)
+    refs = sys.getrefcount(target)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        listener.recv_into(target)
+    assert time.monotonic() - t0 < 3
+    assert sys.getrefcount(target) == refs, "the cancelled receive still holds the array"
+    # The listener serves the next.
+    out = np.zeros(100, dtype=np.uint8)
+    join = receive_in_thread(lambda: listener.recv_into(out))
+    gpu_rdma.connect(listener.address).send(pattern(100, 9))
+    join()
+    assert np.array_equal(out, pattern(100, 9))

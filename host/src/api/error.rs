@@ -23,6 +23,8 @@ pub enum ErrorKind {
     /// An argument the call refused before anything was sent (an option out of range,
     /// an empty buffer, memory it cannot use).
     InvalidArgument,
+    /// The caller cancelled it ([`Cancel`](super::Cancel): Ctrl-C in Python).
+    Cancelled,
     /// Anything else (a protocol error, memory that could not be had).
     Other,
 }
@@ -37,6 +39,7 @@ impl ErrorKind {
             ErrorKind::PeerGone => "PeerGone",
             ErrorKind::Unreachable => "Unreachable",
             ErrorKind::InvalidArgument => "InvalidArgument",
+            ErrorKind::Cancelled => "Cancelled",
             ErrorKind::Other => "Other",
         }
     }
@@ -134,7 +137,9 @@ impl Error {
 /// error as the line it prints): the phrases `net::tcp::socket::why` and the
 /// receiver's errors use.
 pub(crate) fn kind_of_words(message: &str) -> ErrorKind {
-    if message.contains("(--timeout)") || message.contains("too slow") {
+    if message.contains(crate::engine::cancel::CANCELLED) {
+        ErrorKind::Cancelled
+    } else if message.contains("(--timeout)") || message.contains("too slow") {
         ErrorKind::TimedOut
     } else if message.contains("closed the connection")
         || message.contains("reset the connection")

@@ -65,6 +65,7 @@ pub use send::{connect, send_host, send_source, Endpoint};
 #[cfg(feature = "cuda")]
 pub use send::{send_device, send_device_lent};
 
+pub use crate::engine::Cancel;
 use crate::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
 use crate::net::tcp::frames::MAX_STREAMS;
 use crate::server::Key;
@@ -111,6 +112,10 @@ pub struct Options {
     /// `--op` (verbs): each chunk as a SEND into the receiver's posted receives, or an
     /// RDMA WRITE into its buffer.
     pub op: Op,
+    /// A token that stops the transfers made under these options once cancelled (the
+    /// connection is broken off; the call returns [`ErrorKind::Cancelled`] when no
+    /// thread touches its memory any more). [`Pending::cancel`] makes one per transfer.
+    pub cancel: Option<Cancel>,
     /// Test only (`--test-inject-faults 1/N`): flip a bit in every Nth chunk after its
     /// CRC32C was computed, so the receiver's checks and the resends are exercised.
     #[doc(hidden)]
@@ -133,6 +138,7 @@ impl Default for Options {
             wait: None,
             transport: TransportKind::Auto,
             op: Op::Send,
+            cancel: None,
             test_inject_faults: None,
         }
     }
@@ -211,6 +217,7 @@ impl Options {
                 op: self.op,
                 ..VerbsSendOptions::default()
             },
+            cancel: self.cancel.clone(),
         }
     }
 }
@@ -314,6 +321,63 @@ mod tests {
         assert!(took < Duration::from_secs(4), "held for {took:?}");
         assert!(format!("{:#}", got.unwrap_err()).contains("too slow"));
         trickle.join().unwrap();
+    }
+
+    #[test]
+    fn a_receive_cancelled_mid_transfer_ends_at_once_and_hangs_up_on_the_sender() {
+        // A sender that offers 1 MiB and then trickles a byte every 100 ms, below any
+        // rate the receive would stop it for within its 30 s timeout: the cancel does.
+        let opts = Options {
+            timeout: Duration::from_secs(30),
+            min_rate: 0,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = listener.start_receive_into(vec![0u8; 1 << 20]).unwrap();
+        let header =
+            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
+                .unwrap();
+        let hello = crate::net::tcp::frames::Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 1,
+        };
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
+            .unwrap();
+        // The accept, then a chunk's frame and a byte at a time.
+        let mut accept = [0u8; crate::wire::ACCEPT_LEN];
+        std::io::Read::read_exact(&mut s, &mut accept).unwrap();
+        let frame = crate::net::tcp::frames::Frame {
+            offset: 0,
+            len: 1 << 20,
+            crc: 0,
+        };
+        s.write_all(&frame.encode()).unwrap();
+        let trickle = std::thread::spawn(move || {
+            for k in 0..300 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(&[0]).is_err() {
+                    return Some(k);
+                }
+            }
+            None
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        receiving.cancel();
+        let (got, _buf) = receiving.wait();
+        let e = got.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // The sender's writes fail soon after: the connection was broken off.
+        let stopped = trickle.join().unwrap();
+        assert!(
+            stopped.is_some_and(|k| k < 30),
+            "the sender could go on writing"
+        );
     }
 
     /// Bytes that say where they are: a wrong offset or a stale chunk shows.
@@ -642,6 +706,60 @@ mod tests {
             (first.as_slice(), third.as_slice()),
             (&b"first"[..], &b"third"[..])
         );
+    }
+
+    #[test]
+    fn a_cancelled_receive_ends_at_once_and_the_listener_serves_the_next() {
+        // Waiting for a sender with no end (wait None): the cancel ends it.
+        let opts = Options::default();
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = listener.start_receive_into(vec![0u8; 5]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = Instant::now();
+        receiving.cancel();
+        let (got, _buf) = receiving.wait();
+        let e = got.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // The listener goes on.
+        let next = listener.start_receive_into(vec![0u8; 5]).unwrap();
+        connect(addr, &opts).unwrap().send(b"after", None).unwrap();
+        let (got, buf) = next.wait();
+        got.unwrap();
+        assert_eq!(buf, b"after");
+    }
+
+    #[test]
+    fn a_send_cancelled_while_its_next_offer_waits_ends_at_once_and_is_not_retried() {
+        let opts = Options {
+            timeout: Duration::from_secs(20),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let endpoint = connect(addr, &opts).unwrap();
+        let receiving = listener.start_receive_into(vec![0u8; 5]).unwrap();
+        endpoint.send(b"first", None).unwrap();
+        receiving.wait().0.unwrap();
+        // No receive now: the next offer waits for an answer (up to 20 s), until the
+        // cancel.
+        let pending = endpoint.start_send(b"second".to_vec(), None).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        pending.cancel();
+        let (sent, back) = pending.wait();
+        let e = sent.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(back, b"second");
+        // The endpoint opens a new connection for its next send, which a receive takes.
+        let receiving = listener.start_receive_into(vec![0u8; 5]).unwrap();
+        let sent = endpoint.send(b"third", None).unwrap();
+        assert!(!sent.kept_connection);
+        let (got, buf) = receiving.wait();
+        got.unwrap();
+        assert_eq!(buf, b"third");
     }
 
     #[test]

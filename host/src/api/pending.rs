@@ -2,11 +2,12 @@
 //! [`Listener::start_receive_into`] return a [`Pending`] at once, which the caller polls
 //! ([`Pending::is_done`]) or waits for ([`Pending::wait_timeout`], [`Pending::wait`]).
 //! The memory moves with the transfer (a `Vec<u8>` the caller gets back), so nothing the
-//! caller holds is touched after the call returns.
+//! caller holds is touched after the call returns. [`Pending::cancel`] stops it.
 
 use super::error::{Error, ErrorKind};
 use super::receive::Listener;
 use super::send::Endpoint;
+use super::Cancel;
 use crate::transfer::{RecvReport, SendReport};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -21,10 +22,15 @@ pub type PendingReceive = Pending<(Result<RecvReport, Error>, Vec<u8>)>;
 pub struct Pending<T> {
     rx: mpsc::Receiver<T>,
     result: Option<T>,
+    cancel: Cancel,
 }
 
 impl<T: Send + 'static> Pending<T> {
-    fn spawn(name: &str, work: impl FnOnce() -> T + Send + 'static) -> Result<Pending<T>, Error> {
+    fn spawn(
+        name: &str,
+        cancel: Cancel,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Pending<T>, Error> {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(name.into())
@@ -32,7 +38,17 @@ impl<T: Send + 'static> Pending<T> {
                 let _ = tx.send(work());
             })
             .map_err(|e| Error::new(ErrorKind::Other, format!("cannot start a thread: {e}")))?;
-        Ok(Pending { rx, result: None })
+        Ok(Pending {
+            rx,
+            result: None,
+            cancel,
+        })
+    }
+
+    /// Stop the transfer: it ends within a moment (the connection broken off, the
+    /// result [`ErrorKind::Cancelled`]) unless it ended already; wait for it as before.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
     }
 
     /// Whether the transfer has ended (its result is then ready): never waits.
@@ -73,8 +89,9 @@ impl Endpoint {
     /// # Errors
     /// No thread could be started. The transfer's own errors are in the result.
     pub fn start_send(&self, data: Vec<u8>, name: Option<String>) -> Result<PendingSend, Error> {
-        let endpoint = self.clone();
-        Pending::spawn("api-send", move || {
+        let cancel = Cancel::new();
+        let endpoint = self.with_cancel(&cancel);
+        Pending::spawn("api-send", cancel, move || {
             let result = endpoint.send(&data, name.as_deref());
             (result, data)
         })
@@ -88,8 +105,11 @@ impl Listener {
     /// # Errors
     /// The listener could not be duplicated for the thread, or no thread started.
     pub fn start_receive_into(&self, mut buf: Vec<u8>) -> Result<PendingReceive, Error> {
-        let listener = self.try_clone()?;
-        Pending::spawn("api-receive", move || {
+        let cancel = Cancel::new();
+        let mut opts = self.options().clone();
+        opts.cancel = Some(cancel.clone());
+        let listener = self.try_clone()?.with_options(&opts);
+        Pending::spawn("api-receive", cancel, move || {
             let result = listener.receive_into(&mut buf);
             (result, buf)
         })

@@ -267,6 +267,7 @@ impl Listener {
             allow: AllowList::default(),
             key: self.opts.key.clone(),
             output,
+            cancel: self.opts.cancel.clone(),
         };
         let mut last = None;
         let mut report = |o: &RecvOutcome| {

@@ -3,7 +3,7 @@
 //! its CRC32C at the receiver and sent again if it fails.
 
 use super::error::{Error, ErrorKind};
-use super::{Options, TransportKind};
+use super::{Cancel, Options, TransportKind};
 use crate::engine::kept::{KeptSender, Tried};
 use crate::engine::Cooldowns;
 use crate::memory::select::AttemptLog;
@@ -67,6 +67,11 @@ fn send_with(
     }
 }
 
+/// A send cancelled before it began.
+fn cancelled_error() -> Error {
+    Error::new(ErrorKind::Cancelled, crate::engine::cancel::CANCELLED)
+}
+
 /// The one report of a transfer.
 fn last(mut reports: Vec<SendReport>) -> Result<SendReport, Error> {
     reports
@@ -95,6 +100,9 @@ fn send_kept(
             // The receiver closed it before answering: nothing was accepted.
             Tried::Closed => {}
         }
+    }
+    if crate::engine::cancel::cancelled(&cfg.cancel) {
+        return Err(cancelled_error());
     }
     let mut fresh = None;
     let reports = crate::engine::connect::send_tcp_keeping(
@@ -280,6 +288,13 @@ impl Endpoint {
     /// The options every send of this endpoint uses.
     pub fn options(&self) -> &Options {
         &self.opts
+    }
+
+    /// The same endpoint (its kept connection shared), whose sends `cancel` stops.
+    pub fn with_cancel(&self, cancel: &Cancel) -> Endpoint {
+        let mut endpoint = self.clone();
+        endpoint.opts.cancel = Some(cancel.clone());
+        endpoint
     }
 
     /// Send `data` in place (no copy into a buffer of ours), named `name` if given.

@@ -190,6 +190,7 @@ impl RailsTransport for Tcp<'_> {
                 test_silent_rail: None,
             },
             verbs: Default::default(),
+            cancel: None,
         };
         let mut reports =
             host::engine::connect::send_tcp(&opts, &self.source, &AttemptLog::default(), 1)?;
@@ -291,6 +292,7 @@ impl RailsTransport for Verbs<'_> {
                 rails: if rails.len() > 1 { rails } else { Vec::new() },
                 busy_poll: false,
             },
+            cancel: None,
         };
         let mut reports = host::engine::connect::send_verbs(&opts, &mut self.memory, 1)?;
         reports.pop().context("the sender reported no transfer")

@@ -185,6 +185,7 @@ fn measure(
             rails: stripe,
             busy_poll: args.busy_poll,
         },
+        cancel: None,
     };
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {

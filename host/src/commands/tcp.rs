@@ -129,6 +129,7 @@ pub fn recv_options(args: &RecvArgs) -> Result<RecvOptions> {
             .as_deref()
             .map(host::transfer::store::Output::parse)
             .transpose()?,
+        cancel: None,
     })
 }
 

@@ -84,6 +84,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             allow: Default::default(),
             key: None,
             output: None,
+            cancel: None,
         };
         let listener = TcpListener::bind(opts.bind)?;
         let admission = host::engine::serve::admission_of(&opts);
@@ -125,6 +126,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
             ..TcpSendOptions::default()
         },
         verbs: Default::default(),
+        cancel: None,
     };
     let sent = host::engine::connect::send_tcp(&opts, source, &AttemptLog::default(), 1)?;
     let outcome = report_rx.recv_timeout(TIMEOUT).context("no outcome")?;

@@ -171,6 +171,7 @@ pub fn send_tcp_keeping(
         .sender
         .with_source(source.memory(), |link| {
             let mut sending = Sending::new(link, rail_timeout);
+            sending.cancel_on(opts.cancel.clone());
             send::transfers(&mut sending, source, &shape, &facts)
         })
         .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
@@ -305,6 +306,7 @@ fn send_verbs_from(
             cooldowns: &opts.cooldowns,
         };
         let mut sending = Sending::new(link, opts.rail_timeout);
+        sending.cancel_on(opts.cancel.clone());
         send::transfers(&mut sending, dialed.source, &shape, &facts)
     })
 }

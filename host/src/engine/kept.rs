@@ -9,6 +9,7 @@
 //! before the next offer was answered is [`Tried::Closed`]: nothing was accepted, and
 //! the caller opens a new one.
 
+use super::cancel::{cancelled, CANCELLED};
 use super::offer::offer;
 use super::options::SendOptions;
 use super::send::{self, Facts, RailName, Shape};
@@ -122,11 +123,16 @@ impl KeptSender {
         let (names, connected) = (self.names.clone(), self.connected.clone());
         let ran = self.sender.with_source(source.memory(), |link| {
             let mut sending = Sending::new(link, opts.rail_timeout);
+            sending.cancel_on(opts.cancel.clone());
+            let cancel = || Some(Err(TransferError::Protocol(format!("{label}: {CANCELLED}"))));
             if sending.send_message(&next).is_err() {
                 return None;
             }
             let answer = match sending.next_message(&Deadline::after(opts.timeout)) {
                 Ok(Some((_, answer))) => answer,
+                // Cancelled while waiting: not to be taken for a closed connection (which
+                // a new one would replace).
+                Err(_) if cancelled(&opts.cancel) => return cancel(),
                 // Every rail closed before an answer: the receiver did not keep it.
                 Err(_) => return None,
                 Ok(None) => {

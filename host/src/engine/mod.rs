@@ -5,9 +5,10 @@
 //! ([`receiving`], [`recv`]), the serving loop ([`serve`]), the sender's [`offer`],
 //! opening a connection over each transport ([`connect`]), and a sender's TCP
 //! connection kept for its next transfer ([`kept`]). One options value per direction
-//! ([`options`]).
+//! ([`options`]), with the caller's [`cancel`] token.
 //! Nothing below it imports it.
 
+pub mod cancel;
 pub mod connect;
 pub mod cooldown;
 pub mod kept;
@@ -24,6 +25,7 @@ pub mod serve;
 pub mod serve_offer;
 pub mod stripe;
 
+pub use cancel::Cancel;
 pub use cooldown::Cooldowns;
 pub use options::{
     RecvOptions, SendOptions, TcpSendOptions, VerbsSendOptions, DEFAULT_RAIL_TIMEOUT,

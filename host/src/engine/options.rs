@@ -45,6 +45,8 @@ pub struct SendOptions {
     pub tcp: TcpSendOptions,
     /// What only verbs reads.
     pub verbs: VerbsSendOptions,
+    /// The caller's token that stops the transfer ([`super::cancel`]).
+    pub cancel: Option<super::Cancel>,
 }
 
 impl SendOptions {
@@ -67,6 +69,7 @@ impl SendOptions {
                 ..TcpSendOptions::default()
             },
             verbs: VerbsSendOptions::default(),
+            cancel: None,
         }
     }
 }
@@ -131,6 +134,9 @@ pub struct RecvOptions {
     pub key: Option<Key>,
     /// `--output`: where each verified transfer is written.
     pub output: Option<Output>,
+    /// The caller's token that stops the receive, waiting or under way
+    /// ([`super::cancel`]; a library's).
+    pub cancel: Option<super::Cancel>,
 }
 
 impl RecvOptions {
@@ -149,6 +155,7 @@ impl RecvOptions {
             allow: AllowList::default(),
             key: None,
             output: None,
+            cancel: None,
         }
     }
 }

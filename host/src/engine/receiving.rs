@@ -6,6 +6,7 @@
 //! several rails of a link whose sends may be lost with a rail, also when every live rail
 //! said the sender ended it: then the items that never came are missing.
 
+use super::cancel::{bounded, cancelled, Cancel, CANCELLED};
 use crate::net::{Caps, Rail, RecvEvent, RecvLink, Which};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::RecvRail;
@@ -185,6 +186,8 @@ pub struct Receiving<'l> {
     /// Items asked for again because they never came, all transfers.
     pub asked_again: u64,
     events: Vec<RecvEvent>,
+    /// The caller's token: a cancelled one ends the transfer at the next poll.
+    cancel: Option<Cancel>,
 }
 
 impl<'l> Receiving<'l> {
@@ -202,7 +205,14 @@ impl<'l> Receiving<'l> {
             got: 0,
             asked_again: 0,
             events: Vec::new(),
+            cancel: None,
         }
+    }
+
+    /// End the transfer as cancelled once `cancel` is (looked at every poll, at least
+    /// every [`CANCEL_POLL`](super::cancel::CANCEL_POLL)).
+    pub fn cancel_on(&mut self, cancel: Option<Cancel>) {
+        self.cancel = cancel;
     }
 
     pub fn caps(&self) -> Caps {
@@ -478,6 +488,10 @@ impl<'l> Receiving<'l> {
         wait: Duration,
         mut pass: Option<(&mut PassItems, bool)>,
     ) -> Result<bool, Stop> {
+        if cancelled(&self.cancel) {
+            return Err(Stop::Broken(CANCELLED.into()));
+        }
+        let wait = bounded(wait, &self.cancel);
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         let polled = self.link.poll(wait, &mut events);

@@ -4,6 +4,7 @@
 //! what the conversation after it needs (the receiver's messages). [`Sending`] is the
 //! [`ChunkWire`] the chunk schedule drives, and what the repair rounds send copies with.
 
+use super::cancel::{bounded, cancelled, Cancel, CANCELLED};
 use super::stripe::{Key, Stripes};
 use crate::net::{Caps, Item, LinkError, Pass, Rail, SendEvent, SendLink};
 use crate::rdma::Deadline;
@@ -56,6 +57,8 @@ pub struct Sending<'l> {
     broken: bool,
     /// Every rail went down after messages came: they are read first, then this.
     ended: Option<WireError>,
+    /// The caller's token: a cancelled one ends the transfer at the next poll.
+    cancel: Option<Cancel>,
 }
 
 impl<'l> Sending<'l> {
@@ -79,7 +82,14 @@ impl<'l> Sending<'l> {
             events: Vec::new(),
             broken: false,
             ended: None,
+            cancel: None,
         }
+    }
+
+    /// End the transfer as cancelled once `cancel` is (looked at every poll, at least
+    /// every [`CANCEL_POLL`](super::cancel::CANCEL_POLL)).
+    pub fn cancel_on(&mut self, cancel: Option<Cancel>) {
+        self.cancel = cancel;
     }
 
     pub fn caps(&self) -> Caps {
@@ -283,6 +293,10 @@ impl<'l> Sending<'l> {
         if let Some(e) = self.ended.take() {
             return Err(e);
         }
+        if cancelled(&self.cancel) {
+            return Err(self.broken(CANCELLED.into()));
+        }
+        let wait = bounded(wait, &self.cancel);
         // A quiet rail must be noticed within a tenth of the rail timeout.
         let wait = match self.stripes.rail_timeout() {
             Some(t) => wait.min((t / 10).max(Duration::from_millis(1))),

@@ -8,6 +8,7 @@
 //! `--once` is used up only by a transfer that was accepted: junk, probes, refusals and
 //! busy answers leave the receiver serving.
 
+use super::cancel::{bounded, cancelled, CANCELLED};
 use super::options::RecvOptions;
 pub use super::options::{SinkFactoryMaker, VerbsServe};
 pub use super::serve_offer::Pausable;
@@ -713,7 +714,12 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
     // Transfer threads started and not yet served: a bounded wait ends only between them.
     let mut in_flight = 0usize;
     loop {
-        let mut poll = Duration::from_secs(1);
+        // A cancelled call ends between transfers; one under way ends itself (its
+        // receive loop looks at the token too) and is reported first.
+        if cancelled(&opts.cancel) && in_flight == 0 {
+            return Err(TransferError::Protocol(CANCELLED.into()));
+        }
+        let mut poll = bounded(Duration::from_secs(1), &opts.cancel);
         if let Some((at, waited)) = give_up {
             let now = Instant::now();
             if in_flight == 0 && now >= at {

@@ -212,6 +212,7 @@ pub fn serve_tcp_offer(
     let checksum = header.verify.checksum();
     let received = receiver.with_landing(memory.landing(), checksum, |link| {
         let mut r = Receiving::new(link, opts.timeout);
+        r.cancel_on(opts.cancel.clone());
         recv::transfers(&mut r, memory.landed(), &terms)
     });
     // The last ack goes out only after this transfer's memory and its admission lease
@@ -344,6 +345,7 @@ pub fn serve_verbs_offer(
             rails_from,
         };
         let mut r = Receiving::new(link, opts.timeout);
+        r.cancel_on(opts.cancel.clone());
         let received = recv::transfers(&mut r, sink, &terms);
         let last = received.last_ack.map(|a| a.encode().to_vec());
         (received, last)

@@ -23,6 +23,7 @@ subclasses of ``TransferError``.
 """
 
 from ._native import (
+    Cancelled,
     ChecksumFailed,
     Endpoint,
     Handle,
@@ -50,4 +51,5 @@ __all__ = [
     "TimedOut",
     "PeerGone",
     "Unreachable",
+    "Cancelled",
 ]

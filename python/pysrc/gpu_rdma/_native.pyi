@@ -30,17 +30,25 @@ class PeerGone(TransferError):
 class Unreachable(TransferError):
     """Nobody accepts connections at the address."""
 
+class Cancelled(TransferError):
+    """The caller cancelled the transfer (``Handle.cancel()``); Ctrl-C cancels it too and
+    raises KeyboardInterrupt."""
+
 class Handle:
     """A transfer in progress (``send_async``, ``recv_into_async``). The memory it uses
     stays held until it ends, whatever happens to the handle."""
 
     def done(self) -> bool:
         """Whether the transfer has ended (never waits)."""
+    def cancel(self) -> None:
+        """Stop the transfer: it ends within a moment (the connection broken off, the
+        peer told nothing) unless it ended already; ``wait`` then raises Cancelled. Never
+        waits."""
     def wait(self, timeout: Optional[float] = None) -> Report:
         """Wait for the end (at most ``timeout`` seconds) and return the report; raise the
         transfer's exception, or TimedOut if ``timeout`` passed first (the transfer goes
-        on: wait again). Ctrl-C raises KeyboardInterrupt; the transfer then runs on to
-        its own end or timeout in the background."""
+        on: wait again). Ctrl-C cancels the transfer, waits for it to end (a moment; its
+        memory is then free) and raises KeyboardInterrupt."""
     @property
     def report(self) -> Optional[Report]:
         """The report once the transfer has ended well; None while it runs."""
