@@ -115,6 +115,8 @@ pub struct Options {
     /// A token that stops the transfers made under these options once cancelled (the
     /// connection is broken off; the call returns [`ErrorKind::Cancelled`] when no
     /// thread touches its memory any more). [`Pending::cancel`] makes one per transfer.
+    /// Looked at every 50 ms while a receive waits for a sender and while bytes move;
+    /// not while a send opens a new connection (that runs to its `timeout`).
     pub cancel: Option<Cancel>,
     /// Test only (`--test-inject-faults 1/N`): flip a bit in every Nth chunk after its
     /// CRC32C was computed, so the receiver's checks and the resends are exercised.
