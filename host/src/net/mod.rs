@@ -6,7 +6,7 @@
 //! - **Opening** (its own code, as NCCL's `connect`/`accept` are each plugin's): dialing
 //!   the receiver's rails with an offer and reading its answer
 //!   ([`tcp::dial`], [`verbs`]'s), and a listener that hands the engine each offer with
-//!   the peer's words ([`Incoming`]) and routes further rails to their transfer
+//!   the peer's words ([`Heard`]) and routes further rails to their transfer
 //!   ([`joins`]).
 //! - **A link** once open: one connection's rails (1..=N), a TCP stream set or a verbs
 //!   queue pair each. The sender's end ([`SendLink`]) posts items on a rail, sends and

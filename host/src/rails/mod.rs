@@ -6,7 +6,7 @@
 //! and spread over the GPUs that share rails ([`rank`]), chosen from the command line
 //! ([`select`]), and paired with the receiver's rails ([`pairing`]). All but the
 //! gatherer are pure functions, tested on fixture trees of a DGX-like and a
-//! GB200-like machine ([`fixtures`]).
+//! GB200-like machine (`fixtures.rs`).
 //!
 //! Striping one transfer over the set, and failing over, are the transports' (verbs:
 //! `transport::rdma::striped`, write mode with one receiver address per rail; TCP:

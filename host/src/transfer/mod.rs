@@ -3,11 +3,8 @@
 //! schedule ([`schedule`]) and what drives it for the benchmark ([`memcpy_wire`]), the
 //! reports ([`report`]), the errors a user can act on ([`TransferError`]) and byte counts
 //! for people ([`units`]).
-//! The transports that carry it are in [`crate::transport`]: verbs ([`rdma`]) and
-//! sockets ([`tcp`]).
-//!
-//! [`rdma`]: crate::transport::rdma
-//! [`tcp`]: crate::transport::tcp
+//! The engine that runs transfers over the links is [`crate::engine`]; the links are
+//! [`crate::net`]'s (verbs and TCP).
 
 pub mod faults;
 pub mod input;

@@ -1,29 +1,7 @@
-//! Transports: what carries a transfer's bytes between sender and receiver.
-//!
-//! The seam, drawn the way NCCL's net plugins (`listen`/`connect`/`accept`, `isend`/
-//! `irecv`/`test`) and UCX's transport layer draw it: everything that is the same whatever
-//! carries the bytes is the shared engine, and a transport only moves bytes.
-//!
-//! - **Shared engine**: the wire messages ([`wire`]: the 32-byte [`Header`] offer,
-//!   [`AcceptInfo`], [`RejectReason`], the 56-byte [`Ack`]); `crate::transfer`: the chunk
-//!   plan ([`plan`]), the sender's chunk schedule ([`schedule`]: window, release of each
-//!   chunk to its source, progress bar), the memory sources and sinks (`crate::memory`:
-//!   `SendSource`, `RecvSink::verify` and its poison), the reports.
-//! - **rdma** ([`rdma`]): connection management, registration, SEND/WRITE with
-//!   immediate, queue pairs, the receiver's threads; on the RAII verbs wrappers of
-//!   `crate::rdma`.
-//! - **tcp** ([`tcp`]): sockets, several streams per connection, frames. The same header,
-//!   accept, reject and ack bytes travel on stream 0; the sender drives the same
-//!   [`Schedule`](crate::transfer::schedule::Schedule) through a
-//!   [`ChunkWire`](crate::transfer::schedule::ChunkWire) of its own.
-//!
-//! [`wire`]: crate::wire
-//! [`plan`]: crate::transfer::plan
-//! [`schedule`]: crate::transfer::schedule
-//! [`Header`]: crate::wire::Header
-//! [`AcceptInfo`]: crate::wire::AcceptInfo
-//! [`RejectReason`]: crate::wire::RejectReason
-//! [`Ack`]: crate::wire::Ack
+//! Which transport a run takes (`--transport`: verbs, TCP, or `auto`), and why, for the
+//! faces (the command line, the library). What carries the bytes is
+//! [`crate::net`] (the links: [`crate::net::tcp`], [`crate::net::verbs`]); what runs
+//! over them is [`crate::engine`]; the messages both ends exchange are [`crate::wire`]'s.
 
 /// `--transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]

@@ -2,7 +2,7 @@
 //! it, rail 0's queue pair made and its receives posted, the accept (the buffer's key
 //! in write mode; a token for the further rails of a striped transfer), and the link
 //! handed to the engine; after it, the last ack delivered and the connection closed.
-//! A further rail is set up the same way when it joins ([`prepare`]).
+//! A further rail is set up the same way when it joins.
 
 use super::conn::{next_event, Resources, DISCONNECT_GRACE};
 use super::listen::{refuse, VerbsOffer};
