@@ -3,9 +3,10 @@
 //! One pass of the data: ask the source for chunk after chunk (a staging ring copies it
 //! into a slot first), hand them to a [`ChunkWire`] in batches, keep at most `window` of
 //! them in flight, and give each back to the source once the wire reports it done. The
-//! engine's sender ([`crate::engine::sending::Sending`]) hands them to a link (a TCP stream set or verbs queue pairs); the GPU
-//! benchmark's and tests' [`MemcpyWire`](super::memcpy_wire::MemcpyWire) copies each
-//! chunk into a second buffer on its own thread, as a NIC would read it. Both run this
+//! engine's sender ([`crate::engine::sending::Sending`]) hands them to a link (a TCP
+//! stream set or verbs queue pairs); the GPU benchmark's and tests'
+//! [`MemcpyWire`](super::memcpy_wire::MemcpyWire) copies each chunk into a second
+//! buffer on its own thread, as a NIC would read it. Both run this
 //! same code, so what the benchmark measures and the tests check is what the sender does.
 
 use super::plan::{Chunk, ChunkPlan};
