@@ -2,7 +2,7 @@
 //! (`src/include/plugin/nccl_net.h`, `plugin/net/net_v11.h`, `net_v10.h`, `net_v9.h`,
 //! `net_v8.h`, `nccl_common.h`, `nccl_device/net_device.h`): the property structs, the
 //! function tables and the constants this plugin uses. Only types live here; the
-//! functions are in `ffi.rs`. Each struct's size and every field's offset is tested
+//! functions are in `ffi/`. Each struct's size and every field's offset is tested
 //! below against numbers worked out by hand from the C declarations (x86_64, LP64:
 //! `int`, `float` and enums 4 bytes, pointers, `size_t` and `uint64_t` 8 bytes, a
 //! struct aligned to its widest member).
