@@ -66,11 +66,12 @@ def main():
         try:
             port = int(child.stdout.readline())
             ep = gpu_rdma.connect(f"127.0.0.1:{port}", streams=streams, timeout=60)
-            rates = []
+            rates, kept = [], []
             for _ in range(args.iters):
                 t0 = time.perf_counter()
                 report = ep.send(data)
                 rates.append(n / (time.perf_counter() - t0) / 1e9)
+                kept.append(report["kept_connection"])
                 assert report["receiver"]["status"] == "verified"
             rest, _ = child.communicate(timeout=120)
             equal = json.loads(rest.strip().splitlines()[-1])["equal"]
@@ -80,6 +81,7 @@ def main():
         ok &= equal
         out["runs"][str(streams)] = {"gb_per_s": [round(r, 3) for r in rates],
                                      "median": round(statistics.median(rates), 3),
+                                     "kept_connection": kept,
                                      "exact": equal}
     print(json.dumps(out, indent=1))
     sys.exit(0 if ok else 1)
