@@ -3,7 +3,8 @@
 //! loopback, `tests/tests/softroce.rs` in a Soft-RoCE guest over verbs (a script made
 //! from this list), and both judge what came out with [`check`]. What only one transport
 //! has (its striping set-up, its adversaries, its admission of streams or queue pairs)
-//! stays in its own tests beside these.
+//! stays in its own tests beside these; the admission both share (memory, addresses) is
+//! here.
 
 #![allow(dead_code)] // each test binary uses its part
 
@@ -169,6 +170,24 @@ pub const CASES: &[Case] = &[
         file: None,
         stdin: false,
         expect: Expect::Fails("exceeds its --max-bytes 1 MiB"),
+    },
+    // Admission, before anything is allocated: the same limits and words whichever
+    // transport the offer came by.
+    Case {
+        name: "more_than_its_max_memory",
+        recv: &["--max-bytes", "64MiB", "--max-memory", "1MiB"],
+        send: &["--size", "2MiB"],
+        file: None,
+        stdin: false,
+        expect: Expect::Fails("over its --max-memory 1 MiB"),
+    },
+    Case {
+        name: "an_address_not_allowed",
+        recv: &["--allow", "192.0.2.1"],
+        send: &["--size", "4KiB"],
+        file: None,
+        stdin: false,
+        expect: Expect::Fails("not in its --allow list"),
     },
 ];
 
