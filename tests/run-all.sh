@@ -82,7 +82,7 @@ cargo miri test -p host --no-default-features --lib --locked -- \
     memory::host_buffer memory::lent transfer::memcpy_wire transfer::schedule transfer::plan \
     wire::acks wire::answers wire::auth wire::error wire::names wire::offer wire::repair \
     wire::session net::tcp::frames net::joins net::verbs::messages engine::stripe \
-    engine::cooldown engine::cancel
+    engine::cooldown transfer::cancel
 
 step "fuzzing the wire formats for 30 s (cargo fuzz; everything a peer sends is decoded there)"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked

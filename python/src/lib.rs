@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// How long a wait interrupted by Ctrl-C waits for its cancelled transfer to end (it
-/// ends within a moment: the engine looks at its token every 50 ms; an opening of a
-/// connection runs to its own timeout) before it raises KeyboardInterrupt anyway.
+/// ends within a moment: the engine looks at its token every 50 ms; a socket's connect
+/// runs to its connect timeout) before it raises KeyboardInterrupt anyway.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// A finished transfer: its report as JSON, and (for `recv`) the bytes.

@@ -115,8 +115,9 @@ pub struct Options {
     /// A token that stops the transfers made under these options once cancelled (the
     /// connection is broken off; the call returns [`ErrorKind::Cancelled`] when no
     /// thread touches its memory any more). [`Pending::cancel`] makes one per transfer.
-    /// Looked at every 50 ms while a receive waits for a sender and while bytes move;
-    /// not while a send opens a new connection (that runs to its `timeout`).
+    /// Looked at every 50 ms while a receive waits for a sender, while a send waits for
+    /// the answer to its offer, and while bytes move; not while a socket connects
+    /// (bounded by its connect timeout) or a verbs connection opens (by `timeout`).
     pub cancel: Option<Cancel>,
     /// Test only (`--test-inject-faults 1/N`): flip a bit in every Nth chunk after its
     /// CRC32C was computed, so the receiver's checks and the resends are exercised.
@@ -762,6 +763,28 @@ mod tests {
         let (got, buf) = receiving.wait();
         got.unwrap();
         assert_eq!(buf, b"third");
+    }
+
+    #[test]
+    fn a_send_cancelled_while_its_offer_waits_for_an_answer_ends_at_once() {
+        // A listener in no receive: the connection is taken by the system, the offer
+        // waits for an answer (up to 20 s), until the cancel.
+        let opts = Options {
+            timeout: Duration::from_secs(20),
+            transport: TransportKind::Tcp,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let pending = connect(listener.local_addr(), &opts)
+            .unwrap()
+            .start_send(b"unanswered".to_vec(), None)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        pending.cancel();
+        let e = pending.wait().0.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 
     #[test]

@@ -121,6 +121,7 @@ pub fn send_tcp_keeping(
             faults: opts.payload.faults,
             silent_rail: opts.tcp.test_silent_rail,
         },
+        cancel: opts.cancel.clone(),
     };
     let version = opts.protocol_version;
     // The header as it went (a kept connection's next offers must say the same rails).

@@ -8,7 +8,9 @@
 //! ([`options`]), with the caller's [`cancel`] token.
 //! Nothing below it imports it.
 
-pub mod cancel;
+/// The caller's cancel token (it lives with the transfer's other parts, below the links,
+/// which look at it too).
+pub use crate::transfer::cancel;
 pub mod connect;
 pub mod cooldown;
 pub mod kept;

@@ -6,6 +6,7 @@
 //! The engine that runs transfers over the links is [`crate::engine`]; the links are
 //! [`crate::net`]'s (verbs and TCP).
 
+pub mod cancel;
 pub mod faults;
 pub mod input;
 pub mod memcpy_wire;

@@ -9,15 +9,16 @@ use super::frames::{Hello, HELLO_LEN, MAX_STREAMS};
 use super::send::{TcpSender, WriteChecks};
 use super::socket::{self, read_array};
 use crate::server::Key;
+use crate::transfer::cancel::{cancelled, Cancel, CANCELLED, CANCEL_POLL};
 use crate::transfer::TransferError;
 use crate::wire::{
     AcceptInfo, Challenge, Proof, RejectReason, ACCEPT_LEN, ACCEPT_MAGIC, CHALLENGE_MAGIC,
     REJECT_MAGIC,
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most rails one striped transfer uses (bits of an end marker's failed-rail mask).
 pub const MAX_RAILS: usize = 32;
@@ -79,6 +80,8 @@ pub struct DialConfig {
     pub connect_timeout: Duration,
     pub key: Option<Key>,
     pub checks: WriteChecks,
+    /// The caller's token: the wait for the receiver's answer ends when it is cancelled.
+    pub cancel: Option<Cancel>,
 }
 
 /// An open connection and who it is.
@@ -281,6 +284,48 @@ pub fn dial(
     })
 }
 
+/// The receiver's next answer (its size is an accept's, a reject's and a challenge's),
+/// waiting up to `cfg.timeout` for each byte; with a cancel token, looked at every
+/// [`CANCEL_POLL`] meanwhile.
+fn read_answer(control: &mut TcpStream, cfg: &DialConfig) -> io::Result<[u8; ACCEPT_LEN]> {
+    if cfg.cancel.is_none() {
+        return read_array(control);
+    }
+    let mut buf = [0u8; ACCEPT_LEN];
+    let mut got = 0;
+    let mut quiet_since = Instant::now();
+    control.set_read_timeout(Some(CANCEL_POLL))?;
+    let read = loop {
+        if got == buf.len() {
+            break Ok(buf);
+        }
+        match control.read(&mut buf[got..]) {
+            Ok(0) => break Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                got += n;
+                quiet_since = Instant::now();
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if cancelled(&cfg.cancel) {
+                    break Err(io::Error::other(CANCELLED));
+                }
+                if quiet_since.elapsed() >= cfg.timeout {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    control.set_read_timeout(Some(cfg.timeout))?;
+    read
+}
+
 /// Read the receiver's answer to the offer: an accept (go on), a reject (its reason), or
 /// with a receiver that has a key, a challenge: prove the key over its nonce, then read
 /// the accept or reject that follows. Whether the key was asked for (then every further
@@ -293,7 +338,7 @@ fn answer_offer(
 ) -> Result<bool, TransferError> {
     let mut challenged = false;
     loop {
-        let answer: [u8; ACCEPT_LEN] = read_array(control).map_err(|e| {
+        let answer = read_answer(control, cfg).map_err(|e| {
             let what = "waiting for the receiver to accept the offer";
             TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
         })?;

@@ -3,9 +3,10 @@
 //! the link, at least every [`CANCEL_POLL`], and ends the transfer as a failure of its
 //! own ("cancelled by the caller"): the connection is broken off (the peer reads a
 //! reset, never a verdict), and the call returns once no thread touches the caller's
-//! memory any more, as after any failure. Not looked at: the opening of a new
-//! connection (connect, offer, answer), which runs to its own `--timeout`; a receiver's
-//! wait for a sender is (the serving loop looks at it too).
+//! memory any more, as after any failure. A receiver's wait for a sender looks at it
+//! too (the serving loop), and so does a TCP sender's wait for the answer to its offer;
+//! not looked at: connecting (bounded by the rail's connect timeout) and a verbs
+//! connection's opening (by `--timeout`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
