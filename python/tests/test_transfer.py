@@ -452,3 +452,19 @@ def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener):
     gpu_rdma.connect(listener.address).send(pattern(100, 9))
     join()
     assert np.array_equal(out, pattern(100, 9))
+
+
+def test_ctrl_c_cancels_a_send_waiting_for_its_answer():
+    # A listener in no receive: the send's offer waits for an answer (up to 20 s) until
+    # SIGINT, which cancels it and raises KeyboardInterrupt at once.
+    quiet = gpu_rdma.listen("127.0.0.1:0", timeout=20.0)
+    endpoint = gpu_rdma.connect(quiet.address, transport="tcp", timeout=20.0)
+    data = pattern(1000, 3)
+    refs = sys.getrefcount(data)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        endpoint.send(data)
+    assert time.monotonic() - t0 < 3
+    assert sys.getrefcount(data) == refs, "the cancelled send still holds the array"
