@@ -178,9 +178,20 @@ impl<'l> Sending<'l> {
     }
 
     /// Look for messages for up to `wait` (after a failed pass: the receiver may have
-    /// said why it ended the transfer).
+    /// said why it ended the transfer), until one came: a poll returns at the first
+    /// news, which after a failure is often a writer's end, not the receiver's word.
     pub fn look_for_messages(&mut self, wait: Duration) {
-        let _ = self.poll(wait);
+        let until = Instant::now() + wait;
+        while self.messages.is_empty() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            if self.poll(left).is_err() {
+                // A link that is over answers at once: look again in a moment.
+                std::thread::sleep(left.min(Duration::from_millis(5)));
+            }
+        }
     }
 
     /// The end of a pass on every live rail (TCP's end markers).
