@@ -183,7 +183,8 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "an_address_not_allowed",
-        recv: &["--allow", "192.0.2.1"],
+        // An address of TEST-NET-2: neither loopback nor the guests' 192.0.2.0/24.
+        recv: &["--allow", "198.51.100.7"],
         send: &["--size", "4KiB"],
         file: None,
         stdin: false,
