@@ -157,6 +157,27 @@ pub enum Heard<O> {
     Said(RecvOutcome),
 }
 
+/// What to report of a refusal, whichever transport made it: the reason and its detail,
+/// and why the reject did not reach the sender (`unsent`), where it did not.
+pub fn rejected(
+    peer: std::net::SocketAddr,
+    reason: &crate::wire::RejectReason,
+    detail: Option<String>,
+    unsent: Option<String>,
+) -> RecvOutcome {
+    let mut text = reason.to_string();
+    if let Some(detail) = detail {
+        text = format!("{text}: {detail}");
+    }
+    if let Some(why) = unsent {
+        text = format!("{text} (and the reject could not be sent: {why})");
+    }
+    RecvOutcome::Rejected {
+        peer: peer.to_string(),
+        reason: text,
+    }
+}
+
 /// What a listener checks before it hands an offer on (nothing of it needs memory).
 #[derive(Debug, Clone)]
 pub struct ListenConfig {

@@ -103,17 +103,8 @@ impl KeptConn {
     /// Refuse the offer on this connection, saying why, and close it; what to report.
     pub(super) fn refuse(mut self, reason: RejectReason, detail: Option<String>) -> RecvOutcome {
         let sent = self.receiver.send_message(&reason.encode());
-        let mut text = reason.to_string();
-        if let Some(detail) = detail {
-            text = format!("{text}: {detail}");
-        }
-        if !sent {
-            text = format!("{text} (and the reject could not be sent: the connection closed)");
-        }
-        RecvOutcome::Rejected {
-            peer: self.peer.to_string(),
-            reason: text,
-        }
+        let unsent = (!sent).then(|| "the connection closed".to_string());
+        crate::net::rejected(self.peer, &reason, detail, unsent)
     }
 }
 

@@ -321,17 +321,7 @@ pub fn refuse(
     detail: Option<String>,
 ) -> RecvOutcome {
     let sent = socket::write_and_close(stream, &reason.encode());
-    let mut text = reason.to_string();
-    if let Some(detail) = detail {
-        text = format!("{text}: {detail}");
-    }
-    if let Err(e) = sent {
-        text = format!("{text} (and the reject could not be sent: {e})");
-    }
-    RecvOutcome::Rejected {
-        peer: peer.to_string(),
-        reason: text,
-    }
+    crate::net::rejected(peer, &reason, detail, sent.err().map(|e| e.to_string()))
 }
 
 fn refuse_hello(stream: TcpStream, peer: SocketAddr, what: &'static str) -> RecvOutcome {

@@ -58,17 +58,8 @@ pub(super) fn refuse(
     reason: RejectReason,
     detail: Option<String>,
 ) -> RecvOutcome {
-    let mut text = reason.to_string();
-    if let Some(detail) = detail {
-        text = format!("{text}: {detail}");
-    }
-    if let Err(e) = request.id.reject(&reason.encode()) {
-        text = format!("{text} (and the reject failed: {e})");
-    }
-    RecvOutcome::Rejected {
-        peer: peer.to_string(),
-        reason: text,
-    }
+    let unsent = request.id.reject(&reason.encode()).err();
+    crate::net::rejected(peer, &reason, detail, unsent.map(|e| e.to_string()))
 }
 
 /// Where a listener tells what it hears.
