@@ -196,22 +196,8 @@ impl TcpReceiver {
     /// far end went silent cannot hold it back), else on the one; whether any took it.
     pub fn send_last(&mut self, bytes: &[u8]) -> bool {
         let frame = Frame::control(bytes).encode();
-        let mut any = false;
-        for r in 0..self.rails.len() {
-            let side = &mut self.rails[r];
-            let Some(control) = side.control.as_deref().filter(|_| !side.down) else {
-                continue;
-            };
-            let mut control = control;
-            let written = control
-                .write_all(&frame)
-                .and_then(|()| control.write_all(bytes));
-            match written {
-                Ok(()) => any = true,
-                Err(_) => self.stop_rail(r),
-            }
-        }
-        any
+        // Every rail is tried: no short cut after the first that takes it.
+        (0..self.rails.len()).fold(false, |any, r| self.write_control(r, &frame, bytes) | any)
     }
 
     /// Send `bytes` as one message on the lowest live rail (the next if that one
@@ -219,20 +205,23 @@ impl TcpReceiver {
     /// be read as the next transfer's; whether a rail took it.
     pub fn send_message(&mut self, bytes: &[u8]) -> bool {
         let frame = Frame::control(bytes).encode();
-        for r in 0..self.rails.len() {
-            let side = &mut self.rails[r];
-            let Some(mut control) = side.control.as_deref().filter(|_| !side.down) else {
-                continue;
-            };
-            let written = control
-                .write_all(&frame)
-                .and_then(|()| control.write_all(bytes));
-            match written {
-                Ok(()) => return true,
-                Err(_) => self.stop_rail(r),
-            }
+        (0..self.rails.len()).any(|r| self.write_control(r, &frame, bytes))
+    }
+
+    /// Write a control message (its `frame`, then `bytes`) on rail `r`'s first stream;
+    /// a rail that is down or refuses it (then stopped) did not take it.
+    fn write_control(&mut self, r: Rail, frame: &[u8], bytes: &[u8]) -> bool {
+        let side = &self.rails[r];
+        let Some(mut control) = side.control.as_deref().filter(|_| !side.down) else {
+            return false;
+        };
+        let written = control
+            .write_all(frame)
+            .and_then(|()| control.write_all(bytes));
+        if written.is_err() {
+            self.stop_rail(r);
         }
-        false
+        written.is_ok()
     }
 
     /// The sender's next message between transfers (no landing lent), waiting until
