@@ -15,7 +15,6 @@ pub use super::serve_offer::Pausable;
 use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind, Served};
 use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
 
-use crate::net::tcp::kept::KeptConn;
 use crate::net::tcp::listen::{TcpListen, TcpOffer};
 use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
 use crate::net::{Heard, ListenConfig};
@@ -252,7 +251,7 @@ type NextOf<O> = Box<dyn FnOnce() -> Option<O> + Send>;
 /// What a served TCP offer comes to in a loop over offers of kind `O`: a kept
 /// connection waits up to `idle` for its next offer (wrapped by `wrap`).
 fn tcp_served<O: 'static>(
-    served: Served<KeptConn>,
+    served: Served,
     idle: Duration,
     wrap: fn(TcpOffer) -> O,
 ) -> (RecvOutcome, bool, Option<NextOf<O>>) {

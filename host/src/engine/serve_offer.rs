@@ -138,17 +138,17 @@ fn make_memory(
     }
 }
 
-/// What serving one offer came to.
-pub struct Served<K> {
+/// What serving one TCP offer came to.
+pub struct Served {
     pub outcome: RecvOutcome,
     /// Whether the accept was sent (the transfer used `--once` up).
     pub accepted: bool,
     /// The connection, kept for the sender's next offer.
-    pub kept: Option<K>,
+    pub kept: Option<KeptConn>,
 }
 
-impl<K> Served<K> {
-    fn ended(outcome: RecvOutcome, accepted: bool) -> Served<K> {
+impl Served {
+    fn ended(outcome: RecvOutcome, accepted: bool) -> Served {
         Served {
             outcome,
             accepted,
@@ -167,7 +167,7 @@ pub fn serve_tcp_offer(
     opts: &RecvOptions,
     one_per_call: Option<&dyn Pausable>,
     keep: bool,
-) -> Served<KeptConn> {
+) -> Served {
     let (hello, keep) = (offer.hello, keep && offer.header.session);
     let peer = offer.peer;
     let label = peer.to_string();
