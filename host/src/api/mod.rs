@@ -788,6 +788,26 @@ mod tests {
     }
 
     #[test]
+    fn a_send_cancelled_before_it_starts_opens_no_connection() {
+        let opts = Options {
+            wait: Some(Duration::from_millis(300)),
+            transport: TransportKind::Tcp,
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let cancel = Cancel::new();
+        cancel.cancel();
+        let endpoint = connect(listener.local_addr(), &opts)
+            .unwrap()
+            .with_cancel(&cancel);
+        let e = endpoint.send(b"never", None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        // Nothing came to the listener.
+        let waited = listener.accept().unwrap_err();
+        assert_eq!(waited.kind(), ErrorKind::TimedOut, "{waited}");
+    }
+
+    #[test]
     fn pending_transfers_are_polled_to_their_end_and_give_the_memory_back() {
         let opts = Options {
             chunk: 256 << 10,

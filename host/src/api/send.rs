@@ -67,11 +67,6 @@ fn send_with(
     }
 }
 
-/// A send cancelled before it began.
-fn cancelled_error() -> Error {
-    Error::new(ErrorKind::Cancelled, crate::engine::cancel::CANCELLED)
-}
-
 /// The one report of a transfer.
 fn last(mut reports: Vec<SendReport>) -> Result<SendReport, Error> {
     reports
@@ -100,9 +95,6 @@ fn send_kept(
             // The receiver closed it before answering: nothing was accepted.
             Tried::Closed => {}
         }
-    }
-    if crate::engine::cancel::cancelled(&cfg.cancel) {
-        return Err(cancelled_error());
     }
     let mut fresh = None;
     let reports = crate::engine::connect::send_tcp_keeping(

@@ -23,6 +23,17 @@ use crate::transfer::{SendReport, TransferError};
 use crate::wire::{Op, MAX_VERBS_RAILS};
 use std::time::{Duration, Instant};
 
+/// A send whose caller cancelled it already opens nothing (a retry after a kept
+/// connection closed, a pending send cancelled before its thread began).
+fn not_cancelled(opts: &SendOptions) -> Result<(), TransferError> {
+    match crate::transfer::cancel::cancelled(&opts.cancel) {
+        true => Err(TransferError::Protocol(
+            crate::transfer::cancel::CANCELLED.into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Which of `labels` to try, and why the others are left out: those resting after a
 /// failure, unless all are (then all are tried rather than none).
 fn rails_to_try(
@@ -71,6 +82,7 @@ pub fn send_tcp_keeping(
     transfers: u32,
     keep: Option<&mut Option<KeptSender>>,
 ) -> Result<Vec<SendReport>, TransferError> {
+    not_cancelled(opts)?;
     let t0 = Instant::now();
     let label = opts.peer.to_string();
     let streams = opts.tcp.streams;
@@ -224,6 +236,7 @@ fn send_verbs_from(
     bytes: u64,
     transfers: u32,
 ) -> Result<Vec<SendReport>, TransferError> {
+    not_cancelled(opts)?;
     let label = opts.peer.to_string();
     let v = &opts.verbs;
     let (header, plan, name_message) = offer(opts, bytes, transfers, v.op)?;
