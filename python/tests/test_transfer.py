@@ -418,6 +418,11 @@ def test_accept_with_no_sender_times_out(listener):
     assert time.monotonic() - t0 < 5
 
 
+def sigint_after(seconds):
+    """SIGINT to this process in `seconds`, as Ctrl-C would send it."""
+    threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+
+
 def test_a_cancelled_receive_raises_cancelled_at_once_and_the_listener_goes_on(listener):
     target = np.zeros(1000, dtype=np.uint8)
     handle = listener.recv_into_async(target)
@@ -439,8 +444,7 @@ def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener):
     # counted a reference to it), and Python sees KeyboardInterrupt at once.
     target = np.zeros(4096, dtype=np.uint8)
     refs = sys.getrefcount(target)
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    sigint_after(0.3)
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         listener.recv_into(target)
@@ -461,8 +465,7 @@ def test_ctrl_c_cancels_a_send_waiting_for_its_answer():
     endpoint = gpu_rdma.connect(quiet.address, transport="tcp", timeout=20.0)
     data = pattern(1000, 3)
     refs = sys.getrefcount(data)
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    sigint_after(0.3)
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         endpoint.send(data)

@@ -296,18 +296,7 @@ mod tests {
             ..Options::default()
         };
         let (addr, receiving) = listener(&opts);
-        let header =
-            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
-                .unwrap();
-        let hello = crate::net::tcp::frames::Hello {
-            index: 0,
-            count: 1,
-            rail: 0,
-            token: 1,
-        };
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
-            .unwrap();
+        let mut s = offer_by_hand(addr);
         let t0 = Instant::now();
         // A byte every 0.5 s: no single wait reaches --timeout.
         let trickle = std::thread::spawn(move || {
@@ -338,18 +327,7 @@ mod tests {
         let listener = bound(&opts);
         let addr = listener.local_addr();
         let receiving = listener.start_receive_into(vec![0u8; 1 << 20]).unwrap();
-        let header =
-            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
-                .unwrap();
-        let hello = crate::net::tcp::frames::Hello {
-            index: 0,
-            count: 1,
-            rail: 0,
-            token: 1,
-        };
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
-            .unwrap();
+        let mut s = offer_by_hand(addr);
         // The accept, then a chunk's frame and a byte at a time.
         let mut accept = [0u8; crate::wire::ACCEPT_LEN];
         std::io::Read::read_exact(&mut s, &mut accept).unwrap();
@@ -381,6 +359,24 @@ mod tests {
             stopped.is_some_and(|k| k < 30),
             "the sender could go on writing"
         );
+    }
+
+    /// A sender made by hand: its first socket, which has offered 1 MiB in one chunk
+    /// (and said its hello); what it sends next is the test's.
+    fn offer_by_hand(addr: SocketAddr) -> std::net::TcpStream {
+        let header =
+            crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
+                .unwrap();
+        let hello = crate::net::tcp::frames::Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 1,
+        };
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
+            .unwrap();
+        s
     }
 
     /// Bytes that say where they are: a wrong offset or a stale chunk shows.

@@ -133,7 +133,7 @@ mod tests {
         assert!(NextOffer::decode(&unannounced).is_err());
         // A name the receiver would not write, or a flag without one.
         let mut bad = bytes[..PREFIX_LEN + HEADER_LEN].to_vec();
-        bad.extend_from_slice(&NAME_MAGIC_FOR_TEST);
+        bad.extend_from_slice(&crate::wire::NAME_MAGIC);
         bad.extend_from_slice(&VERSION.to_le_bytes());
         bad.extend_from_slice(&2u16.to_le_bytes());
         bad.extend_from_slice(b"..");
@@ -147,6 +147,4 @@ mod tests {
         assert!(NextOffer::decode(&header().encode()).is_err());
         assert!(!NextOffer::is_one(&header().encode()));
     }
-
-    const NAME_MAGIC_FOR_TEST: [u8; 4] = crate::wire::NAME_MAGIC;
 }
