@@ -134,7 +134,7 @@ fn project_round(source: &HostBuffer, size: u64, chunk: u64, streams: u16) -> Re
     let RecvOutcome::Completed(r) = outcome else {
         bail!("the transfer did not complete: {outcome:?}");
     };
-    if !r.ok() || !sent.iter().all(|s| s.receiver.is_some_and(|v| v.ok())) {
+    if !r.ok() || !sent.iter().all(host::transfer::SendReport::verified) {
         bail!("the transfer did not verify");
     }
     Ok(r.gbps)

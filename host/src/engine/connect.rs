@@ -189,8 +189,7 @@ pub fn send_tcp_keeping(
         })
         .map_err(|e| TransferError::Protocol(format!("{label}: {e}")))?;
     if let (Some(keep), Ok(reports)) = (keep, &sent) {
-        let verified = |r: &SendReport| r.receiver.is_some_and(|v| v.ok());
-        if reports.iter().all(verified) && dialed.sender.usable() {
+        if reports.iter().all(SendReport::verified) && dialed.sender.usable() {
             *keep = Some(KeptSender::new(
                 dialed.sender,
                 opts,

@@ -171,9 +171,7 @@ impl KeptSender {
             report.kept_connection = true;
             Ok(report)
         });
-        let verified = report
-            .as_ref()
-            .is_ok_and(|r| r.receiver.is_some_and(|v| v.ok()));
+        let verified = report.as_ref().is_ok_and(SendReport::verified);
         let keep = (verified && self.sender.usable()).then_some(self);
         Tried::Sent(report, keep)
     }

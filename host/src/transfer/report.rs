@@ -114,6 +114,13 @@ pub struct SendReport {
     pub rails: Vec<RailReport>,
 }
 
+impl SendReport {
+    /// The receiver said the data verified.
+    pub fn verified(&self) -> bool {
+        self.receiver.is_some_and(|v| v.ok())
+    }
+}
+
 /// One rail of a striped transfer: what it carried, and whether it failed.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RailReport {
