@@ -11,7 +11,8 @@
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
 #    with a reason where there is no GPU), the tutorial's examples (examples/), the
 #    NCCL net plugin's harness (nccl-net/tests/) and the RDMA tests inside the guests;
-#    then the Python module's tests (pip install ./python in a fresh venv, pytest);
+#    then the Python module's tests (pip install ./python in a fresh venv, pytest over
+#    TCP loopback, then the same tests over verbs inside a guest);
 # 5. runs the host-memory modules under Miri;
 # 6. fuzzes the wire-format decoders for 30 s.
 # Besides: the PTX kept in gpu-kernels/ptx/ is checked against this build's, and a crate
@@ -72,6 +73,11 @@ rm -rf target/python-venv
 python3 -m venv target/python-venv
 target/python-venv/bin/pip install -q ./python pytest numpy
 (cd python && ../target/python-venv/bin/python -m pytest -q -rs -p no:cacheprovider tests)
+
+step "the Python module's tests over RDMA verbs, in a Soft-RoCE guest (python/tests/softroce-run.sh)"
+# The same virtual environment's interpreter and packages go into the guest; the tests
+# run against its rxe address with transport="rdma" (~3 min).
+bash python/tests/softroce-run.sh target/python-venv
 
 step "Miri over the host-memory modules (host buffers, the schedule, the memcpy wire and its thread, wire formats)"
 # Miri checks for undefined behaviour as the code runs: use after free, data races

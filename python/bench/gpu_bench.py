@@ -66,12 +66,19 @@ def main():
         try:
             port = int(child.stdout.readline())
             ep = gpu_rdma.connect(f"127.0.0.1:{port}", streams=streams, timeout=60)
-            rates, kept = [], []
+            rates, kept, phases = [], [], []
             for _ in range(args.iters):
                 t0 = time.perf_counter()
                 report = ep.send(data)
-                rates.append(n / (time.perf_counter() - t0) / 1e9)
+                wall = time.perf_counter() - t0
+                rates.append(n / wall / 1e9)
                 kept.append(report["kept_connection"])
+                # Where the wall time went: the engine's connect (0 on a kept connection),
+                # its data time (first chunk to last written) and round trip (to the ack).
+                phases.append({"wall_s": round(wall, 4),
+                               "connect_s": round(report.get("connect_seconds") or 0.0, 4),
+                               "data_s": round(report.get("seconds") or 0.0, 4),
+                               "round_trip_s": round(report.get("round_trip_seconds") or 0.0, 4)})
                 assert report["receiver"]["status"] == "verified"
             rest, _ = child.communicate(timeout=120)
             equal = json.loads(rest.strip().splitlines()[-1])["equal"]
@@ -82,6 +89,7 @@ def main():
         out["runs"][str(streams)] = {"gb_per_s": [round(r, 3) for r in rates],
                                      "median": round(statistics.median(rates), 3),
                                      "kept_connection": kept,
+                                     "phases": phases,
                                      "exact": equal}
     print(json.dumps(out, indent=1))
     sys.exit(0 if ok else 1)

@@ -17,6 +17,12 @@
 #                        executable files are taken (not recursive). They go
 #                        to /opt/bin (first on PATH), with the shared libraries
 #                        ldd lists for them. May be given several times.
+#   --tree SRC=DST       copy the directory SRC into the guest at DST (an
+#                        absolute path; symbolic links followed, __pycache__
+#                        left out), with the shared libraries its ELF files
+#                        need, as for --bin. May be repeated. (The Python
+#                        tests take an interpreter's library and a virtual
+#                        environment's packages this way.)
 #   --env NAME=VALUE     export NAME=VALUE to SCRIPT. May be repeated.
 #   --mem SIZE           guest RAM, QEMU syntax (default: 3G for one guest,
 #                        2G each for two).
@@ -85,13 +91,14 @@ say() { echo "$ME: $*" >&2; }
 # =============================================================================
 TOPOLOGY=one TIMEOUT=300 MEM="" SMP="" MTU="" LINK=stream NICS=1
 KILL_B_AFTER="" LOG_DIR="" QUIET=0
-BINS=() ENVS=() QEMU_EXTRA=()
+BINS=() TREES=() ENVS=() QEMU_EXTRA=()
 need_value() { [[ $# -ge 2 ]] || die_usage "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --topology)     need_value "$@"; TOPOLOGY=$2; shift 2 ;;
     --timeout)      need_value "$@"; TIMEOUT=$2; shift 2 ;;
     --bin)          need_value "$@"; BINS+=("$2"); shift 2 ;;
+    --tree)         need_value "$@"; TREES+=("$2"); shift 2 ;;
     --env)          need_value "$@"; ENVS+=("$2"); shift 2 ;;
     --mem)          need_value "$@"; MEM=$2; shift 2 ;;
     --smp)          need_value "$@"; SMP=$2; shift 2 ;;
@@ -128,6 +135,9 @@ if [[ -n $KILL_B_AFTER ]]; then
 fi
 for e in ${ENVS[@]+"${ENVS[@]}"}; do
   [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die_usage "--env wants NAME=VALUE, got: $e"
+done
+for t in ${TREES[@]+"${TREES[@]}"}; do
+  [[ $t == *=/* && -d ${t%%=*} ]] || die_usage "--tree wants SRC=/DST with SRC a directory, got: $t"
 done
 if [[ $TOPOLOGY == one ]]; then
   GUESTS=(a); MEM=${MEM:-3G}; SMP=${SMP:-2}
@@ -243,9 +253,20 @@ build_initrd() {
   for f in ${bins[@]+"${bins[@]}"}; do
     cp -L --preserve=mode "$f" "$root/opt/bin/"
   done
+  # Directory trees, as they are; their ELF files' libraries are looked up as the
+  # binaries' are.
+  local t elves=()
+  for t in ${TREES[@]+"${TREES[@]}"}; do
+    mkdir -p "$root${t#*=}"
+    (cd "${t%%=*}" && find -L . -name __pycache__ -prune -o -print0 \
+       | cpio --null -pdmL --quiet "$root${t#*=}")
+    while IFS= read -r -d '' f; do
+      if is_elf "$f"; then elves+=("$f"); fi
+    done < <(find -L "${t%%=*}" -type f \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0)
+  done
   # Their shared libraries, unless the base already has them.
   local libs=()
-  for f in ${bins[@]+"${bins[@]}"}; do
+  for f in ${bins[@]+"${bins[@]}"} ${elves[@]+"${elves[@]}"}; do
     is_elf "$f" || continue
     if ldd "$f" 2>/dev/null | grep -q 'not found'; then
       say "warning: $(basename "$f") needs libraries this machine lacks:" \

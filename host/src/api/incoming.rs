@@ -92,7 +92,10 @@ impl Incoming {
         self.seen.chunk
     }
 
-    /// The sender's name for the transfer, if it gave one.
+    /// The sender's name for the transfer, if it gave one and it is known before the
+    /// transfer is taken: over TCP it comes with the offer; over RDMA verbs it follows
+    /// the accept, so it is `None` here and the receive's report has it
+    /// (`integrity.name`).
     pub fn name(&self) -> Option<&str> {
         self.seen.name.as_deref()
     }

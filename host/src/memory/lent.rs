@@ -139,7 +139,8 @@ pub struct OfferSeen {
     /// The transfer's size in bytes: a target lent for it must hold exactly this.
     pub bytes: u64,
     pub chunk: u64,
-    /// The sender's `--name`, checked already (it stays inside a directory).
+    /// The sender's `--name`, checked already (it stays inside a directory). Over verbs
+    /// it follows the accept (the connection's private data has no room for it): `None`.
     pub name: Option<String>,
 }
 

@@ -99,7 +99,9 @@ class Incoming:
         """The sender's chunk size in bytes (one CRC32C each)."""
     @property
     def name(self) -> Optional[str]:
-        """The sender's name for the transfer."""
+        """The sender's name for the transfer, where it comes with the offer (over TCP).
+        Over RDMA verbs it follows the accept: None here, and the receive's report has
+        it (``integrity["name"]``)."""
     @overload
     def recv(self, report: Literal[False] = False) -> bytes: ...
     @overload
