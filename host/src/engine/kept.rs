@@ -19,9 +19,7 @@ use crate::memory::SendSource;
 use crate::net::tcp::send::TcpSender;
 use crate::rdma::Deadline;
 use crate::transfer::{SendReport, TransferError};
-use crate::wire::{
-    AcceptInfo, Header, NextOffer, Op, RejectReason, ACCEPT_MAGIC, HINT_SESSION, REJECT_MAGIC,
-};
+use crate::wire::{Header, NextOffer, Op, HINT_SESSION};
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -179,19 +177,12 @@ impl KeptSender {
 
 /// The receiver's answer to a next offer: go on, or why not.
 fn accepted(answer: &[u8], label: &str) -> Result<(), TransferError> {
-    match answer.get(..4) {
-        Some(m) if m == ACCEPT_MAGIC => AcceptInfo::decode(answer)
-            .map(drop)
-            .map_err(|e| TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))),
-        Some(m) if m == REJECT_MAGIC => Err(match RejectReason::decode(answer) {
-            Some(reason) => TransferError::Rejected(reason),
-            None => TransferError::Protocol(format!("{label} sent an invalid reject")),
-        }),
-        _ => Err(TransferError::NotFramed {
+    crate::net::tcp::dial::verdict(answer, label).unwrap_or_else(|| {
+        Err(TransferError::NotFramed {
             peer: label.to_string(),
             why: format!(
                 "its answer to a next offer (hint {HINT_SESSION:#04x}) is neither accept nor reject"
             ),
-        }),
-    }
+        })
+    })
 }

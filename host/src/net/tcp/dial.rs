@@ -342,19 +342,10 @@ fn answer_offer(
             let what = "waiting for the receiver to accept the offer";
             TransferError::Protocol(format!("{label}: {}", socket::why(&e, cfg.timeout, what)))
         })?;
+        if let Some(verdict) = verdict(&answer, label) {
+            return verdict.map(|()| challenged);
+        }
         match [answer[0], answer[1], answer[2], answer[3]] {
-            ACCEPT_MAGIC => {
-                AcceptInfo::decode(&answer).map_err(|e| {
-                    TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
-                })?;
-                return Ok(challenged);
-            }
-            REJECT_MAGIC => {
-                return Err(match RejectReason::decode(&answer) {
-                    Some(reason) => TransferError::Rejected(reason),
-                    None => TransferError::Protocol(format!("{label} sent an invalid reject")),
-                })
-            }
             CHALLENGE_MAGIC if !challenged => {
                 challenged = true;
                 let challenge = Challenge::decode(&answer).map_err(|e| {
@@ -382,6 +373,23 @@ fn answer_offer(
                 })
             }
         }
+    }
+}
+
+/// An accept or a reject as the sender takes it (a new connection's offer, a kept
+/// connection's next one); `None` for any other answer.
+pub fn verdict(answer: &[u8], label: &str) -> Option<Result<(), TransferError>> {
+    match answer.get(..4)? {
+        m if m == ACCEPT_MAGIC => {
+            Some(AcceptInfo::decode(answer).map(drop).map_err(|e| {
+                TransferError::Protocol(format!("{label} sent an invalid accept: {e}"))
+            }))
+        }
+        m if m == REJECT_MAGIC => Some(Err(match RejectReason::decode(answer) {
+            Some(reason) => TransferError::Rejected(reason),
+            None => TransferError::Protocol(format!("{label} sent an invalid reject")),
+        })),
+        _ => None,
     }
 }
 
