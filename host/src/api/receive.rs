@@ -260,8 +260,11 @@ impl Listener {
             max_connections: 1,
             // Room for one transfer of --max-bytes and the books of its chunks (checked
             // chunks keep some per chunk, counted by admission with the data): twice the
-            // data holds chunks down to a few dozen bytes.
-            max_memory: max_bytes.saturating_mul(2),
+            // data holds chunks down to a few dozen bytes; into GPU memory, its upload
+            // ring too (4 MiB a stream at 1 MiB chunks: more than a small transfer's data).
+            max_memory: max_bytes
+                .saturating_mul(2)
+                .saturating_add(memory.ring_allowance(max_bytes)),
             min_rate: self.opts.min_rate,
             max_per_peer: 1,
             allow: AllowList::default(),

@@ -45,6 +45,31 @@ pub enum RecvMemory {
 }
 
 impl RecvMemory {
+    /// Room, beyond its data, that one transfer of up to `max_bytes` may hold here at
+    /// most: the upload ring of the most streams a sender may open, where the transfer may
+    /// land in GPU memory (a caller's lent or asked-for buffer, `--mem device`); nothing
+    /// for host memory. A library call's memory limit adds it, so a small receive into
+    /// GPU memory is not refused for its ring.
+    pub fn ring_allowance(&self, max_bytes: u64) -> u64 {
+        let may_be_gpu = match self {
+            RecvMemory::Host | RecvMemory::Plan(_) => false,
+            RecvMemory::Ask(_) => true,
+            RecvMemory::Lent(target) => target
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|t| !matches!(t.place, LentPlace::Host(_))),
+            #[cfg(feature = "cuda")]
+            RecvMemory::Device(_) => true,
+        };
+        if !may_be_gpu {
+            return 0;
+        }
+        let chunk = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        upload_ring_bytes(usize::from(crate::net::tcp::frames::MAX_STREAMS), chunk)
+            .map_or(0, |r| r as u64)
+    }
+
     /// The bytes a transfer of `total` bytes in chunks of `chunk` over `streams` streams
     /// holds here.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
@@ -828,5 +853,34 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library receive of 1 MiB into GPU memory held a 4 MiB upload ring (one stream
+    /// of 1 MiB chunks) against a limit of twice its data, and was refused ("4 MiB more
+    /// would put its buffers over its --max-memory 2 MiB"; the H100 run of 2026-12-06).
+    /// The limit now has room for the ring of the most streams a sender may open.
+    #[test]
+    fn memory_that_may_be_gpu_memory_has_room_for_the_upload_ring_of_any_sender() {
+        let (offers, _) = std::sync::mpsc::channel();
+        let ask = RecvMemory::Ask(AskCaller {
+            offers,
+            within: Duration::from_secs(1),
+        });
+        let mib = 1u64 << 20;
+        if cfg!(feature = "cuda") {
+            let allowance = ask.ring_allowance(mib);
+            let streams = crate::net::tcp::frames::MAX_STREAMS;
+            assert!(allowance >= u64::from(streams) * 4 * mib, "{allowance}");
+            // Not more than the ring of 1 MiB slots, whatever the data's size.
+            assert_eq!(ask.ring_allowance(1 << 40), allowance);
+        } else {
+            assert_eq!(ask.ring_allowance(mib), 0, "no GPU support: no ring");
+        }
+        assert_eq!(RecvMemory::Host.ring_allowance(mib), 0);
     }
 }
