@@ -607,10 +607,47 @@ fn page_locked_buffers_read_as_zeroes_when_new() {
     let Some(gpu) = gpu_or_skip("page_locked_buffers_read_as_zeroes_when_new") else {
         return;
     };
-    for len in [1usize, 4097, 64 << 20] {
+    // Sizes no other test asks for: a buffer of a size given back earlier is taken again
+    // as it was left (see the next test), not new.
+    for len in [1usize, 4099, (64 << 20) + 13] {
         let mut pinned = host::gpu::allocations::PinnedHostBuffer::new(&gpu, len).unwrap();
         assert!(pinned.as_bytes().iter().all(|&b| b == 0), "{len} bytes");
     }
+}
+
+/// Page-locked buffers are kept for reuse (the staging rings of one transfer after
+/// another): one given back is what the next of its size gets, on the same device, and a
+/// buffer of another size is another allocation.
+#[test]
+fn a_page_locked_buffer_given_back_is_what_the_next_of_its_size_gets() {
+    use host::gpu::allocations::PinnedHostBuffer;
+    use host::memory::{Registrable, RegistrationTarget};
+    let Some(gpu) =
+        gpu_or_skip("a_page_locked_buffer_given_back_is_what_the_next_of_its_size_gets")
+    else {
+        return;
+    };
+    let address = |b: &PinnedHostBuffer| match b.target() {
+        RegistrationTarget::Host { ptr, .. } => ptr.as_ptr() as usize,
+        _ => panic!("page-locked memory is host memory"),
+    };
+    let len = (3 << 20) + 7;
+    let first = PinnedHostBuffer::new(&gpu, len).unwrap();
+    let at = address(&first);
+    drop(first);
+    let second = PinnedHostBuffer::new(&gpu, len).unwrap();
+    assert_eq!(
+        address(&second),
+        at,
+        "the buffer given back was not taken again"
+    );
+    let other = PinnedHostBuffer::new(&gpu, len + 1).unwrap();
+    assert_ne!(address(&other), at);
+    // Opened again (a transfer's own `Gpu`), the device's kept buffer is still there.
+    drop(second);
+    let again = Gpu::open(0).unwrap();
+    let third = PinnedHostBuffer::new(&again, len).unwrap();
+    assert_eq!(address(&third), at);
 }
 
 /// Issue 24, item 11: `crc32c_chunks_with_piece(buf, 4096, u64::MAX)` made the kernel's

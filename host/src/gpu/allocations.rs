@@ -366,10 +366,22 @@ pub struct PinnedHostBuffer {
     gpu: Rc<Gpu>,
     host: NonNull<u8>,
     len: usize,
+    /// Mapped into the GPU (`MappedHostBuffer`): never kept for reuse.
+    mapped: bool,
 }
 
 impl PinnedHostBuffer {
+    /// `len` bytes of page-locked memory: one kept from an earlier buffer of the same
+    /// size and device ([`idle_pinned`]), or a new allocation.
     pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
+        if let Some(host) = idle_pinned::take(gpu.ordinal(), len.max(1)) {
+            return Ok(PinnedHostBuffer {
+                gpu: gpu.clone(),
+                host,
+                len,
+                mapped: false,
+            });
+        }
         Self::alloc(gpu, len, false)
     }
 
@@ -387,6 +399,7 @@ impl PinnedHostBuffer {
             gpu: gpu.clone(),
             host,
             len,
+            mapped: device_map,
         })
     }
 
@@ -403,7 +416,8 @@ impl PinnedHostBuffer {
     /// through `unsafe` calls whose contracts exclude this read.
     pub fn as_bytes(&mut self) -> &[u8] {
         // SAFETY: host is valid for len bytes while self lives, all initialised (zeroed in
-        // `alloc`, and only ever written with bytes since); the exclusive borrow keeps
+        // `alloc` when first allocated, and only ever written with bytes since, also while
+        // kept for reuse); the exclusive borrow keeps
         // every other Rust access and every registration away.
         unsafe { std::slice::from_raw_parts(self.host.as_ptr(), self.len) }
     }
@@ -445,6 +459,9 @@ unsafe impl Registrable for PinnedHostBuffer {
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
         let _ = self.gpu.synchronize();
+        if !self.mapped && idle_pinned::give_back(self.gpu.ordinal(), self.host, self.len.max(1)) {
+            return;
+        }
         let Ok(bound) = self.gpu.bind() else {
             eprintln!("warning: page-locked memory not freed: its CUDA context could not be bound");
             return;
@@ -452,6 +469,85 @@ impl Drop for PinnedHostBuffer {
         // SAFETY: allocated by mem_host_alloc, freed only here, after its users (copies
         // are waited for above; registrations borrow the buffer, so none is left).
         report_free_error(unsafe { driver::mem_free_host(&bound, self.host.as_ptr()) });
+    }
+}
+
+/// Page-locked buffers of transfers that ended, kept for the next that asks for the same
+/// size on the same device.
+///
+/// Why: a staging ring (18 MiB for a sender of GPU memory, 4 MiB a stream for a receiver
+/// into it) was allocated and freed for every transfer, and `cuMemHostAlloc` and
+/// `cuMemFreeHost` page-lock and unlock every page: milliseconds a transfer, for a
+/// library that sends many (the Python module's sends of CUDA tensors). Only memory of a
+/// device whose primary context stays retained until the process ends ([`Resident`]) is
+/// kept, so none outlives its context; at most [`IDLE_MAX`] bytes, the oldest freed first.
+///
+/// [`Resident`]: super::context::Resident
+mod idle_pinned {
+    use super::super::context::Resident;
+    use super::{driver, report_free_error};
+    use std::collections::VecDeque;
+    use std::ptr::NonNull;
+    use std::sync::Mutex;
+
+    /// The most idle page-locked bytes kept, all devices together.
+    pub const IDLE_MAX: usize = 256 << 20;
+
+    struct Idle {
+        ordinal: u32,
+        /// The allocation's address (an integer: the list is shared between threads, and
+        /// only the thread that takes it out dereferences it).
+        host: usize,
+        len: usize,
+    }
+
+    static IDLE: Mutex<VecDeque<Idle>> = Mutex::new(VecDeque::new());
+
+    /// A kept allocation of exactly `len` bytes of device `ordinal`'s context, taken out
+    /// of the list (nobody else holds it then).
+    pub fn take(ordinal: u32, len: usize) -> Option<NonNull<u8>> {
+        let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+        let at = idle
+            .iter()
+            .position(|i| i.ordinal == ordinal && i.len == len)?;
+        let kept = idle.remove(at)?;
+        NonNull::new(kept.host as *mut u8)
+    }
+
+    /// Keep `len` bytes at `host`, allocated by `cuMemHostAlloc` without flags in device
+    /// `ordinal`'s primary context and no longer used by anyone: true if kept, false if
+    /// the caller must free them (that context is not kept for the process).
+    pub fn give_back(ordinal: u32, host: NonNull<u8>, len: usize) -> bool {
+        if Resident::loaded(ordinal).is_none() {
+            return false;
+        }
+        let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push_back(Idle {
+            ordinal,
+            host: host.as_ptr() as usize,
+            len,
+        });
+        let mut total: usize = idle.iter().map(|i| i.len).sum();
+        while total > IDLE_MAX {
+            let Some(oldest) = idle.pop_front() else {
+                break;
+            };
+            total -= oldest.len;
+            // Every kept allocation's device has its Resident (checked as it was kept).
+            let Some(kept_by) = Resident::loaded(oldest.ordinal) else {
+                continue;
+            };
+            let Ok(bound) = kept_by.context.bind() else {
+                eprintln!(
+                    "warning: page-locked memory not freed: its CUDA context could not be bound"
+                );
+                continue;
+            };
+            // SAFETY: allocated by mem_host_alloc in that device's primary context (kept
+            // retained by its Resident), taken out of the list, which held it alone.
+            report_free_error(unsafe { driver::mem_free_host(&bound, oldest.host as *mut u8) });
+        }
+        true
     }
 }
 

@@ -76,8 +76,9 @@ pub struct Gpu {
     // were made in. Every buffer, stream and event of this GPU holds an `Rc<Gpu>`, so
     // the context outlives all of them.
     stream: driver::Stream,
-    /// Kept loaded for the two kernels' sake (never read: they hold its code).
-    _module: driver::Module,
+    /// Kept loaded for the kernels' sake (never read: they hold its code); `None` when
+    /// they are this build's own, loaded once for the process ([`Resident`]).
+    _module: Option<driver::Module>,
     generate_data: CUfunction,
     verify_data: CUfunction,
     crc32c_chunks: CUfunction,
@@ -98,12 +99,97 @@ fn driver_error(what: &'static str) -> impl FnOnce(DriverError) -> GpuError {
     }
 }
 
+/// This build's kernels on one device, loaded once for the life of the process, with
+/// a retain of the device's primary context that is never released.
+///
+/// Why: loading the PTX (`cuModuleLoadData`: a JIT compile, or at best the driver's
+/// cache lookup) took milliseconds, and a library that opens the GPU for every transfer
+/// (each send of the Python module, each transfer of a serving receiver) paid them each
+/// time. The kept retain is what makes keeping anything of the context safe: CUDA frees
+/// everything made in a context (modules, page-locked memory) when its last retain goes,
+/// which without this happens whenever the last `Gpu` of a program is dropped. The
+/// page-locked memory that `allocations` keeps for reuse relies on it too.
+pub(crate) struct Resident {
+    /// Never unloaded (a `Resident` is never dropped).
+    _module: driver::Module,
+    generate_data: CUfunction,
+    verify_data: CUfunction,
+    crc32c_chunks: CUfunction,
+    pub(crate) context: PrimaryContext,
+}
+
+// SAFETY: a context, a module and its functions are handles the driver API takes from
+// any thread (it is thread-safe; every use binds the context first, on its own thread's
+// context stack). A `Resident` is leaked, never dropped, so nothing of it is unloaded or
+// released while another thread uses it; its fields are never written after it is made.
+unsafe impl Send for Resident {}
+// SAFETY: as for Send: shared references only read the handles.
+unsafe impl Sync for Resident {}
+
+/// The residents made so far, by ordinal.
+static RESIDENTS: std::sync::Mutex<Vec<(u32, &'static Resident)>> =
+    std::sync::Mutex::new(Vec::new());
+
+impl Resident {
+    /// The resident kernels of GPU `ordinal` (device `device`), loading them the first
+    /// time (under the lock: a second caller waits for the first's load).
+    fn of(ordinal: u32, device: CUdevice) -> Result<&'static Resident, GpuError> {
+        let mut residents = RESIDENTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, resident)) = residents.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(resident);
+        }
+        let context = PrimaryContext::retain(device)
+            .map_err(driver_error("retaining the GPU's primary CUDA context"))?;
+        let bound = context
+            .bind()
+            .map_err(driver_error("binding the CUDA context"))?;
+        let module =
+            driver::Module::load(&bound, &context, KERNELS_PTX).map_err(GpuError::KernelLoad)?;
+        drop(bound);
+        let (generate_data, verify_data, crc32c_chunks) = kernels_of(&module)?;
+        let resident: &'static Resident = Box::leak(Box::new(Resident {
+            _module: module,
+            generate_data,
+            verify_data,
+            crc32c_chunks,
+            context,
+        }));
+        residents.push((ordinal, resident));
+        Ok(resident)
+    }
+
+    /// The resident kernels of GPU `ordinal`, if some `Gpu::open` loaded them: then its
+    /// primary context lives until the process ends.
+    pub(crate) fn loaded(ordinal: u32) -> Option<&'static Resident> {
+        let residents = RESIDENTS.lock().unwrap_or_else(|e| e.into_inner());
+        residents
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map(|(_, r)| *r)
+    }
+}
+
+/// The three kernels of a loaded module.
+fn kernels_of(module: &driver::Module) -> Result<(CUfunction, CUfunction, CUfunction), GpuError> {
+    let function = |name: &'static CStr| {
+        module.function(name).map_err(driver_error(
+            "finding a kernel in the PTX (cuModuleGetFunction)",
+        ))
+    };
+    Ok((
+        function(c"generate_data")?,
+        function(c"verify_data")?,
+        function(c"crc32c_chunks")?,
+    ))
+}
+
 impl Gpu {
-    /// Initialise CUDA and open GPU `ordinal` with the kernels this build embeds.
+    /// Initialise CUDA and open GPU `ordinal` with the kernels this build embeds, loaded
+    /// once per process ([`Resident`]).
     pub fn open(ordinal: u32) -> Result<Rc<Gpu>, GpuError> {
-        // SAFETY: the embedded PTX is this crate's own kernels, whose contract the
+        // SAFETY: no PTX of the caller's: this crate's own kernels, whose contract the
         // launches below keep (gpu-kernels/src/kernels.rs).
-        unsafe { Self::open_with_ptx(ordinal, KERNELS_PTX) }
+        unsafe { Self::open_inner(ordinal, None) }
     }
 
     /// [`open`](Self::open) with other PTX: the tests load corrupted PTX to show that a
@@ -119,6 +205,16 @@ impl Gpu {
     /// `ceil(len / chunk)` words at `out`. Arbitrary device code behind those names could
     /// write any memory of the context.
     pub unsafe fn open_with_ptx(ordinal: u32, ptx: &str) -> Result<Rc<Gpu>, GpuError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Self::open_inner(ordinal, Some(ptx)) }
+    }
+
+    /// [`open`](Self::open) (`ptx` `None`: the resident kernels) or
+    /// [`open_with_ptx`](Self::open_with_ptx) (a module of its own, unloaded with it).
+    ///
+    /// # Safety
+    /// As for [`open_with_ptx`](Self::open_with_ptx), for `Some(ptx)`.
+    unsafe fn open_inner(ordinal: u32, ptx: Option<&str>) -> Result<Rc<Gpu>, GpuError> {
         let init = driver::init();
         if init != 0 {
             let failure = driver::check("cuInit", init).unwrap_err();
@@ -149,15 +245,18 @@ impl Gpu {
         let bound = context
             .bind()
             .map_err(driver_error("binding the CUDA context"))?;
-        let module = driver::Module::load(&bound, &context, ptx).map_err(GpuError::KernelLoad)?;
-        let function = |name: &'static CStr| {
-            module.function(name).map_err(driver_error(
-                "finding a kernel in the PTX (cuModuleGetFunction)",
-            ))
+        let (module, (generate_data, verify_data, crc32c_chunks)) = match ptx {
+            Some(ptx) => {
+                let module =
+                    driver::Module::load(&bound, &context, ptx).map_err(GpuError::KernelLoad)?;
+                let kernels = kernels_of(&module)?;
+                (Some(module), kernels)
+            }
+            None => {
+                let r = Resident::of(ordinal, device)?;
+                (None, (r.generate_data, r.verify_data, r.crc32c_chunks))
+            }
         };
-        let generate_data = function(c"generate_data")?;
-        let verify_data = function(c"verify_data")?;
-        let crc32c_chunks = function(c"crc32c_chunks")?;
         let stream =
             driver::Stream::new(&bound, &context).map_err(driver_error("cuStreamCreate"))?;
         drop(bound);
