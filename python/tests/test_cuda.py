@@ -159,6 +159,23 @@ def test_accept_sizes_a_cuda_tensor_from_the_offer_and_it_lands_there():
     assert box["report"]["integrity"]["name"] == "sized"
 
 
+def test_small_cuda_tensors_fit_a_listener_sized_for_them():
+    # A listener's max_bytes of exactly the tensor's size: its limit has room for the
+    # upload ring (4 MiB a stream at 1 MiB chunks), which a 1 MiB tensor's data alone
+    # did not (refused: "4 MiB more would put its buffers over its --max-memory 2 MiB").
+    for n, streams in [(1, 1), (MIB, 1), (MIB, 8), (4 * MIB + 1, 4)]:
+        sent = seeded(n, n)
+        target = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        listener = gpu_rdma.listen("127.0.0.1:0", timeout=30, wait=60, max_bytes=n)
+        box = {}
+        t = threading.Thread(target=lambda: box.update(r=listener.recv_into(target)))
+        t.start()
+        report = gpu_rdma.connect(listener.address, streams=streams).send(sent)
+        t.join(60)
+        assert report["receiver"]["status"] == "verified", (n, streams)
+        assert torch.equal(target, sent), (n, streams)
+
+
 def test_cpu_tensors_go_through_dlpack_in_place():
     sent = seeded(3 * MIB + 1, 2, device="cpu")
     target = torch.zeros_like(sent)
