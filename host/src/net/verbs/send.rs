@@ -224,6 +224,36 @@ impl<'r> VerbsSender<'r> {
         events.push(SendEvent::Down { rail: r, why });
     }
 
+    /// Rail `r`'s receiver disconnected: take the completions that land within
+    /// [`LAST_WORDS`] first. Its last message (a too-slow ack, say) went before its
+    /// disconnect, but the CM's event can overtake that message's completion (seen under
+    /// Soft-RoCE: the sender said "the receiver disconnected" instead of the receiver's
+    /// reason), and a rail that is down stops being polled once nothing of it reads the
+    /// source. Ends early once a message came.
+    fn last_words(&mut self, r: Rail, events: &mut Vec<SendEvent>) {
+        let until = Instant::now() + LAST_WORDS;
+        loop {
+            self.comps.clear();
+            let polled = self.rails[r].conn.cq.poll(&mut self.comps);
+            let comps = std::mem::take(&mut self.comps);
+            for c in &comps {
+                self.take(r, c, events);
+            }
+            self.comps = comps;
+            let heard = events
+                .iter()
+                .any(|e| matches!(e, SendEvent::Message { rail, .. } if *rail == r));
+            if heard
+                || polled.is_err()
+                || self.rails[r].state != State::Live
+                || Instant::now() >= until
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Post what waits on rail `r` while there is room, in order.
     fn pump(&mut self, r: Rail) -> Result<(), String> {
         let striped = self.striped;
@@ -503,7 +533,10 @@ impl<'r> VerbsSender<'r> {
             if self.rails[r].state == State::Live {
                 match self.rails[r].conn.poll_events() {
                     Ok(false) => {}
-                    Ok(true) => self.down(r, "the receiver disconnected".into(), events),
+                    Ok(true) => {
+                        self.last_words(r, events);
+                        self.down(r, "the receiver disconnected".into(), events)
+                    }
                     Err(RdmaError::DeviceFault(f)) => self.down(r, f, events),
                     Err(e) => self.down(r, e.to_string(), events),
                 }
@@ -529,6 +562,8 @@ impl<'r> VerbsSender<'r> {
     }
 }
 
+/// How long a disconnected receiver's last message may trail its disconnect event.
+const LAST_WORDS: Duration = Duration::from_millis(20);
 /// A rail's closing wait beyond the first.
 const RAIL_CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long a failed request waits for a device event that explains it.
@@ -664,6 +699,7 @@ unsafe impl SendLink for VerbsSender<'_> {
                         Ok(Waited::Completions) | Err(RdmaError::Timeout { .. }) => {}
                         Ok(Waited::Disconnected) => {
                             // The receiver's last words come before its disconnect.
+                            self.last_words(*r, out);
                             self.sweep(out);
                             self.down(*r, "the receiver disconnected".into(), out);
                         }
