@@ -455,6 +455,17 @@ def sigint_after(seconds):
     threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever the runner
+    left: a runner started in the background by a shell inherits SIGINT ignored, and
+    Python then installs no handler, so Ctrl-C would do nothing there (seen in a CI run
+    started with `&`)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def test_a_cancelled_receive_raises_cancelled_at_once_and_the_listener_goes_on(listener):
     target = np.zeros(1000, dtype=np.uint8)
     handle = listener.recv_into_async(target)
@@ -470,7 +481,7 @@ def test_a_cancelled_receive_raises_cancelled_at_once_and_the_listener_goes_on(l
     assert np.array_equal(target, pattern(1000, 5))
 
 
-def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener):
+def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener, ctrl_c):
     # SIGINT to this process while recv_into waits for a sender (up to 20 s): the
     # receive is cancelled, its thread ends and lets the array go (the buffer it held
     # counted a reference to it), and Python sees KeyboardInterrupt at once.
@@ -491,7 +502,7 @@ def test_ctrl_c_cancels_a_waiting_receive_and_frees_its_memory(listener):
 
 
 @pytest.mark.tcp_only  # asks for TCP by name
-def test_ctrl_c_cancels_a_send_waiting_for_its_answer():
+def test_ctrl_c_cancels_a_send_waiting_for_its_answer(ctrl_c):
     # A listener in no receive: the send's offer waits for an answer (up to 20 s) until
     # SIGINT, which cancels it and raises KeyboardInterrupt at once.
     quiet = listen(timeout=20.0)
