@@ -54,11 +54,7 @@ impl RecvMemory {
         let may_be_gpu = match self {
             RecvMemory::Host | RecvMemory::Plan(_) => false,
             RecvMemory::Ask(_) => true,
-            RecvMemory::Lent(target) => target
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .is_some_and(|t| !matches!(t.place, LentPlace::Host(_))),
+            RecvMemory::Lent(target) => lent_on_gpu(target),
             #[cfg(feature = "cuda")]
             RecvMemory::Device(_) => true,
         };
@@ -86,12 +82,7 @@ impl RecvMemory {
             RecvMemory::Ask(_) => 0,
             // The caller's memory is there already; into GPU memory, the upload ring.
             RecvMemory::Lent(target) => {
-                let on_gpu = target
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-                    .is_some_and(|t| !matches!(t.place, LentPlace::Host(_)));
-                if on_gpu {
+                if lent_on_gpu(target) {
                     ring()
                 } else {
                     0
@@ -146,6 +137,15 @@ impl RecvMemory {
             _ => MemoryKind::Host,
         }
     }
+}
+
+/// Whether a caller lent GPU memory (not yet taken by a transfer).
+fn lent_on_gpu(target: &Mutex<Option<LentTarget>>) -> bool {
+    target
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|t| !matches!(t.place, LentPlace::Host(_)))
 }
 
 /// The page-locked ring an upload into GPU memory holds (none without the GPU).

@@ -224,6 +224,22 @@ impl<'r> VerbsSender<'r> {
         events.push(SendEvent::Down { rail: r, why });
     }
 
+    /// Poll rail `r`'s completion queue once and take what it held.
+    fn take_completions(
+        &mut self,
+        r: Rail,
+        events: &mut Vec<SendEvent>,
+    ) -> Result<usize, RdmaError> {
+        self.comps.clear();
+        let polled = self.rails[r].conn.cq.poll(&mut self.comps);
+        let comps = std::mem::take(&mut self.comps);
+        for c in &comps {
+            self.take(r, c, events);
+        }
+        self.comps = comps;
+        polled
+    }
+
     /// Rail `r`'s receiver disconnected: take the completions that land within
     /// [`LAST_WORDS`] first. Its last message (a too-slow ack, say) went before its
     /// disconnect, but the CM's event can overtake that message's completion (seen under
@@ -233,13 +249,7 @@ impl<'r> VerbsSender<'r> {
     fn last_words(&mut self, r: Rail, events: &mut Vec<SendEvent>) {
         let until = Instant::now() + LAST_WORDS;
         loop {
-            self.comps.clear();
-            let polled = self.rails[r].conn.cq.poll(&mut self.comps);
-            let comps = std::mem::take(&mut self.comps);
-            for c in &comps {
-                self.take(r, c, events);
-            }
-            self.comps = comps;
+            let polled = self.take_completions(r, events);
             let heard = events
                 .iter()
                 .any(|e| matches!(e, SendEvent::Message { rail, .. } if *rail == r));
@@ -516,13 +526,7 @@ impl<'r> VerbsSender<'r> {
             if self.rails[r].state == State::Quiet {
                 continue;
             }
-            self.comps.clear();
-            let polled = self.rails[r].conn.cq.poll(&mut self.comps);
-            let comps = std::mem::take(&mut self.comps);
-            for c in &comps {
-                self.take(r, c, events);
-            }
-            self.comps = comps;
+            let polled = self.take_completions(r, events);
             if let Err(e) = polled {
                 self.down(r, e.to_string(), events);
             }
