@@ -90,6 +90,34 @@ impl Config {
     }
 }
 
+/// `NCCL_GRDMA_TRANSPORT`: what carries the comms of every device (read once, when the
+/// devices are found).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Verbs where the interface belongs to an RDMA device, TCP elsewhere (the default).
+    Auto,
+    Tcp,
+    /// Verbs on every device; an interface without an RDMA device is an error.
+    Verbs,
+}
+
+impl Transport {
+    pub fn from_env() -> Result<Self> {
+        Self::parse(std::env::var("NCCL_GRDMA_TRANSPORT").ok().as_deref())
+    }
+
+    pub fn parse(v: Option<&str>) -> Result<Self> {
+        match v.map(str::trim) {
+            None | Some("auto") => Ok(Transport::Auto),
+            Some("tcp") => Ok(Transport::Tcp),
+            Some("verbs") | Some("rdma") => Ok(Transport::Verbs),
+            Some(v) => Err(NetError::invalid(format!(
+                "NCCL_GRDMA_TRANSPORT={v:?}: expected auto (verbs where the interface has an RDMA device, else TCP), tcp or verbs"
+            ))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +172,12 @@ mod tests {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.msg.starts_with(k), "{e}");
         }
+        assert_eq!(Transport::parse(None).unwrap(), Transport::Auto);
+        assert_eq!(Transport::parse(Some("tcp")).unwrap(), Transport::Tcp);
+        assert_eq!(Transport::parse(Some(" verbs")).unwrap(), Transport::Verbs);
+        assert_eq!(Transport::parse(Some("rdma")).unwrap(), Transport::Verbs);
+        let e = Transport::parse(Some("ib")).unwrap_err();
+        assert!(e.msg.starts_with("NCCL_GRDMA_TRANSPORT=\"ib\""), "{e}");
         assert_eq!(
             parse(&[("NCCL_GRDMA_TEST_INJECT_FAULTS", "0")])
                 .unwrap()

@@ -14,7 +14,10 @@
 //! - `integrity`: CRC32C, fault injection, counters;
 //! - `sock`: thin non-blocking socket wrappers over raw memory;
 //! - `trace`: NCCL_GRDMA_TRACE's per-request timeline;
-//! - `comm`: listen/connect/accept and the send and receive comms with their progress.
+//! - `comm`: listen/connect/accept and the send and receive comms with their progress
+//!   over TCP;
+//! - `verbs`: the same over RDMA verbs (a queue pair per comm, RDMA WRITEs into NCCL's
+//!   buffers), where the device is an RDMA device's interface.
 
 pub mod abi;
 mod comm;
@@ -26,4 +29,5 @@ mod log;
 mod props;
 mod sock;
 mod trace;
+mod verbs;
 mod wire;

@@ -1,7 +1,9 @@
 //! The devices this plugin offers NCCL: network interfaces with an address, chosen by
 //! `NCCL_SOCKET_IFNAME` like NCCL's own socket transport, else the first one that is up
-//! and not loopback (else `lo`), with the facts `getProperties` reports from sysfs.
+//! and not loopback (else `lo`), with the facts `getProperties` reports from sysfs, and
+//! the RDMA device behind each interface where the comms go over verbs.
 
+use crate::config::Transport;
 use crate::error::{NetError, Result};
 use std::ffi::CString;
 use std::net::IpAddr;
@@ -32,6 +34,17 @@ pub struct Device {
     pub speed_mbps: i32,
     /// False when `speed_mbps` is [`DEFAULT_SPEED_MBPS`] for want of a sysfs value.
     pub speed_known: bool,
+    /// The RDMA device the interface belongs to, where the comms go over verbs
+    /// (`NCCL_GRDMA_TRANSPORT`); none: TCP.
+    pub rdma: Option<CString>,
+}
+
+/// The RDMA device whose port has `ip` (an RDMA CM id bound to it), if any.
+pub fn rdma_device_of(ip: IpAddr) -> Option<String> {
+    let channel = host::rdma::EventChannel::new().ok()?;
+    let id = host::rdma::CmId::new(&channel).ok()?;
+    id.bind(std::net::SocketAddr::new(ip, 0)).ok()?;
+    id.device_name()
 }
 
 /// Which interfaces to use, from `getifaddrs`' entries and `NCCL_SOCKET_IFNAME`:
@@ -166,7 +179,7 @@ pub fn list_interfaces() -> Result<Vec<Iface>> {
 }
 
 /// The devices of this machine under `NCCL_SOCKET_IFNAME` (`spec`), with sysfs facts.
-pub fn discover(spec: Option<&str>) -> Result<Vec<Device>> {
+pub fn discover(spec: Option<&str>, transport: Transport) -> Result<Vec<Device>> {
     let ifaces = list_interfaces()?;
     let chosen = select(&ifaces, spec);
     if chosen.is_empty() {
@@ -178,19 +191,30 @@ pub fn discover(spec: Option<&str>) -> Result<Vec<Device>> {
         }));
     }
     let sys = Path::new("/sys");
-    Ok(chosen
+    chosen
         .into_iter()
         .map(|i| {
             let speed = sysfs_speed(sys, &i.name);
-            Device {
+            let rdma = match transport {
+                Transport::Tcp => None,
+                _ => rdma_device_of(i.addr),
+            };
+            if transport == Transport::Verbs && rdma.is_none() {
+                return Err(NetError::system(format!(
+                    "NCCL_GRDMA_TRANSPORT=verbs: interface {} ({}) belongs to no RDMA device",
+                    i.name, i.addr
+                )));
+            }
+            Ok(Device {
                 pci_path: sysfs_pci_path(sys, &i.name).and_then(|p| CString::new(p).ok()),
                 speed_mbps: speed.unwrap_or(DEFAULT_SPEED_MBPS),
                 speed_known: speed.is_some(),
                 addr: i.addr,
                 name: CString::new(i.name).unwrap_or_default(),
-            }
+                rdma: rdma.and_then(|r| CString::new(r).ok()),
+            })
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

@@ -55,6 +55,8 @@ pub struct Handle {
     pub addr: SocketAddr,
     pub streams: u8,
     pub token: u64,
+    /// The listener is an RDMA CM listener (`crate::verbs`), not a TCP socket.
+    pub verbs: bool,
 }
 
 impl Handle {
@@ -65,6 +67,7 @@ impl Handle {
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
         b[7] = self.streams;
         b[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
+        b[10] = u8::from(self.verbs);
         match self.addr.ip() {
             IpAddr::V4(a) => {
                 b[6] = 4;
@@ -116,10 +119,20 @@ impl Handle {
         if port == 0 {
             return err("the handle's port is 0");
         }
+        let verbs = match b[10] {
+            0 => false,
+            1 => true,
+            t => {
+                return err(format!(
+                    "the handle's transport {t} is neither 0 (TCP) nor 1 (verbs)"
+                ))
+            }
+        };
         Ok(Self {
             addr: SocketAddr::new(ip, port),
             streams,
             token: u64_at(b, 32),
+            verbs,
         })
     }
 }
@@ -421,6 +434,7 @@ mod tests {
                 addr: addr.parse().unwrap(),
                 streams: 4,
                 token: 0x1122_3344_5566_7788,
+                verbs: addr.starts_with('1'),
             };
             let b = h.encode();
             assert_eq!(Handle::decode(&b).unwrap(), h);
@@ -430,6 +444,7 @@ mod tests {
             addr: "127.0.0.1:4242".parse().unwrap(),
             streams: 4,
             token: 7,
+            verbs: false,
         }
         .encode();
         let mut bad = good;
@@ -444,6 +459,9 @@ mod tests {
         let mut bad = good;
         bad[6] = 5;
         assert!(Handle::decode(&bad).unwrap_err().0.contains("family 5"));
+        let mut bad = good;
+        bad[10] = 2;
+        assert!(Handle::decode(&bad).unwrap_err().0.contains("transport 2"));
         assert!(Handle::decode(&[0u8; 128]).is_err());
     }
 

@@ -64,7 +64,10 @@ fn lib() -> &'static Library {
     L.get_or_init(|| {
         // SAFETY: runs once, before any thread calls into the plugin (which is the only
         // other reader of the environment in this process).
-        unsafe { std::env::set_var("NCCL_SOCKET_IFNAME", "lo") };
+        // (A child over verbs brings its own: the RDMA device's interface.)
+        if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+            unsafe { std::env::set_var("NCCL_SOCKET_IFNAME", "lo") };
+        }
         // SAFETY: the plugin's initializers are Rust statics; loading runs no code.
         unsafe { Library::new(plugin_path()) }.expect("dlopen the plugin")
     })
@@ -79,6 +82,14 @@ fn table<T>(sym: &[u8]) -> &'static T {
 
 fn v11() -> &'static NcclNetV11 {
     table(b"ncclNetPlugin_v11\0")
+}
+
+/// Registrations the helpers made over verbs: (comm, buffer, length, handle).
+static REGS: Mutex<Vec<(usize, usize, usize, usize)>> = Mutex::new(Vec::new());
+
+/// Whether this process drives the plugin over verbs (a child the verbs tests start).
+fn over_verbs() -> bool {
+    std::env::var("NCCL_GRDMA_TRANSPORT").is_ok_and(|v| v == "verbs")
 }
 
 /// Every line the plugin logged (in this process), for the assertions.
@@ -192,6 +203,10 @@ impl Net {
             .collect();
         let mut sizes: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
         let mut tags = tags.to_vec();
+        let mut mhs: Vec<*mut c_void> = bufs
+            .iter_mut()
+            .map(|b| self.mr(r, b.as_mut_ptr(), b.len()))
+            .collect();
         let mut req = null_mut();
         // SAFETY: n-element arrays; the buffers outlive the request (the callers keep
         // them until test says done or the comm is closed).
@@ -203,7 +218,11 @@ impl Net {
                     data.as_mut_ptr(),
                     sizes.as_mut_ptr(),
                     tags.as_mut_ptr(),
-                    null_mut(),
+                    if over_verbs() {
+                        mhs.as_mut_ptr()
+                    } else {
+                        null_mut()
+                    },
                     null_mut(),
                     &mut req,
                 )
@@ -216,6 +235,7 @@ impl Net {
     /// One isend call (null request: not yet).
     fn isend_once(&self, s: *mut c_void, buf: &[u8], tag: i32) -> (NcclResult, *mut c_void) {
         let mut req = null_mut();
+        let mh = self.mr(s, buf.as_ptr() as *mut u8, buf.len());
         // SAFETY: the buffer outlives the request (kept by the caller).
         let r = unsafe {
             (self.t.isend)(
@@ -223,7 +243,7 @@ impl Net {
                 buf.as_ptr() as *mut c_void,
                 buf.len(),
                 tag,
-                null_mut(),
+                mh,
                 null_mut(),
                 &mut req,
             )
@@ -291,11 +311,71 @@ impl Net {
         }
     }
 
+    /// Over verbs (a child with `NCCL_GRDMA_TRANSPORT=verbs`), NCCL registers every
+    /// buffer on the comm before it sends or receives with it: the registration of
+    /// `len` bytes at `ptr` on `comm`, made once per buffer and kept until the comm
+    /// closes. Over TCP none (the plugin takes a null handle there).
+    fn mr(&self, comm: *mut c_void, ptr: *mut u8, len: usize) -> *mut c_void {
+        if !over_verbs() {
+            return null_mut();
+        }
+        let mut regs = REGS.lock().unwrap();
+        if let Some(&(_, _, _, mh)) = regs
+            .iter()
+            .find(|&&(c, p, n, _)| c == comm as usize && p == ptr as usize && n == len)
+        {
+            return mh as *mut c_void;
+        }
+        let mut mh = null_mut();
+        // SAFETY: a comm and a buffer the caller keeps until the comm closes.
+        ok(
+            unsafe { (self.t.regMr)(comm, ptr as *mut c_void, len, NCCL_PTR_HOST, &mut mh) },
+            "regMr",
+        );
+        regs.push((comm as usize, ptr as usize, len, mh as usize));
+        mh
+    }
+
+    /// Deregister the registration [`mr`](Self::mr) made of the buffer at `ptr` on
+    /// `comm`, if any (before the buffer is freed).
+    fn forget(&self, comm: *mut c_void, ptr: *const u8) {
+        let mut regs = REGS.lock().unwrap();
+        regs.retain(|&(c, p, _, mh)| {
+            if c != comm as usize || p != ptr as usize {
+                return true;
+            }
+            // SAFETY: a registration made on this comm, deregistered once.
+            ok(
+                unsafe { (self.t.deregMr)(comm, mh as *mut c_void) },
+                "deregMr",
+            );
+            false
+        });
+    }
+
+    /// Deregister what [`mr`](Self::mr) registered on `comm` (before it closes).
+    fn dereg_all(&self, comm: *mut c_void) {
+        let mut regs = REGS.lock().unwrap();
+        regs.retain(|&(c, _, _, mh)| {
+            if c != comm as usize {
+                return true;
+            }
+            // SAFETY: a registration made on this comm, deregistered once.
+            ok(
+                unsafe { (self.t.deregMr)(comm, mh as *mut c_void) },
+                "deregMr",
+            );
+            false
+        });
+    }
+
     fn close_send(&self, s: *mut c_void) {
+        self.dereg_all(s);
         // SAFETY: a send comm of this plugin, closed once.
         ok(unsafe { (self.t.closeSend)(s) }, "closeSend");
     }
     fn close_recv(&self, r: *mut c_void) {
+        self.dereg_all(r);
         // SAFETY: as above.
         ok(unsafe { (self.t.closeRecv)(r) }, "closeRecv");
     }
@@ -336,6 +416,11 @@ fn round_trip(net: &Net, s: *mut c_void, r: *mut c_void, size: usize, posted: us
     assert!(!rr.is_null());
     let sr = net.isend(s, &msg, 7, &[rr]);
     let sizes = net.wait_all(&[sr, rr]);
+    // These buffers are freed on return; the next ones may get their addresses but not
+    // their pages, which a registration pinned: deregistered now (as NCCL must before
+    // it frees a buffer).
+    net.forget(s, msg.as_ptr());
+    net.forget(r, bufs[0].as_ptr());
     assert_eq!(sizes[0][0] as usize, size, "send size");
     assert_eq!(sizes[1][0] as usize, size, "received size");
     assert!(
@@ -1370,6 +1455,27 @@ fn child_scenario() {
             net.close_recv(r);
             net.close_listen(l);
         }
+        "verbs_basics" => {
+            // The cases whose rules are the same over both transports, over verbs.
+            let net = Net::init();
+            let (sc, rc, l) = net.pair();
+            for (i, size) in [0usize, 1, 4095, 65537, 1 << 20, (5 << 20) + 3, 64 << 20]
+                .into_iter()
+                .enumerate()
+            {
+                round_trip(&net, sc, rc, size, size, i as u64);
+            }
+            net.close_send(sc);
+            net.close_recv(rc);
+            net.close_listen(l);
+            assert!(logged(|l, s| l == NCCL_LOG_INFO
+                && s.contains("send comm to ")
+                && s.contains("over verbs closed: 7 messages")));
+            thirty_two_in_flight_then_busy_and_out_of_order_tests();
+            smaller_than_posted_and_larger_refused();
+            grouped_receive_matches_tags();
+            println!("verbs basics passed");
+        }
         "checks_off" => {
             let net = Net::init();
             let (s, r, l) = net.pair();
@@ -1742,4 +1848,117 @@ fn bench_loopback() {
     net.close_send(s);
     net.close_recv(r);
     net.close_listen(l);
+}
+
+// ---- Over RDMA verbs: the same scenarios in a child whose plugin goes over verbs ----
+
+/// The first RDMA device's network interface, where there is one (Soft-RoCE in the
+/// guests of tests/nccl/verbs-guest.sh; a real NIC elsewhere). None: no RDMA device
+/// on this machine, and the verbs tests say so and skip.
+fn rdma_interface() -> Option<String> {
+    let devs = std::fs::read_dir("/sys/class/infiniband").ok()?;
+    for d in devs.flatten() {
+        let ndev = d.path().join("ports/1/gid_attrs/ndevs/0");
+        if let Ok(name) = std::fs::read_to_string(ndev) {
+            let name = name.trim().to_string();
+            if !name.is_empty() {
+                return Some(name);
+            }
+        }
+    }
+    None
+}
+
+/// A child scenario over verbs on the RDMA device's interface, with `env` besides;
+/// None (and a line saying why) where this machine has no RDMA device.
+fn verbs_child(scenario: &str, env: &[(&str, &str)]) -> Option<std::process::Output> {
+    let Some(ifname) = rdma_interface() else {
+        eprintln!(
+            "skipped: no RDMA device here (/sys/class/infiniband has none with a network \
+             interface); tests/nccl/verbs-guest.sh runs these in a Soft-RoCE guest"
+        );
+        return None;
+    };
+    let mut all = vec![
+        ("NCCL_GRDMA_TRANSPORT", "verbs"),
+        ("NCCL_SOCKET_IFNAME", ifname.as_str()),
+    ];
+    all.extend_from_slice(env);
+    Some(child(scenario, &all))
+}
+
+#[test]
+fn verbs_sizes_in_flight_tags_and_refusals() {
+    let Some(out) = verbs_child("verbs_basics", &[]) else {
+        return;
+    };
+    let err = assert_child_ok(&out, "the shared cases over verbs");
+    assert!(
+        err.contains("(verbs on "),
+        "the devices were verbs ones: {err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verbs basics passed"));
+}
+
+#[test]
+fn verbs_injected_faults_are_repaired_exactly() {
+    let Some(out) = verbs_child("repair", &[("NCCL_GRDMA_TEST_INJECT_FAULTS", "3")]) else {
+        return;
+    };
+    // The child checked every byte of 20 messages; over verbs a message is checked and
+    // written again whole (its bytes go straight from NCCL's buffer), so at 1 in 3 about
+    // 7 of them are repaired, each counted once by both ends.
+    let err = assert_child_ok(&out, "repair at 1 in 3 over verbs");
+    let counted = |who: &str| -> (u64, String) {
+        let line = err
+            .lines()
+            .find(|l| l.contains(who) && l.contains("over verbs closed"))
+            .unwrap_or_else(|| panic!("no counters line of the {who}: {err}"))
+            .to_string();
+        let n = line
+            .split(" pieces repaired")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect(&line);
+        (n, line)
+    };
+    let (received, line) = counted("receive comm from");
+    let (sent, sline) = counted("send comm to");
+    assert!(received >= 1, "{line}");
+    assert_eq!(
+        received, sent,
+        "both ends count the same repairs: {line} / {sline}"
+    );
+    let injected: u64 = sline
+        .split(" corrupted on purpose")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the sender counts its injections: {sline}"));
+    assert!(injected >= received, "{sline}");
+}
+
+#[test]
+fn verbs_every_message_corrupt_fails_in_bounded_time() {
+    let Some(out) = verbs_child(
+        "every_piece_corrupt",
+        &[("NCCL_GRDMA_TEST_INJECT_FAULTS", "1")],
+    ) else {
+        return;
+    };
+    let err = assert_child_ok(&out, "inject 1 in 1 over verbs");
+    assert!(
+        err.contains("failed its CRC32C at the receiver 9 times"),
+        "{err}"
+    );
+}
+
+#[test]
+fn verbs_checks_off_still_carries_data() {
+    let Some(out) = verbs_child("checks_off", &[("NCCL_GRDMA_CHECKS", "0")]) else {
+        return;
+    };
+    let err = assert_child_ok(&out, "checks off over verbs");
+    assert!(err.contains("checks off"), "{err}");
 }

@@ -12,6 +12,7 @@ use crate::sock::{self, Io};
 use crate::wire::{Handle, Hello, HANDLE_PROGRESS_AT};
 use socket2::Socket;
 use std::collections::HashSet;
+use std::ffi::c_void;
 use std::io::IoSlice;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -102,9 +103,26 @@ impl Connecting {
     }
 }
 
+/// Where a connect stands: over TCP, its sockets; over verbs, the RDMA CM's steps.
+enum Progress {
+    Tcp(Connecting),
+    Verbs(Box<crate::verbs::setup::Connecting>),
+}
+
+impl Progress {
+    /// One step: the send comm (as NCCL holds it) once connected. Over TCP a null
+    /// pointer says "connected": `connect` then makes the comm of the sockets.
+    fn step(&mut self) -> Result<Option<*mut c_void>> {
+        match self {
+            Progress::Tcp(c) => Ok(c.step()?.then_some(std::ptr::null_mut())),
+            Progress::Verbs(c) => Ok(c.step()?.map(|comm| Box::into_raw(comm) as *mut c_void)),
+        }
+    }
+}
+
 /// One `connect` call on NCCL's `handle` bytes: `Some(comm)` when connected, `None`
 /// when NCCL must call again.
-pub fn connect(handle_bytes: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
+pub fn connect(handle_bytes: &mut [u8; 128]) -> Result<Option<*mut c_void>> {
     let handle = Handle::decode(handle_bytes)
         .map_err(|e| NetError::invalid(format!("connect: bad handle: {}", e.0)))?;
     let slot: [u8; 8] = handle_bytes[HANDLE_PROGRESS_AT..]
@@ -118,30 +136,40 @@ pub fn connect(handle_bytes: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
     }
     if addr == 0 {
         let cfg = Config::from_env()?;
-        let c = Box::new(Connecting::start(handle, cfg)?);
+        let c = Box::new(if handle.verbs {
+            Progress::Verbs(Box::new(crate::verbs::setup::Connecting::start(
+                handle, cfg,
+            )?))
+        } else {
+            Progress::Tcp(Connecting::start(handle, cfg)?)
+        });
         addr = Box::into_raw(c) as usize;
         live().get_or_insert_with(HashSet::new).insert(addr);
         handle_bytes[HANDLE_PROGRESS_AT..].copy_from_slice(&addr.to_le_bytes());
     }
     // SAFETY: `addr` is in LIVE, so it came from Box::into_raw above and is not yet
     // freed; NCCL calls connect for one handle from one thread.
-    let c = unsafe { &mut *(addr as *mut Connecting) };
+    let c = unsafe { &mut *(addr as *mut Progress) };
     let r = c.step();
-    if matches!(r, Ok(false)) {
+    if matches!(r, Ok(None)) {
         return Ok(None);
     }
     // Done or failed: this Connecting ends here.
     live().as_mut().map(|s| s.remove(&addr));
     handle_bytes[HANDLE_PROGRESS_AT..].fill(0);
     // SAFETY: removed from LIVE just above, so this is the one free of the Box.
-    let c = unsafe { Box::from_raw(addr as *mut Connecting) };
-    r?;
+    let c = unsafe { Box::from_raw(addr as *mut Progress) };
+    let done = r?;
+    let Progress::Tcp(c) = *c else {
+        return Ok(done);
+    };
     let Connecting {
         handle, conns, cfg, ..
-    } = *c;
+    } = c;
     let mut socks = conns.into_iter().map(|c| c.sock);
     let ctrl = socks
         .next()
         .ok_or_else(|| NetError::internal("no control socket"))?;
-    Ok(Some(SendComm::new(ctrl, socks.collect(), handle, cfg)?))
+    let comm = SendComm::new(ctrl, socks.collect(), handle, cfg)?;
+    Ok(Some(Box::into_raw(comm) as *mut c_void))
 }

@@ -50,6 +50,7 @@ impl ListenComm {
             addr,
             streams: cfg.streams as u8,
             token: random_u64(),
+            verbs: false,
         };
         info!(NET; "listening on {addr} for {} data sockets per comm", cfg.streams);
         Ok((

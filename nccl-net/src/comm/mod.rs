@@ -26,6 +26,9 @@ pub const LISTEN_MAGIC: u64 = u64::from_le_bytes(*b"grdListn");
 pub const SEND_MAGIC: u64 = u64::from_le_bytes(*b"grdSendC");
 pub const RECV_MAGIC: u64 = u64::from_le_bytes(*b"grdRecvC");
 pub const REQUEST_MAGIC: u64 = u64::from_le_bytes(*b"grdReqst");
+/// The verbs comms' (`crate::verbs`).
+pub const SEND_MAGIC_VERBS: u64 = u64::from_le_bytes(*b"grdVSend");
+pub const RECV_MAGIC_VERBS: u64 = u64::from_le_bytes(*b"grdVRecv");
 
 /// Times one piece may fail its CRC before the sender gives up on the message.
 pub const MAX_RESENDS: u16 = 8;
@@ -151,6 +154,7 @@ mod tests {
             addr: "127.0.0.1:9".parse().unwrap(),
             streams: 2,
             token: 1,
+            verbs: false,
         };
         let s = SendComm::new(tx.remove(0), tx, handle, cfg).unwrap();
         let r = RecvComm::new(rx.remove(0), rx).unwrap();

@@ -7,8 +7,13 @@ use super::entry::{guard, out};
 use crate::abi::*;
 use crate::comm::recv::RecvComm;
 use crate::comm::send::SendComm;
-use crate::comm::{checked, RequestHandle, RECV_MAGIC, REQUEST_MAGIC, SEND_MAGIC};
+use crate::comm::{
+    checked, RequestHandle, RECV_MAGIC, RECV_MAGIC_VERBS, REQUEST_MAGIC, SEND_MAGIC,
+    SEND_MAGIC_VERBS,
+};
 use crate::error::{NetError, Result};
+use crate::verbs::recv::VerbsRecv;
+use crate::verbs::send::VerbsSend;
 use crate::wire::MAX_RECVS;
 use std::ffi::{c_int, c_void};
 
@@ -19,6 +24,8 @@ struct Mr {
     magic: u64,
     start: usize,
     len: usize,
+    /// Over verbs: the comm's registration (the NIC's keys for the range).
+    verbs: Option<usize>,
 }
 const MR_MAGIC: u64 = u64::from_le_bytes(*b"grdMemRg");
 
@@ -33,7 +40,16 @@ unsafe fn is_comm(comm: *mut c_void) -> bool {
     }
     // SAFETY: the caller's contract.
     let m = unsafe { *(comm as *const u64) };
-    m == SEND_MAGIC || m == RECV_MAGIC
+    m == SEND_MAGIC || m == RECV_MAGIC || m == SEND_MAGIC_VERBS || m == RECV_MAGIC_VERBS
+}
+
+/// A comm's magic (which kind it is).
+///
+/// # Safety
+/// As [`is_comm`]; `comm` is not null.
+unsafe fn magic_of(comm: *mut c_void) -> u64 {
+    // SAFETY: the caller's contract: 8 readable bytes.
+    unsafe { *(comm as *const u64) }
 }
 
 /// # Safety
@@ -62,10 +78,25 @@ pub(super) unsafe extern "C" fn reg_mr(
                 match kind { NCCL_PTR_CUDA => "CUDA", NCCL_PTR_DMABUF => "dma-buf", _ => "unknown" }
             )));
         }
+        // Over verbs the NIC must know the memory: registered on the comm's PD.
+        // SAFETY: NCCL's contract for regMr: the memory stays allocated and untouched by
+        // the plugin's peers' rules until deregMr (net_v11.h).
+        let verbs = match unsafe { magic_of(comm) } {
+            SEND_MAGIC_VERBS => Some(unsafe {
+                checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm")?
+                    .register(data as *mut u8, size)
+            }?),
+            RECV_MAGIC_VERBS => Some(unsafe {
+                checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm")?
+                    .register(data as *mut u8, size)
+            }?),
+            _ => None,
+        };
         *mh = Box::into_raw(Box::new(Mr {
             magic: MR_MAGIC,
             start: data as usize,
             len: size,
+            verbs,
         })) as *mut c_void;
         Ok(())
     })
@@ -74,13 +105,32 @@ pub(super) unsafe extern "C" fn reg_mr(
 /// # Safety
 /// NCCL's `deregMr`: `mhandle` null or a registration of this plugin's not yet
 /// deregistered.
-pub(super) unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
+pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     guard("deregMr", || {
         if mhandle.is_null() {
             return Ok(());
         }
         // SAFETY: a registration of ours, not yet deregistered.
         let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
+        if let Some(index) = mr.verbs {
+            // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
+            match (
+                unsafe { is_comm(comm) },
+                !comm.is_null() && unsafe { magic_of(comm) } == SEND_MAGIC_VERBS,
+            ) {
+                (false, _) => return Err(NetError::invalid("deregMr: not a comm of this plugin")),
+                // SAFETY: a verbs send comm of ours, by its magic.
+                (true, true) => {
+                    unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?
+                        .deregister(index)?
+                }
+                // SAFETY: else a verbs receive comm of ours (checked's magic says if not).
+                (true, false) => {
+                    unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?
+                        .deregister(index)?
+                }
+            }
+        }
         mr.magic = 0;
         // SAFETY: made by Box::into_raw in reg_mr; freed once here.
         drop(unsafe { Box::from_raw(mhandle as *mut Mr) });
@@ -97,9 +147,9 @@ unsafe fn check_in_mr(
     data: *mut c_void,
     size: usize,
     what: &str,
-) -> Result<()> {
+) -> Result<Option<usize>> {
     if mhandle.is_null() {
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: the caller's contract (checked is given the registration's magic).
     let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
@@ -110,7 +160,17 @@ unsafe fn check_in_mr(
             mr.start, mr.len
         )));
     }
-    Ok(())
+    Ok(mr.verbs)
+}
+
+/// The verbs registration a buffer of a verbs comm needs (the NIC reads and writes only
+/// registered memory).
+fn needs_registration(reg: Option<usize>, what: &str) -> Result<usize> {
+    reg.ok_or_else(|| {
+        NetError::invalid(format!(
+            "{what}: over verbs every buffer must come with its registration (regMr on this comm)"
+        ))
+    })
 }
 
 /// `isend` of every version.
@@ -130,13 +190,24 @@ unsafe fn isend_common(
     // SAFETY: the caller's contract (`void** request`).
     let rq = unsafe { out(request, "isend: request") }?;
     *rq = std::ptr::null_mut();
-    // SAFETY: a send comm NCCL got from connect and has not closed.
-    let c: &mut SendComm = unsafe { checked(send_comm, SEND_MAGIC, "send comm")? };
     if data.is_null() && size > 0 {
         return Err(NetError::invalid("isend: null buffer"));
     }
     // SAFETY: the caller's contract (mhandle).
-    unsafe { check_in_mr(mhandle, data, size, "isend") }?;
+    let reg = unsafe { check_in_mr(mhandle, data, size, "isend") }?;
+    // SAFETY: NCCL passes a send comm it got from connect and has not closed: 8 readable
+    // bytes of magic say which kind.
+    if !send_comm.is_null() && unsafe { magic_of(send_comm) } == SEND_MAGIC_VERBS {
+        // SAFETY: as above, the magic checked again inside.
+        let c: &mut VerbsSend = unsafe { checked(send_comm, SEND_MAGIC_VERBS, "send comm")? };
+        let reg = needs_registration(reg, "isend")?;
+        if let Some(r) = c.isend(data as *const u8, size as u64, tag, reg)? {
+            *rq = r;
+        }
+        return Ok(());
+    }
+    // SAFETY: a send comm NCCL got from connect and has not closed.
+    let c: &mut SendComm = unsafe { checked(send_comm, SEND_MAGIC, "send comm")? };
     if let Some(r) = c.isend(data as *const u8, size as u64, tag)? {
         *rq = r;
     }
@@ -215,8 +286,9 @@ unsafe fn irecv_common(
     // SAFETY: the caller's contract (`void** request`).
     let rq = unsafe { out(request, "irecv: request") }?;
     *rq = std::ptr::null_mut();
-    // SAFETY: a receive comm NCCL got from accept and has not closed.
-    let c: &mut RecvComm = unsafe { checked(recv_comm, RECV_MAGIC, "receive comm")? };
+    // SAFETY: NCCL passes a receive comm it got from accept and has not closed: 8
+    // readable bytes of magic say which kind.
+    let verbs = !recv_comm.is_null() && unsafe { magic_of(recv_comm) } == RECV_MAGIC_VERBS;
     let n = n as usize;
     if n == 0 || n > MAX_RECVS || data.is_null() || tags.is_null() {
         return Err(NetError::invalid(format!(
@@ -241,9 +313,27 @@ unsafe fn irecv_common(
             return Err(NetError::invalid(format!("irecv: buffer {i} is null")));
         }
         // SAFETY: the caller's contract (each mhandle).
-        unsafe { check_in_mr(mh, d, size, "irecv") }?;
-        bufs.push((d as *mut u8, size as u64, tag));
+        let reg = unsafe { check_in_mr(mh, d, size, "irecv") }?;
+        bufs.push((d as *mut u8, size as u64, tag, reg));
     }
+    if verbs {
+        // SAFETY: NCCL's contract (a receive comm of ours), the magic checked inside.
+        let c: &mut VerbsRecv = unsafe { checked(recv_comm, RECV_MAGIC_VERBS, "receive comm")? };
+        let bufs = bufs
+            .into_iter()
+            .map(|(d, size, tag, reg)| Ok((d, size, tag, needs_registration(reg, "irecv")?)))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(r) = c.irecv(&bufs)? {
+            *rq = r;
+        }
+        return Ok(());
+    }
+    // SAFETY: a receive comm NCCL got from accept and has not closed.
+    let c: &mut RecvComm = unsafe { checked(recv_comm, RECV_MAGIC, "receive comm")? };
+    let bufs: Vec<_> = bufs
+        .into_iter()
+        .map(|(d, size, tag, _)| (d, size, tag))
+        .collect();
     if let Some(r) = c.irecv(&bufs)? {
         *rq = r;
     }
@@ -378,6 +468,34 @@ pub(super) unsafe extern "C" fn test_fn(
         let h: &mut RequestHandle = unsafe { checked(request, REQUEST_MAGIC, "request")? };
         let (send, comm, index) = (h.send, h.comm, h.index);
         let to_int = |v: u64| c_int::try_from(v).unwrap_or(c_int::MAX);
+        // SAFETY: the request's comm, alive while its requests are (NCCL closes a comm
+        // only after its requests, or never tests them again): 8 bytes of magic.
+        let magic = if comm.is_null() {
+            0
+        } else {
+            unsafe { magic_of(comm) }
+        };
+        if magic == SEND_MAGIC_VERBS || magic == RECV_MAGIC_VERBS {
+            let got = if send {
+                // SAFETY: as above; a verbs send comm by its magic.
+                let c: &mut VerbsSend = unsafe { checked(comm, SEND_MAGIC_VERBS, "send comm")? };
+                c.test(index)?.map(|s| vec![s])
+            } else {
+                // SAFETY: as above; a verbs receive comm by its magic.
+                let c: &mut VerbsRecv = unsafe { checked(comm, RECV_MAGIC_VERBS, "receive comm")? };
+                c.test(index)?
+            };
+            if let Some(got) = got {
+                *d = 1;
+                if !sizes.is_null() {
+                    for (i, s) in got.iter().enumerate() {
+                        // SAFETY: NCCL's out-array, one element per buffer of the request.
+                        unsafe { *sizes.add(i) = to_int(*s) };
+                    }
+                }
+            }
+            return Ok(());
+        }
         if send {
             // SAFETY: the request's comm, alive while its requests are (NCCL closes a
             // comm only after its requests, or never tests them again).

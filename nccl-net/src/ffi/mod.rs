@@ -12,12 +12,17 @@ use crate::abi::*;
 use crate::comm::listen::ListenComm;
 use crate::comm::recv::RecvComm;
 use crate::comm::send::SendComm;
-use crate::comm::{checked, LISTEN_MAGIC, RECV_MAGIC, SEND_MAGIC};
-use crate::config::Config;
+use crate::comm::{
+    checked, LISTEN_MAGIC, RECV_MAGIC, RECV_MAGIC_VERBS, SEND_MAGIC, SEND_MAGIC_VERBS,
+};
+use crate::config::{Config, Transport};
 use crate::error::{NetError, Result};
 use crate::integrity;
 use crate::log::{self, info, NET};
 use crate::props::{self, Device};
+use crate::verbs::recv::VerbsRecv;
+use crate::verbs::send::VerbsSend;
+use crate::verbs::setup::{VerbsListen, VLISTEN_MAGIC};
 use crate::wire::MAX_RECVS;
 use data::*;
 use entry::{guard, out};
@@ -78,11 +83,19 @@ fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
     }
     if DEVICES.get().is_none() {
         let spec = std::env::var("NCCL_SOCKET_IFNAME").ok();
-        let found = props::discover(spec.as_deref())?;
+        let found = props::discover(spec.as_deref(), Transport::from_env()?)?;
         let list: Vec<String> = found
             .iter()
             .enumerate()
-            .map(|(i, d)| format!("[{i}]{}:{}", d.name.to_string_lossy(), d.addr))
+            .map(|(i, d)| match &d.rdma {
+                Some(r) => format!(
+                    "[{i}]{}:{} (verbs on {})",
+                    d.name.to_string_lossy(),
+                    d.addr,
+                    r.to_string_lossy()
+                ),
+                None => format!("[{i}]{}:{}", d.name.to_string_lossy(), d.addr),
+            })
             .collect();
         info!(log::NET | NCCL_INIT; "using {}{}", list.join(" "),
             if found.iter().any(|d| !d.speed_known) {
@@ -162,7 +175,9 @@ fn properties(dev: c_int) -> Result<NcclNetPropertiesV11> {
     let mut devs = [0; NCCL_NET_MAX_DEVS_PER_NIC];
     devs[0] = dev;
     Ok(NcclNetPropertiesV11 {
-        name: d.name.as_ptr() as *mut c_char,
+        // A verbs device is named by its RDMA device (as NCCL's IB transport names its
+        // HCAs), a TCP one by its interface.
+        name: d.rdma.as_ref().unwrap_or(&d.name).as_ptr() as *mut c_char,
         pciPath: d
             .pci_path
             .as_ref()
@@ -278,9 +293,15 @@ unsafe extern "C" fn listen_v8(
         let h = unsafe { out(handle, "listen: handle") }?;
         let d = device(dev)?;
         let cfg = Config::from_env()?;
-        let (comm, handle) = ListenComm::new(d.addr, &cfg)?;
-        *h = handle.encode();
-        *lc = Box::into_raw(comm) as *mut c_void;
+        if d.rdma.is_some() {
+            let (comm, handle) = VerbsListen::new(d.addr, &cfg)?;
+            *h = handle.encode();
+            *lc = Box::into_raw(comm) as *mut c_void;
+        } else {
+            let (comm, handle) = ListenComm::new(d.addr, &cfg)?;
+            *h = handle.encode();
+            *lc = Box::into_raw(comm) as *mut c_void;
+        }
         Ok(())
     })
 }
@@ -303,7 +324,7 @@ unsafe fn connect_common(
     // SAFETY: the caller's contract (the handle's bytes).
     let h = unsafe { out(handle, "connect: handle") }?;
     if let Some(comm) = crate::comm::connect::connect(h)? {
-        *sc = Box::into_raw(comm) as *mut c_void;
+        *sc = comm;
     }
     Ok(())
 }
@@ -366,6 +387,16 @@ unsafe extern "C" fn accept_fn(
         let rc = unsafe { out(recv_comm, "accept: recvComm") }?;
         *rc = std::ptr::null_mut();
         // SAFETY: a listen comm NCCL got from listen and has not closed.
+        // SAFETY: NCCL passes a listen comm of ours (or null); its magic says which kind.
+        if !listen_comm.is_null() && unsafe { *(listen_comm as *const u64) } == VLISTEN_MAGIC {
+            // SAFETY: the magic says it is a verbs listen comm; NCCL's contract as above.
+            let l: &mut VerbsListen =
+                unsafe { checked(listen_comm, VLISTEN_MAGIC, "listen comm")? };
+            if let Some(c) = l.accept()? {
+                *rc = Box::into_raw(c) as *mut c_void;
+            }
+            return Ok(());
+        }
         let l: &mut ListenComm = unsafe { checked(listen_comm, LISTEN_MAGIC, "listen comm")? };
         if let Some(c) = l.accept()? {
             *rc = Box::into_raw(c) as *mut c_void;
@@ -380,6 +411,15 @@ unsafe extern "C" fn accept_fn(
 unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     guard("closeSend", || {
         if comm.is_null() {
+            return Ok(());
+        }
+        // SAFETY: NCCL passes a send comm of ours: its magic says which kind.
+        if unsafe { *(comm as *const u64) } == SEND_MAGIC_VERBS {
+            // SAFETY: a verbs send comm of ours; NCCL closes it once.
+            let c: &mut VerbsSend = unsafe { checked(comm, SEND_MAGIC_VERBS, "send comm")? };
+            // SAFETY: made by Box::into_raw in connect; `c` is not used after this.
+            let b = unsafe { Box::from_raw(c as *mut VerbsSend) };
+            b.close();
             return Ok(());
         }
         // SAFETY: a send comm of ours; NCCL closes it once.
@@ -401,6 +441,15 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
+        // SAFETY: NCCL passes a receive comm of ours: its magic says which kind.
+        if unsafe { *(comm as *const u64) } == RECV_MAGIC_VERBS {
+            // SAFETY: a verbs receive comm of ours; NCCL closes it once.
+            let c: &mut VerbsRecv = unsafe { checked(comm, RECV_MAGIC_VERBS, "receive comm")? };
+            // SAFETY: made by Box::into_raw in accept; `c` is not used after this.
+            let b = unsafe { Box::from_raw(c as *mut VerbsRecv) };
+            b.close();
+            return Ok(());
+        }
         // SAFETY: a receive comm of ours; NCCL closes it once.
         let c: &mut RecvComm = unsafe { checked(comm, RECV_MAGIC, "receive comm")? };
         // SAFETY: made by Box::into_raw in accept; `c` is not used after this.
@@ -417,6 +466,14 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
 unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
         if comm.is_null() {
+            return Ok(());
+        }
+        // SAFETY: NCCL passes a listen comm of ours: its magic says which kind.
+        if unsafe { *(comm as *const u64) } == VLISTEN_MAGIC {
+            // SAFETY: a verbs listen comm of ours; NCCL closes it once.
+            let c: &mut VerbsListen = unsafe { checked(comm, VLISTEN_MAGIC, "listen comm")? };
+            // SAFETY: made by Box::into_raw in listen; `c` is not used after this.
+            drop(unsafe { Box::from_raw(c as *mut VerbsListen) });
             return Ok(());
         }
         // SAFETY: a listen comm of ours; NCCL closes it once.

@@ -30,14 +30,14 @@ pub(crate) fn tag(wr_id: u64) -> u64 {
 }
 
 /// Bytes of one control slot: a fragment of a control message ([`super::messages`]).
-pub(crate) const SLOT: usize = 1024;
+pub const SLOT: usize = 1024;
 
 /// How long a side waits for the other's DISCONNECTED at the end, at most.
 pub(crate) const DISCONNECT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a connection's memory is registered on before its queue pair exists: the PD,
 /// and the CQ (with a completion channel unless busy-polling) the queue pair will use.
-pub(crate) struct Resources {
+pub struct Resources {
     pub pd: Rc<ProtectionDomain>,
     pub cq: Rc<CompletionQueue>,
     pub id: Rc<CmId>,
@@ -77,7 +77,7 @@ const QUIESCE_WAIT: Duration = Duration::from_secs(2);
 /// chunk's size where chunks land in them to be copied into place), and send slots its
 /// control messages go from. The slots are this value's own, and the queue pair
 /// (declared first) is destroyed before them.
-pub(crate) struct Connection<'r> {
+pub struct Connection<'r> {
     pub qp: QueuePair<'r>,
     recv_slots: MessageBuffer,
     recv_slot_len: usize,
@@ -95,7 +95,7 @@ pub(crate) struct Connection<'r> {
 
 /// Why [`Connection::wait`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Waited {
+pub enum Waited {
     /// Completions were appended.
     Completions,
     /// The peer disconnected (or the connection broke).

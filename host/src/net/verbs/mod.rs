@@ -15,7 +15,7 @@
 //! the receive and serve loops) is the engine's, the same as over TCP.
 
 pub mod accept;
-pub(crate) mod conn;
+pub mod conn;
 pub mod dial;
 pub mod listen;
 pub mod messages;

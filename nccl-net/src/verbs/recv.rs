@@ -1,0 +1,230 @@
+//! A verbs receive comm: `irecv` sends the clear-to-send of its buffers; each "written"
+//! frame that comes names a buffer the sender wrote, whose CRC32C is checked where the
+//! bytes landed and answered (intact, or write again).
+
+use super::frames::{Frame, Target};
+use super::{Confined, Link};
+use crate::abi::NCCL_NET_MAX_REQUESTS;
+use crate::comm::{free_slot, Handles, RECV_MAGIC_VERBS};
+use crate::error::{NetError, Result};
+use crate::integrity;
+use crate::log::{info, NET};
+use std::collections::VecDeque;
+use std::ffi::c_void;
+
+struct Receiving {
+    /// Each buffer: where it is, how much it holds, what landed (intact) so far.
+    bufs: Vec<(u64, u64)>,
+    got: Vec<Option<u64>>,
+}
+
+struct State {
+    link: Link,
+    reqs: Vec<Option<Receiving>>,
+    /// Frames (clear-to-sends and answers) waiting for a free send slot, in order: the
+    /// sender matches clear-to-sends in the order they come, which must be NCCL's.
+    outbox: VecDeque<Vec<u8>>,
+    failed: Option<NetError>,
+}
+
+#[repr(C)]
+pub struct VerbsRecv {
+    magic: u64,
+    handles: Handles,
+    inner: std::sync::Mutex<Confined<State>>,
+}
+
+impl VerbsRecv {
+    pub fn new(link: Link) -> Box<Self> {
+        info!(NET; "receive comm from {} over verbs", link.peer);
+        let mut b = Box::new(Self {
+            magic: RECV_MAGIC_VERBS,
+            handles: Handles::new(false, std::ptr::null_mut()),
+            inner: std::sync::Mutex::new(Confined(State {
+                link,
+                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+                outbox: VecDeque::new(),
+                failed: None,
+            })),
+        });
+        let me = &mut *b as *mut Self as *mut c_void;
+        b.handles = Handles::new(false, me);
+        b
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Confined<State>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// # Safety
+    /// As [`super::Link::register`].
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<usize> {
+        // SAFETY: the caller's contract.
+        unsafe { self.state().0.link.register(ptr, len) }
+    }
+
+    pub fn deregister(&self, index: usize) -> Result<()> {
+        self.state().0.link.deregister(index)
+    }
+
+    /// `irecv` of `bufs` (address, size, tag, registration): a request, or none when
+    /// all 32 are in flight.
+    pub fn irecv(&self, bufs: &[(*mut u8, u64, i32, usize)]) -> Result<Option<*mut c_void>> {
+        let mut g = self.state();
+        let s = &mut g.0;
+        s.progress()?;
+        let Some(slot) = free_slot(&s.reqs) else {
+            return Ok(None);
+        };
+        let mut targets = Vec::with_capacity(bufs.len());
+        for &(ptr, size, tag, reg) in bufs {
+            let r = s.link.registration(reg)?;
+            // The buffer must lie inside its registration (an SGE of it says so; an
+            // empty one needs none: nothing is written there).
+            if size > 0 {
+                r.sge(ptr as u64, size)?;
+            }
+            let (rkey, _) = r.remote();
+            targets.push(Target {
+                addr: ptr as u64,
+                rkey,
+                tag,
+                size,
+            });
+        }
+        s.outbox.push_back(
+            Frame::Cts {
+                rreq: slot as u8,
+                targets,
+            }
+            .encode(),
+        );
+        s.reqs[slot] = Some(Receiving {
+            bufs: bufs.iter().map(|&(p, n, _, _)| (p as u64, n)).collect(),
+            got: vec![None; bufs.len()],
+        });
+        s.flush()?;
+        Ok(Some(self.handles.ptr(slot)))
+    }
+
+    /// `test` of request `index`: the sizes that arrived once every buffer has intact
+    /// bytes.
+    pub fn test(&self, index: usize) -> Result<Option<Vec<u64>>> {
+        let mut g = self.state();
+        let s = &mut g.0;
+        s.progress()?;
+        match &s.reqs[index] {
+            None => Err(NetError::invalid(format!(
+                "test: receive request {index} is not in flight"
+            ))),
+            Some(r) if r.got.iter().all(Option::is_some) => {
+                let sizes: Vec<u64> = r.got.iter().map(|g| g.unwrap_or(0)).collect();
+                s.reqs[index] = None;
+                s.link.counters.messages += sizes.len() as u64;
+                s.link.counters.bytes += sizes.iter().sum::<u64>();
+                Ok(Some(sizes))
+            }
+            Some(_) => Ok(None),
+        }
+    }
+
+    pub fn close(&self) {
+        let g = self.state();
+        g.0.link.close();
+        info!(NET; "receive comm from {} over verbs closed: {}", g.0.link.peer, g.0.link.counters.line());
+        integrity::RECEIVED.add(&g.0.link.counters);
+    }
+}
+
+impl State {
+    fn progress(&mut self) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let r = self.progress_inner();
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r
+    }
+
+    fn progress_inner(&mut self) -> Result<()> {
+        let (mut frames, mut sent) = (Vec::new(), Vec::new());
+        self.link.poll(&mut frames, &mut sent)?;
+        drop(sent);
+        for bytes in frames {
+            let peer = &self.link.peer;
+            let f = Frame::decode(&bytes).map_err(|e| {
+                NetError::remote(format!("{peer} sent a bad control frame: {}", e.0))
+            })?;
+            let Frame::Written {
+                sreq,
+                rreq,
+                entry,
+                attempt,
+                size,
+                crc,
+            } = f
+            else {
+                return Err(NetError::remote(format!(
+                    "{peer} sent a receiver's frame to a receiver"
+                )));
+            };
+            let Some(r) = self.reqs.get_mut(rreq as usize).and_then(Option::as_mut) else {
+                return Err(NetError::remote(format!(
+                    "{peer} wrote into receive {rreq}, which is not in flight"
+                )));
+            };
+            let Some(&(addr, room)) = r.bufs.get(entry as usize) else {
+                return Err(NetError::remote(format!(
+                    "{peer} wrote into buffer {entry} of a receive of {} buffers",
+                    r.bufs.len()
+                )));
+            };
+            if size > room || r.got[entry as usize].is_some() {
+                return Err(NetError::remote(format!(
+                    "{peer} says it wrote {size} bytes into a buffer of {room}{}",
+                    if r.got[entry as usize].is_some() {
+                        " that already has its message"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            let intact = match crc {
+                None => true,
+                // SAFETY: NCCL's buffer, writable and readable for `room` >= `size` bytes
+                // until this receive is reported done; the sender wrote it before this
+                // frame (RC delivers in order) and writes it again only after an answer
+                // that asks for it, so nothing writes it while it is read here.
+                Some(c) => {
+                    integrity::crc32c(unsafe {
+                        std::slice::from_raw_parts(addr as *const u8, size as usize)
+                    }) == c
+                }
+            };
+            if intact {
+                r.got[entry as usize] = Some(size);
+                if attempt > 0 {
+                    self.link.counters.repaired += 1;
+                }
+            }
+            if crc.is_some() {
+                self.outbox
+                    .push_back(Frame::Answer { sreq, intact }.encode());
+            }
+        }
+        self.flush()
+    }
+
+    /// Send what waits in the outbox, in order, while send slots are free.
+    fn flush(&mut self) -> Result<()> {
+        while let Some(f) = self.outbox.front() {
+            if self.link.send_frame(f)?.is_none() {
+                break;
+            }
+            self.outbox.pop_front();
+        }
+        Ok(())
+    }
+}
