@@ -10,7 +10,8 @@
 # 3. builds the no-CUDA binaries the Soft-RoCE guests run (host, the rdma-loopback example);
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
 #    with a reason where there is no GPU), the tutorial's examples (examples/), the
-#    NCCL net plugin's harness (nccl-net/tests/) and the RDMA tests inside the guests;
+#    NCCL net plugin's harness (nccl-net/tests/; its verbs cases again inside a guest)
+#    and the RDMA tests inside the guests;
 #    then the Python module's tests (pip install ./python in a fresh venv, pytest over
 #    TCP loopback, then the same tests over verbs inside a guest);
 # 5. runs the host-memory modules under Miri;
@@ -63,6 +64,11 @@ export NCCL_GRDMA_PLUGIN
 
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast
+
+step "the NCCL plugin's harness over RDMA verbs, in a Soft-RoCE guest (tests/nccl/verbs-guest.sh)"
+# cargo test ran its verbs_ tests as skips (no RDMA device here); in the guest they run
+# over rxe0: sizes, 32 in flight, tags, refusals, repair, checks off, a killed peer (~1 min).
+bash tests/nccl/verbs-guest.sh "$NCCL_GRDMA_PLUGIN"
 
 step "the Python module: pip install ./python in a fresh virtual environment, then pytest"
 # As a user installs it: maturin (from PyPI, as pyproject.toml's build backend) builds the

@@ -1455,6 +1455,12 @@ fn child_scenario() {
             net.close_recv(r);
             net.close_listen(l);
         }
+        "killed_receiver" => {
+            // The test's body in a child over verbs (its own receiver, a grandchild,
+            // inherits the same environment).
+            a_killed_receiver_is_an_error_not_a_hang();
+            println!("killed receiver seen");
+        }
         "verbs_basics" => {
             // The cases whose rules are the same over both transports, over verbs.
             let net = Net::init();
@@ -1961,4 +1967,13 @@ fn verbs_checks_off_still_carries_data() {
     };
     let err = assert_child_ok(&out, "checks off over verbs");
     assert!(err.contains("checks off"), "{err}");
+}
+
+#[test]
+fn verbs_a_killed_receiver_is_an_error_not_a_hang() {
+    let Some(out) = verbs_child("killed_receiver", &[]) else {
+        return;
+    };
+    assert_child_ok(&out, "a receiver killed mid-message over verbs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("killed receiver seen"));
 }
