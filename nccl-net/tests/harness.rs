@@ -1477,6 +1477,30 @@ fn child_scenario() {
             assert!(logged(|l, s| l == NCCL_LOG_INFO
                 && s.contains("send comm to ")
                 && s.contains("over verbs closed: 7 messages")));
+            // Another listener's token: refused by the listener, an error for the connector.
+            let (mut h, l) = net.listen();
+            h[32] ^= 0xff;
+            let t0 = Instant::now();
+            let rc = loop {
+                assert!(
+                    t0.elapsed() < DEADLINE,
+                    "a wrong token neither refused nor failed"
+                );
+                let (rc, c) = net.connect(&mut h);
+                assert!(c.is_null(), "connected with a wrong token");
+                if rc != NcclResult::SUCCESS {
+                    break rc;
+                }
+                let (ra, r) = net.accept(l);
+                ok(ra, "accept");
+                assert!(r.is_null(), "accepted a wrong token");
+            };
+            assert_eq!(rc, NcclResult::REMOTE_ERROR);
+            assert!(logged(|_, s| s.contains("refused a connection from")));
+            assert!(logged(
+                |_, s| s.contains("the listener refused the connection")
+            ));
+            net.close_listen(l);
             thirty_two_in_flight_then_busy_and_out_of_order_tests();
             smaller_than_posted_and_larger_refused();
             grouped_receive_matches_tags();
@@ -1761,6 +1785,12 @@ fn bench_loopback() {
     let (s, r, l) = net.pair();
     // (size, bytes in all, messages in flight): the first row is one small message at a
     // time, a round trip's latency (NCCL's small sends); the rest NCCL's 8 steps.
+    // GRDMA_BENCH_SCALE=N divides the bytes of every row (a slow machine, a guest).
+    let scale: usize = std::env::var("GRDMA_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     for (size, total, depth) in [
         (4usize << 10, 40usize << 20, 1usize),
         (128 << 10, 1 << 30, 8),
@@ -1768,8 +1798,16 @@ fn bench_loopback() {
         (4 << 20, 2 << 30, 8),
         (64 << 20, 2 << 30, 8),
     ] {
-        let iters = total / size;
+        let iters = (total / scale / size).max(depth);
         let (sp, rp) = (SendPtr(s), SendPtr(r));
+        // The buffers made (and, over verbs, registered) before the clock starts, as
+        // NCCL's are before its first message.
+        let mut bufs: Vec<Vec<Vec<u8>>> = (0..depth).map(|_| vec![vec![0u8; size]]).collect();
+        let msg = pattern(size, 1);
+        for b in bufs.iter_mut() {
+            net.mr(r, b[0].as_mut_ptr(), size);
+        }
+        net.mr(s, msg.as_ptr() as *mut u8, size);
         let t0 = Instant::now();
         let recv = std::thread::spawn(move || {
             let net = Net {
@@ -1777,7 +1815,7 @@ fn bench_loopback() {
                 ctx: null_mut(),
             };
             let rp = rp;
-            let mut bufs: Vec<Vec<Vec<u8>>> = (0..depth).map(|_| vec![vec![0u8; size]]).collect();
+            let mut bufs = bufs;
             let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
             let (mut posted, mut done) = (0, 0);
             while done < iters {
@@ -1810,8 +1848,8 @@ fn bench_loopback() {
                 }
             }
             std::mem::forget(net); // no finalize for this borrowed context
+            bufs
         });
-        let msg = pattern(size, 1);
         let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
         let (mut posted, mut done) = (0, 0);
         while done < iters {
@@ -1843,13 +1881,19 @@ fn bench_loopback() {
                 std::thread::yield_now();
             }
         }
-        recv.join().unwrap();
+        let bufs = recv.join().unwrap();
         let secs = t0.elapsed().as_secs_f64();
         println!(
             "{{\"size\": {size}, \"depth\": {depth}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {:.3}}}",
             secs * 1e6 / iters as f64,
             (size * iters) as f64 / secs / 1e9
         );
+        // The row's buffers go: their registrations first.
+        for b in &bufs {
+            net.forget(r, b[0].as_ptr());
+        }
+        net.forget(s, msg.as_ptr());
+        drop(bufs);
     }
     net.close_send(s);
     net.close_recv(r);

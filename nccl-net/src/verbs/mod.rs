@@ -30,7 +30,8 @@ pub mod send;
 pub mod setup;
 
 use crate::error::NetError;
-use crate::integrity::Counters;
+use crate::integrity::{self, Counters};
+use crate::log::{info, NET};
 use host::memory::{Registrable, RegistrationTarget};
 use host::net::verbs::conn::{Connection, Resources};
 use host::rdma::{Completion, MemoryRegion, QpCaps, RdmaError, Sge};
@@ -298,9 +299,35 @@ impl Link {
     }
 
     /// Disconnect and wait a moment for the peer's word (so the kernel lets the CM id go
-    /// cleanly), then everything is freed by the drop.
-    pub fn close(&self) {
+    /// cleanly; everything is freed by the drop), then the comm's counters into NCCL's
+    /// log (`what`: "send comm to" or "receive comm from") and the process's `totals`.
+    pub fn close(&self, what: &str, totals: &integrity::Totals) {
         self.conn.close(true, std::time::Duration::from_millis(200));
+        info!(NET; "{what} {} over verbs closed: {}", self.peer, self.counters.line());
+        totals.add(&self.counters);
+    }
+
+    /// `progress` unless the comm failed before: its first error, again (every later
+    /// call of a failed comm fails, as NCCL expects).
+    pub fn latched<S>(
+        state: &mut S,
+        failed: fn(&mut S) -> &mut Option<NetError>,
+        progress: fn(&mut S) -> Result<(), NetError>,
+    ) -> Result<(), NetError> {
+        if let Some(e) = failed(state) {
+            return Err(e.clone());
+        }
+        let r = progress(state);
+        if let Err(e) = &r {
+            *failed(state) = Some(e.clone());
+        }
+        r
+    }
+
+    /// Count messages reported done.
+    pub fn count(&mut self, sizes: &[u64]) {
+        self.counters.messages += sizes.len() as u64;
+        self.counters.bytes += sizes.iter().sum::<u64>();
     }
 }
 

@@ -120,8 +120,7 @@ impl VerbsRecv {
             Some(r) if r.got.iter().all(Option::is_some) => {
                 let sizes: Vec<u64> = r.got.iter().map(|g| g.unwrap_or(0)).collect();
                 s.reqs[index] = None;
-                s.link.counters.messages += sizes.len() as u64;
-                s.link.counters.bytes += sizes.iter().sum::<u64>();
+                s.link.count(&sizes);
                 Ok(Some(sizes))
             }
             Some(_) => Ok(None),
@@ -129,23 +128,16 @@ impl VerbsRecv {
     }
 
     pub fn close(&self) {
-        let g = self.state();
-        g.0.link.close();
-        info!(NET; "receive comm from {} over verbs closed: {}", g.0.link.peer, g.0.link.counters.line());
-        integrity::RECEIVED.add(&g.0.link.counters);
+        self.state()
+            .0
+            .link
+            .close("receive comm from", &integrity::RECEIVED);
     }
 }
 
 impl State {
     fn progress(&mut self) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        let r = self.progress_inner();
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r
+        Link::latched(self, |s| &mut s.failed, Self::progress_inner)
     }
 
     fn progress_inner(&mut self) -> Result<()> {

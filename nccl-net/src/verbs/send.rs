@@ -161,8 +161,7 @@ impl VerbsSend {
             Some(r) if r.done => {
                 let size = r.size;
                 s.reqs[index] = None;
-                s.link.counters.messages += 1;
-                s.link.counters.bytes += size;
+                s.link.count(&[size]);
                 Ok(Some(size))
             }
             Some(_) => Ok(None),
@@ -170,24 +169,14 @@ impl VerbsSend {
     }
 
     pub fn close(&self) {
-        let g = self.state();
-        g.0.link.close();
-        info!(NET; "send comm to {} over verbs closed: {}", g.0.link.peer, g.0.link.counters.line());
-        integrity::SENT.add(&g.0.link.counters);
+        self.state().0.link.close("send comm to", &integrity::SENT);
     }
 }
 
 impl State {
     /// Take what came (frames, freed slots) and send the frames that waited for a slot.
     fn progress(&mut self) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        let r = self.progress_inner();
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r
+        Link::latched(self, |s| &mut s.failed, Self::progress_inner)
     }
 
     fn progress_inner(&mut self) -> Result<()> {
