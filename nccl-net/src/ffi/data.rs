@@ -79,17 +79,23 @@ pub(super) unsafe extern "C" fn reg_mr(
             )));
         }
         // Over verbs the NIC must know the memory: registered on the comm's PD.
-        // SAFETY: NCCL's contract for regMr: the memory stays allocated and untouched by
-        // the plugin's peers' rules until deregMr (net_v11.h).
-        let verbs = match unsafe { magic_of(comm) } {
-            SEND_MAGIC_VERBS => Some(unsafe {
-                checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm")?
-                    .register(data as *mut u8, size)
-            }?),
-            RECV_MAGIC_VERBS => Some(unsafe {
-                checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm")?
-                    .register(data as *mut u8, size)
-            }?),
+        // SAFETY: is_comm checked that `comm` is a comm of ours (8 bytes of magic).
+        let magic = unsafe { magic_of(comm) };
+        let verbs = match magic {
+            SEND_MAGIC_VERBS => {
+                // SAFETY: a verbs send comm of ours by its magic; NCCL's contract for
+                // regMr: the memory stays allocated until deregMr (net_v11.h), which is
+                // what `register` asks.
+                let c = unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
+                // SAFETY: as just said.
+                Some(unsafe { c.register(data as *mut u8, size) }?)
+            }
+            RECV_MAGIC_VERBS => {
+                // SAFETY: as above, a verbs receive comm.
+                let c = unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
+                // SAFETY: as above.
+                Some(unsafe { c.register(data as *mut u8, size) }?)
+            }
             _ => None,
         };
         *mh = Box::into_raw(Box::new(Mr {
@@ -114,21 +120,18 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
         let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
         if let Some(index) = mr.verbs {
             // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
-            match (
-                unsafe { is_comm(comm) },
-                !comm.is_null() && unsafe { magic_of(comm) } == SEND_MAGIC_VERBS,
-            ) {
-                (false, _) => return Err(NetError::invalid("deregMr: not a comm of this plugin")),
+            if !unsafe { is_comm(comm) } {
+                return Err(NetError::invalid("deregMr: not a comm of this plugin"));
+            }
+            // SAFETY: a comm of ours, checked just above.
+            if unsafe { magic_of(comm) } == SEND_MAGIC_VERBS {
                 // SAFETY: a verbs send comm of ours, by its magic.
-                (true, true) => {
-                    unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?
-                        .deregister(index)?
-                }
+                let c = unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
+                c.deregister(index)?;
+            } else {
                 // SAFETY: else a verbs receive comm of ours (checked's magic says if not).
-                (true, false) => {
-                    unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?
-                        .deregister(index)?
-                }
+                let c = unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
+                c.deregister(index)?;
             }
         }
         mr.magic = 0;
@@ -468,11 +471,11 @@ pub(super) unsafe extern "C" fn test_fn(
         let h: &mut RequestHandle = unsafe { checked(request, REQUEST_MAGIC, "request")? };
         let (send, comm, index) = (h.send, h.comm, h.index);
         let to_int = |v: u64| c_int::try_from(v).unwrap_or(c_int::MAX);
-        // SAFETY: the request's comm, alive while its requests are (NCCL closes a comm
-        // only after its requests, or never tests them again): 8 bytes of magic.
         let magic = if comm.is_null() {
             0
         } else {
+            // SAFETY: the request's comm, alive while its requests are (NCCL closes a
+            // comm only after its requests, or never tests them again): 8 bytes of magic.
             unsafe { magic_of(comm) }
         };
         if magic == SEND_MAGIC_VERBS || magic == RECV_MAGIC_VERBS {

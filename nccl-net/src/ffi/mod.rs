@@ -397,6 +397,7 @@ unsafe extern "C" fn accept_fn(
             }
             return Ok(());
         }
+        // SAFETY: a listen comm of ours (NCCL's contract), its magic checked.
         let l: &mut ListenComm = unsafe { checked(listen_comm, LISTEN_MAGIC, "listen comm")? };
         if let Some(c) = l.accept()? {
             *rc = Box::into_raw(c) as *mut c_void;

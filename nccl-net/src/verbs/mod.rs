@@ -194,19 +194,18 @@ impl Link {
         // SAFETY: the reference is to the boxed value, which does not move and is dropped
         // only after the region (the field order of `Registration`).
         let as_static: &'static NcclMemory = unsafe { &*(&*memory as *const NcclMemory) };
-        // SAFETY: the remote-write contract: the region is dropped (in `deregister` or
-        // with the link, never leaked) before NCCL frees the memory (the caller's
-        // promise), and nothing here reads the memory through a reference while a peer
-        // may write it: a receive's bytes are read only after the peer's "written" frame,
-        // which RC delivers after its write, and before any answer lets it write again.
         // (0 bytes: verbs registers nothing, and no request reads or writes there.)
         let region = if len == 0 {
             None
         } else {
-            Some(
-                unsafe { MemoryRegion::register_remote_writable(&self.conn.pd, as_static) }
-                    .map_err(rdma_err)?,
-            )
+            // SAFETY: the remote-write contract: the region is dropped (in `deregister`
+            // or with the link, never leaked) before NCCL frees the memory (the caller's
+            // promise), and nothing here reads the memory through a reference while a
+            // peer may write it: a receive's bytes are read only after the peer's
+            // "written" frame, which RC delivers after its write, and before any answer
+            // lets it write again.
+            let r = unsafe { MemoryRegion::register_remote_writable(&self.conn.pd, as_static) };
+            Some(r.map_err(rdma_err)?)
         };
         let reg = Registration {
             region,

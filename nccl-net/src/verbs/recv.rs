@@ -185,14 +185,15 @@ impl State {
             }
             let intact = match crc {
                 None => true,
-                // SAFETY: NCCL's buffer, writable and readable for `room` >= `size` bytes
-                // until this receive is reported done; the sender wrote it before this
-                // frame (RC delivers in order) and writes it again only after an answer
-                // that asks for it, so nothing writes it while it is read here.
                 Some(c) => {
-                    integrity::crc32c(unsafe {
-                        std::slice::from_raw_parts(addr as *const u8, size as usize)
-                    }) == c
+                    // SAFETY: NCCL's buffer, writable and readable for `room` >= `size`
+                    // bytes until this receive is reported done; the sender wrote it
+                    // before this frame (RC delivers in order) and writes it again only
+                    // after an answer that asks for it, so nothing writes it while it is
+                    // read here.
+                    let landed =
+                        unsafe { std::slice::from_raw_parts(addr as *const u8, size as usize) };
+                    integrity::crc32c(landed) == c
                 }
             };
             if intact {
