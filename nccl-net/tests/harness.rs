@@ -62,10 +62,16 @@ fn plugin_path() -> PathBuf {
 fn lib() -> &'static Library {
     static L: OnceLock<Library> = OnceLock::new();
     L.get_or_init(|| {
-        // SAFETY: runs once, before any thread calls into the plugin (which is the only
-        // other reader of the environment in this process).
+        // Striped over 4 sockets whatever this machine's cores (unset, the plugin takes
+        // one per two cores: a single socket on a 2-core CI machine).
+        if std::env::var_os("NCCL_GRDMA_STREAMS").is_none() {
+            // SAFETY: runs once, before any thread calls into the plugin (which is the
+            // only other reader of the environment in this process).
+            unsafe { std::env::set_var("NCCL_GRDMA_STREAMS", "4") };
+        }
         // (A child over verbs brings its own: the RDMA device's interface.)
         if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+            // SAFETY: as above.
             unsafe { std::env::set_var("NCCL_SOCKET_IFNAME", "lo") };
         }
         // SAFETY: the plugin's initializers are Rust statics; loading runs no code.

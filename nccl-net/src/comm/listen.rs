@@ -5,15 +5,16 @@
 
 use super::recv::RecvComm;
 use super::{random_u64, LISTEN_MAGIC};
-use crate::config::Config;
+use crate::config::{streams_for, Config};
 use crate::error::{io_err, Result};
 use crate::log::{info, warn, NET};
+use crate::props::Device;
 use crate::sock::{self, Io};
 use crate::wire::{Ctrl, Handle, Hello, REJECT_BAD_HELLO, REJECT_BAD_TOKEN};
 use socket2::Socket;
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// A connection that sent no complete hello in this long is dropped.
@@ -44,15 +45,24 @@ pub struct ListenComm {
 
 impl ListenComm {
     /// Listens on `ip`; the handle NCCL sends to the connecting rank comes back too.
-    pub fn new(ip: IpAddr, cfg: &Config) -> Result<(Box<Self>, Handle)> {
+    pub fn new(device: &Device, cfg: &Config) -> Result<(Box<Self>, Handle)> {
+        let ip = device.addr;
         let (sock, addr) = sock::listen(ip).map_err(|e| io_err(format!("listen on {ip}"), e))?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (streams, why) = match cfg.streams {
+            Some(n) => (n, "NCCL_GRDMA_STREAMS".to_string()),
+            None => {
+                let (n, why) = streams_for(device, cores);
+                (n, format!("NCCL_GRDMA_STREAMS unset: {why}"))
+            }
+        };
         let handle = Handle {
             addr,
-            streams: cfg.streams as u8,
+            streams: streams as u8,
             token: random_u64(),
             verbs: false,
         };
-        info!(NET; "listening on {addr} for {} data sockets per comm", cfg.streams);
+        info!(NET; "listening on {addr} for {streams} data sockets per comm ({why})");
         Ok((
             Box::new(Self {
                 magic: LISTEN_MAGIC,

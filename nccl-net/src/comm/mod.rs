@@ -145,7 +145,7 @@ mod tests {
     fn a_dropped_comm_stops_its_threads() {
         let (mut tx, mut rx) = pairs(3);
         let cfg = Config {
-            streams: 2,
+            streams: Some(2),
             checks: true,
             inject_one_in: None,
             eager_max: crate::config::DEFAULT_EAGER_MAX,

@@ -298,7 +298,7 @@ unsafe extern "C" fn listen_v8(
             *h = handle.encode();
             *lc = Box::into_raw(comm) as *mut c_void;
         } else {
-            let (comm, handle) = ListenComm::new(d.addr, &cfg)?;
+            let (comm, handle) = ListenComm::new(d, &cfg)?;
             *h = handle.encode();
             *lc = Box::into_raw(comm) as *mut c_void;
         }
