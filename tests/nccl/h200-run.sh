@@ -45,6 +45,10 @@ TUNED=(NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_BUFFSIZE=16777216)
 # (as the plugin has a writer or reader thread per socket).
 SOCKET_TUNED=(NCCL_NSOCKS_PERTHREAD=1 NCCL_SOCKET_NTHREADS="$STREAMS")
 GRDMA=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=grdma NCCL_GRDMA_STREAMS="$STREAMS")
+# At NCCL's defaults the plugin chooses its own sockets too (NCCL_GRDMA_STREAMS unset: the
+# --streams auto rule for the device), unless NCCL_GRDMA_STREAMS was given to this script.
+if [ -n "${NCCL_GRDMA_STREAMS:-}" ]; then GRDMA_OWN=("${GRDMA[@]}"); else
+    GRDMA_OWN=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=grdma); fi
 
 ALL_RUNS="socket-default grdma-default socket-tuned grdma-tuned grdma-tuned-checks-off grdma-faults-1e3"
 RUNS="${RUNS:-$ALL_RUNS}"
@@ -67,11 +71,11 @@ run() { # label, expected "via NET/x", env...   (BENCH_ARGS: extra torch_bench.p
 }
 
 run socket-default Socket NCCL_NET=Socket
-run grdma-default grdma "${GRDMA[@]}"
+run grdma-default grdma "${GRDMA_OWN[@]}"
 run socket-tuned Socket NCCL_NET=Socket "${TUNED[@]}" "${SOCKET_TUNED[@]}"
 run grdma-tuned grdma "${GRDMA[@]}" "${TUNED[@]}"
 run grdma-tuned-checks-off grdma "${GRDMA[@]}" "${TUNED[@]}" NCCL_GRDMA_CHECKS=0
-run grdma-faults-1e3 grdma "${GRDMA[@]}" NCCL_GRDMA_TEST_INJECT_FAULTS=1000
+run grdma-faults-1e3 grdma "${GRDMA_OWN[@]}" NCCL_GRDMA_TEST_INJECT_FAULTS=1000
 
 if [[ " $RUNS " == *" streams-sweep "* ]]; then
     for n in 1 2 4 8; do
