@@ -18,6 +18,7 @@ mod abi;
 use abi::*;
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::ptr::null_mut;
@@ -1929,9 +1930,13 @@ fn rdma_interface() -> Option<String> {
 /// None (and a line saying why) where this machine has no RDMA device.
 fn verbs_child(scenario: &str, env: &[(&str, &str)]) -> Option<std::process::Output> {
     let Some(ifname) = rdma_interface() else {
-        eprintln!(
-            "skipped: no RDMA device here (/sys/class/infiniband has none with a network \
-             interface); tests/nccl/verbs-guest.sh runs these in a Soft-RoCE guest"
+        // Straight to stderr, past libtest's capture (as tests/src/lib.rs's `skip`), so
+        // the reason shows beside the test's `ok`.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {scenario} over verbs: no RDMA device here (/sys/class/infiniband has \
+             none with a network interface); tests/nccl/verbs-guest.sh runs it in a \
+             Soft-RoCE guest"
         );
         return None;
     };
