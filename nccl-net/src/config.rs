@@ -2,15 +2,13 @@
 //! process can hold comms made under different settings, as the tests do).
 
 use crate::error::{NetError, Result};
-use crate::props::Device;
 use crate::wire::{EAGER_MAX, MAX_STREAMS};
-use host::net::tcp::streams::{choose_streams, Route, StreamFacts};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     /// `NCCL_GRDMA_STREAMS`: data sockets per comm, 1..=16 (the listener's value is
     /// the one both ends use: it travels in the handle). None (unset): chosen from the
-    /// listening device, as `host --streams auto` chooses ([`streams_for`]).
+    /// listening device, as `host --streams auto` chooses (`props::streams_for`).
     pub streams: Option<usize>,
     /// `NCCL_GRDMA_CHECKS`: a CRC32C per piece, checked by the receiver, bad pieces
     /// sent again (on unless `0`). The sender's setting decides for its messages.
@@ -88,23 +86,6 @@ impl Config {
             eager_max,
         })
     }
-}
-
-/// The data sockets of a comm listening on `device` when `NCCL_GRDMA_STREAMS` is unset,
-/// and why in words: the host crate's `--streams auto` rule (one per two cores, one per
-/// 25 Gbit/s of the link, 8 at most; 8 on loopback, 4 where the link's speed is not
-/// known), so the command line and the plugin choose alike.
-pub fn streams_for(device: &Device, cores: usize) -> (usize, String) {
-    let route = if device.addr.is_loopback() {
-        Route::Loopback
-    } else {
-        Route::Link {
-            interface: device.name.to_string_lossy().into_owned(),
-            mbps: device.speed_known.then_some(device.speed_mbps as u64),
-        }
-    };
-    let choice = choose_streams(&StreamFacts { cores, route });
-    (usize::from(choice.streams), choice.why)
 }
 
 /// `NCCL_GRDMA_TRANSPORT`: what carries the comms of every device (read once, when the
@@ -189,25 +170,6 @@ mod tests {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.msg.starts_with(k), "{e}");
         }
-        let dev = |name: &str, addr: &str, mbps: Option<i32>| Device {
-            name: std::ffi::CString::new(name).unwrap(),
-            addr: addr.parse().unwrap(),
-            pci_path: None,
-            speed_mbps: mbps.unwrap_or(crate::props::DEFAULT_SPEED_MBPS),
-            speed_known: mbps.is_some(),
-            rdma: None,
-        };
-        // The host's --streams auto rule: loopback 8, 25 Gbit/s a stream, cores / 2.
-        assert_eq!(streams_for(&dev("lo", "127.0.0.1", None), 16).0, 8);
-        assert_eq!(streams_for(&dev("lo", "127.0.0.1", None), 4).0, 2);
-        assert_eq!(
-            streams_for(&dev("eth0", "10.0.0.5", Some(100_000)), 64).0,
-            4
-        );
-        assert_eq!(streams_for(&dev("eth0", "10.0.0.5", Some(10_000)), 64).0, 1);
-        let (n, why) = streams_for(&dev("eth0", "10.0.0.5", None), 64);
-        assert_eq!(n, 4, "{why}");
-        assert!(why.contains("eth0, whose speed is not known"), "{why}");
         assert_eq!(Transport::parse(None).unwrap(), Transport::Auto);
         assert_eq!(Transport::parse(Some("tcp")).unwrap(), Transport::Tcp);
         assert_eq!(Transport::parse(Some(" verbs")).unwrap(), Transport::Verbs);

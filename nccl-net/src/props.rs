@@ -5,6 +5,7 @@
 
 use crate::config::Transport;
 use crate::error::{NetError, Result};
+use host::net::tcp::streams::{choose_streams, Route, StreamFacts};
 use std::ffi::CString;
 use std::net::IpAddr;
 use std::path::Path;
@@ -37,6 +38,23 @@ pub struct Device {
     /// The RDMA device the interface belongs to, where the comms go over verbs
     /// (`NCCL_GRDMA_TRANSPORT`); none: TCP.
     pub rdma: Option<CString>,
+}
+
+/// The data sockets of a comm listening on `device` when `NCCL_GRDMA_STREAMS` is unset,
+/// and why in words: the host crate's `--streams auto` rule (one per two cores, one per
+/// 25 Gbit/s of the link, 8 at most; 8 on loopback, 4 where the link's speed is not
+/// known), so the command line and the plugin choose alike.
+pub fn streams_for(device: &Device, cores: usize) -> (usize, String) {
+    let route = if device.addr.is_loopback() {
+        Route::Loopback
+    } else {
+        Route::Link {
+            interface: device.name.to_string_lossy().into_owned(),
+            mbps: device.speed_known.then_some(device.speed_mbps as u64),
+        }
+    };
+    let choice = choose_streams(&StreamFacts { cores, route });
+    (usize::from(choice.streams), choice.why)
 }
 
 /// The RDMA device whose port has `ip` (an RDMA CM id bound to it), if any.
@@ -220,6 +238,29 @@ pub fn discover(spec: Option<&str>, transport: Transport) -> Result<Vec<Device>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_follow_the_hosts_auto_rule() {
+        let dev = |name: &str, addr: &str, mbps: Option<i32>| Device {
+            name: std::ffi::CString::new(name).unwrap(),
+            addr: addr.parse().unwrap(),
+            pci_path: None,
+            speed_mbps: mbps.unwrap_or(DEFAULT_SPEED_MBPS),
+            speed_known: mbps.is_some(),
+            rdma: None,
+        };
+        // The host's --streams auto rule: loopback 8, 25 Gbit/s a stream, cores / 2.
+        assert_eq!(streams_for(&dev("lo", "127.0.0.1", None), 16).0, 8);
+        assert_eq!(streams_for(&dev("lo", "127.0.0.1", None), 4).0, 2);
+        assert_eq!(
+            streams_for(&dev("eth0", "10.0.0.5", Some(100_000)), 64).0,
+            4
+        );
+        assert_eq!(streams_for(&dev("eth0", "10.0.0.5", Some(10_000)), 64).0, 1);
+        let (n, why) = streams_for(&dev("eth0", "10.0.0.5", None), 64);
+        assert_eq!(n, 4, "{why}");
+        assert!(why.contains("eth0, whose speed is not known"), "{why}");
+    }
 
     fn ifc(name: &str, up: bool, addr: &str) -> Iface {
         Iface {

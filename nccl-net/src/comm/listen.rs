@@ -5,10 +5,10 @@
 
 use super::recv::RecvComm;
 use super::{random_u64, LISTEN_MAGIC};
-use crate::config::{streams_for, Config};
+use crate::config::Config;
 use crate::error::{io_err, Result};
 use crate::log::{info, warn, NET};
-use crate::props::Device;
+use crate::props::{streams_for, Device};
 use crate::sock::{self, Io};
 use crate::wire::{Ctrl, Handle, Hello, REJECT_BAD_HELLO, REJECT_BAD_TOKEN};
 use socket2::Socket;
