@@ -29,13 +29,16 @@ pub mod recv;
 pub mod send;
 pub mod setup;
 
+use crate::comm::Handles;
 use crate::error::NetError;
 use crate::integrity::{self, Counters};
 use crate::log::{info, NET};
 use host::memory::{Registrable, RegistrationTarget};
 use host::net::verbs::conn::{Connection, Resources};
 use host::rdma::{Completion, MemoryRegion, QpCaps, RdmaError, Sge};
+use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
 
 /// Times one message may fail its CRC before the send fails.
 pub use crate::comm::MAX_RESENDS;
@@ -86,6 +89,50 @@ unsafe impl Registrable for NcclMemory {
             ptr: self.ptr,
             len: self.len,
         }
+    }
+}
+
+/// What NCCL holds for a verbs send or receive comm ([`send::VerbsSend`],
+/// [`recv::VerbsRecv`]): the magic that tells its kind, its request handles (at fixed
+/// addresses), and its state behind the lock.
+#[repr(C)]
+pub struct Comm<S> {
+    magic: u64,
+    pub handles: Handles,
+    inner: Mutex<Confined<S>>,
+}
+
+/// A comm's state has its link.
+pub trait HasLink {
+    fn link(&mut self) -> &mut Link;
+}
+
+impl<S: HasLink> Comm<S> {
+    /// The comm NCCL will hold, with `magic` and `state`; `send`: its requests are sends.
+    pub fn boxed(magic: u64, send: bool, state: S) -> Box<Self> {
+        let mut b = Box::new(Self {
+            magic,
+            handles: Handles::new(send, std::ptr::null_mut()),
+            inner: Mutex::new(Confined(state)),
+        });
+        let me = &mut *b as *mut Self as *mut c_void;
+        b.handles = Handles::new(send, me);
+        b
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, Confined<S>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// # Safety
+    /// As [`Link::register`].
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<usize, NetError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.state().0.link().register(ptr, len) }
+    }
+
+    pub fn deregister(&self, index: usize) -> Result<(), NetError> {
+        self.state().0.link().deregister(index)
     }
 }
 

@@ -3,9 +3,9 @@
 //! bytes landed and answered (intact, or write again).
 
 use super::frames::{Frame, Target};
-use super::{Confined, Link};
+use super::{Comm, HasLink, Link};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
-use crate::comm::{free_slot, Handles, RECV_MAGIC_VERBS};
+use crate::comm::{free_slot, RECV_MAGIC_VERBS};
 use crate::error::{NetError, Result};
 use crate::integrity;
 use crate::log::{info, NET};
@@ -18,7 +18,7 @@ struct Receiving {
     got: Vec<Option<u64>>,
 }
 
-struct State {
+pub struct State {
     link: Link,
     reqs: Vec<Option<Receiving>>,
     /// Frames (clear-to-sends and answers) waiting for a free send slot, in order: the
@@ -27,44 +27,28 @@ struct State {
     failed: Option<NetError>,
 }
 
-#[repr(C)]
-pub struct VerbsRecv {
-    magic: u64,
-    handles: Handles,
-    inner: std::sync::Mutex<Confined<State>>,
+/// A verbs receive comm.
+pub type VerbsRecv = Comm<State>;
+
+impl HasLink for State {
+    fn link(&mut self) -> &mut Link {
+        &mut self.link
+    }
 }
 
 impl VerbsRecv {
     pub fn new(link: Link) -> Box<Self> {
         info!(NET; "receive comm from {} over verbs", link.peer);
-        let mut b = Box::new(Self {
-            magic: RECV_MAGIC_VERBS,
-            handles: Handles::new(false, std::ptr::null_mut()),
-            inner: std::sync::Mutex::new(Confined(State {
+        Comm::boxed(
+            RECV_MAGIC_VERBS,
+            false,
+            State {
                 link,
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 outbox: VecDeque::new(),
                 failed: None,
-            })),
-        });
-        let me = &mut *b as *mut Self as *mut c_void;
-        b.handles = Handles::new(false, me);
-        b
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, Confined<State>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// # Safety
-    /// As [`super::Link::register`].
-    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<usize> {
-        // SAFETY: the caller's contract.
-        unsafe { self.state().0.link.register(ptr, len) }
-    }
-
-    pub fn deregister(&self, index: usize) -> Result<()> {
-        self.state().0.link.deregister(index)
+            },
+        )
     }
 
     /// `irecv` of `bufs` (address, size, tag, registration): a request, or none when

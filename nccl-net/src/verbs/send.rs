@@ -3,9 +3,9 @@
 //! completes the send or asks for the write again.
 
 use super::frames::{Frame, Target};
-use super::{rdma_err, Confined, Link, MAX_RESENDS, WR_WRITE};
+use super::{rdma_err, Comm, HasLink, Link, MAX_RESENDS, WR_WRITE};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
-use crate::comm::{free_slot, Handles, SEND_MAGIC_VERBS};
+use crate::comm::{free_slot, SEND_MAGIC_VERBS};
 use crate::config::Config;
 use crate::error::{NetError, Result};
 use crate::integrity::{self, FaultInjector};
@@ -36,7 +36,7 @@ struct Sending {
     done: bool,
 }
 
-struct State {
+pub struct State {
     link: Link,
     ctss: VecDeque<Cts>,
     reqs: Vec<Option<Sending>>,
@@ -45,11 +45,13 @@ struct State {
     failed: Option<NetError>,
 }
 
-#[repr(C)]
-pub struct VerbsSend {
-    magic: u64,
-    handles: Handles,
-    inner: std::sync::Mutex<Confined<State>>,
+/// A verbs send comm.
+pub type VerbsSend = Comm<State>;
+
+impl HasLink for State {
+    fn link(&mut self) -> &mut Link {
+        &mut self.link
+    }
 }
 
 impl VerbsSend {
@@ -59,36 +61,18 @@ impl VerbsSend {
             .filter(|_| cfg.checks)
             .map(|n| FaultInjector::new(n, crate::comm::random_u64()));
         info!(NET; "send comm to {} over verbs: checks {}", link.peer, if cfg.checks { "on" } else { "off" });
-        let mut b = Box::new(Self {
-            magic: SEND_MAGIC_VERBS,
-            handles: Handles::new(true, std::ptr::null_mut()),
-            inner: std::sync::Mutex::new(Confined(State {
+        Comm::boxed(
+            SEND_MAGIC_VERBS,
+            true,
+            State {
                 link,
                 ctss: VecDeque::new(),
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 cfg,
                 faults,
                 failed: None,
-            })),
-        });
-        let me = &mut *b as *mut Self as *mut c_void;
-        b.handles = Handles::new(true, me);
-        b
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, Confined<State>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// # Safety
-    /// As [`super::Link::register`].
-    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<usize> {
-        // SAFETY: the caller's contract.
-        unsafe { self.state().0.link.register(ptr, len) }
-    }
-
-    pub fn deregister(&self, index: usize) -> Result<()> {
-        self.state().0.link.deregister(index)
+            },
+        )
     }
 
     /// `isend` of `size` bytes at `data` (inside registration `reg`): a request once a
