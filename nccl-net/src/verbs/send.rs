@@ -20,6 +20,47 @@ struct Cts {
     targets: Vec<(Target, bool)>,
 }
 
+/// The receives' buffers the peer announced, in the order it posted them: a send takes
+/// the oldest one of its tag not yet taken (the rule NCCL's InfiniBand transport keeps,
+/// which keeps grouped receives and tags in order); a receive whose buffers are all
+/// taken is forgotten.
+#[derive(Default)]
+struct Announced {
+    ctss: VecDeque<Cts>,
+}
+
+impl Announced {
+    fn push(&mut self, rreq: u8, targets: Vec<Target>) {
+        self.ctss.push_back(Cts {
+            rreq,
+            targets: targets.into_iter().map(|t| (t, false)).collect(),
+        });
+    }
+
+    /// The oldest buffer of `tag` not yet taken: its receive, its index there, where.
+    fn oldest(&self, tag: i32) -> Option<(u8, u8, Target)> {
+        self.ctss.iter().find_map(|c| {
+            let i = c
+                .targets
+                .iter()
+                .position(|(t, taken)| !taken && t.tag == tag)?;
+            Some((c.rreq, i as u8, c.targets[i].0))
+        })
+    }
+
+    /// Mark buffer `entry` of receive `rreq` taken.
+    fn take(&mut self, rreq: u8, entry: u8) {
+        if let Some(ci) = self.ctss.iter().position(|c| c.rreq == rreq) {
+            if let Some(t) = self.ctss[ci].targets.get_mut(entry as usize) {
+                t.1 = true;
+            }
+            if self.ctss[ci].targets.iter().all(|(_, taken)| *taken) {
+                self.ctss.remove(ci);
+            }
+        }
+    }
+}
+
 struct Sending {
     data: u64,
     size: u64,
@@ -38,7 +79,7 @@ struct Sending {
 
 pub struct State {
     link: Link,
-    ctss: VecDeque<Cts>,
+    announced: Announced,
     reqs: Vec<Option<Sending>>,
     cfg: Config,
     faults: Option<FaultInjector>,
@@ -66,7 +107,7 @@ impl VerbsSend {
             true,
             State {
                 link,
-                ctss: VecDeque::new(),
+                announced: Announced::default(),
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 cfg,
                 faults,
@@ -87,30 +128,19 @@ impl VerbsSend {
         let mut g = self.state();
         let s = &mut g.0;
         s.progress()?;
-        // The oldest clear-to-send with a free buffer of this tag.
-        let Some((ci, ti)) = s.ctss.iter().enumerate().find_map(|(ci, c)| {
-            c.targets
-                .iter()
-                .position(|(t, taken)| !taken && t.tag == tag)
-                .map(|ti| (ci, ti))
-        }) else {
+        let Some((rreq, entry, target)) = s.announced.oldest(tag) else {
             return Ok(None);
         };
         let Some(slot) = free_slot(&s.reqs) else {
             return Ok(None);
         };
-        let target = s.ctss[ci].targets[ti].0;
         if size > target.size {
             return Err(NetError::usage(format!(
                 "isend: a message of {size} bytes for a receive of {} bytes (tag {tag}, to {}): the ranks disagree on sizes",
                 target.size, s.link.peer
             )));
         }
-        let rreq = s.ctss[ci].rreq;
-        s.ctss[ci].targets[ti].1 = true;
-        if s.ctss[ci].targets.iter().all(|(_, taken)| *taken) {
-            s.ctss.remove(ci);
-        }
+        s.announced.take(rreq, entry);
         let crc = s.cfg.checks.then(|| {
             // SAFETY: NCCL's contract: `data` is readable for `size` bytes until the
             // request is done, and nobody writes it meanwhile.
@@ -121,7 +151,7 @@ impl VerbsSend {
             size,
             reg,
             rreq,
-            entry: ti as u8,
+            entry,
             target,
             crc,
             attempt: 0,
@@ -190,10 +220,7 @@ impl State {
                 ))
             })?;
             match f {
-                Frame::Cts { rreq, targets } => self.ctss.push_back(Cts {
-                    rreq,
-                    targets: targets.into_iter().map(|t| (t, false)).collect(),
-                }),
+                Frame::Cts { rreq, targets } => self.announced.push(rreq, targets),
                 Frame::Answer { sreq, intact } => {
                     let peer = self.link.peer.clone();
                     let Some(r) = self.reqs.get_mut(sreq as usize).and_then(Option::as_mut) else {
@@ -291,5 +318,56 @@ impl State {
             r.frame_slot = slot;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(tag: i32, size: u64) -> Target {
+        Target {
+            addr: 0x1000 * size,
+            rkey: 7,
+            tag,
+            size,
+        }
+    }
+
+    #[test]
+    fn a_send_takes_the_oldest_announced_buffer_of_its_tag() {
+        let mut a = Announced::default();
+        assert_eq!(a.oldest(1), None, "nothing announced: the send waits");
+        a.push(3, vec![t(1, 10), t(2, 20)]);
+        a.push(4, vec![t(1, 30)]);
+        // Tag 1: receive 3's first buffer, then receive 4's.
+        assert_eq!(a.oldest(1), Some((3, 0, t(1, 10))));
+        a.take(3, 0);
+        assert_eq!(a.oldest(1), Some((4, 0, t(1, 30))));
+        // Tag 2 is still receive 3's second buffer; once taken, receive 3 is gone.
+        assert_eq!(a.oldest(2), Some((3, 1, t(2, 20))));
+        a.take(3, 1);
+        assert_eq!(a.ctss.len(), 1);
+        assert_eq!(a.oldest(2), None, "no buffer of tag 2 left");
+        a.take(4, 0);
+        assert!(a.ctss.is_empty());
+        // Taking what is not there changes nothing.
+        a.take(9, 0);
+        assert_eq!(a.oldest(1), None);
+    }
+
+    #[test]
+    fn a_grouped_receive_is_matched_buffer_by_buffer_in_any_send_order() {
+        let mut a = Announced::default();
+        a.push(0, (10..18).map(|tag| t(tag, tag as u64)).collect());
+        for tag in [15, 10, 17, 12, 16, 11, 14, 13] {
+            let (rreq, entry, target) = a.oldest(tag).expect("announced");
+            assert_eq!((rreq, entry as i32, target.tag), (0, tag - 10, tag));
+            a.take(rreq, entry);
+        }
+        assert!(
+            a.ctss.is_empty(),
+            "all eight taken: the receive is forgotten"
+        );
     }
 }
