@@ -346,25 +346,19 @@ impl Net {
     /// Deregister the registration [`mr`](Self::mr) made of the buffer at `ptr` on
     /// `comm`, if any (before the buffer is freed).
     fn forget(&self, comm: *mut c_void, ptr: *const u8) {
-        let mut regs = REGS.lock().unwrap();
-        regs.retain(|&(c, p, _, mh)| {
-            if c != comm as usize || p != ptr as usize {
-                return true;
-            }
-            // SAFETY: a registration made on this comm, deregistered once.
-            ok(
-                unsafe { (self.t.deregMr)(comm, mh as *mut c_void) },
-                "deregMr",
-            );
-            false
-        });
+        self.dereg_where(comm, Some(ptr));
     }
 
     /// Deregister what [`mr`](Self::mr) registered on `comm` (before it closes).
     fn dereg_all(&self, comm: *mut c_void) {
+        self.dereg_where(comm, None);
+    }
+
+    /// Deregister `comm`'s registrations of the buffer at `ptr` (None: of every buffer).
+    fn dereg_where(&self, comm: *mut c_void, ptr: Option<*const u8>) {
         let mut regs = REGS.lock().unwrap();
-        regs.retain(|&(c, _, _, mh)| {
-            if c != comm as usize {
+        regs.retain(|&(c, p, _, mh)| {
+            if c != comm as usize || ptr.is_some_and(|ptr| p != ptr as usize) {
                 return true;
             }
             // SAFETY: a registration made on this comm, deregistered once.
