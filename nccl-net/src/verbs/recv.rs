@@ -27,6 +27,10 @@ pub struct State {
     failed: Option<NetError>,
 }
 
+/// The most frames a well-behaved peer can leave waiting for a send slot here: 32
+/// clear-to-sends and an answer for each of its 32 send requests.
+const OUTBOX_MAX: usize = 2 * NCCL_NET_MAX_REQUESTS;
+
 /// A verbs receive comm.
 pub type VerbsRecv = Comm<State>;
 
@@ -187,6 +191,14 @@ impl State {
                 }
             }
             if crc.is_some() {
+                // A sender has at most one written frame of each of its 32 requests
+                // unanswered, so the outbox holds at most those answers and the 32
+                // clear-to-sends; more is a peer flooding frames, refused.
+                if self.outbox.len() >= OUTBOX_MAX {
+                    return Err(NetError::remote(format!(
+                        "{peer} sent written frames faster than they can be answered ({OUTBOX_MAX} unanswered): not this plugin's protocol"
+                    )));
+                }
                 self.outbox
                     .push_back(Frame::Answer { sreq, intact }.encode());
             }

@@ -30,11 +30,18 @@ struct Announced {
 }
 
 impl Announced {
-    fn push(&mut self, rreq: u8, targets: Vec<Target>) {
+    /// Announce receive `rreq`'s buffers; false (nothing kept) when more receives than
+    /// NCCL can have in flight would be waiting: a peer that floods clear-to-sends is
+    /// not this plugin, and its frames must not grow this without bound.
+    fn push(&mut self, rreq: u8, targets: Vec<Target>) -> bool {
+        if self.ctss.len() >= NCCL_NET_MAX_REQUESTS {
+            return false;
+        }
         self.ctss.push_back(Cts {
             rreq,
             targets: targets.into_iter().map(|t| (t, false)).collect(),
         });
+        true
     }
 
     /// The oldest buffer of `tag` not yet taken: its receive, its index there, where.
@@ -220,7 +227,14 @@ impl State {
                 ))
             })?;
             match f {
-                Frame::Cts { rreq, targets } => self.announced.push(rreq, targets),
+                Frame::Cts { rreq, targets } => {
+                    if !self.announced.push(rreq, targets) {
+                        return Err(NetError::remote(format!(
+                            "{} announced more than {NCCL_NET_MAX_REQUESTS} receives at once (NCCL has at most that many in flight)",
+                            self.link.peer
+                        )));
+                    }
+                }
                 Frame::Answer { sreq, intact } => {
                     let peer = self.link.peer.clone();
                     let Some(r) = self.reqs.get_mut(sreq as usize).and_then(Option::as_mut) else {
@@ -338,8 +352,8 @@ mod tests {
     fn a_send_takes_the_oldest_announced_buffer_of_its_tag() {
         let mut a = Announced::default();
         assert_eq!(a.oldest(1), None, "nothing announced: the send waits");
-        a.push(3, vec![t(1, 10), t(2, 20)]);
-        a.push(4, vec![t(1, 30)]);
+        assert!(a.push(3, vec![t(1, 10), t(2, 20)]));
+        assert!(a.push(4, vec![t(1, 30)]));
         // Tag 1: receive 3's first buffer, then receive 4's.
         assert_eq!(a.oldest(1), Some((3, 0, t(1, 10))));
         a.take(3, 0);
@@ -359,7 +373,7 @@ mod tests {
     #[test]
     fn a_grouped_receive_is_matched_buffer_by_buffer_in_any_send_order() {
         let mut a = Announced::default();
-        a.push(0, (10..18).map(|tag| t(tag, tag as u64)).collect());
+        assert!(a.push(0, (10..18).map(|tag| t(tag, tag as u64)).collect()));
         for tag in [15, 10, 17, 12, 16, 11, 14, 13] {
             let (rreq, entry, target) = a.oldest(tag).expect("announced");
             assert_eq!((rreq, entry as i32, target.tag), (0, tag - 10, tag));
@@ -369,5 +383,22 @@ mod tests {
             a.ctss.is_empty(),
             "all eight taken: the receive is forgotten"
         );
+    }
+
+    #[test]
+    fn a_flood_of_announcements_is_refused_not_kept() {
+        let mut a = Announced::default();
+        for r in 0..NCCL_NET_MAX_REQUESTS {
+            assert!(a.push(r as u8, vec![t(1, 1)]), "receive {r} of 32 is kept");
+        }
+        assert!(
+            !a.push(99, vec![t(1, 1)]),
+            "a 33rd waiting receive is refused"
+        );
+        assert_eq!(a.ctss.len(), NCCL_NET_MAX_REQUESTS);
+        // Taking one makes room again.
+        let (rreq, entry, _) = a.oldest(1).unwrap();
+        a.take(rreq, entry);
+        assert!(a.push(32, vec![t(1, 1)]));
     }
 }
