@@ -27,7 +27,7 @@ use crate::integrity::{self, Counters};
 use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
-use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_MAX, EAGER_SLOT};
+use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_SLOT};
 use socket2::Socket;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -90,8 +90,8 @@ struct CtrlOut {
 #[derive(Default)]
 struct Eager {
     msg: Option<Msg>,
-    /// The bounce buffer (allocated at the first piece; never resized after, so the
-    /// address the readers write to stays put).
+    /// The bounce buffer, at least the message's size (taken from the comm's pool at the
+    /// first piece; never resized after, so the address the readers write to stays put).
     buf: Vec<u8>,
     /// Where it belongs (request, buffer), once the match frame came.
     target: Option<(usize, usize)>,
@@ -100,9 +100,59 @@ struct Eager {
     ack_at: u64,
 }
 
+impl Eager {
+    /// The message's size (0 before its first piece).
+    fn total(&self) -> usize {
+        self.msg.as_ref().map_or(0, |m| m.layout.total as usize)
+    }
+}
+
+/// Bounce buffers kept from one eager message to the next. A fresh buffer of megabytes
+/// is zeroed and faulted in page by page at its first write, on the reader's time, for
+/// every message; kept ones are warm. At most `EAGER_BUDGET` bytes and `POOL_BUFFERS`
+/// buffers are kept (what the sender may have in flight anyway); buffers under
+/// `POOL_MIN` come from the allocator's own free lists and are not kept.
+#[derive(Default)]
+struct BouncePool {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+const POOL_BUFFERS: usize = 64;
+const POOL_MIN: usize = 64 << 10;
+
+impl BouncePool {
+    /// A buffer of at least `len` bytes: the smallest kept one large enough, or a new one.
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        let best = (self.bufs.iter().enumerate())
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let buf = self.bufs.swap_remove(i);
+                self.bytes -= buf.len();
+                buf
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    /// Keep `buf` for a later message, if there is room.
+    fn give(&mut self, buf: Vec<u8>) {
+        let fits = self.bytes + buf.len() <= EAGER_BUDGET as usize;
+        if buf.len() >= POOL_MIN && fits && self.bufs.len() < POOL_BUFFERS {
+            self.bytes += buf.len();
+            self.bufs.push(buf);
+        }
+    }
+}
+
 struct State {
     reqs: Vec<Option<RecvReq>>,
     eager: HashMap<u64, Eager>,
+    /// Bounce buffers of eager messages already placed, for the next ones.
+    pool: BouncePool,
     /// Eager messages to copy into their buffers: (seq, request, buffer, message).
     to_place: Vec<(u64, usize, usize, Eager)>,
     /// Requests made (trace numbers).
@@ -189,6 +239,7 @@ impl RecvComm {
             state: Mutex::new(State {
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 eager: HashMap::new(),
+                pool: BouncePool::default(),
                 to_place: Vec::new(),
                 made: 0,
                 next_id: 1,
@@ -591,8 +642,8 @@ fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> 
         )));
     }
     msg.pieces[h.piece as usize] = Piece::Arriving;
-    if e.buf.len() as u64 != h.total {
-        e.buf = vec![0u8; h.total as usize];
+    if (e.buf.len() as u64) < h.total {
+        e.buf = st.pool.take(h.total as usize);
     }
     Ok(RxPiece {
         eager: Some(seq),
@@ -600,8 +651,8 @@ fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> 
         req: 0,
         slot: 0,
         piece: h.piece,
-        // SAFETY: offset + len <= total = the bounce buffer's length (decode checked
-        // the layout); the buffer is not resized or freed while a piece of it is
+        // SAFETY: offset + len <= total <= the bounce buffer's length (decode checked
+        // the layout, the buffer was taken at least that large); the buffer is not resized or freed while a piece of it is
         // Arriving (allocated before the first piece, dropped only once all are Good).
         dst: RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) }),
         len: h.len as usize,
@@ -699,19 +750,23 @@ fn copy_placed<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) {
             if !dst.0.is_null() {
                 // SAFETY: place() checked len <= the posted size: inside the irecv
                 // buffer, ours until its request completes (not before `good`, below);
-                // the source is the message's own bounce buffer.
-                unsafe { std::ptr::copy_nonoverlapping(e.buf.as_ptr(), dst.0, e.buf.len()) };
+                // the source is the message's own bounce buffer, at least `total` long.
+                unsafe { std::ptr::copy_nonoverlapping(e.buf.as_ptr(), dst.0, e.total()) };
             }
         }
         st = sh.lock();
         for (seq, ri, si, e) in work {
+            let Eager {
+                msg, buf, ack_at, ..
+            } = e;
+            st.pool.give(buf);
             let Some(req) = st.reqs[ri].as_mut() else {
                 continue;
             };
             let tn = req.tn;
             let slot = &mut req.slots[si];
-            slot.msg = e.msg;
-            slot.ack_at = e.ack_at;
+            slot.msg = msg;
+            slot.ack_at = ack_at;
             slot.placing = false;
             slot.good = true;
             sh.trace.event(
@@ -873,4 +928,42 @@ fn finish_eager(st: &mut State, sh: &Shared, p: &RxPiece, seq: u64, good: bool) 
         place(st, sh, seq)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bounce_pool_hands_back_the_smallest_kept_buffer_large_enough() {
+        let mut pool = BouncePool::default();
+        let (small, large) = (vec![1u8; POOL_MIN], vec![2u8; 4 * POOL_MIN]);
+        let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
+        pool.give(large);
+        pool.give(small);
+        assert_eq!(pool.bytes, 5 * POOL_MIN);
+        let b = pool.take(POOL_MIN - 1);
+        assert_eq!(b.as_ptr(), small_at, "the smallest that fits");
+        let b = pool.take(2 * POOL_MIN);
+        assert_eq!(b.as_ptr(), large_at);
+        assert_eq!(pool.bytes, 0);
+        let fresh = pool.take(3 * POOL_MIN);
+        assert!(fresh.len() == 3 * POOL_MIN && fresh.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn the_bounce_pool_keeps_at_most_its_budget_and_no_small_buffers() {
+        let mut pool = BouncePool::default();
+        pool.give(vec![0u8; POOL_MIN - 1]);
+        assert!(pool.bufs.is_empty(), "small buffers are the allocator's");
+        for _ in 0..1000 {
+            pool.give(vec![0u8; EAGER_MAX as usize]);
+        }
+        assert!(pool.bytes <= EAGER_BUDGET as usize && pool.bufs.len() <= POOL_BUFFERS);
+        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
+        for _ in 0..1000 {
+            pool.give(vec![0u8; POOL_MIN]);
+        }
+        assert!(pool.bufs.len() <= POOL_BUFFERS);
+    }
 }
