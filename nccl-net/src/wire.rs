@@ -232,6 +232,16 @@ pub const EAGER_SLOT: u8 = 0xff;
 /// per comm not yet placed (the receiver's bounce memory, per comm, stays near this).
 pub const EAGER_MAX: u64 = 4 << 20;
 pub const EAGER_BUDGET: u64 = 16 << 20;
+/// The most eager messages per comm not yet matched (the sender waits beyond it, as
+/// beyond `EAGER_BUDGET`).
+pub const EAGER_MESSAGES: usize = 1024;
+/// A receiver refuses a peer whose eager messages not yet placed exceed these: an
+/// honest sender keeps within `EAGER_BUDGET` and `EAGER_MESSAGES` unmatched, plus the
+/// matched ones whose match frame is still on its way (the control socket is not
+/// ordered with the data sockets), so four times as much is a peer flooding, not one
+/// running ahead.
+pub const EAGER_HELD_MAX: u64 = 4 * EAGER_BUDGET;
+pub const EAGER_HELD_MESSAGES: usize = 4 * EAGER_MESSAGES;
 
 /// In front of each piece on a data socket. The piece's `len` bytes follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,7 +27,10 @@ use crate::integrity::{self, Counters};
 use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
-use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_SLOT};
+use crate::wire::{
+    Ctrl, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_HELD_MAX, EAGER_HELD_MESSAGES,
+    EAGER_MAX, EAGER_SLOT,
+};
 use socket2::Socket;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -151,6 +154,8 @@ impl BouncePool {
 struct State {
     reqs: Vec<Option<RecvReq>>,
     eager: HashMap<u64, Eager>,
+    /// Bytes of the eager messages in `eager` (bounded by `EAGER_HELD_MAX`).
+    eager_held: u64,
     /// Bounce buffers of eager messages already placed, for the next ones.
     pool: BouncePool,
     /// Eager messages to copy into their buffers: (seq, request, buffer, message).
@@ -162,6 +167,24 @@ struct State {
     peer_closed: bool,
     ctrl: CtrlOut,
     counters: Counters,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
+            eager: HashMap::new(),
+            eager_held: 0,
+            pool: BouncePool::default(),
+            to_place: Vec::new(),
+            made: 0,
+            next_id: 1,
+            failed: None,
+            peer_closed: false,
+            ctrl: CtrlOut::default(),
+            counters: Counters::default(),
+        }
+    }
 }
 
 struct Shared {
@@ -236,18 +259,7 @@ impl RecvComm {
         let streams = data.len();
         let ctrl = Arc::new(ctrl);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
-                eager: HashMap::new(),
-                pool: BouncePool::default(),
-                to_place: Vec::new(),
-                made: 0,
-                next_id: 1,
-                failed: None,
-                peer_closed: false,
-                ctrl: CtrlOut::default(),
-                counters: Counters::default(),
-            }),
+            state: Mutex::new(State::new()),
             ctrl_wake: Condvar::new(),
             stop: AtomicBool::new(false),
             ctrl: ctrl.clone(),
@@ -621,6 +633,20 @@ fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> 
         )));
     }
     let layout = Layout::new(h.total, sh.streams);
+    if st.eager.get(&seq).is_none_or(|e| e.msg.is_none()) {
+        // Its first piece: the peer may not hold more than a sender ever keeps.
+        if st.eager.len() >= EAGER_HELD_MESSAGES || st.eager_held + h.total > EAGER_HELD_MAX {
+            return Err(bad(format!(
+                "eager message {seq} ({} bytes) on top of {} eager messages ({} bytes) not yet placed: \
+                 more than a sender keeps in flight ({} messages, {EAGER_HELD_MAX} bytes at most)",
+                h.total,
+                st.eager.len(),
+                st.eager_held,
+                EAGER_HELD_MESSAGES
+            )));
+        }
+        st.eager_held += h.total;
+    }
     let e = st.eager.entry(seq).or_default();
     let msg = e.msg.get_or_insert_with(|| Msg {
         layout,
@@ -682,6 +708,12 @@ fn on_match(st: &mut State, sh: &Shared, seq: u64, cts_id: u64, slot: usize) -> 
             "eager message {seq} matched to buffer {slot} of a receive of {n}"
         )));
     }
+    if !st.eager.contains_key(&seq) && st.eager.len() >= EAGER_HELD_MESSAGES {
+        return Err(bad(format!(
+            "a match frame for eager message {seq}, not yet sent, on top of {} eager messages not yet placed",
+            st.eager.len()
+        )));
+    }
     let e = st.eager.entry(seq).or_default();
     if e.target.is_some() {
         return Err(bad(format!("eager message {seq} matched twice")));
@@ -706,6 +738,7 @@ fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
     let Some(e) = st.eager.remove(&seq) else {
         return Err(NetError::internal("eager message vanished"));
     };
+    st.eager_held = st.eager_held.saturating_sub(e.total() as u64);
     let (Some((ri, si)), Some(total)) = (e.target, e.msg.as_ref().map(|m| m.layout.total)) else {
         return Err(NetError::internal("eager message placed unmatched"));
     };
@@ -933,6 +966,90 @@ fn finish_eager(st: &mut State, sh: &Shared, p: &RxPiece, seq: u64, good: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use socket2::{Domain, Type};
+
+    fn shared(streams: usize) -> Shared {
+        Shared {
+            state: Mutex::new(State::new()),
+            ctrl_wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ctrl: Arc::new(Socket::new(Domain::IPV4, Type::STREAM, None).unwrap()),
+            streams,
+            peer: "the peer".into(),
+            trace: Trace::from_env(),
+        }
+    }
+
+    /// Piece `piece` of eager message `seq` of `total` bytes, as a sender's header says.
+    fn eager_piece(sh: &Shared, seq: u64, total: u64, piece: u32) -> PieceHeader {
+        let layout = Layout::new(total, sh.streams);
+        let (offset, len) = layout.range(piece);
+        PieceHeader {
+            matched: false,
+            checked: true,
+            slot: EAGER_SLOT,
+            attempt: 0,
+            cts_id: seq,
+            piece,
+            pieces: layout.count,
+            total,
+            offset,
+            len,
+            crc: 0,
+        }
+    }
+
+    #[test]
+    fn a_peer_flooding_eager_bytes_is_refused_past_four_budgets() {
+        let sh = shared(4);
+        let mut st = sh.lock();
+        let n = EAGER_HELD_MAX / EAGER_MAX;
+        for seq in 0..n {
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, EAGER_MAX, 0)).unwrap();
+            // Its other pieces are the same message: not counted again.
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, EAGER_MAX, 1)).unwrap();
+        }
+        assert_eq!(st.eager_held, EAGER_HELD_MAX);
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, n, 1, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+    }
+
+    #[test]
+    fn a_peer_flooding_eager_messages_or_match_frames_is_refused() {
+        let sh = shared(1);
+        let mut st = sh.lock();
+        for seq in 0..EAGER_HELD_MESSAGES as u64 {
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, 1, 0)).unwrap();
+        }
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, u64::MAX, 0, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+
+        // Match frames naming eager messages never sent, each a new entry.
+        let sh = shared(1);
+        let mut st = sh.lock();
+        st.reqs[0] = Some(RecvReq {
+            tn: 0,
+            id: 7,
+            slots: vec![RxSlot {
+                data: RawBuf(std::ptr::null_mut()),
+                posted: 1,
+                tag: 0,
+                msg: None,
+                good: false,
+                ack_at: 0,
+                placing: false,
+            }],
+        });
+        for seq in 0..EAGER_HELD_MESSAGES as u64 {
+            on_match(&mut st, &sh, seq, 7, 0).unwrap();
+        }
+        let e = on_match(&mut st, &sh, u64::MAX, 7, 0).err().unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+    }
 
     #[test]
     fn the_bounce_pool_hands_back_the_smallest_kept_buffer_large_enough() {

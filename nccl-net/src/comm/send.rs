@@ -22,7 +22,8 @@ use crate::log::{info, warn, NET};
 use crate::sock::{self, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{
-    Ctrl, Handle, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_SLOT, MAX_RECVS,
+    Ctrl, Handle, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_MESSAGES,
+    EAGER_SLOT, MAX_RECVS,
 };
 use socket2::Socket;
 use std::collections::VecDeque;
@@ -241,7 +242,10 @@ impl SendComm {
             None => {
                 // No receive known for this message: eager if it fits, else wait for
                 // the clear-to-send (a null request, NCCL calls again).
-                if size > self.eager_max.min(EAGER_MAX) || st.eager_bytes + size > EAGER_BUDGET {
+                if size > self.eager_max.min(EAGER_MAX)
+                    || st.eager_bytes + size > EAGER_BUDGET
+                    || st.unresolved.len() >= EAGER_MESSAGES
+                {
                     return Ok(None);
                 }
                 let seq = st.eager_seq;
