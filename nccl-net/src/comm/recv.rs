@@ -28,8 +28,8 @@ use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{
-    Ctrl, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_HELD_MAX, EAGER_HELD_MESSAGES,
-    EAGER_MAX, EAGER_SLOT,
+    Ctrl, Layout, PieceHeader, PostedSlot, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX,
+    EAGER_SLOT,
 };
 use socket2::Socket;
 use std::collections::HashMap;
@@ -112,16 +112,19 @@ impl Eager {
 
 /// Bounce buffers kept from one eager message to the next. A fresh buffer of megabytes
 /// is zeroed and faulted in page by page at its first write, on the reader's time, for
-/// every message; kept ones are warm. At most `EAGER_BUDGET` bytes and `POOL_BUFFERS`
-/// buffers are kept (what the sender may have in flight anyway); buffers under
-/// `POOL_MIN` come from the allocator's own free lists and are not kept.
+/// every message; kept ones are warm. At most `POOL_BYTES` and `POOL_BUFFERS` buffers
+/// are kept: what stays allocated per receive comm after the traffic stopped, for
+/// every comm of every peer and channel, so less than the eager budget (NCCL's default
+/// 128 KiB chunks, 8 steps in flight, need 1 MiB); buffers under `POOL_MIN` come from
+/// the allocator's own free lists and are not kept.
 #[derive(Default)]
 struct BouncePool {
     bufs: Vec<Vec<u8>>,
     bytes: usize,
 }
 
-const POOL_BUFFERS: usize = 64;
+const POOL_BYTES: usize = 4 << 20;
+const POOL_BUFFERS: usize = 32;
 const POOL_MIN: usize = 64 << 10;
 
 impl BouncePool {
@@ -143,7 +146,7 @@ impl BouncePool {
 
     /// Keep `buf` for a later message, if there is room.
     fn give(&mut self, buf: Vec<u8>) {
-        let fits = self.bytes + buf.len() <= EAGER_BUDGET as usize;
+        let fits = self.bytes + buf.len() <= POOL_BYTES;
         if buf.len() >= POOL_MIN && fits && self.bufs.len() < POOL_BUFFERS {
             self.bytes += buf.len();
             self.bufs.push(buf);
@@ -1074,13 +1077,18 @@ mod tests {
         pool.give(vec![0u8; POOL_MIN - 1]);
         assert!(pool.bufs.is_empty(), "small buffers are the allocator's");
         for _ in 0..1000 {
-            pool.give(vec![0u8; EAGER_MAX as usize]);
-        }
-        assert!(pool.bytes <= EAGER_BUDGET as usize && pool.bufs.len() <= POOL_BUFFERS);
-        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
-        for _ in 0..1000 {
             pool.give(vec![0u8; POOL_MIN]);
         }
-        assert!(pool.bufs.len() <= POOL_BUFFERS);
+        assert_eq!(
+            pool.bufs.len(),
+            POOL_BUFFERS,
+            "at most POOL_BUFFERS buffers"
+        );
+        let mut pool = BouncePool::default();
+        for _ in 0..1000 {
+            pool.give(vec![0u8; EAGER_MAX as usize / 3]);
+        }
+        assert!(pool.bytes <= POOL_BYTES && pool.bytes + EAGER_MAX as usize / 3 > POOL_BYTES);
+        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
     }
 }
