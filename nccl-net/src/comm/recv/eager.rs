@@ -1,0 +1,469 @@
+//! The receive side of eager messages: sent before the sender saw their receive's
+//! clear-to-send, they land in a bounce buffer of the comm (taken from its
+//! [`BouncePool`]), are checked and acked there, and are copied into NCCL's buffer once
+//! the sender's match frame says which receive and buffer they belong to. A peer may not
+//! hold more of them than a sender ever keeps unmatched (`EAGER_HELD_MAX`,
+//! `EAGER_HELD_MESSAGES`). Called by the readers of [`super`] under the comm's lock,
+//! but for the copy itself ([`copy_placed`]).
+
+use super::{Msg, Piece, RxPiece, Shared, State};
+use crate::error::{NetError, Result};
+use crate::sock::RawBuf;
+use crate::wire::{
+    Ctrl, Layout, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT,
+};
+use std::sync::MutexGuard;
+
+/// An eager message: its bytes in a bounce buffer until a match frame places it.
+#[derive(Default)]
+pub(super) struct Eager {
+    msg: Option<Msg>,
+    /// The bounce buffer, at least the message's size (taken from the comm's pool at the
+    /// first piece; never resized after, so the address the readers write to stays put).
+    buf: Vec<u8>,
+    /// Where it belongs (request, buffer), once the match frame came.
+    target: Option<(usize, usize)>,
+    /// Arrived whole and good (and acked, checks on).
+    good: bool,
+    ack_at: u64,
+}
+
+impl Eager {
+    /// The message's size (0 before its first piece).
+    fn total(&self) -> usize {
+        self.msg.as_ref().map_or(0, |m| m.layout.total as usize)
+    }
+}
+
+/// Bounce buffers kept from one eager message to the next. A fresh buffer of megabytes
+/// is zeroed and faulted in page by page at its first write, on the reader's time, for
+/// every message; kept ones are warm. At most `POOL_BYTES` and `POOL_BUFFERS` buffers
+/// are kept: what stays allocated per receive comm after the traffic stopped, for
+/// every comm of every peer and channel, so less than the eager budget (NCCL's default
+/// 128 KiB chunks, 8 steps in flight, need 1 MiB); buffers under `POOL_MIN` come from
+/// the allocator's own free lists and are not kept.
+#[derive(Default)]
+pub(super) struct BouncePool {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+const POOL_BYTES: usize = 4 << 20;
+const POOL_BUFFERS: usize = 32;
+const POOL_MIN: usize = 64 << 10;
+
+impl BouncePool {
+    /// A buffer of at least `len` bytes: the smallest kept one large enough, or a new one.
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        let best = (self.bufs.iter().enumerate())
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let buf = self.bufs.swap_remove(i);
+                self.bytes -= buf.len();
+                buf
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    /// Keep `buf` for a later message, if there is room.
+    fn give(&mut self, buf: Vec<u8>) {
+        let fits = self.bytes + buf.len() <= POOL_BYTES;
+        if buf.len() >= POOL_MIN && fits && self.bufs.len() < POOL_BUFFERS {
+            self.bytes += buf.len();
+            self.bufs.push(buf);
+        }
+    }
+}
+
+/// A piece of eager message `h.cts_id`: into its bounce buffer.
+pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let seq = h.cts_id;
+    if h.total > EAGER_MAX {
+        return Err(bad(format!(
+            "an eager message of {} bytes (at most {EAGER_MAX})",
+            h.total
+        )));
+    }
+    let layout = Layout::new(h.total, sh.streams);
+    if st.eager.get(&seq).is_none_or(|e| e.msg.is_none()) {
+        // Its first piece: the peer may not hold more than a sender ever keeps.
+        if st.eager.len() >= EAGER_HELD_MESSAGES || st.eager_held + h.total > EAGER_HELD_MAX {
+            return Err(bad(format!(
+                "eager message {seq} ({} bytes) on top of {} eager messages ({} bytes) not yet placed: \
+                 more than a sender keeps in flight ({} messages, {EAGER_HELD_MAX} bytes at most)",
+                h.total,
+                st.eager.len(),
+                st.eager_held,
+                EAGER_HELD_MESSAGES
+            )));
+        }
+        st.eager_held += h.total;
+    }
+    let e = st.eager.entry(seq).or_default();
+    let msg = e.msg.get_or_insert_with(|| Msg {
+        layout,
+        checked: h.checked,
+        pieces: vec![Piece::Expected; layout.count as usize],
+        outstanding: layout.count,
+        bad: Vec::new(),
+    });
+    if msg.layout != layout || msg.checked != h.checked {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} says it has {} bytes, an earlier one said {}",
+            h.piece, h.total, msg.layout.total
+        )));
+    }
+    if msg.pieces[h.piece as usize] != Piece::Expected {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} arrived twice",
+            h.piece
+        )));
+    }
+    msg.pieces[h.piece as usize] = Piece::Arriving;
+    if (e.buf.len() as u64) < h.total {
+        e.buf = st.pool.take(h.total as usize);
+    }
+    Ok(RxPiece {
+        eager: Some(seq),
+        tn: seq,
+        req: 0,
+        slot: 0,
+        piece: h.piece,
+        // SAFETY: offset + len <= total <= the bounce buffer's length (decode checked
+        // the layout, the buffer was taken at least that large); the buffer is not resized or freed while a piece of it is
+        // Arriving (allocated before the first piece, dropped only once all are Good).
+        dst: RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) }),
+        len: h.len as usize,
+        crc: h.crc,
+        checked: h.checked,
+    })
+}
+
+/// The sender's match frame: eager message `seq` belongs in buffer `slot` of receive
+/// `cts_id`.
+pub(super) fn on_match(
+    st: &mut State,
+    sh: &Shared,
+    seq: u64,
+    cts_id: u64,
+    slot: usize,
+) -> Result<()> {
+    let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
+    let ri = st
+        .reqs
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| r.id == cts_id))
+        .ok_or_else(|| {
+            bad(format!(
+                "eager message {seq} matched to receive {cts_id}, which is not posted"
+            ))
+        })?;
+    let (tn, n) = st.reqs[ri]
+        .as_ref()
+        .map_or((0, 0), |r| (r.tn, r.slots.len()));
+    if slot >= n {
+        return Err(bad(format!(
+            "eager message {seq} matched to buffer {slot} of a receive of {n}"
+        )));
+    }
+    if !st.eager.contains_key(&seq) && st.eager.len() >= EAGER_HELD_MESSAGES {
+        return Err(bad(format!(
+            "a match frame for eager message {seq}, not yet sent, on top of {} eager messages not yet placed",
+            st.eager.len()
+        )));
+    }
+    let e = st.eager.entry(seq).or_default();
+    if e.target.is_some() {
+        return Err(bad(format!("eager message {seq} matched twice")));
+    }
+    e.target = Some((ri, slot));
+    let good = e.good;
+    sh.trace.event(
+        "recv",
+        tn,
+        format_args!("eager {seq} matched to buffer {slot}"),
+    );
+    if good {
+        place(st, sh, seq)?;
+    }
+    Ok(())
+}
+
+/// Eager message `seq` (whole, good, matched) is to be copied into its NCCL buffer:
+/// queued for the reader that holds the lock to copy once it let go of it (a copy of
+/// megabytes under the lock would hold every other reader of the comm).
+pub(super) fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
+    let Some(e) = st.eager.remove(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    st.eager_held = st.eager_held.saturating_sub(e.total() as u64);
+    let (Some((ri, si)), Some(total)) = (e.target, e.msg.as_ref().map(|m| m.layout.total)) else {
+        return Err(NetError::internal("eager message placed unmatched"));
+    };
+    let Some(req) = st.reqs[ri].as_mut() else {
+        return Err(NetError::internal("request vanished"));
+    };
+    let id = req.id;
+    let slot = &mut req.slots[si];
+    if slot.msg.is_some() || slot.good || slot.placing {
+        return Err(NetError::remote(format!(
+            "from {}: eager message {seq} for buffer {si} of receive {id}, which has a message already",
+            sh.peer
+        )));
+    }
+    if total > slot.posted {
+        return Err(NetError::usage(format!(
+            "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
+            sh.peer, total, slot.posted, slot.tag
+        )));
+    }
+    slot.placing = true;
+    st.to_place.push((seq, ri, si, e));
+    Ok(())
+}
+
+/// Copies the eager messages `place` queued, outside the lock, then marks their
+/// buffers done. The request cannot complete meanwhile (its buffer is not good yet),
+/// so NCCL's buffer stays ours for the copy; `close` joins this thread first.
+pub(super) fn copy_placed<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) {
+    while !st.to_place.is_empty() {
+        let work = std::mem::take(&mut st.to_place);
+        let dsts: Vec<RawBuf> = work
+            .iter()
+            .map(|&(_, ri, si, _)| {
+                st.reqs[ri]
+                    .as_ref()
+                    .map_or(RawBuf(std::ptr::null_mut()), |r| r.slots[si].data)
+            })
+            .collect();
+        drop(st);
+        for ((_, _, _, e), dst) in work.iter().zip(&dsts) {
+            if !dst.0.is_null() {
+                // SAFETY: place() checked len <= the posted size: inside the irecv
+                // buffer, ours until its request completes (not before `good`, below);
+                // the source is the message's own bounce buffer, at least `total` long.
+                unsafe { std::ptr::copy_nonoverlapping(e.buf.as_ptr(), dst.0, e.total()) };
+            }
+        }
+        st = sh.lock();
+        for (seq, ri, si, e) in work {
+            let Eager {
+                msg, buf, ack_at, ..
+            } = e;
+            st.pool.give(buf);
+            let Some(req) = st.reqs[ri].as_mut() else {
+                continue;
+            };
+            let tn = req.tn;
+            let slot = &mut req.slots[si];
+            slot.msg = msg;
+            slot.ack_at = ack_at;
+            slot.placing = false;
+            slot.good = true;
+            sh.trace.event(
+                "recv",
+                tn,
+                format_args!("eager {seq} copied into buffer {si}"),
+            );
+        }
+    }
+}
+
+/// A piece of eager message `seq` is in (good or not): as `finish_piece`, for the
+/// bounce buffer; once whole and good it is acked, and placed if already matched.
+pub(super) fn finish_eager(
+    st: &mut State,
+    sh: &Shared,
+    p: &RxPiece,
+    seq: u64,
+    good: bool,
+) -> Result<()> {
+    let Some(msg) = st.eager.get_mut(&seq).and_then(|e| e.msg.as_mut()) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    msg.outstanding -= 1;
+    if good {
+        msg.pieces[p.piece as usize] = Piece::Good;
+    } else {
+        msg.pieces[p.piece as usize] = Piece::Expected;
+        msg.bad.push(p.piece);
+    }
+    if msg.outstanding > 0 {
+        return Ok(());
+    }
+    let checked = msg.checked;
+    if !msg.bad.is_empty() {
+        let pieces = std::mem::take(&mut msg.bad);
+        msg.outstanding = pieces.len() as u32;
+        st.counters.repaired += pieces.len() as u64;
+        let nack = Ctrl::Nack {
+            id: seq,
+            slot: EAGER_SLOT,
+            pieces,
+        };
+        sh.push_ctrl(st, &nack)?;
+        return Ok(());
+    }
+    let at = if checked {
+        let ack = Ctrl::Ack {
+            id: seq,
+            slot: EAGER_SLOT,
+        };
+        sh.push_ctrl(st, &ack)?
+    } else {
+        0
+    };
+    sh.trace.note(
+        "recv",
+        seq,
+        format_args!(
+            "eager {seq}: last byte read into the bounce buffer{}",
+            if checked { ", ack sent" } else { "" }
+        ),
+    );
+    let Some(e) = st.eager.get_mut(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    e.good = true;
+    e.ack_at = at;
+    if e.target.is_some() {
+        place(st, sh, seq)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{RecvReq, RxSlot};
+    use super::*;
+    use crate::trace::Trace;
+    use socket2::{Domain, Socket, Type};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Condvar, Mutex};
+
+    fn shared(streams: usize) -> Shared {
+        Shared {
+            state: Mutex::new(State::new()),
+            ctrl_wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ctrl: Arc::new(Socket::new(Domain::IPV4, Type::STREAM, None).unwrap()),
+            streams,
+            peer: "the peer".into(),
+            trace: Trace::from_env(),
+        }
+    }
+
+    /// Piece `piece` of eager message `seq` of `total` bytes, as a sender's header says.
+    fn eager_piece(sh: &Shared, seq: u64, total: u64, piece: u32) -> PieceHeader {
+        let layout = Layout::new(total, sh.streams);
+        let (offset, len) = layout.range(piece);
+        PieceHeader {
+            matched: false,
+            checked: true,
+            slot: EAGER_SLOT,
+            attempt: 0,
+            cts_id: seq,
+            piece,
+            pieces: layout.count,
+            total,
+            offset,
+            len,
+            crc: 0,
+        }
+    }
+
+    #[test]
+    fn a_peer_flooding_eager_bytes_is_refused_past_four_budgets() {
+        let sh = shared(4);
+        let mut st = sh.lock();
+        let n = EAGER_HELD_MAX / EAGER_MAX;
+        for seq in 0..n {
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, EAGER_MAX, 0)).unwrap();
+            // Its other pieces are the same message: not counted again.
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, EAGER_MAX, 1)).unwrap();
+        }
+        assert_eq!(st.eager_held, EAGER_HELD_MAX);
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, n, 1, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+    }
+
+    #[test]
+    fn a_peer_flooding_eager_messages_or_match_frames_is_refused() {
+        let sh = shared(1);
+        let mut st = sh.lock();
+        for seq in 0..EAGER_HELD_MESSAGES as u64 {
+            start_eager(&mut st, &sh, &eager_piece(&sh, seq, 1, 0)).unwrap();
+        }
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, u64::MAX, 0, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+
+        // Match frames naming eager messages never sent, each a new entry.
+        let sh = shared(1);
+        let mut st = sh.lock();
+        st.reqs[0] = Some(RecvReq {
+            tn: 0,
+            id: 7,
+            slots: vec![RxSlot {
+                data: RawBuf(std::ptr::null_mut()),
+                posted: 1,
+                tag: 0,
+                msg: None,
+                good: false,
+                ack_at: 0,
+                placing: false,
+            }],
+        });
+        for seq in 0..EAGER_HELD_MESSAGES as u64 {
+            on_match(&mut st, &sh, seq, 7, 0).unwrap();
+        }
+        let e = on_match(&mut st, &sh, u64::MAX, 7, 0).err().unwrap();
+        assert!(e.to_string().contains("not yet placed"), "{e}");
+    }
+
+    #[test]
+    fn the_bounce_pool_hands_back_the_smallest_kept_buffer_large_enough() {
+        let mut pool = BouncePool::default();
+        let (small, large) = (vec![1u8; POOL_MIN], vec![2u8; 4 * POOL_MIN]);
+        let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
+        pool.give(large);
+        pool.give(small);
+        assert_eq!(pool.bytes, 5 * POOL_MIN);
+        let b = pool.take(POOL_MIN - 1);
+        assert_eq!(b.as_ptr(), small_at, "the smallest that fits");
+        let b = pool.take(2 * POOL_MIN);
+        assert_eq!(b.as_ptr(), large_at);
+        assert_eq!(pool.bytes, 0);
+        let fresh = pool.take(3 * POOL_MIN);
+        assert!(fresh.len() == 3 * POOL_MIN && fresh.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn the_bounce_pool_keeps_at_most_its_budget_and_no_small_buffers() {
+        let mut pool = BouncePool::default();
+        pool.give(vec![0u8; POOL_MIN - 1]);
+        assert!(pool.bufs.is_empty(), "small buffers are the allocator's");
+        for _ in 0..1000 {
+            pool.give(vec![0u8; POOL_MIN]);
+        }
+        assert_eq!(
+            pool.bufs.len(),
+            POOL_BUFFERS,
+            "at most POOL_BUFFERS buffers"
+        );
+        let mut pool = BouncePool::default();
+        for _ in 0..1000 {
+            pool.give(vec![0u8; EAGER_MAX as usize / 3]);
+        }
+        assert!(pool.bytes <= POOL_BYTES && pool.bytes + EAGER_MAX as usize / 3 > POOL_BYTES);
+        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
+    }
+}
