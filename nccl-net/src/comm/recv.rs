@@ -58,6 +58,38 @@ struct Msg {
     bad: Vec<u32>,
 }
 
+impl Msg {
+    /// Piece `h.piece` of the message in `msg` (made at its first piece) starts to
+    /// arrive: its header must say what the earlier pieces said, and it must not have
+    /// come before. `what` names the message in the error.
+    fn arriving(
+        msg: &mut Option<Msg>,
+        h: &PieceHeader,
+        streams: usize,
+        what: std::fmt::Arguments<'_>,
+    ) -> std::result::Result<(), String> {
+        let layout = Layout::new(h.total, streams);
+        let msg = msg.get_or_insert_with(|| Msg {
+            layout,
+            checked: h.checked,
+            pieces: vec![Piece::Expected; layout.count as usize],
+            outstanding: layout.count,
+            bad: Vec::new(),
+        });
+        if msg.layout != layout || msg.checked != h.checked {
+            return Err(format!(
+                "piece {} of {what} says it has {} bytes, an earlier one said {}",
+                h.piece, h.total, msg.layout.total
+            ));
+        }
+        if msg.pieces[h.piece as usize] != Piece::Expected {
+            return Err(format!("piece {} of {what} arrived twice", h.piece));
+        }
+        msg.pieces[h.piece as usize] = Piece::Arriving;
+        Ok(())
+    }
+}
+
 struct RxSlot {
     data: RawBuf,
     posted: u64,
@@ -525,27 +557,8 @@ fn start_piece(
             sh.peer, h.total, slot.posted, slot.tag
         )));
     }
-    let layout = Layout::new(h.total, sh.streams);
-    let msg = slot.msg.get_or_insert_with(|| Msg {
-        layout,
-        checked: h.checked,
-        pieces: vec![Piece::Expected; layout.count as usize],
-        outstanding: layout.count,
-        bad: Vec::new(),
-    });
-    if msg.layout != layout || msg.checked != h.checked {
-        return Err(bad(format!(
-            "piece {} says the message has {} bytes, an earlier one said {}",
-            h.piece, h.total, msg.layout.total
-        )));
-    }
-    if msg.pieces[h.piece as usize] != Piece::Expected {
-        return Err(bad(format!(
-            "piece {} of message {}/{} arrived twice",
-            h.piece, h.cts_id, h.slot
-        )));
-    }
-    msg.pieces[h.piece as usize] = Piece::Arriving;
+    let what = format_args!("message {}/{}", h.cts_id, h.slot);
+    Msg::arriving(&mut slot.msg, &h, sh.streams, what).map_err(bad)?;
     Ok(Some(RxPiece {
         eager: None,
         tn: req.tn,

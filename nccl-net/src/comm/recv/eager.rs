@@ -9,9 +9,7 @@
 use super::{Msg, Piece, RxPiece, Shared, State};
 use crate::error::{NetError, Result};
 use crate::sock::RawBuf;
-use crate::wire::{
-    Ctrl, Layout, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT,
-};
+use crate::wire::{Ctrl, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT};
 use std::sync::MutexGuard;
 
 /// An eager message: its bytes in a bounce buffer until a match frame places it.
@@ -89,7 +87,6 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
             h.total
         )));
     }
-    let layout = Layout::new(h.total, sh.streams);
     if st.eager.get(&seq).is_none_or(|e| e.msg.is_none()) {
         // Its first piece: the peer may not hold more than a sender ever keeps.
         if st.eager.len() >= EAGER_HELD_MESSAGES || st.eager_held + h.total > EAGER_HELD_MAX {
@@ -105,26 +102,13 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         st.eager_held += h.total;
     }
     let e = st.eager.entry(seq).or_default();
-    let msg = e.msg.get_or_insert_with(|| Msg {
-        layout,
-        checked: h.checked,
-        pieces: vec![Piece::Expected; layout.count as usize],
-        outstanding: layout.count,
-        bad: Vec::new(),
-    });
-    if msg.layout != layout || msg.checked != h.checked {
-        return Err(bad(format!(
-            "piece {} of eager message {seq} says it has {} bytes, an earlier one said {}",
-            h.piece, h.total, msg.layout.total
-        )));
-    }
-    if msg.pieces[h.piece as usize] != Piece::Expected {
-        return Err(bad(format!(
-            "piece {} of eager message {seq} arrived twice",
-            h.piece
-        )));
-    }
-    msg.pieces[h.piece as usize] = Piece::Arriving;
+    Msg::arriving(
+        &mut e.msg,
+        h,
+        sh.streams,
+        format_args!("eager message {seq}"),
+    )
+    .map_err(bad)?;
     if (e.buf.len() as u64) < h.total {
         e.buf = st.pool.take(h.total as usize);
     }
@@ -342,6 +326,7 @@ mod tests {
     use super::super::{RecvReq, RxSlot};
     use super::*;
     use crate::trace::Trace;
+    use crate::wire::Layout;
     use socket2::{Domain, Socket, Type};
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Condvar, Mutex};
