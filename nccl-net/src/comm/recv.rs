@@ -88,6 +88,27 @@ impl Msg {
         msg.pieces[h.piece as usize] = Piece::Arriving;
         Ok(())
     }
+
+    /// Piece `piece` is in, `good` if its check passed (a bad one is expected again);
+    /// true once no piece of the message is outstanding.
+    fn landed(&mut self, piece: u32, good: bool) -> bool {
+        self.outstanding -= 1;
+        if good {
+            self.pieces[piece as usize] = Piece::Good;
+        } else {
+            self.pieces[piece as usize] = Piece::Expected;
+            self.bad.push(piece);
+        }
+        self.outstanding == 0
+    }
+
+    /// The pieces that failed their check, now outstanding again: the nack that
+    /// asks for them is the caller's to send.
+    fn take_bad(&mut self) -> Vec<u32> {
+        let pieces = std::mem::take(&mut self.bad);
+        self.outstanding = pieces.len() as u32;
+        pieces
+    }
 }
 
 struct RxSlot {
@@ -585,14 +606,7 @@ fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<
     let Some(msg) = slot.msg.as_mut() else {
         return Err(NetError::internal("message vanished"));
     };
-    msg.outstanding -= 1;
-    if good {
-        msg.pieces[p.piece as usize] = Piece::Good;
-    } else {
-        msg.pieces[p.piece as usize] = Piece::Expected;
-        msg.bad.push(p.piece);
-    }
-    if msg.outstanding > 0 {
+    if !msg.landed(p.piece, good) {
         return Ok(());
     }
     let frame = if msg.bad.is_empty() {
@@ -605,8 +619,7 @@ fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<
             slot: p.slot as u8,
         }
     } else {
-        let pieces = std::mem::take(&mut msg.bad);
-        msg.outstanding = pieces.len() as u32;
+        let pieces = msg.take_bad();
         st.counters.repaired += pieces.len() as u64;
         Ctrl::Nack {
             id,

@@ -6,7 +6,7 @@
 //! `EAGER_HELD_MESSAGES`). Called by the readers of [`super`] under the comm's lock,
 //! but for the copy itself ([`copy_placed`]).
 
-use super::{Msg, Piece, RxPiece, Shared, State};
+use super::{Msg, RxPiece, Shared, State};
 use crate::error::{NetError, Result};
 use crate::sock::RawBuf;
 use crate::wire::{Ctrl, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT};
@@ -270,20 +270,12 @@ pub(super) fn finish_eager(
     let Some(msg) = st.eager.get_mut(&seq).and_then(|e| e.msg.as_mut()) else {
         return Err(NetError::internal("eager message vanished"));
     };
-    msg.outstanding -= 1;
-    if good {
-        msg.pieces[p.piece as usize] = Piece::Good;
-    } else {
-        msg.pieces[p.piece as usize] = Piece::Expected;
-        msg.bad.push(p.piece);
-    }
-    if msg.outstanding > 0 {
+    if !msg.landed(p.piece, good) {
         return Ok(());
     }
     let checked = msg.checked;
     if !msg.bad.is_empty() {
-        let pieces = std::mem::take(&mut msg.bad);
-        msg.outstanding = pieces.len() as u32;
+        let pieces = msg.take_bad();
         st.counters.repaired += pieces.len() as u64;
         let nack = Ctrl::Nack {
             id: seq,
