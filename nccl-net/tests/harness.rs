@@ -151,6 +151,15 @@ impl Net {
         Net { t, ctx }
     }
 
+    /// The plugin's table for a thread beside the one that made the comms: no context
+    /// of its own, and never finalized (a `ManuallyDrop`: the comms are the caller's).
+    fn for_another_thread() -> std::mem::ManuallyDrop<Net> {
+        std::mem::ManuallyDrop::new(Net {
+            t: v11(),
+            ctx: null_mut(),
+        })
+    }
+
     fn listen(&self) -> ([u8; 128], *mut c_void) {
         let mut h = [0xAAu8; 128];
         let mut l = null_mut();
@@ -765,10 +774,7 @@ fn small_ops_in_nccls_order_are_not_timer_bound() {
     let (to_send, received) = std::sync::mpsc::channel::<()>();
     let rp = SendPtr(r);
     let recv = std::thread::spawn(move || {
-        let net = Net {
-            t: v11(),
-            ctx: null_mut(),
-        };
+        let net = Net::for_another_thread();
         let rp = rp;
         let t0 = Instant::now();
         for k in 0..OPS {
@@ -804,7 +810,6 @@ fn small_ops_in_nccls_order_are_not_timer_bound() {
             }
             to_send.send(()).unwrap();
         }
-        std::mem::forget(net); // no finalize for this borrowed context
     });
     let t0 = Instant::now();
     let mut per_op = Vec::with_capacity(OPS);
@@ -1830,10 +1835,7 @@ fn bench_loopback() {
         net.mr(s, msg.as_ptr() as *mut u8, size);
         let t0 = Instant::now();
         let recv = std::thread::spawn(move || {
-            let net = Net {
-                t: v11(),
-                ctx: null_mut(),
-            };
+            let net = Net::for_another_thread();
             let rp = rp;
             let mut bufs = bufs;
             let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
@@ -1867,7 +1869,6 @@ fn bench_loopback() {
                     std::thread::yield_now();
                 }
             }
-            std::mem::forget(net); // no finalize for this borrowed context
             bufs
         });
         let mut inflight: Vec<Option<*mut c_void>> = vec![None; depth];
@@ -1914,6 +1915,127 @@ fn bench_loopback() {
         }
         net.forget(s, msg.as_ptr());
         drop(bufs);
+    }
+    net.close_send(s);
+    net.close_recv(r);
+    net.close_listen(l);
+}
+
+/// NCCL's pipeline at its defaults, as the plugin sees it: 128 KiB messages, 8 steps in
+/// flight on each side; the receiver posts the receive of step k only once the "GPU"
+/// consumed step k-8 (a wait of `GRDMA_BENCH_CONSUME_US`, 20 by default, per step,
+/// one step after another), so the sender runs ahead of the receives and its messages
+/// go eagerly, into the receiver's bounce buffers, as they do under NCCL. Prints one
+/// JSON line. Not a CI test: `cargo test --release -p nccl-net --test harness --
+/// --ignored bench_steps --nocapture` (`NCCL_GRDMA_PLUGIN` picks the build to try).
+#[test]
+#[ignore = "a benchmark: run by hand"]
+fn bench_steps() {
+    let env = |k: &str, d: usize| -> usize {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (size, depth) = (env("GRDMA_BENCH_SIZE", 128 << 10), 8usize);
+    let iters = env("GRDMA_BENCH_BYTES", 1 << 30) / size;
+    let consume = Duration::from_micros(env("GRDMA_BENCH_CONSUME_US", 20) as u64);
+    let net = Net::init();
+    let (s, r, l) = net.pair();
+    let (sp, rp) = (SendPtr(s), SendPtr(r));
+    let mut bufs: Vec<Vec<Vec<u8>>> = (0..depth).map(|_| vec![vec![0u8; size]]).collect();
+    let msgs: Vec<Vec<u8>> = (0..depth).map(|k| pattern(size, k as u64)).collect();
+    for b in bufs.iter_mut() {
+        net.mr(r, b[0].as_mut_ptr(), size);
+    }
+    for m in &msgs {
+        net.mr(s, m.as_ptr() as *mut u8, size);
+    }
+    let t0 = Instant::now();
+    let recv = std::thread::spawn(move || {
+        let net = Net::for_another_thread();
+        let rp = rp;
+        let mut bufs = bufs;
+        // Step k uses slot k % depth; it may be posted once step k - depth was consumed.
+        let mut free_at: Vec<Instant> = vec![Instant::now(); depth];
+        let mut gpu_free = Instant::now();
+        let mut posted: std::collections::VecDeque<(usize, *mut c_void)> = Default::default();
+        let (mut next, mut done) = (0usize, 0usize);
+        while done < iters {
+            assert!(t0.elapsed() < DEADLINE * 4, "bench_steps did not finish");
+            let mut moved = false;
+            if next < iters && posted.len() < depth && Instant::now() >= free_at[next % depth] {
+                let k = next % depth;
+                let req = net.irecv(rp.0, &mut bufs[k], &[0]);
+                if !req.is_null() {
+                    posted.push_back((next, req));
+                    next += 1;
+                    moved = true;
+                }
+            }
+            if let Some(&(step, req)) = posted.front() {
+                let (rc, d, sizes) = net.test(req);
+                ok(rc, "test recv");
+                if d {
+                    assert_eq!(sizes[0] as usize, size);
+                    posted.pop_front();
+                    gpu_free = gpu_free.max(Instant::now()) + consume;
+                    free_at[step % depth] = gpu_free;
+                    done += 1;
+                    moved = true;
+                }
+            }
+            if !moved {
+                std::thread::yield_now();
+            }
+        }
+        bufs
+    });
+    let mut inflight: std::collections::VecDeque<*mut c_void> = Default::default();
+    let (mut posted, mut done) = (0usize, 0usize);
+    while done < iters {
+        let mut moved = false;
+        if posted < iters && inflight.len() < depth {
+            let (rc, req) = net.isend_once(sp.0, &msgs[posted % depth], 0);
+            ok(rc, "isend");
+            if !req.is_null() {
+                inflight.push_back(req);
+                posted += 1;
+                moved = true;
+            }
+        }
+        if let Some(&req) = inflight.front() {
+            let (rc, d, _) = net.test(req);
+            ok(rc, "test send");
+            if d {
+                inflight.pop_front();
+                done += 1;
+                moved = true;
+            }
+        }
+        if !moved {
+            std::thread::yield_now();
+        }
+    }
+    let bufs = recv.join().unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    for (k, b) in bufs.iter().enumerate() {
+        // The last message each slot took: step iters-depth+j went to slot (that) % depth.
+        let last = (0..iters).rev().find(|i| i % depth == k).unwrap();
+        assert!(b[0] == msgs[last % depth], "slot {k} holds the wrong bytes");
+    }
+    println!(
+        "{{\"bench\": \"steps\", \"size\": {size}, \"depth\": {depth}, \"consume_us\": {}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {:.3}, \"plugin\": {:?}}}",
+        consume.as_micros(),
+        secs * 1e6 / iters as f64,
+        (size * iters) as f64 / secs / 1e9,
+        plugin_path().display().to_string()
+    );
+    for b in &bufs {
+        net.forget(r, b[0].as_ptr());
+    }
+    for m in &msgs {
+        net.forget(s, m.as_ptr());
     }
     net.close_send(s);
     net.close_recv(r);
