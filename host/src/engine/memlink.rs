@@ -135,12 +135,7 @@ unsafe impl SendLink for MemSender {
         self.wire.rails.len()
     }
     fn caps(&self) -> Caps {
-        Caps {
-            crc_in_frames: true,
-            sent_means_landed: false,
-            gpu_memory: false,
-            post_batch: 1,
-        }
+        Caps::STREAM
     }
     /// # Safety
     /// As [`SendLink::post`] says.
@@ -273,12 +268,7 @@ unsafe impl RecvLink for MemReceiver {
         self.wire.rails.len()
     }
     fn caps(&self) -> Caps {
-        Caps {
-            crc_in_frames: true,
-            sent_means_landed: false,
-            gpu_memory: false,
-            post_batch: 1,
-        }
+        Caps::STREAM
     }
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {
         let only = match which {

@@ -217,6 +217,25 @@ pub struct Caps {
     pub post_batch: usize,
 }
 
+impl Caps {
+    /// A byte stream's (TCP, and the engine's in-memory test links): a CRC32C in each
+    /// frame, sent when the kernel took the bytes, host memory, items one at a time.
+    pub const STREAM: Caps = Caps {
+        crc_in_frames: true,
+        sent_means_landed: false,
+        gpu_memory: false,
+        post_batch: 1,
+    };
+    /// A verbs queue pair's: CRC32Cs as control messages after the data, sent when the far
+    /// NIC acknowledged, memory the NIC registers (GPU memory with GPUDirect RDMA).
+    pub const QUEUE_PAIR: Caps = Caps {
+        crc_in_frames: false,
+        sent_means_landed: true,
+        gpu_memory: true,
+        post_batch: 1,
+    };
+}
+
 /// The sender's end of one connection over 1..=N rails.
 ///
 /// # Safety

@@ -409,12 +409,7 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            crc_in_frames: true,
-            sent_means_landed: false,
-            gpu_memory: false,
-            post_batch: 1,
-        }
+        Caps::STREAM
     }
 
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {

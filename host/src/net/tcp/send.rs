@@ -383,12 +383,7 @@ unsafe impl SendLink for TcpSendLink<'_> {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            crc_in_frames: true,
-            sent_means_landed: false,
-            gpu_memory: false,
-            post_batch: 1,
-        }
+        Caps::STREAM
     }
 
     /// # Safety

@@ -645,12 +645,7 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            crc_in_frames: false,
-            sent_means_landed: true,
-            gpu_memory: true,
-            post_batch: 1,
-        }
+        Caps::QUEUE_PAIR
     }
 
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {

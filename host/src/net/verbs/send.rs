@@ -618,10 +618,8 @@ unsafe impl SendLink for VerbsSender<'_> {
 
     fn caps(&self) -> Caps {
         Caps {
-            crc_in_frames: false,
-            sent_means_landed: true,
-            gpu_memory: true,
             post_batch: POST_BATCH,
+            ..Caps::QUEUE_PAIR
         }
     }
 
