@@ -2,7 +2,15 @@
 //! whatever connections are waiting, reads each one's hello, refuses a wrong token
 //! (with a `Reject` frame on it) and groups the rest by connection id; a group with
 //! its control socket and every data socket becomes a receive comm. Never blocks.
+//!
+//! What a listen comm holds is bounded, whoever connects: NCCL listens once per
+//! connection, so a listen comm serves one comm of at most 17 sockets, and anything
+//! beyond [`MAX_PENDING`] silent sockets or [`MAX_GROUPS`] unfinished comms is someone
+//! else's flood. The longest-silent sockets go first (a real connector writes its hello
+//! as soon as it is connected), and an unfinished comm goes once its connector would have
+//! given up (`CONNECT_TIMEOUT`).
 
+use super::connect::CONNECT_TIMEOUT;
 use super::recv::RecvComm;
 use super::{random_u64, LISTEN_MAGIC};
 use crate::config::Config;
@@ -19,6 +27,14 @@ use std::time::{Duration, Instant};
 
 /// A connection that sent no complete hello in this long is dropped.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections waiting for their hello, at most (beyond it the longest-waiting go).
+pub const MAX_PENDING: usize = 64;
+/// Comms with some but not all of their sockets in, at most (beyond it a new one is
+/// refused).
+pub const MAX_GROUPS: usize = 8;
+/// The least time between two warnings about dropped connections (a flood is one line
+/// every so often, with a count, not one per socket).
+const DROP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 struct Pending {
     sock: Socket,
@@ -30,6 +46,7 @@ struct Pending {
 struct Group {
     ctrl: Option<Socket>,
     data: Vec<Option<Socket>>,
+    since: Instant,
 }
 
 #[repr(C)]
@@ -41,6 +58,12 @@ pub struct ListenComm {
     streams: u8,
     pending: Vec<Pending>,
     groups: HashMap<u64, Group>,
+    hello_timeout: Duration,
+    /// How long a comm may stay unfinished: as long as its connector tries.
+    group_timeout: Duration,
+    /// Connections dropped since the last warning about them, and when that was.
+    dropped: usize,
+    warned: Option<Instant>,
 }
 
 impl ListenComm {
@@ -72,6 +95,10 @@ impl ListenComm {
                 streams: handle.streams,
                 pending: Vec::new(),
                 groups: HashMap::new(),
+                hello_timeout: HELLO_TIMEOUT,
+                group_timeout: CONNECT_TIMEOUT,
+                dropped: 0,
+                warned: None,
             }),
             handle,
         ))
@@ -99,16 +126,9 @@ impl ListenComm {
                     false
                 }
                 Ok(Io::Blocked) => {
-                    if p.since.elapsed() > HELLO_TIMEOUT {
-                        warn!(
-                            "a connection to {} sent no hello in {} s: dropped",
-                            self.addr,
-                            HELLO_TIMEOUT.as_secs()
-                        );
-                        true
-                    } else {
-                        false
-                    }
+                    let late = p.since.elapsed() > self.hello_timeout;
+                    self.dropped += usize::from(late);
+                    late
                 }
                 // The connector gave up (closed, reset) before its hello: nothing to do.
                 Ok(Io::Closed) | Err(_) => true,
@@ -124,6 +144,7 @@ impl ListenComm {
             let p = self.pending.swap_remove(i);
             self.place(p);
         }
+        self.bound();
         let full = self.groups.iter().find_map(|(id, g)| {
             (g.ctrl.is_some() && g.data.iter().all(Option::is_some)).then_some(*id)
         });
@@ -163,10 +184,19 @@ impl ListenComm {
             reject(&p.sock, REJECT_BAD_TOKEN);
             return;
         }
+        if !self.groups.contains_key(&h.conn_id) && self.groups.len() >= MAX_GROUPS {
+            warn!(
+                "a connection to {} would be one more of {MAX_GROUPS} comms not yet complete: refused",
+                self.addr
+            );
+            reject(&p.sock, REJECT_BAD_HELLO);
+            return;
+        }
         let streams = self.streams as usize;
         let g = self.groups.entry(h.conn_id).or_insert_with(|| Group {
             ctrl: None,
             data: (0..streams).map(|_| None).collect(),
+            since: Instant::now(),
         });
         let place = if h.index == 0 {
             &mut g.ctrl
@@ -184,11 +214,166 @@ impl ListenComm {
         *place = Some(p.sock);
     }
 
+    /// Keeps what this comm holds within its bounds: the longest-waiting silent sockets
+    /// beyond [`MAX_PENDING`] and comms unfinished after the connector's time are dropped
+    /// (closed), with one warning every [`DROP_WARN_EVERY`] at most.
+    fn bound(&mut self) {
+        if self.pending.len() > MAX_PENDING {
+            self.pending.sort_by_key(|p| p.since);
+            let extra = self.pending.len() - MAX_PENDING;
+            self.pending.drain(..extra);
+            self.dropped += extra;
+        }
+        let limit = self.group_timeout;
+        let before = self.groups.len();
+        self.groups.retain(|_, g| g.since.elapsed() <= limit);
+        if self.groups.len() < before {
+            warn!(
+                "{} comms connecting to {} did not bring all their sockets in {} s: dropped",
+                before - self.groups.len(),
+                self.addr,
+                limit.as_secs()
+            );
+        }
+        let quiet = self.warned.is_none_or(|t| t.elapsed() >= DROP_WARN_EVERY);
+        if self.dropped > 0 && quiet {
+            warn!(
+                "{} connections to {} sent no hello in {} s, or waited beyond {MAX_PENDING} \
+                 others that had not: dropped (not NCCL's; a scan or a flood?)",
+                self.dropped,
+                self.addr,
+                self.hello_timeout.as_secs()
+            );
+            self.dropped = 0;
+            self.warned = Some(Instant::now());
+        }
+    }
+
     /// `closeListen`: the listening socket and any connection not yet accepted close.
     pub fn close(self) {
         if !self.pending.is_empty() || !self.groups.is_empty() {
             info!(NET; "listen comm on {} closed with {} connections not accepted", self.addr,
                 self.pending.len() + self.groups.len());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::io::Write;
+    use std::net::{IpAddr, Ipv4Addr, TcpStream};
+
+    /// A listen comm on loopback for comms of one data socket.
+    fn listener() -> (Box<ListenComm>, Handle) {
+        let device = Device {
+            name: CString::new("lo").unwrap(),
+            addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            pci_path: None,
+            speed_mbps: 10_000,
+            speed_known: false,
+            rdma: None,
+        };
+        let cfg = Config::parse(|k| (k == "NCCL_GRDMA_STREAMS").then(|| "1".to_string())).unwrap();
+        ListenComm::new(&device, &cfg).unwrap()
+    }
+
+    /// A socket of comm `conn_id` that has written its hello for socket `index`.
+    fn hello(handle: &Handle, index: u8, conn_id: u64) -> TcpStream {
+        let mut s = TcpStream::connect(handle.addr).unwrap();
+        let h = Hello {
+            index,
+            streams: handle.streams,
+            token: handle.token,
+            conn_id,
+        };
+        s.write_all(&h.encode()).unwrap();
+        s
+    }
+
+    /// `accept` until it gives a comm, within a few seconds.
+    fn accept_one(l: &mut ListenComm) -> Box<RecvComm> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(r) = l.accept().unwrap() {
+                return r;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no comm accepted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_flood_of_silent_connections_is_bounded_and_a_real_comm_still_gets_in() {
+        let (mut l, handle) = listener();
+        let flood: Vec<TcpStream> = (0..3 * MAX_PENDING)
+            .map(|_| TcpStream::connect(handle.addr).unwrap())
+            .collect();
+        for _ in 0..10 {
+            l.accept().unwrap();
+        }
+        assert_eq!(
+            l.pending.len(),
+            MAX_PENDING,
+            "the listener keeps at most this many"
+        );
+        // The longest-waiting went first: their sockets were closed, so a read there ends.
+        let mut first = &flood[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(
+            std::io::Read::read(&mut first, &mut b).unwrap(),
+            0,
+            "dropped and closed"
+        );
+        // A real comm connecting behind the flood is accepted.
+        let _ctrl = hello(&handle, 0, 7);
+        let _data = hello(&handle, 1, 7);
+        let comm = accept_one(&mut l);
+        drop(comm);
+        assert!(l.pending.len() <= MAX_PENDING && l.groups.is_empty());
+    }
+
+    #[test]
+    fn unfinished_comms_are_bounded_and_dropped_after_the_connectors_time() {
+        let (mut l, handle) = listener();
+        // Control sockets of MAX_GROUPS comms whose data sockets never come.
+        let _ctrls: Vec<TcpStream> = (0..MAX_GROUPS as u64)
+            .map(|id| hello(&handle, 0, id))
+            .collect();
+        let t0 = Instant::now();
+        while l.groups.len() < MAX_GROUPS {
+            assert!(l.accept().unwrap().is_none());
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the hellos never came"
+            );
+        }
+        // One more comm is refused (a Reject frame, then the close).
+        let mut extra = hello(&handle, 0, 1000);
+        extra
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let t0 = Instant::now();
+        while !l.pending.is_empty() || t0.elapsed() < Duration::from_millis(50) {
+            l.accept().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        assert_eq!(l.groups.len(), MAX_GROUPS);
+        let mut frame = Vec::new();
+        std::io::Read::read_to_end(&mut extra, &mut frame).unwrap();
+        assert!(!frame.is_empty(), "refused with a frame");
+        // Past the connector's time they are dropped, and a real comm gets in.
+        l.group_timeout = Duration::ZERO;
+        std::thread::sleep(Duration::from_millis(5));
+        l.accept().unwrap();
+        assert!(l.groups.is_empty(), "unfinished comms dropped");
+        l.group_timeout = CONNECT_TIMEOUT;
+        let _ctrl = hello(&handle, 0, 2000);
+        let _data = hello(&handle, 1, 2000);
+        drop(accept_one(&mut l));
     }
 }
