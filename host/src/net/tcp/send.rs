@@ -373,6 +373,25 @@ impl TcpSendLink<'_> {
     }
 }
 
+/// The writers' work for `item`, whose `len` bytes are `bytes`: one frame, so at most
+/// `u32::MAX` of them.
+fn item_work(item: &Item, bytes: Bytes, len: usize) -> Result<Work, LinkError> {
+    if len > u32::MAX as usize {
+        return Err(LinkError(format!(
+            "item {} is too long for a frame",
+            item.index
+        )));
+    }
+    Ok(Work::Item {
+        pass: item.pass,
+        index: item.index,
+        offset: item.offset,
+        bytes,
+        crc: item.crc,
+        attempt: item.attempt,
+    })
+}
+
 // SAFETY: writers read an item's lent bytes only under the lending it was posted in
 // (the epoch), counted as readers, and report it written after the last read; a rail
 // that fails has its writers leave, and Quiet is said only once all of them have; the
@@ -397,44 +416,26 @@ unsafe impl SendLink for TcpSendLink<'_> {
                     item.index, item.bytes
                 )));
             }
-            if item.bytes.len() > u32::MAX as usize {
-                return Err(LinkError(format!(
-                    "item {} is too long for a frame",
-                    item.index
-                )));
-            }
-            let work = Work::Item {
-                pass: item.pass,
-                index: item.index,
-                offset: item.offset,
-                bytes: Bytes::Lent {
-                    range: item.bytes.clone(),
-                    epoch: self.epoch,
-                },
-                crc: item.crc,
-                attempt: item.attempt,
+            let bytes = Bytes::Lent {
+                range: item.bytes.clone(),
+                epoch: self.epoch,
             };
-            self.queue(rail, work, Some(item.pass))?;
+            self.queue(
+                rail,
+                item_work(item, bytes, item.bytes.len())?,
+                Some(item.pass),
+            )?;
         }
         Ok(())
     }
 
     fn post_copy(&mut self, rail: Rail, item: Item, bytes: Arc<[u8]>) -> Result<(), LinkError> {
-        if bytes.len() > u32::MAX as usize {
-            return Err(LinkError(format!(
-                "item {} is too long for a frame",
-                item.index
-            )));
-        }
-        let work = Work::Item {
-            pass: item.pass,
-            index: item.index,
-            offset: item.offset,
-            bytes: Bytes::Copy(bytes),
-            crc: item.crc,
-            attempt: item.attempt,
-        };
-        self.queue(rail, work, Some(item.pass))
+        let len = bytes.len();
+        self.queue(
+            rail,
+            item_work(&item, Bytes::Copy(bytes), len)?,
+            Some(item.pass),
+        )
     }
 
     fn send_message(&mut self, rail: Rail, bytes: &[u8]) -> Result<(), LinkError> {
