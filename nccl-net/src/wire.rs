@@ -15,8 +15,10 @@ pub const HANDLE_MAGIC: [u8; 4] = *b"GRDN";
 pub const HELLO_MAGIC: [u8; 4] = *b"GRDH";
 pub const PIECE_MAGIC: [u8; 4] = *b"GRDP";
 /// 2: eager sends (a message may go before its receive is posted, into the
-/// receiver's bounce buffer, and be placed by a later match frame).
-pub const VERSION: u16 = 2;
+/// receiver's bounce buffer, and be placed by a later match frame). 3: pieces carry
+/// their message's number and tag, and the receiver places an eager message for a
+/// receive of one buffer itself (no match frame).
+pub const VERSION: u16 = 3;
 
 /// The receives one `irecv` may group (`maxRecvs`), each with its tag.
 pub const MAX_RECVS: usize = 8;
@@ -262,10 +264,18 @@ pub struct PieceHeader {
     pub offset: u64,
     pub len: u32,
     pub crc: u32,
+    /// The message's number among its comm's `isend`s (0, 1, ...). Messages take the
+    /// receive buffers in order (the oldest receive first, each of its buffers once),
+    /// so message `index` lands in the comm's buffer number `index`, counting every
+    /// `irecv`'s buffers in order: that is how the receiver places an eager message
+    /// for a receive of one buffer without a match frame.
+    pub index: u64,
+    /// The message's tag (checked against its receive's where it is placed).
+    pub tag: i32,
 }
 
 impl PieceHeader {
-    pub const LEN: usize = 48;
+    pub const LEN: usize = 64;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
@@ -281,6 +291,8 @@ impl PieceHeader {
         b[32..40].copy_from_slice(&self.offset.to_le_bytes());
         b[40..44].copy_from_slice(&self.len.to_le_bytes());
         b[44..48].copy_from_slice(&self.crc.to_le_bytes());
+        b[48..56].copy_from_slice(&self.index.to_le_bytes());
+        b[56..60].copy_from_slice(&self.tag.to_le_bytes());
         b
     }
 
@@ -305,7 +317,15 @@ impl PieceHeader {
             offset: u64_at(b, 32),
             len: u32_at(b, 40),
             crc: u32_at(b, 44),
+            index: u64_at(b, 48),
+            tag: u32_at(b, 56) as i32,
         };
+        if b[60..64] != [0; 4] {
+            return err(format!(
+                "piece header bytes 60..64 not zero: {:02x?}",
+                &b[60..64]
+            ));
+        }
         if h.matched {
             if h.len != 0 || h.slot as usize >= MAX_RECVS {
                 return err(format!(
@@ -537,8 +557,13 @@ mod tests {
             offset,
             len,
             crc: 0xdead_beef,
+            index: 1 << 40,
+            tag: -7,
         };
         assert_eq!(PieceHeader::decode(&h.encode(), 3).unwrap(), h);
+        let mut b = h.encode();
+        b[63] = 1; // the reserved bytes
+        assert!(PieceHeader::decode(&b, 3).is_err());
         assert!(
             PieceHeader::decode(&h.encode(), 4).is_err(),
             "another comm's layout"
@@ -623,7 +648,7 @@ mod tests {
             }
             let _ = Handle::decode(&b);
             let _ = Hello::decode(b[..24].try_into().unwrap());
-            let _ = PieceHeader::decode(b[..48].try_into().unwrap(), 1 + (b[100] % 16) as usize);
+            let _ = PieceHeader::decode(b[..64].try_into().unwrap(), 1 + (b[100] % 16) as usize);
             b[0] = 1 + b[0] % 4;
             let _ = Ctrl::decode(&b[..(b[101] as usize % 128)]);
         }

@@ -1664,8 +1664,12 @@ fn eager_sends_are_repaired_and_traced() {
         "last byte written",
         "ack received",
         "clear-to-send 1 received",
-        "eager 0 matched to 1/0",
-        "match frame to 1/0 written",
+        // A receive of one buffer: the receiver places its eager message by number.
+        "eager 0 matched to 1/0 (placed by the receiver)",
+        "eager 0 is message 0: buffer 0 of receive 1",
+        // A grouped receive (5 and 6 are): the sender's match frame says which buffer.
+        "eager 4 matched to 5/0",
+        "match frame to 5/0 written",
         "trace recv req 0 +",
         "clear-to-send 1 sent",
         "last byte read into the bounce buffer, ack sent",

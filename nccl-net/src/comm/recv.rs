@@ -9,15 +9,19 @@
 //! a bounce buffer of this comm, are checked and acked there (so the sender's request
 //! completes without waiting for this side's `irecv`: NCCL posts the next receive only
 //! after the GPU consumed the last one, and a sender that waited for it would tie each
-//! step to the receiving GPU), and are copied into NCCL's buffer once the sender's
-//! match frame says which receive and buffer they belong to ([`eager`]).
+//! step to the receiving GPU), and are copied into NCCL's buffer once their receive is
+//! posted: a receive of one buffer takes the message of its number (messages take the
+//! buffers in order, see `PieceHeader::index`), so `irecv` places it at once; a
+//! grouped receive waits for the sender's match frame, which says which buffer
+//! ([`eager`]).
 //!
 //! Threads: one reader per data socket reads a header, finds the buffer, reads the
 //! bytes into it, checks the CRC, and sends the ack or NACK the moment a message's last
 //! piece is in (from that thread, without waiting for NCCL's next call); one control
-//! writer sends what the control socket could not take at once. NCCL's calls (`irecv`,
-//! `test`) only change the shared state under its lock and try one non-blocking send of
-//! the clear-to-send: they never wait.
+//! writer sends what the control socket could not take at once, and copies the larger
+//! eager messages `irecv` placed. NCCL's calls (`irecv`, `test`) only change the shared
+//! state under its lock, try one non-blocking send of the clear-to-send and copy a small
+//! eager message `irecv` placed: they never wait.
 
 mod eager;
 
@@ -30,7 +34,9 @@ use crate::log::{info, warn, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_SLOT};
-use eager::{copy_placed, finish_eager, on_match, start_eager, BouncePool, Eager};
+use eager::{
+    copy_placed, finish_eager, numbered, on_match, place_by_index, start_eager, BouncePool, Eager,
+};
 use socket2::Socket;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -128,8 +134,14 @@ struct RecvReq {
     /// Trace number (NCCL_GRDMA_TRACE).
     tn: u64,
     id: u64,
+    /// The comm's number of its first buffer (`PieceHeader::index`).
+    base: u64,
     slots: Vec<RxSlot>,
 }
+
+/// Eager bytes `irecv` copies itself when it places them (more go to the control writer
+/// thread): a few microseconds of NCCL's thread.
+const PLACE_INLINE: usize = 64 << 10;
 
 /// The control frames on their way out. Whoever adds one tries a non-blocking send at
 /// once; what the socket did not take waits for the control writer thread. `busy`
@@ -147,6 +159,8 @@ struct State {
     eager: HashMap<u64, Eager>,
     /// Bytes of the eager messages in `eager` (bounded by `EAGER_HELD_MAX`).
     eager_held: u64,
+    /// Buffers posted so far, over every `irecv` (the next one's number).
+    buffers: u64,
     /// Bounce buffers of eager messages already placed, for the next ones.
     pool: BouncePool,
     /// Eager messages to copy into their buffers: (seq, request, buffer, message).
@@ -166,6 +180,7 @@ impl State {
             reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
             eager: HashMap::new(),
             eager_held: 0,
+            buffers: 0,
             pool: BouncePool::default(),
             to_place: Vec::new(),
             made: 0,
@@ -328,9 +343,12 @@ impl RecvComm {
             ),
         );
         // Registered before the clear-to-send goes out: the first piece may follow at once.
+        let base = st.buffers;
+        st.buffers += bufs.len() as u64;
         st.reqs[ri] = Some(RecvReq {
             tn,
             id,
+            base,
             slots: bufs
                 .iter()
                 .map(|&(data, posted, tag)| RxSlot {
@@ -369,11 +387,29 @@ impl RecvComm {
                 return Err(e);
             }
         }
-        Ok(Some(
-            self.handles
-                .as_ref()
-                .map_or(std::ptr::null_mut(), |h| h.ptr(ri)),
-        ))
+        // A receive of one buffer whose eager message came before it: placed now, no
+        // round trip to the sender. If it arrived whole, a small one is copied here, on
+        // NCCL's thread; a larger one by the control writer thread, so that NCCL's
+        // thread goes on (at NCCL's defaults, 128 KiB messages back to back).
+        if bufs.len() == 1 {
+            if let Some(seq) = numbered(&st, base) {
+                if let Err(e) = place_by_index(&mut st, shared, seq) {
+                    st.failed = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        let request = self
+            .handles
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |h| h.ptr(ri));
+        let placing: usize = st.to_place.iter().map(|(_, _, _, e)| e.total()).sum();
+        if placing <= PLACE_INLINE {
+            copy_placed(shared, st);
+        } else {
+            shared.ctrl_wake.notify_all();
+        }
+        Ok(Some(request))
     }
 
     /// `test` on request `ri`: the received sizes, one per buffer, when done.
@@ -572,6 +608,12 @@ fn start_piece(
         .slots
         .get_mut(h.slot as usize)
         .ok_or_else(|| bad(format!("a piece for buffer {} of a receive of {n}", h.slot)))?;
+    if slot.good || slot.placing {
+        return Err(bad(format!(
+            "a piece for buffer {} of receive {}, which has its message already",
+            h.slot, h.cts_id
+        )));
+    }
     if h.total > slot.posted {
         return Err(NetError::usage(format!(
             "from {}: a message of {} bytes for a receive of {} bytes (tag {})",
@@ -646,7 +688,8 @@ fn finish_piece(st: &mut State, sh: &Shared, p: &RxPiece, good: bool) -> Result<
     Ok(())
 }
 
-/// The control socket's thread: sends what `push_ctrl` could not, in order.
+/// The control socket's thread: sends what `push_ctrl` could not, in order, and copies
+/// the eager messages `irecv` placed and left to it.
 fn ctrl_writer(sh: &Shared) {
     loop {
         let bytes = {
@@ -655,7 +698,7 @@ fn ctrl_writer(sh: &Shared) {
                 if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
                     return;
                 }
-                if !st.ctrl.pending.is_empty() && !st.ctrl.busy {
+                if !st.to_place.is_empty() || (!st.ctrl.pending.is_empty() && !st.ctrl.busy) {
                     break;
                 }
                 st = sh
@@ -663,6 +706,11 @@ fn ctrl_writer(sh: &Shared) {
                     .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+            }
+            if !st.to_place.is_empty() {
+                // Eager messages `irecv` placed: copied here, off NCCL's thread.
+                copy_placed(sh, st);
+                continue;
             }
             st.ctrl.busy = true;
             std::mem::take(&mut st.ctrl.pending)

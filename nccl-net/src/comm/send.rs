@@ -57,6 +57,9 @@ struct SendReq {
     /// Pieces a writer took (an eager message none of whose pieces went yet can still
     /// become a direct one when its clear-to-send arrives: no bounce, no match frame).
     taken: u32,
+    /// The message's number and tag (`PieceHeader::index`, `tag`).
+    index: u64,
+    tag: i32,
 }
 
 /// An eager message the sender has not yet matched to a receive (in isend order).
@@ -85,6 +88,8 @@ struct State {
     eager_bytes: u64,
     /// The next eager message's sequence number.
     eager_seq: u64,
+    /// The next message's number (`PieceHeader::index`: the receive buffer it takes).
+    next_index: u64,
     /// Requests made (trace numbers).
     made: u64,
     failed: Option<NetError>,
@@ -157,6 +162,7 @@ impl SendComm {
                 unresolved: VecDeque::new(),
                 eager_bytes: 0,
                 eager_seq: 0,
+                next_index: 0,
                 made: 0,
                 failed: None,
                 peer_closed: false,
@@ -281,7 +287,10 @@ impl SendComm {
             checked: self.checks,
             acked: false,
             taken: 0,
+            index: st.next_index,
+            tag,
         });
+        st.next_index += 1;
         drop(st);
         wake(&shared.work, layout.count as usize, self.streams);
         Ok(Some(
@@ -400,6 +409,8 @@ fn next_job(st: &mut State) -> Option<Job> {
                         offset: seq,
                         len: 0,
                         crc: 0,
+                        index: 0,
+                        tag: 0,
                     },
                     data: RawBuf(std::ptr::null_mut()),
                     len: 0,
@@ -424,6 +435,8 @@ fn next_job(st: &mut State) -> Option<Job> {
             offset: off,
             len,
             crc: 0,
+            index: r.index,
+            tag: r.tag,
         };
         // SAFETY: offset + len <= size (Layout covers exactly `size` bytes): inside
         // the isend buffer.
@@ -707,8 +720,9 @@ fn size_error(peer: SocketAddr, size: u64, posted: u64, tag: i32) -> NetError {
 }
 
 /// Matches the unmatched eager messages, oldest first, to the clear-to-send frames now
-/// known, by the rule `isend` uses, and queues a match frame for each; the number
-/// queued. An error (size or tag) fails the comm: the message went already.
+/// known, by the rule `isend` uses, and queues a match frame for each that went to a
+/// grouped receive (the receiver places one for a receive of one buffer by its
+/// number); the number queued. An error (size or tag) fails the comm: the message went already.
 fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
     let mut n = 0;
     while let (Some(u), Some(head)) = (st.unresolved.front(), st.cts.front_mut()) {
@@ -728,6 +742,8 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
         }
         head.matched[si] = true;
         let (seq, cts_id) = (u.seq, head.id);
+        // A receive of one buffer: the receiver places the message by its number itself.
+        let single = head.slots.len() == 1;
         if head.matched.iter().all(|&m| m) {
             st.cts.pop_front();
         }
@@ -752,8 +768,18 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
         trace.note(
             "send",
             seq,
-            format_args!("eager {seq} matched to {cts_id}/{si}"),
+            format_args!(
+                "eager {seq} matched to {cts_id}/{si}{}",
+                if single {
+                    " (placed by the receiver)"
+                } else {
+                    ""
+                }
+            ),
         );
+        if single {
+            continue;
+        }
         st.queue.push_back(Work::Match {
             seq,
             cts_id,

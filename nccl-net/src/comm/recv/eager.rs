@@ -1,10 +1,12 @@
 //! The receive side of eager messages: sent before the sender saw their receive's
 //! clear-to-send, they land in a bounce buffer of the comm (taken from its
 //! [`BouncePool`]), are checked and acked there, and are copied into NCCL's buffer once
-//! the sender's match frame says which receive and buffer they belong to. A peer may not
-//! hold more of them than a sender ever keeps unmatched (`EAGER_HELD_MAX`,
-//! `EAGER_HELD_MESSAGES`). Called by the readers of [`super`] under the comm's lock,
-//! but for the copy itself ([`copy_placed`]).
+//! their receive is posted: one for a receive of one buffer goes to the buffer of its
+//! number (`PieceHeader::index`, [`place_by_index`]), one for a grouped receive where
+//! the sender's match frame says ([`on_match`]). A peer may not hold more of them than
+//! a sender ever keeps unmatched (`EAGER_HELD_MAX`, `EAGER_HELD_MESSAGES`). Called by
+//! the readers of [`super`] and by `irecv` under the comm's lock, but for the copy
+//! itself ([`copy_placed`]).
 
 use super::{Msg, RxPiece, Shared, State};
 use crate::error::{NetError, Result};
@@ -12,23 +14,28 @@ use crate::sock::RawBuf;
 use crate::wire::{Ctrl, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT};
 use std::sync::MutexGuard;
 
-/// An eager message: its bytes in a bounce buffer until a match frame places it.
+/// An eager message: its bytes in a bounce buffer until it is placed (by its number or
+/// by a match frame).
 #[derive(Default)]
 pub(super) struct Eager {
     msg: Option<Msg>,
     /// The bounce buffer, at least the message's size (taken from the comm's pool at the
     /// first piece; never resized after, so the address the readers write to stays put).
     buf: Vec<u8>,
-    /// Where it belongs (request, buffer), once the match frame came.
+    /// Where it belongs (request, buffer), once known (its receive posted, and the match
+    /// frame came where that receive is grouped).
     target: Option<(usize, usize)>,
     /// Arrived whole and good (and acked, checks on).
     good: bool,
     ack_at: u64,
+    /// The message's number and tag (from its first piece).
+    index: u64,
+    tag: i32,
 }
 
 impl Eager {
     /// The message's size (0 before its first piece).
-    fn total(&self) -> usize {
+    pub(super) fn total(&self) -> usize {
         self.msg.as_ref().map_or(0, |m| m.layout.total as usize)
     }
 }
@@ -87,8 +94,9 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
             h.total
         )));
     }
-    if st.eager.get(&seq).is_none_or(|e| e.msg.is_none()) {
-        // Its first piece: the peer may not hold more than a sender ever keeps.
+    let first_piece = st.eager.get(&seq).is_none_or(|e| e.msg.is_none());
+    if first_piece {
+        // The peer may not hold more than a sender ever keeps.
         if st.eager.len() >= EAGER_HELD_MESSAGES || st.eager_held + h.total > EAGER_HELD_MAX {
             return Err(bad(format!(
                 "eager message {seq} ({} bytes) on top of {} eager messages ({} bytes) not yet placed: \
@@ -102,6 +110,14 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         st.eager_held += h.total;
     }
     let e = st.eager.entry(seq).or_default();
+    if first_piece {
+        (e.index, e.tag) = (h.index, h.tag);
+    } else if (e.index, e.tag) != (h.index, h.tag) {
+        return Err(bad(format!(
+            "piece {} of eager message {seq} says it is message {} (tag {}), an earlier one said {} (tag {})",
+            h.piece, h.index, h.tag, e.index, e.tag
+        )));
+    }
     Msg::arriving(
         &mut e.msg,
         h,
@@ -112,7 +128,7 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
     if (e.buf.len() as u64) < h.total {
         e.buf = st.pool.take(h.total as usize);
     }
-    Ok(RxPiece {
+    let piece = RxPiece {
         eager: Some(seq),
         tn: seq,
         req: 0,
@@ -125,7 +141,75 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         len: h.len as usize,
         crc: h.crc,
         checked: h.checked,
-    })
+    };
+    if first_piece {
+        // Its receive may be posted already: its buffer is known from now on (the
+        // message is placed once whole; this piece is Arriving, so not before).
+        place_by_index(st, sh, seq)?;
+    }
+    Ok(piece)
+}
+
+/// The eager message (its first piece in) that is message `index` of the comm, if
+/// one is held.
+pub(super) fn numbered(st: &State, index: u64) -> Option<u64> {
+    (st.eager.iter())
+        .find(|(_, e)| e.msg.is_some() && e.index == index)
+        .map(|(&seq, _)| seq)
+}
+
+/// Eager message `seq` goes to the buffer of its number (`PieceHeader::index`) where
+/// that buffer is a receive's only one and is posted: its target is set, and it is
+/// placed if it is whole already. Nothing happens before the receive is posted
+/// (`irecv` calls again), nor for a grouped receive (the sender's match frame says
+/// which of its buffers). A number whose receive is done already, or a tag that is not
+/// the receive's, fails the comm: the sender would have found the same.
+pub(super) fn place_by_index(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
+    let Some(e) = st.eager.get(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    if e.target.is_some() {
+        return Ok(());
+    }
+    let (index, tag) = (e.index, e.tag);
+    let holder = st.reqs.iter().enumerate().find_map(|(ri, r)| {
+        r.as_ref()
+            .filter(|r| r.base <= index && index - r.base < r.slots.len() as u64)
+            .map(|r| (ri, r.id, r.tn, r.slots.len(), r.slots[0].tag))
+    });
+    let Some((ri, id, tn, n, posted_tag)) = holder else {
+        if index < st.buffers {
+            return Err(NetError::remote(format!(
+                "from {}: eager message {seq} is message {index}, whose receive is done already",
+                sh.peer
+            )));
+        }
+        return Ok(());
+    };
+    if n > 1 {
+        return Ok(());
+    }
+    if tag != posted_tag {
+        return Err(NetError::usage(format!(
+            "from {}: eager message {seq} (tag {tag}) is message {index}, for receive {id} posted \
+             with tag {posted_tag}: the ranks disagree on the order of messages",
+            sh.peer
+        )));
+    }
+    let Some(e) = st.eager.get_mut(&seq) else {
+        return Err(NetError::internal("eager message vanished"));
+    };
+    e.target = Some((ri, 0));
+    let good = e.good;
+    sh.trace.event(
+        "recv",
+        tn,
+        format_args!("eager {seq} is message {index}: buffer 0 of receive {id}"),
+    );
+    if good {
+        place(st, sh, seq)?;
+    }
+    Ok(())
 }
 
 /// The sender's match frame: eager message `seq` belongs in buffer `slot` of receive
@@ -153,6 +237,12 @@ pub(super) fn on_match(
     if slot >= n {
         return Err(bad(format!(
             "eager message {seq} matched to buffer {slot} of a receive of {n}"
+        )));
+    }
+    if n == 1 {
+        return Err(bad(format!(
+            "a match frame for eager message {seq} to receive {cts_id}, of one buffer: this side \
+             places those by the message's number (a sender of another plugin version?)"
         )));
     }
     if !st.eager.contains_key(&seq) && st.eager.len() >= EAGER_HELD_MESSAGES {
@@ -335,7 +425,8 @@ mod tests {
         }
     }
 
-    /// Piece `piece` of eager message `seq` of `total` bytes, as a sender's header says.
+    /// Piece `piece` of eager message `seq` of `total` bytes, as a sender's header says
+    /// (the comm's message number `seq`, tag 0).
     fn eager_piece(sh: &Shared, seq: u64, total: u64, piece: u32) -> PieceHeader {
         let layout = Layout::new(total, sh.streams);
         let (offset, len) = layout.range(piece);
@@ -351,7 +442,86 @@ mod tests {
             offset,
             len,
             crc: 0,
+            index: seq,
+            tag: 0,
         }
+    }
+
+    /// A receive posted at `ri` with `tags.len()` buffers of 1 KiB, numbered from `base`.
+    fn post(st: &mut State, ri: usize, id: u64, base: u64, tags: &[i32]) {
+        st.reqs[ri] = Some(RecvReq {
+            tn: 0,
+            id,
+            base,
+            slots: (tags.iter())
+                .map(|&tag| RxSlot {
+                    data: RawBuf(std::ptr::null_mut()),
+                    posted: 1024,
+                    tag,
+                    msg: None,
+                    good: false,
+                    ack_at: 0,
+                    placing: false,
+                })
+                .collect(),
+        });
+        st.buffers = st.buffers.max(base + tags.len() as u64);
+    }
+
+    #[test]
+    fn an_eager_message_goes_to_the_buffer_of_its_number_without_a_match_frame() {
+        let sh = shared(1);
+        let mut st = sh.lock();
+        // Messages 0 and 1 were received; message 2 is posted alone, 3 and 4 as a group.
+        st.buffers = 2;
+        post(&mut st, 3, 12, 2, &[0]);
+        post(&mut st, 4, 13, 3, &[0, 0]);
+        start_eager(&mut st, &sh, &eager_piece(&sh, 2, 100, 0)).unwrap();
+        assert_eq!(
+            st.eager[&2].target,
+            Some((3, 0)),
+            "its receive's only buffer"
+        );
+        start_eager(&mut st, &sh, &eager_piece(&sh, 3, 100, 0)).unwrap();
+        assert_eq!(
+            st.eager[&3].target, None,
+            "a group waits for the match frame"
+        );
+        on_match(&mut st, &sh, 3, 13, 1).unwrap();
+        assert_eq!(st.eager[&3].target, Some((4, 1)));
+        // Its receive not posted yet: nothing until `irecv` (which calls place_by_index).
+        start_eager(&mut st, &sh, &eager_piece(&sh, 5, 100, 0)).unwrap();
+        assert_eq!(st.eager[&5].target, None);
+        post(&mut st, 5, 14, 5, &[0]);
+        place_by_index(&mut st, &sh, 5).unwrap();
+        assert_eq!(st.eager[&5].target, Some((5, 0)));
+        // A match frame for a receive of one buffer is not this protocol.
+        let e = on_match(&mut st, &sh, 5, 14, 0).err().unwrap();
+        assert!(e.to_string().contains("of one buffer"), "{e}");
+    }
+
+    #[test]
+    fn an_eager_message_for_a_done_buffer_or_of_another_tag_is_refused() {
+        let sh = shared(1);
+        let mut st = sh.lock();
+        st.buffers = 2;
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, 1, 100, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("done already"), "{e}");
+        post(&mut st, 0, 12, 2, &[7]);
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, 2, 100, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("disagree on the order"), "{e}");
+        // Pieces of one message that disagree on its number.
+        let sh = shared(4);
+        let mut st = sh.lock();
+        start_eager(&mut st, &sh, &eager_piece(&sh, 9, 4 << 20, 0)).unwrap();
+        let mut other = eager_piece(&sh, 9, 4 << 20, 1);
+        other.index = 10;
+        let e = start_eager(&mut st, &sh, &other).err().unwrap();
+        assert!(e.to_string().contains("an earlier one said"), "{e}");
     }
 
     #[test]
@@ -386,19 +556,7 @@ mod tests {
         // Match frames naming eager messages never sent, each a new entry.
         let sh = shared(1);
         let mut st = sh.lock();
-        st.reqs[0] = Some(RecvReq {
-            tn: 0,
-            id: 7,
-            slots: vec![RxSlot {
-                data: RawBuf(std::ptr::null_mut()),
-                posted: 1,
-                tag: 0,
-                msg: None,
-                good: false,
-                ack_at: 0,
-                placing: false,
-            }],
-        });
+        post(&mut st, 0, 7, 0, &[0, 0]);
         for seq in 0..EAGER_HELD_MESSAGES as u64 {
             on_match(&mut st, &sh, seq, 7, 0).unwrap();
         }
