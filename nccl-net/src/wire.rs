@@ -59,6 +59,10 @@ pub struct Handle {
     pub token: u64,
     /// The listener is an RDMA CM listener (`crate::verbs`), not a TCP socket.
     pub verbs: bool,
+    /// The receiver places eager messages for receives of one buffer by their number
+    /// (`NCCL_GRDMA_EAGER_BY_NUMBER` where it listened): the sender sends no match frame
+    /// for those.
+    pub by_number: bool,
 }
 
 impl Handle {
@@ -70,6 +74,7 @@ impl Handle {
         b[7] = self.streams;
         b[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
         b[10] = u8::from(self.verbs);
+        b[11] = u8::from(self.by_number);
         match self.addr.ip() {
             IpAddr::V4(a) => {
                 b[6] = 4;
@@ -130,11 +135,21 @@ impl Handle {
                 ))
             }
         };
+        let by_number = match b[11] {
+            0 => false,
+            1 => true,
+            t => {
+                return err(format!(
+                    "the handle's eager placing {t} is neither 0 (match frames) nor 1 (by number)"
+                ))
+            }
+        };
         Ok(Self {
             addr: SocketAddr::new(ip, port),
             streams,
             token: u64_at(b, 32),
             verbs,
+            by_number,
         })
     }
 }
@@ -465,6 +480,7 @@ mod tests {
                 streams: 4,
                 token: 0x1122_3344_5566_7788,
                 verbs: addr.starts_with('1'),
+                by_number: addr.starts_with('['),
             };
             let b = h.encode();
             assert_eq!(Handle::decode(&b).unwrap(), h);
@@ -475,6 +491,7 @@ mod tests {
             streams: 4,
             token: 7,
             verbs: false,
+            by_number: false,
         }
         .encode();
         let mut bad = good;
@@ -492,6 +509,12 @@ mod tests {
         let mut bad = good;
         bad[10] = 2;
         assert!(Handle::decode(&bad).unwrap_err().0.contains("transport 2"));
+        let mut bad = good;
+        bad[11] = 3;
+        assert!(Handle::decode(&bad)
+            .unwrap_err()
+            .0
+            .contains("eager placing 3"));
         assert!(Handle::decode(&[0u8; 128]).is_err());
     }
 

@@ -1640,17 +1640,44 @@ fn injected_faults_are_repaired_exactly() {
 /// Eager messages (sent before their receive) with 1 piece in 3 corrupted: repaired
 /// from the bounce buffer before the send completes, placed exactly (the child checks
 /// the bytes); with NCCL_GRDMA_TRACE=1 each request's steps are in NCCL's log, for the
-/// first 200 requests of a comm only.
+/// first 200 requests of a comm only. Placed by the sender's match frames (the default).
 #[test]
 fn eager_sends_are_repaired_and_traced() {
-    let out = child(
-        "eager",
+    eager_sends_traced(
+        &[],
         &[
-            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
-            ("NCCL_GRDMA_TRACE", "1"),
-            ("NCCL_GRDMA_EAGER_MAX", "4194304"),
+            // The sender's match frame says where each eager message goes.
+            "eager 0 matched to 1/0",
+            "match frame to 1/0 written",
         ],
     );
+}
+
+/// The same with `NCCL_GRDMA_EAGER_BY_NUMBER=1`: an eager message for a receive of one
+/// buffer is placed by the receiver by its number, a grouped receive's by a match frame.
+#[test]
+fn eager_sends_placed_by_number_are_repaired_and_traced() {
+    eager_sends_traced(
+        &[("NCCL_GRDMA_EAGER_BY_NUMBER", "1")],
+        &[
+            // A receive of one buffer: the receiver places its eager message by number.
+            "eager 0 matched to 1/0 (placed by the receiver)",
+            "eager 0 is message 0: buffer 0 of receive 1",
+            // A grouped receive (5 and 6 are): the sender's match frame says which buffer.
+            "eager 4 matched to 5/0",
+            "match frame to 5/0 written",
+        ],
+    );
+}
+
+fn eager_sends_traced(env: &[(&str, &str)], placing: &[&str]) {
+    let mut all = vec![
+        ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
+        ("NCCL_GRDMA_TRACE", "1"),
+        ("NCCL_GRDMA_EAGER_MAX", "4194304"),
+    ];
+    all.extend_from_slice(env);
+    let out = child("eager", &all);
     let err = assert_child_ok(&out, "eager sends with faults and the trace");
     let line = err
         .lines()
@@ -1664,12 +1691,6 @@ fn eager_sends_are_repaired_and_traced() {
         "last byte written",
         "ack received",
         "clear-to-send 1 received",
-        // A receive of one buffer: the receiver places its eager message by number.
-        "eager 0 matched to 1/0 (placed by the receiver)",
-        "eager 0 is message 0: buffer 0 of receive 1",
-        // A grouped receive (5 and 6 are): the sender's match frame says which buffer.
-        "eager 4 matched to 5/0",
-        "match frame to 5/0 written",
         "trace recv req 0 +",
         "clear-to-send 1 sent",
         "last byte read into the bounce buffer, ack sent",
@@ -1677,8 +1698,17 @@ fn eager_sends_are_repaired_and_traced() {
         "first byte read",
         "test done",
         "trace send req 199 +",
-    ] {
+    ]
+    .iter()
+    .chain(placing)
+    {
         assert!(err.contains(want), "no trace line with {want:?}");
+    }
+    if env.is_empty() {
+        assert!(
+            !err.contains("placed by the receiver"),
+            "placed by number while NCCL_GRDMA_EAGER_BY_NUMBER is unset"
+        );
     }
     assert!(
         !err.contains("trace send req 200 ") && !err.contains("trace recv req 200 "),

@@ -56,6 +56,8 @@ pub struct ListenComm {
     addr: SocketAddr,
     token: u64,
     streams: u8,
+    /// `NCCL_GRDMA_EAGER_BY_NUMBER` as it listened (the handle says it to the sender).
+    by_number: bool,
     pending: Vec<Pending>,
     groups: HashMap<u64, Group>,
     hello_timeout: Duration,
@@ -84,6 +86,7 @@ impl ListenComm {
             streams: streams as u8,
             token: random_u64(),
             verbs: false,
+            by_number: cfg.eager_by_number,
         };
         info!(NET; "listening on {addr} for {streams} data sockets per comm ({why})");
         Ok((
@@ -93,6 +96,7 @@ impl ListenComm {
                 addr,
                 token: handle.token,
                 streams: handle.streams,
+                by_number: handle.by_number,
                 pending: Vec::new(),
                 groups: HashMap::new(),
                 hello_timeout: HELLO_TIMEOUT,
@@ -155,7 +159,7 @@ impl ListenComm {
         let (Some(ctrl), data) = (g.ctrl, g.data.into_iter().flatten().collect()) else {
             return Ok(None);
         };
-        Ok(Some(RecvComm::new(ctrl, data)?))
+        Ok(Some(RecvComm::new(ctrl, data, self.by_number)?))
     }
 
     fn place(&mut self, p: Pending) {

@@ -149,15 +149,17 @@ mod tests {
             checks: true,
             inject_one_in: None,
             eager_max: crate::config::DEFAULT_EAGER_MAX,
+            eager_by_number: false,
         };
         let handle = Handle {
             addr: "127.0.0.1:9".parse().unwrap(),
             streams: 2,
             token: 1,
             verbs: false,
+            by_number: false,
         };
         let s = SendComm::new(tx.remove(0), tx, handle, cfg).unwrap();
-        let r = RecvComm::new(rx.remove(0), rx).unwrap();
+        let r = RecvComm::new(rx.remove(0), rx, false).unwrap();
         let (ws, wr) = (s.shared_weak(), r.shared_weak());
         // Dropped, not closed (an error path): the threads, which hold the shared
         // state, must be gone when the drop returns.

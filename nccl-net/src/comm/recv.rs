@@ -202,6 +202,10 @@ struct Shared {
     streams: usize,
     peer: String,
     trace: Trace,
+    /// `NCCL_GRDMA_EAGER_BY_NUMBER` where this comm's listener listened: an eager message
+    /// for a receive of one buffer is placed by its number (`irecv` or its first piece,
+    /// whichever comes second), not by a match frame.
+    by_number: bool,
 }
 
 impl Shared {
@@ -256,7 +260,7 @@ pub struct RecvComm {
 }
 
 impl RecvComm {
-    pub fn new(ctrl: Socket, data: Vec<Socket>) -> Result<Box<Self>> {
+    pub fn new(ctrl: Socket, data: Vec<Socket>, by_number: bool) -> Result<Box<Self>> {
         let peer = ctrl
             .peer_addr()
             .ok()
@@ -272,6 +276,7 @@ impl RecvComm {
             streams,
             peer,
             trace: Trace::from_env(),
+            by_number,
         });
         for s in &data {
             sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
@@ -391,7 +396,7 @@ impl RecvComm {
         // round trip to the sender. If it arrived whole, a small one is copied here, on
         // NCCL's thread; a larger one by the control writer thread, so that NCCL's
         // thread goes on (at NCCL's defaults, 128 KiB messages back to back).
-        if bufs.len() == 1 {
+        if shared.by_number && bufs.len() == 1 {
             if let Some(seq) = numbered(&st, base) {
                 if let Err(e) = place_by_index(&mut st, shared, seq) {
                     st.failed = Some(e.clone());
@@ -403,11 +408,13 @@ impl RecvComm {
             .handles
             .as_ref()
             .map_or(std::ptr::null_mut(), |h| h.ptr(ri));
-        let placing: usize = st.to_place.iter().map(|(_, _, _, e)| e.total()).sum();
-        if placing <= PLACE_INLINE {
-            copy_placed(shared, st);
-        } else {
-            shared.ctrl_wake.notify_all();
+        if shared.by_number {
+            let placing: usize = st.to_place.iter().map(|(_, _, _, e)| e.total()).sum();
+            if placing <= PLACE_INLINE {
+                copy_placed(shared, st);
+            } else {
+                shared.ctrl_wake.notify_all();
+            }
         }
         Ok(Some(request))
     }
@@ -698,7 +705,8 @@ fn ctrl_writer(sh: &Shared) {
                 if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
                     return;
                 }
-                if !st.to_place.is_empty() || (!st.ctrl.pending.is_empty() && !st.ctrl.busy) {
+                let placed = sh.by_number && !st.to_place.is_empty();
+                if placed || (!st.ctrl.pending.is_empty() && !st.ctrl.busy) {
                     break;
                 }
                 st = sh
@@ -707,7 +715,7 @@ fn ctrl_writer(sh: &Shared) {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            if !st.to_place.is_empty() {
+            if sh.by_number && !st.to_place.is_empty() {
                 // Eager messages `irecv` placed: copied here, off NCCL's thread.
                 copy_placed(sh, st);
                 continue;

@@ -90,6 +90,9 @@ struct State {
     eager_seq: u64,
     /// The next message's number (`PieceHeader::index`: the receive buffer it takes).
     next_index: u64,
+    /// The receiver places eager messages for receives of one buffer by their number
+    /// (the handle said so): no match frame for those.
+    by_number: bool,
     /// Requests made (trace numbers).
     made: u64,
     failed: Option<NetError>,
@@ -163,6 +166,7 @@ impl SendComm {
                 eager_bytes: 0,
                 eager_seq: 0,
                 next_index: 0,
+                by_number: handle.by_number,
                 made: 0,
                 failed: None,
                 peer_closed: false,
@@ -743,7 +747,7 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
         head.matched[si] = true;
         let (seq, cts_id) = (u.seq, head.id);
         // A receive of one buffer: the receiver places the message by its number itself.
-        let single = head.slots.len() == 1;
+        let single = st.by_number && head.slots.len() == 1;
         if head.matched.iter().all(|&m| m) {
             st.cts.pop_front();
         }

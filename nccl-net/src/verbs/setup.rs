@@ -64,6 +64,7 @@ impl VerbsListen {
             streams: 1,
             token: crate::comm::random_u64(),
             verbs: true,
+            by_number: false,
         };
         info!(NET; "listening on {addr} over verbs ({})", id.device_name().unwrap_or_default());
         Ok((

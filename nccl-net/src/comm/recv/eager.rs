@@ -142,7 +142,7 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         crc: h.crc,
         checked: h.checked,
     };
-    if first_piece {
+    if first_piece && sh.by_number {
         // Its receive may be posted already: its buffer is known from now on (the
         // message is placed once whole; this piece is Arriving, so not before).
         place_by_index(st, sh, seq)?;
@@ -239,7 +239,7 @@ pub(super) fn on_match(
             "eager message {seq} matched to buffer {slot} of a receive of {n}"
         )));
     }
-    if n == 1 {
+    if n == 1 && sh.by_number {
         return Err(bad(format!(
             "a match frame for eager message {seq} to receive {cts_id}, of one buffer: this side \
              places those by the message's number (a sender of another plugin version?)"
@@ -422,6 +422,7 @@ mod tests {
             streams,
             peer: "the peer".into(),
             trace: Trace::from_env(),
+            by_number: true,
         }
     }
 
@@ -466,6 +467,22 @@ mod tests {
                 .collect(),
         });
         st.buffers = st.buffers.max(base + tags.len() as u64);
+    }
+
+    #[test]
+    fn without_placing_by_number_a_match_frame_places_every_eager_message() {
+        let mut sh = shared(1);
+        sh.by_number = false;
+        let mut st = sh.lock();
+        post(&mut st, 3, 12, 0, &[0]);
+        start_eager(&mut st, &sh, &eager_piece(&sh, 0, 100, 0)).unwrap();
+        assert_eq!(st.eager[&0].target, None, "not placed by its number");
+        on_match(&mut st, &sh, 0, 12, 0).unwrap();
+        assert_eq!(
+            st.eager[&0].target,
+            Some((3, 0)),
+            "placed by the match frame"
+        );
     }
 
     #[test]
