@@ -9,6 +9,8 @@
 #   RUNS=streams-sweep tests/nccl/h200-run.sh    # send/recv at SWEEP_BYTES (256MiB) only, NCCL's
 #       defaults: grdma at NCCL_GRDMA_STREAMS=1,2,4,8 against Socket at NCCL_SOCKET_NTHREADS=1,2,4,8
 #       (one socket per thread); about 20 s per point
+#   RUNS="grdma-default grdma-default-by-number" tests/nccl/h200-run.sh   # the same at
+#       NCCL's defaults with NCCL_GRDMA_EAGER_BY_NUMBER=1 (eager messages placed by number)
 #   RUNS=grdma-trace tests/nccl/h200-run.sh      # send/recv 1KiB..1MiB with NCCL_GRDMA_TRACE=1:
 #       every step of each comm's first 200 requests in grdma-trace.log (where an op's time goes)
 #   RUNS=plugin-bench HARNESS=path/to/harness-<hash> tests/nccl/h200-run.sh   # the plugin alone,
@@ -76,6 +78,9 @@ run socket-tuned Socket NCCL_NET=Socket "${TUNED[@]}" "${SOCKET_TUNED[@]}"
 run grdma-tuned grdma "${GRDMA[@]}" "${TUNED[@]}"
 run grdma-tuned-checks-off grdma "${GRDMA[@]}" "${TUNED[@]}" NCCL_GRDMA_CHECKS=0
 run grdma-faults-1e3 grdma "${GRDMA_OWN[@]}" NCCL_GRDMA_TEST_INJECT_FAULTS=1000
+# Not in the default set: eager messages placed by their number (an option until an A/B
+# such as RUNS="socket-default grdma-default grdma-default-by-number" says it gains).
+run grdma-default-by-number grdma "${GRDMA_OWN[@]}" NCCL_GRDMA_EAGER_BY_NUMBER=1
 
 if [[ " $RUNS " == *" streams-sweep "* ]]; then
     for n in 1 2 4 8; do
