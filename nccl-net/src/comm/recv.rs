@@ -25,12 +25,12 @@
 
 mod eager;
 
-use super::threads::Workers;
+use super::threads::{stop_comm, Workers};
 use super::{free_slot, Handles, RECV_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters};
-use crate::log::{info, warn, NET};
+use crate::log::{info, NET};
 use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_SLOT};
@@ -41,7 +41,7 @@ use socket2::Socket;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::io::IoSlice;
-use std::net::{Shutdown, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -458,22 +458,17 @@ impl RecvComm {
         Arc::downgrade(&self.shared)
     }
 
+    /// Stops the threads (`threads::stop_comm`).
     fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.ctrl_wake.notify_all();
-        for s in &self.socks {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        if let Some(w) = self.workers.take() {
-            let left = w.join();
-            if left > 0 {
-                warn!(
-                    "receive comm from {}: {left} I/O threads still running {} s after close; left behind",
-                    self.shared.peer,
-                    super::threads::JOIN_TIMEOUT.as_secs()
-                );
-            }
-        }
+        let sh = &self.shared;
+        let comm = format_args!("receive comm from {}", sh.peer);
+        stop_comm(
+            &sh.stop,
+            &sh.ctrl_wake,
+            &self.socks,
+            &mut self.workers,
+            comm,
+        );
     }
 
     /// `closeRecv`: the threads stop and are joined, the sockets close with the comm;

@@ -12,13 +12,13 @@
 //! frames as they arrive. NCCL's calls (`isend`, `test`) only look at and change the
 //! shared state under its lock: they never do I/O and never wait.
 
-use super::threads::Workers;
+use super::threads::{stop_comm, Workers};
 use super::{free_slot, Handles, MAX_RESENDS, SEND_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::config::Config;
 use crate::error::{io_err, NetError, Result};
 use crate::integrity::{self, Counters, FaultInjector};
-use crate::log::{info, warn, NET};
+use crate::log::{info, NET};
 use crate::sock::{self, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{
@@ -28,7 +28,7 @@ use crate::wire::{
 use socket2::Socket;
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::net::{Shutdown, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -332,30 +332,17 @@ impl SendComm {
         Ok(None)
     }
 
-    /// Stops the threads: the flag, a wake-up, the sockets shut (which ends any wait
-    /// on them at once), then a bounded join.
     /// The shared state, weakly (the tests see whether the threads let it go).
     #[cfg(test)]
     pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
         Arc::downgrade(&self.shared)
     }
 
+    /// Stops the threads (`threads::stop_comm`).
     fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.work.notify_all();
-        for s in &self.socks {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        if let Some(w) = self.workers.take() {
-            let left = w.join();
-            if left > 0 {
-                warn!(
-                    "send comm to {}: {left} I/O threads still running {} s after close; left behind",
-                    self.shared.peer,
-                    super::threads::JOIN_TIMEOUT.as_secs()
-                );
-            }
-        }
+        let sh = &self.shared;
+        let comm = format_args!("send comm to {}", sh.peer);
+        stop_comm(&sh.stop, &sh.work, &self.socks, &mut self.workers, comm);
     }
 
     /// `closeSend`: the threads stop and are joined, the sockets close with the comm;

@@ -2,7 +2,11 @@
 //! closes, within a bound. A thread that panics records why (the comm's next call
 //! fails with it) instead of leaving the comm to hang.
 
+use crate::log::warn;
+use socket2::Socket;
+use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -75,6 +79,33 @@ impl Workers {
             let _ = h.join();
         }
         0
+    }
+}
+
+/// Stops a comm's threads: its `stop` flag raised, `wake` notified (threads waiting for
+/// work), its sockets shut down (which ends any wait on them at once), then a bounded
+/// join; threads still running after [`JOIN_TIMEOUT`] are left behind with a warning
+/// naming `comm` ("send comm to 10.0.0.6:41234").
+pub fn stop_comm(
+    stop: &AtomicBool,
+    wake: &Condvar,
+    socks: &[Arc<Socket>],
+    workers: &mut Option<Workers>,
+    comm: std::fmt::Arguments<'_>,
+) {
+    stop.store(true, Ordering::Relaxed);
+    wake.notify_all();
+    for s in socks {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    if let Some(w) = workers.take() {
+        let left = w.join();
+        if left > 0 {
+            warn!(
+                "{comm}: {left} I/O threads still running {} s after close; left behind",
+                JOIN_TIMEOUT.as_secs()
+            );
+        }
     }
 }
 
