@@ -116,6 +116,20 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
     Ok(unsafe { &mut *(p as *mut T) })
 }
 
+/// NCCL's `void*` taken back as the box it was made from, after checking its magic:
+/// NCCL is closing it.
+///
+/// # Safety
+/// As for [`checked`]; besides, `p` came from `Box::into_raw` of a `Box<T>` (every
+/// object this plugin hands NCCL does), and nothing uses it after this (NCCL closes an
+/// object once).
+pub unsafe fn taken<T>(p: *mut c_void, magic: u64, what: &str) -> Result<Box<T>> {
+    // SAFETY: the caller's promise, as checked() asks it.
+    let r: &mut T = unsafe { checked(p, magic, what)? };
+    // SAFETY: made by Box::into_raw (the caller's promise), used by nobody after.
+    Ok(unsafe { Box::from_raw(r as *mut T) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::recv::RecvComm;

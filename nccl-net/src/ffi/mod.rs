@@ -13,7 +13,7 @@ use crate::comm::listen::ListenComm;
 use crate::comm::recv::RecvComm;
 use crate::comm::send::SendComm;
 use crate::comm::{
-    checked, LISTEN_MAGIC, RECV_MAGIC, RECV_MAGIC_VERBS, SEND_MAGIC, SEND_MAGIC_VERBS,
+    checked, taken, LISTEN_MAGIC, RECV_MAGIC, RECV_MAGIC_VERBS, SEND_MAGIC, SEND_MAGIC_VERBS,
 };
 use crate::config::{Config, Transport};
 use crate::error::{NetError, Result};
@@ -414,22 +414,14 @@ unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY: NCCL passes a send comm of ours: its magic says which kind.
+        // SAFETY (each `taken`): a send comm of ours, boxed in connect, closed once by
+        // NCCL (its contract); reading its magic first says which kind.
         if unsafe { *(comm as *const u64) } == SEND_MAGIC_VERBS {
-            // SAFETY: a verbs send comm of ours; NCCL closes it once.
-            let c: &mut VerbsSend = unsafe { checked(comm, SEND_MAGIC_VERBS, "send comm")? };
-            // SAFETY: made by Box::into_raw in connect; `c` is not used after this.
-            let b = unsafe { Box::from_raw(c as *mut VerbsSend) };
-            b.close();
-            return Ok(());
+            unsafe { taken::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm")? }.close();
+        } else {
+            // The threads stop and are joined before the comm (and its requests) is freed.
+            unsafe { taken::<SendComm>(comm, SEND_MAGIC, "send comm")? }.close();
         }
-        // SAFETY: a send comm of ours; NCCL closes it once.
-        let c: &mut SendComm = unsafe { checked(comm, SEND_MAGIC, "send comm")? };
-        // SAFETY: made by Box::into_raw in connect; `c` is not used after this.
-        let mut b = unsafe { Box::from_raw(c as *mut SendComm) };
-        // The threads stop and are joined before the comm (and its requests) is freed.
-        b.close();
-        drop(b);
         Ok(())
     })
 }
@@ -442,22 +434,14 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY: NCCL passes a receive comm of ours: its magic says which kind.
+        // SAFETY (each `taken`): a receive comm of ours, boxed in accept, closed once by
+        // NCCL (its contract); reading its magic first says which kind.
         if unsafe { *(comm as *const u64) } == RECV_MAGIC_VERBS {
-            // SAFETY: a verbs receive comm of ours; NCCL closes it once.
-            let c: &mut VerbsRecv = unsafe { checked(comm, RECV_MAGIC_VERBS, "receive comm")? };
-            // SAFETY: made by Box::into_raw in accept; `c` is not used after this.
-            let b = unsafe { Box::from_raw(c as *mut VerbsRecv) };
-            b.close();
-            return Ok(());
+            unsafe { taken::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm")? }.close();
+        } else {
+            // The threads stop and are joined before the comm (and its requests) is freed.
+            unsafe { taken::<RecvComm>(comm, RECV_MAGIC, "receive comm")? }.close();
         }
-        // SAFETY: a receive comm of ours; NCCL closes it once.
-        let c: &mut RecvComm = unsafe { checked(comm, RECV_MAGIC, "receive comm")? };
-        // SAFETY: made by Box::into_raw in accept; `c` is not used after this.
-        let mut b = unsafe { Box::from_raw(c as *mut RecvComm) };
-        // The threads stop and are joined before the comm (and its requests) is freed.
-        b.close();
-        drop(b);
         Ok(())
     })
 }
@@ -469,19 +453,13 @@ unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY: NCCL passes a listen comm of ours: its magic says which kind.
+        // SAFETY (each `taken`): a listen comm of ours, boxed in listen, closed once by
+        // NCCL (its contract); reading its magic first says which kind.
         if unsafe { *(comm as *const u64) } == VLISTEN_MAGIC {
-            // SAFETY: a verbs listen comm of ours; NCCL closes it once.
-            let c: &mut VerbsListen = unsafe { checked(comm, VLISTEN_MAGIC, "listen comm")? };
-            // SAFETY: made by Box::into_raw in listen; `c` is not used after this.
-            drop(unsafe { Box::from_raw(c as *mut VerbsListen) });
-            return Ok(());
+            drop(unsafe { taken::<VerbsListen>(comm, VLISTEN_MAGIC, "listen comm")? });
+        } else {
+            unsafe { taken::<ListenComm>(comm, LISTEN_MAGIC, "listen comm")? }.close();
         }
-        // SAFETY: a listen comm of ours; NCCL closes it once.
-        let c: &mut ListenComm = unsafe { checked(comm, LISTEN_MAGIC, "listen comm")? };
-        // SAFETY: made by Box::into_raw in listen; `c` is not used after this.
-        let b = unsafe { Box::from_raw(c as *mut ListenComm) };
-        (*b).close();
         Ok(())
     })
 }
