@@ -397,18 +397,19 @@ pub(super) unsafe extern "C" fn irecv_v9(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    // SAFETY: NCCL's arguments, as sizes_of and irecv_common ask.
-    guard("irecv", || unsafe {
-        irecv_common(
+    // SAFETY: NCCL's arguments, as irecv_v10 asks (v9 has no profiler handles).
+    unsafe {
+        irecv_v10(
             recv_comm,
             n,
             data,
-            &sizes_of(sizes, n)?,
+            sizes,
             tags,
             mhandles,
+            std::ptr::null_mut(),
             request,
         )
-    })
+    }
 }
 
 /// # Safety
