@@ -1938,10 +1938,12 @@ fn bench_loopback() {
         }
         let bufs = recv.join().unwrap();
         let secs = t0.elapsed().as_secs_f64();
+        let gbps = (size * iters) as f64 / secs / 1e9;
+        let plain = plain_socket_gbps(size, size * iters, depth);
         println!(
-            "{{\"size\": {size}, \"depth\": {depth}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {:.3}}}",
+            "{{\"size\": {size}, \"depth\": {depth}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {gbps:.3}, \"plain_socket_GBps\": {plain:.3}, \"vs_plain_socket\": {:.2}}}",
             secs * 1e6 / iters as f64,
-            (size * iters) as f64 / secs / 1e9
+            gbps / plain
         );
         // The row's buffers go: their registrations first.
         for b in &bufs {
@@ -1953,6 +1955,47 @@ fn bench_loopback() {
     net.close_send(s);
     net.close_recv(r);
     net.close_listen(l);
+}
+
+/// The benchmarks' reference, run beside them: one plain TCP socket over loopback
+/// carrying `bytes` in messages of `size`, the reader answering each with one byte and
+/// the writer keeping at most `depth` unanswered (as the plugin's requests complete
+/// when the receiver acks); no CRC, no threads but the two: the kernel's bound for one
+/// stream doing the same exchange on this machine, in GB/s.
+fn plain_socket_gbps(size: usize, bytes: usize, depth: usize) -> f64 {
+    use std::io::{Read, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let messages = bytes.div_ceil(size);
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut buf = vec![0u8; size];
+        for k in 0..messages {
+            let n = (bytes - k * size).min(size);
+            s.read_exact(&mut buf[..n]).unwrap();
+            s.write_all(&[1]).unwrap();
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let msg = pattern(size, 3);
+    let t0 = Instant::now();
+    let mut acked = 0;
+    let mut ack = [0u8; 1];
+    for k in 0..messages {
+        if k - acked >= depth {
+            s.read_exact(&mut ack).unwrap();
+            acked += 1;
+        }
+        s.write_all(&msg[..(bytes - k * size).min(size)]).unwrap();
+    }
+    while acked < messages {
+        s.read_exact(&mut ack).unwrap();
+        acked += 1;
+    }
+    reader.join().unwrap();
+    bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
 /// NCCL's pipeline at its defaults, as the plugin sees it: 128 KiB messages, 8 steps in
@@ -2058,11 +2101,12 @@ fn bench_steps() {
         let last = (0..iters).rev().find(|i| i % depth == k).unwrap();
         assert!(b[0] == msgs[last % depth], "slot {k} holds the wrong bytes");
     }
+    let gbps = (size * iters) as f64 / secs / 1e9;
+    let plain = plain_socket_gbps(size, size * iters, depth);
     println!(
-        "{{\"bench\": \"steps\", \"size\": {size}, \"depth\": {depth}, \"consume_us\": {}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {:.3}, \"plugin\": {:?}}}",
+        "{{\"bench\": \"steps\", \"size\": {size}, \"depth\": {depth}, \"consume_us\": {}, \"messages\": {iters}, \"seconds\": {secs:.3}, \"us_per_message\": {:.1}, \"GBps\": {gbps:.3}, \"plain_socket_GBps\": {plain:.3}, \"plugin\": {:?}}}",
         consume.as_micros(),
         secs * 1e6 / iters as f64,
-        (size * iters) as f64 / secs / 1e9,
         plugin_path().display().to_string()
     );
     for b in &bufs {
