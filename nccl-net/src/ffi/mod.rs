@@ -414,12 +414,13 @@ unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY (each `taken`): a send comm of ours, boxed in connect, closed once by
-        // NCCL (its contract); reading its magic first says which kind.
+        // SAFETY: NCCL passes a send comm of ours: its magic says which kind.
         if unsafe { *(comm as *const u64) } == SEND_MAGIC_VERBS {
+            // SAFETY: a verbs send comm of ours, boxed in connect; NCCL closes it once.
             unsafe { taken::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm")? }.close();
         } else {
             // The threads stop and are joined before the comm (and its requests) is freed.
+            // SAFETY: a send comm of ours, boxed in connect; NCCL closes it once.
             unsafe { taken::<SendComm>(comm, SEND_MAGIC, "send comm")? }.close();
         }
         Ok(())
@@ -434,12 +435,13 @@ unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY (each `taken`): a receive comm of ours, boxed in accept, closed once by
-        // NCCL (its contract); reading its magic first says which kind.
+        // SAFETY: NCCL passes a receive comm of ours: its magic says which kind.
         if unsafe { *(comm as *const u64) } == RECV_MAGIC_VERBS {
+            // SAFETY: a verbs receive comm of ours, boxed in accept; NCCL closes it once.
             unsafe { taken::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm")? }.close();
         } else {
             // The threads stop and are joined before the comm (and its requests) is freed.
+            // SAFETY: a receive comm of ours, boxed in accept; NCCL closes it once.
             unsafe { taken::<RecvComm>(comm, RECV_MAGIC, "receive comm")? }.close();
         }
         Ok(())
@@ -453,11 +455,12 @@ unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
         if comm.is_null() {
             return Ok(());
         }
-        // SAFETY (each `taken`): a listen comm of ours, boxed in listen, closed once by
-        // NCCL (its contract); reading its magic first says which kind.
+        // SAFETY: NCCL passes a listen comm of ours: its magic says which kind.
         if unsafe { *(comm as *const u64) } == VLISTEN_MAGIC {
+            // SAFETY: a verbs listen comm of ours, boxed in listen; NCCL closes it once.
             drop(unsafe { taken::<VerbsListen>(comm, VLISTEN_MAGIC, "listen comm")? });
         } else {
+            // SAFETY: a listen comm of ours, boxed in listen; NCCL closes it once.
             unsafe { taken::<ListenComm>(comm, LISTEN_MAGIC, "listen comm")? }.close();
         }
         Ok(())
