@@ -130,6 +130,21 @@ struct RxSlot {
     placing: bool,
 }
 
+impl RxSlot {
+    /// A buffer `irecv` posted: `posted` bytes at `data` for a message of `tag`.
+    fn posted(data: *mut u8, posted: u64, tag: i32) -> RxSlot {
+        RxSlot {
+            data: RawBuf(data),
+            posted,
+            tag,
+            msg: None,
+            good: false,
+            ack_at: 0,
+            placing: false,
+        }
+    }
+}
+
 struct RecvReq {
     /// Trace number (NCCL_GRDMA_TRACE).
     tn: u64,
@@ -354,17 +369,8 @@ impl RecvComm {
             tn,
             id,
             base,
-            slots: bufs
-                .iter()
-                .map(|&(data, posted, tag)| RxSlot {
-                    data: RawBuf(data),
-                    posted,
-                    tag,
-                    msg: None,
-                    good: false,
-                    ack_at: 0,
-                    placing: false,
-                })
+            slots: (bufs.iter())
+                .map(|&(data, posted, tag)| RxSlot::posted(data, posted, tag))
                 .collect(),
         });
         let cts = Ctrl::Cts {

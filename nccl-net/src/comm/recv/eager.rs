@@ -196,16 +196,27 @@ pub(super) fn place_by_index(st: &mut State, sh: &Shared, seq: u64) -> Result<()
             sh.peer
         )));
     }
+    let what = format_args!("eager {seq} is message {index}: buffer 0 of receive {id}");
+    aim(st, sh, seq, (ri, 0), tn, what)
+}
+
+/// Eager message `seq` belongs in `target` (request, buffer), as `what` says in the
+/// trace of request `tn`: placed at once if it arrived whole and good already, else
+/// once it does.
+fn aim(
+    st: &mut State,
+    sh: &Shared,
+    seq: u64,
+    target: (usize, usize),
+    tn: u64,
+    what: std::fmt::Arguments<'_>,
+) -> Result<()> {
     let Some(e) = st.eager.get_mut(&seq) else {
         return Err(NetError::internal("eager message vanished"));
     };
-    e.target = Some((ri, 0));
+    e.target = Some(target);
     let good = e.good;
-    sh.trace.event(
-        "recv",
-        tn,
-        format_args!("eager {seq} is message {index}: buffer 0 of receive {id}"),
-    );
+    sh.trace.event("recv", tn, what);
     if good {
         place(st, sh, seq)?;
     }
@@ -251,21 +262,11 @@ pub(super) fn on_match(
             st.eager.len()
         )));
     }
-    let e = st.eager.entry(seq).or_default();
-    if e.target.is_some() {
+    if st.eager.entry(seq).or_default().target.is_some() {
         return Err(bad(format!("eager message {seq} matched twice")));
     }
-    e.target = Some((ri, slot));
-    let good = e.good;
-    sh.trace.event(
-        "recv",
-        tn,
-        format_args!("eager {seq} matched to buffer {slot}"),
-    );
-    if good {
-        place(st, sh, seq)?;
-    }
-    Ok(())
+    let what = format_args!("eager {seq} matched to buffer {slot}");
+    aim(st, sh, seq, (ri, slot), tn, what)
 }
 
 /// Eager message `seq` (whole, good, matched) is to be copied into its NCCL buffer:
@@ -455,15 +456,7 @@ mod tests {
             id,
             base,
             slots: (tags.iter())
-                .map(|&tag| RxSlot {
-                    data: RawBuf(std::ptr::null_mut()),
-                    posted: 1024,
-                    tag,
-                    msg: None,
-                    good: false,
-                    ack_at: 0,
-                    placing: false,
-                })
+                .map(|&tag| RxSlot::posted(std::ptr::null_mut(), 1024, tag))
                 .collect(),
         });
         st.buffers = st.buffers.max(base + tags.len() as u64);
