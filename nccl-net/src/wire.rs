@@ -16,8 +16,8 @@ pub const HELLO_MAGIC: [u8; 4] = *b"GRDH";
 pub const PIECE_MAGIC: [u8; 4] = *b"GRDP";
 /// 2: eager sends (a message may go before its receive is posted, into the
 /// receiver's bounce buffer, and be placed by a later match frame). 3: pieces carry
-/// their message's number and tag, and the receiver places an eager message for a
-/// receive of one buffer itself (no match frame).
+/// their message's number and tag, so that a receiver whose handle says `by_number`
+/// places an eager message for a receive of one buffer itself (no match frame).
 pub const VERSION: u16 = 3;
 
 /// The receives one `irecv` may group (`maxRecvs`), each with its tag.

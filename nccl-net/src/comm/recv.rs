@@ -9,19 +9,20 @@
 //! a bounce buffer of this comm, are checked and acked there (so the sender's request
 //! completes without waiting for this side's `irecv`: NCCL posts the next receive only
 //! after the GPU consumed the last one, and a sender that waited for it would tie each
-//! step to the receiving GPU), and are copied into NCCL's buffer once their receive is
-//! posted: a receive of one buffer takes the message of its number (messages take the
-//! buffers in order, see `PieceHeader::index`), so `irecv` places it at once; a
-//! grouped receive waits for the sender's match frame, which says which buffer
-//! ([`eager`]).
+//! step to the receiving GPU), and are copied into NCCL's buffer once the sender's
+//! match frame says which receive and buffer they belong to ([`eager`]); with
+//! `NCCL_GRDMA_EAGER_BY_NUMBER` (off by default), a receive of one buffer takes the
+//! message of its number instead (messages take the buffers in order, see
+//! `PieceHeader::index`), so `irecv` places it at once.
 //!
 //! Threads: one reader per data socket reads a header, finds the buffer, reads the
 //! bytes into it, checks the CRC, and sends the ack or NACK the moment a message's last
 //! piece is in (from that thread, without waiting for NCCL's next call); one control
-//! writer sends what the control socket could not take at once, and copies the larger
-//! eager messages `irecv` placed. NCCL's calls (`irecv`, `test`) only change the shared
-//! state under its lock, try one non-blocking send of the clear-to-send and copy a small
-//! eager message `irecv` placed: they never wait.
+//! writer sends what the control socket could not take at once, and (placing by number)
+//! copies the larger eager messages `irecv` placed. NCCL's calls (`irecv`, `test`) only
+//! change the shared state under its lock, try one non-blocking send of the
+//! clear-to-send and (placing by number) copy a small eager message `irecv` placed:
+//! they never wait.
 
 mod eager;
 

@@ -711,9 +711,9 @@ fn size_error(peer: SocketAddr, size: u64, posted: u64, tag: i32) -> NetError {
 }
 
 /// Matches the unmatched eager messages, oldest first, to the clear-to-send frames now
-/// known, by the rule `isend` uses, and queues a match frame for each that went to a
-/// grouped receive (the receiver places one for a receive of one buffer by its
-/// number); the number queued. An error (size or tag) fails the comm: the message went already.
+/// known, by the rule `isend` uses, and queues a match frame for each (but, where the
+/// handle said `by_number`, for one that went to a receive of one buffer: the receiver
+/// places that by its number); the number queued. An error (size or tag) fails the comm: the message went already.
 fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
     let mut n = 0;
     while let (Some(u), Some(head)) = (st.unresolved.front(), st.cts.front_mut()) {

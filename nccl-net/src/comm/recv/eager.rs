@@ -1,9 +1,9 @@
 //! The receive side of eager messages: sent before the sender saw their receive's
 //! clear-to-send, they land in a bounce buffer of the comm (taken from its
 //! [`BouncePool`]), are checked and acked there, and are copied into NCCL's buffer once
-//! their receive is posted: one for a receive of one buffer goes to the buffer of its
-//! number (`PieceHeader::index`, [`place_by_index`]), one for a grouped receive where
-//! the sender's match frame says ([`on_match`]). A peer may not hold more of them than
+//! their receive is posted, where the sender's match frame says ([`on_match`]); with
+//! `NCCL_GRDMA_EAGER_BY_NUMBER` (off by default), one for a receive of one buffer goes
+//! to the buffer of its number instead (`PieceHeader::index`, [`place_by_index`]). A peer may not hold more of them than
 //! a sender ever keeps unmatched (`EAGER_HELD_MAX`, `EAGER_HELD_MESSAGES`). Called by
 //! the readers of [`super`] and by `irecv` under the comm's lock, but for the copy
 //! itself ([`copy_placed`]).
