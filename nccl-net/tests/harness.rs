@@ -327,6 +327,43 @@ impl Net {
         }
     }
 
+    /// The error a send comm `s` reports once its send `req` failed: through that
+    /// request's `test`, or, where the request was done before the failure was known (a
+    /// small message over TCP is done once written: the plugin keeps a copy for
+    /// resends), through the comm's next call (here a send of `msg` again, as NCCL's
+    /// next step would be); a panic if neither comes in time.
+    fn comm_error(
+        &self,
+        s: *mut c_void,
+        req: *mut c_void,
+        msg: &[u8],
+        tag: i32,
+        also: &[*mut c_void],
+    ) -> NcclResult {
+        let t0 = Instant::now();
+        let mut req = req;
+        loop {
+            assert!(t0.elapsed() < DEADLINE, "no error in time (a hang)");
+            let rc = if req.is_null() {
+                let (rc, r) = self.isend_once(s, msg, tag);
+                req = r;
+                rc
+            } else {
+                let (rc, done, _) = self.test(req);
+                if done {
+                    req = null_mut();
+                }
+                rc
+            };
+            if rc != NcclResult::SUCCESS {
+                return rc;
+            }
+            for &a in also {
+                let _ = self.test(a);
+            }
+        }
+    }
+
     /// Over verbs (a child with `NCCL_GRDMA_TRANSPORT=verbs`), NCCL registers every
     /// buffer on the comm before it sends or receives with it: the registration of
     /// `len` bytes at `ptr` on `comm`, made once per buffer and kept until the comm
@@ -700,14 +737,12 @@ fn sends_then_receives(net: &Net, s: *mut c_void, r: *mut c_void) {
         777,
         4 << 20,
     ];
-    let msgs: Vec<Vec<u8>> = lens
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, 300 + i as u64))
-        .collect();
+    // The send buffers (scribbled over once their sends are done) and what was sent.
+    let mut bufs_sent = pattern_msgs(&lens);
+    let msgs = pattern_msgs(&lens);
     let t0 = Instant::now();
     let mut sreqs = Vec::new();
-    for m in &msgs {
+    for m in &bufs_sent {
         let req = loop {
             let (rc, req) = net.isend_once(s, m, 5);
             ok(rc, "isend");
@@ -724,6 +759,11 @@ fn sends_then_receives(net: &Net, s: *mut c_void, r: *mut c_void) {
         sreqs.push(req);
     }
     net.wait_all(&sreqs);
+    // NCCL reuses a send buffer once its send is done: whatever the plugin sends from
+    // now on (a corrupt piece again) must come from its own copy.
+    for m in &mut bufs_sent {
+        m.fill(0xee);
+    }
     // Now the receives: 4 alone, then 2 groups of 2 (NCCL's grouped receives, one tag).
     let mut bufs: Vec<Vec<Vec<u8>>> = vec![
         vec![vec![0u8; 4 << 20]],
@@ -758,6 +798,13 @@ fn sends_then_receives(net: &Net, s: *mut c_void, r: *mut c_void) {
     }
     // And the usual order (receive first) still works after the eager ones.
     round_trip(net, s, r, 100_000, 200_000, 9);
+}
+
+fn pattern_msgs(lens: &[usize]) -> Vec<Vec<u8>> {
+    lens.iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, 300 + i as u64))
+        .collect()
 }
 
 /// One small operation at a time, ordered as NCCL orders them when the receiving
@@ -884,20 +931,27 @@ fn smaller_than_posted_and_larger_refused() {
     let mut sreq: *mut c_void = null_mut();
     let rc = loop {
         // Sent eagerly (before the clear-to-send came) the send is a request, and the
-        // refusal comes through its test once the receive's size is known.
+        // refusal comes through its test once the receive's size is known, or through
+        // the comm's next call where the send was done once written (a copy kept).
         let rc = if sreq.is_null() {
             let (rc, req) = net.isend_once(s, &big, 3);
             sreq = req;
             rc
         } else {
             let (rc, done, _) = net.test(sreq);
-            assert!(!done, "a message larger than its receive completed");
+            if done {
+                sreq = null_mut();
+            }
             rc
         };
         if rc != NcclResult::SUCCESS {
             break rc;
         }
-        let _ = net.test(rr);
+        let (_, done, _) = net.test(rr);
+        assert!(
+            !done,
+            "a receive completed with a message larger than posted"
+        );
         assert!(t0.elapsed() < DEADLINE);
     };
     assert_eq!(rc, NcclResult::INVALID_USAGE);
@@ -1044,13 +1098,18 @@ fn bad_handles_are_errors() {
         let (rc, r) = net.accept(l);
         ok(rc, "accept");
         assert!(r.is_null(), "accepted a connection with a wrong token");
-        // The send may go eagerly (a request): then its test reports the refusal.
+        // The send may go eagerly (a request): then its test reports the refusal, or,
+        // done once written (a copy kept), the comm's next send does.
         let rc = if sreq.is_null() {
             let (rc, req) = net.isend_once(s, b"x", 0);
             sreq = req;
             rc
         } else {
-            net.test(sreq).0
+            let (rc, done, _) = net.test(sreq);
+            if done {
+                sreq = null_mut();
+            }
+            rc
         };
         if rc != NcclResult::SUCCESS {
             break rc;
@@ -1455,6 +1514,43 @@ fn child_scenario() {
             net.close_recv(r);
             net.close_listen(l);
         }
+        "close_after_kept_sends" => {
+            // A send done before its ack (a copy kept), its buffer scribbled over, the
+            // comm closed at once: close waits for the ack, sending corrupt pieces
+            // again from the copy, so the receive still completes exactly.
+            // Which send is done before its ack depends on the threads' timing: go on
+            // until 8 were (the trace says), at most 200 rounds.
+            let net = Net::init();
+            let kept = || {
+                LOG.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, s)| s.contains("test done (before the ack: a copy is kept)"))
+                    .count()
+            };
+            for k in 0..200u64 {
+                if kept() >= 8 {
+                    break;
+                }
+                let (s, r, l) = net.pair();
+                let size = 200 << 10;
+                let mut bufs = vec![vec![0u8; size]];
+                let rr = net.irecv(r, &mut bufs, &[1]);
+                let mut msg = pattern(size, 40 + k);
+                let sr = net.isend(s, &msg, 1, &[rr]);
+                net.wait_all(&[sr]);
+                msg.fill(0xee);
+                net.close_send(s);
+                net.wait_all(&[rr]);
+                assert!(bufs[0] == pattern(size, 40 + k), "the bytes of message {k}");
+                net.close_recv(r);
+                net.close_listen(l);
+            }
+            assert!(
+                kept() >= 8,
+                "fewer than 8 sends in 200 were done before their ack"
+            );
+        }
         "every_piece_corrupt" => {
             let net = Net::init();
             let (s, r, l) = net.pair();
@@ -1462,7 +1558,7 @@ fn child_scenario() {
             let rr = net.irecv(r, &mut bufs, &[0]);
             let msg = pattern(100_000, 1);
             let sr = net.isend(s, &msg, 0, &[rr]);
-            let rc = net.wait_error(sr, &[rr]);
+            let rc = net.comm_error(s, sr, &msg, 0, &[rr]);
             assert_eq!(rc, NcclResult::REMOTE_ERROR);
             let (_, done, _) = net.test(rr);
             assert!(!done, "the receive never completes with bad data");
@@ -1635,6 +1731,32 @@ fn injected_faults_are_repaired_exactly() {
         err.contains("corrupted on purpose"),
         "the sender counts its injections"
     );
+}
+
+/// Small sends are done once written (the plugin keeps a copy until the ack): with 1
+/// piece in 3 corrupted, each send's buffer scribbled over once it is done and its
+/// comm closed at once, every receive still completes exactly, repaired from the copy.
+#[test]
+fn a_send_done_before_its_ack_is_repaired_from_its_copy() {
+    let out = child(
+        "close_after_kept_sends",
+        &[
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
+            ("NCCL_GRDMA_TRACE", "1"),
+        ],
+    );
+    let err = assert_child_ok(&out, "kept copies with faults, closed at once");
+    let repaired: u64 = err
+        .lines()
+        .filter(|l| l.contains("receive comm from") && l.contains("closed"))
+        .filter_map(|l| {
+            l.split(" pieces repaired")
+                .next()
+                .and_then(|s| s.rsplit(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum();
+    assert!(repaired > 0, "nothing was repaired:\n{err}");
 }
 
 /// Eager messages (sent before their receive) with 1 piece in 3 corrupted: repaired

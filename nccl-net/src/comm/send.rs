@@ -6,6 +6,15 @@
 //! when the receiver acked the message (checks on) or its last byte went out (checks
 //! off). Pieces the receiver found corrupt are sent again, up to `MAX_RESENDS` times.
 //!
+//! A checked message of at most `KEEP_MAX` bytes is copied by the writers as its pieces
+//! go out (into one of at most `KEEP_BUFFERS` buffers of the comm): its request is done
+//! when its last byte went out, as with the checks off, and a piece found corrupt is
+//! sent again from the copy, kept until the ack. Why: under NCCL a send buffer comes
+//! back to the GPU only when `test` says done, and at NCCL's default 128 KiB steps the
+//! wait for the receiver's ack (a round trip through both ends' threads) took a median
+//! 145 µs of a step's 611 (`docs/measurements/h100/2026-12-06-nccl-plugin/k-step-trace`;
+//! small sends gained up to 3 × from the copy, `l-kept-copy`).
+//!
 //! Threads: one writer per data socket takes the next queued piece (any writer, any
 //! piece: the sockets share the load), takes its CRC and writes header and bytes
 //! straight from NCCL's buffer; one control reader takes clear-to-send, ack and resend
@@ -60,7 +69,59 @@ struct SendReq {
     /// The message's number and tag (`PieceHeader::index`, `tag`).
     index: u64,
     tag: i32,
+    /// The copy of a message of at most `KEEP_MAX` bytes (checks on): its pieces are
+    /// copied here as they first go out and sent again from here, so `test` may hand
+    /// NCCL's buffer back before the ack.
+    kept: Option<KeptCopy>,
+    /// `test` reported the request done (a kept message waiting for its ack): NCCL
+    /// no longer knows it, its slot is freed when the ack comes.
+    reported: bool,
 }
+
+impl SendReq {
+    /// Done for NCCL: every piece went out, and the receiver acked the message, or it
+    /// is not checked, or a copy of it is kept for resends.
+    fn done(&self) -> bool {
+        self.unsent == 0 && (self.acked || !self.checked || self.kept.is_some())
+    }
+
+    /// Finished with: reported to NCCL and nothing left to send or to hear.
+    fn finished(&self) -> bool {
+        self.reported && self.unsent == 0 && (self.acked || !self.checked)
+    }
+}
+
+/// A buffer of `KEEP_MAX` bytes for a message's copy, reached only through its raw
+/// address: writers copy into and send from disjoint pieces of it at once, outside the
+/// lock, so no reference to the whole buffer may exist while it is in use.
+struct KeptCopy(RawBuf);
+
+impl KeptCopy {
+    fn new() -> Self {
+        let b: Box<[u8]> = vec![0u8; KEEP_MAX as usize].into_boxed_slice();
+        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8))
+    }
+}
+
+impl Drop for KeptCopy {
+    fn drop(&mut self) {
+        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, KEEP_MAX as usize);
+        // SAFETY: made by Box::into_raw in `new` with this length, freed only here; a
+        // copy is dropped only with its request finished (no piece in a writer's
+        // hands) or with the comm's state, after its threads were joined.
+        drop(unsafe { Box::from_raw(whole) });
+    }
+}
+
+/// The largest message whose copy is kept so that its request is done before the ack
+/// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
+pub const KEEP_MAX: u64 = 256 << 10;
+/// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
+/// needed, reused): beyond them a message waits for its ack as a larger one does.
+pub const KEEP_BUFFERS: usize = 16;
+/// How long `close` waits for the acks of kept messages, so that a corrupt piece among
+/// them can still be sent again.
+const CLOSE_LINGER: Duration = Duration::from_secs(10);
 
 /// An eager message the sender has not yet matched to a receive (in isend order).
 struct Unresolved {
@@ -99,6 +160,40 @@ struct State {
     peer_closed: bool,
     injector: Option<FaultInjector>,
     counters: Counters,
+    /// Copy buffers not in use (`KEEP_MAX` bytes each).
+    spare: Vec<KeptCopy>,
+    /// Copy buffers held by requests.
+    kept: usize,
+}
+
+impl State {
+    /// Frees request `ri`'s slot if it is finished with, its copy buffer back to the spares.
+    fn retire_if_finished(&mut self, ri: usize) {
+        if self.reqs[ri].as_ref().is_some_and(SendReq::finished) {
+            if let Some(b) = self.reqs[ri].take().and_then(|r| r.kept) {
+                self.kept -= 1;
+                self.spare.push(b);
+            }
+        }
+    }
+
+    /// A copy buffer for a message of `size` bytes, if it is small enough and one is free.
+    fn keep(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
+        if !checked || size > KEEP_MAX || self.kept >= KEEP_BUFFERS {
+            return None;
+        }
+        self.kept += 1;
+        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
+    }
+
+    /// Kept messages reported done but not yet acked.
+    fn unacked_kept(&self) -> usize {
+        self.reqs
+            .iter()
+            .flatten()
+            .filter(|r| r.reported && !r.acked)
+            .count()
+    }
 }
 
 struct Shared {
@@ -134,6 +229,9 @@ struct Job {
     header: PieceHeader,
     data: RawBuf,
     len: usize,
+    /// A kept message's first send of this piece: copy these `len` bytes (in NCCL's
+    /// buffer) to `data` (in the copy) first.
+    copy_from: Option<RawBuf>,
     /// Fault injection: corrupt this piece (after its CRC was taken).
     corrupt: bool,
 }
@@ -172,6 +270,8 @@ impl SendComm {
                 peer_closed: false,
                 injector,
                 counters: Counters::default(),
+                spare: Vec::new(),
+                kept: 0,
             }),
             work: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -271,6 +371,7 @@ impl SendComm {
         }
         let tn = st.made;
         st.made += 1;
+        let kept = st.keep(size, self.checks);
         shared.trace.event(
             "send",
             tn,
@@ -293,6 +394,8 @@ impl SendComm {
             taken: 0,
             index: st.next_index,
             tag,
+            kept,
+            reported: false,
         });
         st.next_index += 1;
         drop(st);
@@ -313,14 +416,31 @@ impl SendComm {
                 "test: the request is not in flight on its send comm",
             ));
         };
-        if req.unsent == 0 && (req.acked || !req.checked) {
+        if req.reported {
+            return Err(NetError::invalid(
+                "test: the request was already reported done",
+            ));
+        }
+        if req.done() {
             let size = req.size;
-            shared
-                .trace
-                .event("send", req.tn, format_args!("test done"));
+            shared.trace.event(
+                "send",
+                req.tn,
+                format_args!(
+                    "test done{}",
+                    if req.acked || !req.checked {
+                        ""
+                    } else {
+                        " (before the ack: a copy is kept)"
+                    }
+                ),
+            );
             st.counters.messages += 1;
             st.counters.bytes += size;
-            st.reqs[ri] = None;
+            if let Some(r) = st.reqs[ri].as_mut() {
+                r.reported = true;
+            }
+            st.retire_if_finished(ri);
             return Ok(Some(size));
         }
         if let Some(e) = &st.failed {
@@ -345,13 +465,45 @@ impl SendComm {
         stop_comm(&sh.stop, &sh.work, &self.socks, &mut self.workers, comm);
     }
 
-    /// `closeSend`: the threads stop and are joined, the sockets close with the comm;
-    /// the counters go to NCCL's log.
+    /// `closeSend`: once the kept messages are acked (at most `CLOSE_LINGER`), the
+    /// threads stop and are joined, the sockets close with the comm; the counters go to
+    /// NCCL's log.
     pub fn close(&mut self) {
+        self.linger();
         self.stop();
         let st = self.shared.lock();
+        if let Some(e) = &st.failed {
+            // A send done before its ack may have failed after NCCL last called: said here
+            // so that the sender's log names it too (the receive never completes).
+            crate::log::warn!(
+                "send comm to {} closed after a failure: {e}",
+                self.shared.peer
+            );
+        }
         info!(NET; "send comm to {} closed: {}", self.shared.peer, st.counters.line());
         integrity::SENT.add(&st.counters);
+    }
+}
+
+impl SendComm {
+    /// Waits (bounded) until no kept message waits for its ack, so that a piece the
+    /// receiver finds corrupt can still be sent again after NCCL closed the comm.
+    fn linger(&self) {
+        let t0 = std::time::Instant::now();
+        loop {
+            let st = self.shared.lock();
+            let left = st.unacked_kept();
+            if left == 0 || st.failed.is_some() || st.peer_closed {
+                return;
+            }
+            drop(st);
+            if t0.elapsed() >= CLOSE_LINGER {
+                crate::log::warn!("send comm to {}: closing with {left} messages the receiver has not acked after {} s; a corrupt piece among them can no longer be sent again (the receiver will fail it)",
+                    self.shared.peer, CLOSE_LINGER.as_secs());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -405,6 +557,7 @@ fn next_job(st: &mut State) -> Option<Job> {
                     },
                     data: RawBuf(std::ptr::null_mut()),
                     len: 0,
+                    copy_from: None,
                     corrupt: false,
                 })
             }
@@ -431,7 +584,16 @@ fn next_job(st: &mut State) -> Option<Job> {
         };
         // SAFETY: offset + len <= size (Layout covers exactly `size` bytes): inside
         // the isend buffer.
-        let data = RawBuf(unsafe { r.data.0.add(off as usize) });
+        let nccl = RawBuf(unsafe { r.data.0.add(off as usize) });
+        // The first send of a kept message's piece copies it; later ones send the copy.
+        let (data, copy_from) = match &r.kept {
+            Some(k) => {
+                // SAFETY: offset + len <= size <= KEEP_MAX, the copy's length.
+                let at = unsafe { k.0 .0.add(off as usize) };
+                (RawBuf(at), (r.attempts[p as usize] == 0).then_some(nccl))
+            }
+            None => (nccl, None),
+        };
         let corrupt = st.injector.as_mut().is_some_and(FaultInjector::strike);
         if corrupt {
             st.counters.injected += 1;
@@ -442,6 +604,7 @@ fn next_job(st: &mut State) -> Option<Job> {
             header,
             data,
             len: len as usize,
+            copy_from,
             corrupt,
         });
     }
@@ -478,9 +641,18 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
                 format_args!("first byte written (socket {i}, attempt {})", h0.attempt),
             );
         }
-        // SAFETY: the piece lies in the isend buffer of request `job.ri`, which stays
-        // in flight (its `unsent` counts this piece) until this thread is done with it
-        // below: NCCL's promise (sock::RawBuf) holds for the whole write.
+        if let Some(src) = job.copy_from {
+            // SAFETY: `src` is the piece in NCCL's isend buffer and `data` the same range
+            // of the request's copy, which only this thread writes (one job per piece
+            // at a time; a resend sends the copy, never writes it). Both stay valid
+            // while `unsent` counts this piece (see below).
+            unsafe { std::ptr::copy_nonoverlapping(src.0, job.data.0, job.len) };
+        }
+        // SAFETY: the piece lies in the isend buffer of request `job.ri` or in its
+        // copy (owned by the request), which stays in flight (its `unsent` counts this
+        // piece) until this thread is done with it below: NCCL's promise
+        // (sock::RawBuf) holds for the whole write, and a request keeps its copy until
+        // it is finished with, which needs `unsent == 0`.
         let bytes = unsafe { sock::raw_bytes(job.data.0, job.len) };
         let mut h = job.header;
         if h.checked {
@@ -531,6 +703,7 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         if let Some(r) = st.reqs[ri].as_mut() {
             r.unsent -= 1;
         }
+        st.retire_if_finished(ri);
     }
 }
 
@@ -623,6 +796,7 @@ fn on_ctrl(st: &mut State, peer: SocketAddr, trace: &Trace, frame: Ctrl) -> Resu
                 r.acked = true;
                 trace.event("send", r.tn, format_args!("ack received"));
             }
+            st.retire_if_finished(ri);
         }
         Ctrl::Nack { id, slot, pieces } => {
             let ri = find(&st.reqs, id, slot).ok_or_else(|| {
