@@ -24,7 +24,8 @@ pub struct Config {
     /// `NCCL_GRDMA_EAGER_BY_NUMBER` (the listener's, it travels in the handle): an eager
     /// message for a receive of one buffer is placed by the receiver at `irecv`, by its
     /// number, instead of waiting for the sender's match frame (one round trip less per
-    /// small message). Off by default until measured under NCCL on a GPU machine.
+    /// small message). Off: under NCCL on H100s it gained at 16-64 KiB and lost above
+    /// (docs/measurements/h100/2026-12-06-nccl-plugin, `j-` and `n-`).
     pub eager_by_number: bool,
 }
 
@@ -51,15 +52,12 @@ impl Config {
                 }
             },
         };
-        let checks = match get("NCCL_GRDMA_CHECKS").as_deref().map(str::trim) {
-            None | Some("1") => true,
-            Some("0") => false,
-            Some(v) => {
-                return Err(NetError::invalid(format!(
-                    "NCCL_GRDMA_CHECKS={v:?}: expected 1 (checks on, the default) or 0 (off)"
-                )))
-            }
-        };
+        let checks = switch(
+            &get,
+            "NCCL_GRDMA_CHECKS",
+            true,
+            "1 (checks on, the default) or 0 (off)",
+        )?;
         let inject_one_in = match get("NCCL_GRDMA_TEST_INJECT_FAULTS") {
             None => None,
             Some(v) => match v.trim().parse::<u32>() {
@@ -84,15 +82,12 @@ impl Config {
                 }
             },
         };
-        let eager_by_number = match get("NCCL_GRDMA_EAGER_BY_NUMBER").as_deref().map(str::trim) {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(v) => {
-                return Err(NetError::invalid(format!(
-                    "NCCL_GRDMA_EAGER_BY_NUMBER={v:?}: expected 0 (match frames, the default) or 1"
-                )))
-            }
-        };
+        let eager_by_number = switch(
+            &get,
+            "NCCL_GRDMA_EAGER_BY_NUMBER",
+            false,
+            "0 (match frames, the default) or 1",
+        )?;
         Ok(Self {
             streams,
             checks,
@@ -100,6 +95,23 @@ impl Config {
             eager_max,
             eager_by_number,
         })
+    }
+}
+
+/// A 0/1 variable `name` (`default` when unset; `expected` says both values in the error).
+fn switch(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    default: bool,
+    expected: &str,
+) -> Result<bool> {
+    match get(name).as_deref().map(str::trim) {
+        None => Ok(default),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(NetError::invalid(format!(
+            "{name}={v:?}: expected {expected}"
+        ))),
     }
 }
 
