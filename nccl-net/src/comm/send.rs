@@ -21,8 +21,14 @@
 //! frames as they arrive. NCCL's calls (`isend`, `test`) only look at and change the
 //! shared state under its lock: they never do I/O and never wait.
 
+mod kept;
+mod matching;
+
+use kept::KeptCopy;
+use matching::{direct_match, on_ctrl};
+
 use super::threads::{stop_comm, Workers};
-use super::{free_slot, Handles, MAX_RESENDS, SEND_MAGIC};
+use super::{free_slot, Handles, SEND_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::config::Config;
 use crate::error::{io_err, NetError, Result};
@@ -32,7 +38,7 @@ use crate::sock::{self, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{
     Ctrl, Handle, Layout, PieceHeader, PostedSlot, EAGER_BUDGET, EAGER_MAX, EAGER_MESSAGES,
-    EAGER_SLOT, MAX_RECVS,
+    EAGER_SLOT,
 };
 use socket2::Socket;
 use std::collections::VecDeque;
@@ -78,51 +84,6 @@ struct SendReq {
     reported: bool,
 }
 
-impl SendReq {
-    /// Done for NCCL: every piece went out, and the receiver acked the message, or it
-    /// is not checked, or a copy of it is kept for resends.
-    fn done(&self) -> bool {
-        self.unsent == 0 && (self.acked || !self.checked || self.kept.is_some())
-    }
-
-    /// Finished with: reported to NCCL and nothing left to send or to hear.
-    fn finished(&self) -> bool {
-        self.reported && self.unsent == 0 && (self.acked || !self.checked)
-    }
-}
-
-/// A buffer of `KEEP_MAX` bytes for a message's copy, reached only through its raw
-/// address: writers copy into and send from disjoint pieces of it at once, outside the
-/// lock, so no reference to the whole buffer may exist while it is in use.
-struct KeptCopy(RawBuf);
-
-impl KeptCopy {
-    fn new() -> Self {
-        let b: Box<[u8]> = vec![0u8; KEEP_MAX as usize].into_boxed_slice();
-        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8))
-    }
-}
-
-impl Drop for KeptCopy {
-    fn drop(&mut self) {
-        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, KEEP_MAX as usize);
-        // SAFETY: made by Box::into_raw in `new` with this length, freed only here; a
-        // copy is dropped only with its request finished (no piece in a writer's
-        // hands) or with the comm's state, after its threads were joined.
-        drop(unsafe { Box::from_raw(whole) });
-    }
-}
-
-/// The largest message whose copy is kept so that its request is done before the ack
-/// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
-pub const KEEP_MAX: u64 = 256 << 10;
-/// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
-/// needed, reused): beyond them a message waits for its ack as a larger one does.
-pub const KEEP_BUFFERS: usize = 16;
-/// How long `close` waits for the acks of kept messages, so that a corrupt piece among
-/// them can still be sent again.
-const CLOSE_LINGER: Duration = Duration::from_secs(10);
-
 /// An eager message the sender has not yet matched to a receive (in isend order).
 struct Unresolved {
     seq: u64,
@@ -164,36 +125,6 @@ struct State {
     spare: Vec<KeptCopy>,
     /// Copy buffers held by requests.
     kept: usize,
-}
-
-impl State {
-    /// Frees request `ri`'s slot if it is finished with, its copy buffer back to the spares.
-    fn retire_if_finished(&mut self, ri: usize) {
-        if self.reqs[ri].as_ref().is_some_and(SendReq::finished) {
-            if let Some(b) = self.reqs[ri].take().and_then(|r| r.kept) {
-                self.kept -= 1;
-                self.spare.push(b);
-            }
-        }
-    }
-
-    /// A copy buffer for a message of `size` bytes, if it is small enough and one is free.
-    fn keep(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
-        if !checked || size > KEEP_MAX || self.kept >= KEEP_BUFFERS {
-            return None;
-        }
-        self.kept += 1;
-        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
-    }
-
-    /// Kept messages reported done but not yet acked.
-    fn unacked_kept(&self) -> usize {
-        self.reqs
-            .iter()
-            .flatten()
-            .filter(|r| r.reported && !r.acked)
-            .count()
-    }
 }
 
 struct Shared {
@@ -485,28 +416,6 @@ impl SendComm {
     }
 }
 
-impl SendComm {
-    /// Waits (bounded) until no kept message waits for its ack, so that a piece the
-    /// receiver finds corrupt can still be sent again after NCCL closed the comm.
-    fn linger(&self) {
-        let t0 = std::time::Instant::now();
-        loop {
-            let st = self.shared.lock();
-            let left = st.unacked_kept();
-            if left == 0 || st.failed.is_some() || st.peer_closed {
-                return;
-            }
-            drop(st);
-            if t0.elapsed() >= CLOSE_LINGER {
-                crate::log::warn!("send comm to {}: closing with {left} messages the receiver has not acked after {} s; a corrupt piece among them can no longer be sent again (the receiver will fail it)",
-                    self.shared.peer, CLOSE_LINGER.as_secs());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
 impl Drop for SendComm {
     /// A comm dropped without `close` (an error path) still stops and joins its threads.
     fn drop(&mut self) {
@@ -760,197 +669,4 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
             sh.work.notify_all();
         }
     }
-}
-
-/// One frame from the receiver; the number of pieces queued again.
-fn on_ctrl(st: &mut State, peer: SocketAddr, trace: &Trace, frame: Ctrl) -> Result<usize> {
-    let find = |reqs: &[Option<SendReq>], id: u64, slot: u8| {
-        reqs.iter().position(|r| {
-            r.as_ref()
-                .is_some_and(|r| r.cts_id == id && r.slot == slot && !r.acked)
-        })
-    };
-    match frame {
-        Ctrl::Cts { id, slots } => {
-            if st.cts.len() >= NCCL_NET_MAX_REQUESTS || slots.len() > MAX_RECVS {
-                return Err(NetError::remote(format!(
-                    "{peer} posted more receives than NCCL allows in flight"
-                )));
-            }
-            let matched = vec![false; slots.len()];
-            trace.note(
-                "send",
-                id,
-                format_args!("clear-to-send {id} received ({} buffers)", slots.len()),
-            );
-            st.cts.push_back(Cts { id, slots, matched });
-            return resolve(st, peer, trace);
-        }
-        Ctrl::Ack { id, slot } => {
-            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
-                NetError::remote(format!(
-                    "{peer} acked message {id}/{slot}, which is not in flight"
-                ))
-            })?;
-            if let Some(r) = st.reqs[ri].as_mut() {
-                r.acked = true;
-                trace.event("send", r.tn, format_args!("ack received"));
-            }
-            st.retire_if_finished(ri);
-        }
-        Ctrl::Nack { id, slot, pieces } => {
-            let ri = find(&st.reqs, id, slot).ok_or_else(|| {
-                NetError::remote(format!(
-                    "{peer} asked again for message {id}/{slot}, which is not in flight"
-                ))
-            })?;
-            let Some(r) = st.reqs[ri].as_mut() else {
-                return Ok(0);
-            };
-            for &p in pieces.iter().rev() {
-                if p >= r.layout.count {
-                    return Err(NetError::remote(format!(
-                        "{peer} asked again for piece {p} of a message of {} pieces",
-                        r.layout.count
-                    )));
-                }
-                r.attempts[p as usize] += 1;
-                if r.attempts[p as usize] > MAX_RESENDS {
-                    return Err(NetError::remote(format!(
-                        "piece {p} of a {}-byte message to {peer} failed its CRC32C at the receiver {} times; \
-                         giving up (a link or host that corrupts data; NCCL_GRDMA_TEST_INJECT_FAULTS set?)",
-                        r.size,
-                        MAX_RESENDS + 1
-                    )));
-                }
-                r.unsent += 1;
-                st.queue.push_front(Work::Piece(ri, p));
-            }
-            st.counters.repaired += pieces.len() as u64;
-            return Ok(pieces.len());
-        }
-        Ctrl::Reject { reason } => {
-            return Err(NetError::remote(format!(
-                "the listener at {peer} refused this connection ({}): the handle is not the one that listener made",
-                match reason {
-                    crate::wire::REJECT_BAD_TOKEN => "wrong token",
-                    _ => "bad hello",
-                }
-            )))
-        }
-    }
-    Ok(0)
-}
-
-/// Matches a message of `size` bytes with `tag` to the oldest clear-to-send, unless an
-/// eager message is still unmatched (then this one must go after it): the receive and
-/// buffer, or `None` when none is known.
-fn direct_match(
-    st: &mut State,
-    peer: SocketAddr,
-    size: u64,
-    tag: i32,
-) -> Result<Option<(u64, u8)>> {
-    if !st.unresolved.is_empty() {
-        return Ok(None);
-    }
-    let Some(head) = st.cts.front_mut() else {
-        return Ok(None);
-    };
-    let Some(si) = (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == tag)
-    else {
-        return Err(NetError::usage(format!(
-            "isend to {peer}: tag {tag}, but the oldest receive posted has no free buffer with that tag \
-             (tags {:?}): the ranks disagree on the order of messages",
-            head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
-        )));
-    };
-    let posted = head.slots[si].size;
-    if size > posted {
-        return Err(size_error(peer, size, posted, tag));
-    }
-    head.matched[si] = true;
-    let id = head.id;
-    if head.matched.iter().all(|&m| m) {
-        st.cts.pop_front();
-    }
-    Ok(Some((id, si as u8)))
-}
-
-fn size_error(peer: SocketAddr, size: u64, posted: u64, tag: i32) -> NetError {
-    NetError::usage(format!(
-        "isend to {peer}: message of {size} bytes for a receive of {posted} bytes (tag {tag}): \
-         the ranks disagree on sizes (NCCL_PROTO, NCCL_ALGO or buffer settings differ?)"
-    ))
-}
-
-/// Matches the unmatched eager messages, oldest first, to the clear-to-send frames now
-/// known, by the rule `isend` uses, and queues a match frame for each (but, where the
-/// handle said `by_number`, for one that went to a receive of one buffer: the receiver
-/// places that by its number); the number queued. An error (size or tag) fails the comm: the message went already.
-fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
-    let mut n = 0;
-    while let (Some(u), Some(head)) = (st.unresolved.front(), st.cts.front_mut()) {
-        let Some(si) =
-            (0..head.slots.len()).find(|&s| !head.matched[s] && head.slots[s].tag == u.tag)
-        else {
-            return Err(NetError::usage(format!(
-                "eager message {} to {peer} (tag {}): the receive posted for it has no free buffer \
-                 with that tag (tags {:?}): the ranks disagree on the order of messages",
-                u.seq,
-                u.tag,
-                head.slots.iter().map(|s| s.tag).collect::<Vec<_>>()
-            )));
-        };
-        if u.size > head.slots[si].size {
-            return Err(size_error(peer, u.size, head.slots[si].size, u.tag));
-        }
-        head.matched[si] = true;
-        let (seq, cts_id) = (u.seq, head.id);
-        // A receive of one buffer: the receiver places the message by its number itself.
-        let single = st.by_number && head.slots.len() == 1;
-        if head.matched.iter().all(|&m| m) {
-            st.cts.pop_front();
-        }
-        st.eager_bytes -= u.size;
-        st.unresolved.pop_front();
-        // Not a byte of it went yet: it goes straight to its buffer instead.
-        if let Some(r) = st
-            .reqs
-            .iter_mut()
-            .flatten()
-            .find(|r| r.slot == EAGER_SLOT && r.cts_id == seq && r.taken == 0)
-        {
-            r.cts_id = cts_id;
-            r.slot = si as u8;
-            trace.note(
-                "send",
-                seq,
-                format_args!("eager {seq} not yet written: sent to {cts_id}/{si} instead"),
-            );
-            continue;
-        }
-        trace.note(
-            "send",
-            seq,
-            format_args!(
-                "eager {seq} matched to {cts_id}/{si}{}",
-                if single {
-                    " (placed by the receiver)"
-                } else {
-                    ""
-                }
-            ),
-        );
-        if single {
-            continue;
-        }
-        st.queue.push_back(Work::Match {
-            seq,
-            cts_id,
-            slot: si as u8,
-        });
-        n += 1;
-    }
-    Ok(n)
 }

@@ -1,0 +1,105 @@
+//! Kept copies: a checked message of at most `KEEP_MAX` bytes is copied by the writers
+//! as its pieces first go out, so its request can be done for NCCL once written; a
+//! piece the receiver finds corrupt goes again from the copy, which is kept until the
+//! ack; `close` waits (bounded) for the acks of such messages.
+
+use super::{SendComm, SendReq, State};
+use crate::sock::RawBuf;
+use std::time::Duration;
+
+impl SendReq {
+    /// Done for NCCL: every piece went out, and the receiver acked the message, or it
+    /// is not checked, or a copy of it is kept for resends.
+    pub(super) fn done(&self) -> bool {
+        self.unsent == 0 && (self.acked || !self.checked || self.kept.is_some())
+    }
+
+    /// Finished with: reported to NCCL and nothing left to send or to hear.
+    pub(super) fn finished(&self) -> bool {
+        self.reported && self.unsent == 0 && (self.acked || !self.checked)
+    }
+}
+
+/// A buffer of `KEEP_MAX` bytes for a message's copy, reached only through its raw
+/// address: writers copy into and send from disjoint pieces of it at once, outside the
+/// lock, so no reference to the whole buffer may exist while it is in use.
+pub(super) struct KeptCopy(pub(super) RawBuf);
+
+impl KeptCopy {
+    fn new() -> Self {
+        let b: Box<[u8]> = vec![0u8; KEEP_MAX as usize].into_boxed_slice();
+        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8))
+    }
+}
+
+impl Drop for KeptCopy {
+    fn drop(&mut self) {
+        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, KEEP_MAX as usize);
+        // SAFETY: made by Box::into_raw in `new` with this length, freed only here; a
+        // copy is dropped only with its request finished (no piece in a writer's
+        // hands) or with the comm's state, after its threads were joined.
+        drop(unsafe { Box::from_raw(whole) });
+    }
+}
+
+/// The largest message whose copy is kept so that its request is done before the ack
+/// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
+pub const KEEP_MAX: u64 = 256 << 10;
+/// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
+/// needed, reused): beyond them a message waits for its ack as a larger one does.
+pub const KEEP_BUFFERS: usize = 16;
+/// How long `close` waits for the acks of kept messages, so that a corrupt piece among
+/// them can still be sent again.
+pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(10);
+
+impl State {
+    /// Frees request `ri`'s slot if it is finished with, its copy buffer back to the spares.
+    pub(super) fn retire_if_finished(&mut self, ri: usize) {
+        if self.reqs[ri].as_ref().is_some_and(SendReq::finished) {
+            if let Some(b) = self.reqs[ri].take().and_then(|r| r.kept) {
+                self.kept -= 1;
+                self.spare.push(b);
+            }
+        }
+    }
+
+    /// A copy buffer for a message of `size` bytes, if it is small enough and one is free.
+    pub(super) fn keep(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
+        if !checked || size > KEEP_MAX || self.kept >= KEEP_BUFFERS {
+            return None;
+        }
+        self.kept += 1;
+        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
+    }
+
+    /// Kept messages reported done but not yet acked.
+    pub(super) fn unacked_kept(&self) -> usize {
+        self.reqs
+            .iter()
+            .flatten()
+            .filter(|r| r.reported && !r.acked)
+            .count()
+    }
+}
+
+impl SendComm {
+    /// Waits (bounded) until no kept message waits for its ack, so that a piece the
+    /// receiver finds corrupt can still be sent again after NCCL closed the comm.
+    pub(super) fn linger(&self) {
+        let t0 = std::time::Instant::now();
+        loop {
+            let st = self.shared.lock();
+            let left = st.unacked_kept();
+            if left == 0 || st.failed.is_some() || st.peer_closed {
+                return;
+            }
+            drop(st);
+            if t0.elapsed() >= CLOSE_LINGER {
+                crate::log::warn!("send comm to {}: closing with {left} messages the receiver has not acked after {} s; a corrupt piece among them can no longer be sent again (the receiver will fail it)",
+                    self.shared.peer, CLOSE_LINGER.as_secs());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
