@@ -716,6 +716,9 @@ fn ctrl_writer(sh: &Shared) {
                     .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+                // Between frames, at least every POLL_MS: an idle comm's bounce pool
+                // gives back what it kept while eager messages came.
+                st.pool.trim_if_idle(std::time::Instant::now());
             }
             if sh.by_number && !st.to_place.is_empty() {
                 // Eager messages `irecv` placed: copied here, off NCCL's thread.

@@ -11,8 +11,11 @@
 use super::{Msg, RxPiece, Shared, State};
 use crate::error::{NetError, Result};
 use crate::sock::RawBuf;
-use crate::wire::{Ctrl, PieceHeader, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT};
+use crate::wire::{
+    Ctrl, PieceHeader, EAGER_BUDGET, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT,
+};
 use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
 
 /// An eager message: its bytes in a bounce buffer until it is placed (by its number or
 /// by a match frame).
@@ -40,26 +43,44 @@ impl Eager {
     }
 }
 
-/// Bounce buffers kept from one eager message to the next. A fresh buffer of megabytes
-/// is zeroed and faulted in page by page at its first write, on the reader's time, for
-/// every message; kept ones are warm. At most `POOL_BYTES` and `POOL_BUFFERS` buffers
-/// are kept: what stays allocated per receive comm after the traffic stopped, for
-/// every comm of every peer and channel, so less than the eager budget (NCCL's default
-/// 128 KiB chunks, 8 steps in flight, need 1 MiB); buffers under `POOL_MIN` come from
-/// the allocator's own free lists and are not kept.
-#[derive(Default)]
+/// Bounce buffers kept from one eager message to the next. A fresh buffer is zeroed and
+/// faulted in page by page at its first write (and one of 128 KiB or more is a fresh
+/// mapping from the kernel, unmapped again when freed), on the reader's time, for every
+/// message; kept ones are warm. While eager messages come, at most `POOL_BYTES` and
+/// `POOL_BUFFERS` buffers are kept (the eager budget: what a sender may have in flight
+/// was allocated for it anyway); once none came for `POOL_IDLE`, the pool shrinks to
+/// `POOL_IDLE_BYTES` and `POOL_IDLE_BUFFERS`: what stays allocated per receive comm after
+/// the traffic stopped, for every comm of every peer and channel (NCCL's default 128
+/// KiB chunks, 8 steps in flight, need 1 MiB). Buffers under `POOL_MIN` come from the
+/// allocator's own free lists and are not kept.
 pub(super) struct BouncePool {
     bufs: Vec<Vec<u8>>,
     bytes: usize,
+    /// When a buffer was last taken (an eager message's first piece).
+    last_take: Instant,
 }
 
-const POOL_BYTES: usize = 4 << 20;
-const POOL_BUFFERS: usize = 32;
+impl Default for BouncePool {
+    fn default() -> Self {
+        BouncePool {
+            bufs: Vec::new(),
+            bytes: 0,
+            last_take: Instant::now(),
+        }
+    }
+}
+
+const POOL_BYTES: usize = EAGER_BUDGET as usize;
+const POOL_BUFFERS: usize = 128;
+const POOL_IDLE_BYTES: usize = 4 << 20;
+const POOL_IDLE_BUFFERS: usize = 32;
+pub(super) const POOL_IDLE: Duration = Duration::from_secs(1);
 const POOL_MIN: usize = 64 << 10;
 
 impl BouncePool {
     /// A buffer of at least `len` bytes: the smallest kept one large enough, or a new one.
     fn take(&mut self, len: usize) -> Vec<u8> {
+        self.last_take = Instant::now();
         let best = (self.bufs.iter().enumerate())
             .filter(|(_, b)| b.len() >= len)
             .min_by_key(|(_, b)| b.len())
@@ -80,6 +101,19 @@ impl BouncePool {
         if buf.len() >= POOL_MIN && fits && self.bufs.len() < POOL_BUFFERS {
             self.bytes += buf.len();
             self.bufs.push(buf);
+        }
+    }
+
+    /// Once no buffer was taken for `POOL_IDLE` (at `now`), frees the largest buffers
+    /// until at most `POOL_IDLE_BYTES` and `POOL_IDLE_BUFFERS` are kept.
+    pub(super) fn trim_if_idle(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.last_take) < POOL_IDLE {
+            return;
+        }
+        self.bufs.sort_by_key(Vec::len);
+        while self.bytes > POOL_IDLE_BYTES || self.bufs.len() > POOL_IDLE_BUFFERS {
+            let Some(b) = self.bufs.pop() else { break };
+            self.bytes -= b.len();
         }
     }
 }
@@ -610,5 +644,37 @@ mod tests {
         }
         assert!(pool.bytes <= POOL_BYTES && pool.bytes + EAGER_MAX as usize / 3 > POOL_BYTES);
         assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
+    }
+
+    #[test]
+    fn an_idle_bounce_pool_shrinks_to_its_idle_budget() {
+        let mut pool = BouncePool::default();
+        let _ = pool.take(POOL_MIN);
+        for _ in 0..100 {
+            pool.give(vec![0u8; 160 << 10]);
+        }
+        assert_eq!(
+            pool.bytes,
+            100 * (160 << 10),
+            "kept while eager messages come"
+        );
+        let taken = pool.last_take;
+        pool.trim_if_idle(taken + POOL_IDLE / 2);
+        assert_eq!(pool.bufs.len(), 100, "not idle yet: all kept");
+        pool.trim_if_idle(taken + POOL_IDLE);
+        assert!(pool.bytes <= POOL_IDLE_BYTES && pool.bufs.len() <= POOL_IDLE_BUFFERS);
+        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::len).sum::<usize>());
+        assert_eq!(
+            pool.bufs.len(),
+            POOL_IDLE_BYTES / (160 << 10),
+            "the rest kept"
+        );
+        let mut many = BouncePool::default();
+        for _ in 0..100 {
+            many.give(vec![0u8; POOL_MIN]);
+        }
+        let t = many.last_take;
+        many.trim_if_idle(t + POOL_IDLE);
+        assert_eq!(many.bufs.len(), POOL_IDLE_BUFFERS);
     }
 }
