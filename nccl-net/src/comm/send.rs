@@ -152,6 +152,37 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// A data socket's write failed. Where the receiver closed it (`EPIPE`,
+    /// `ECONNRESET`) its reason may be on its way on the control socket (a refused
+    /// handle), so the control reader gets `PEER_REASON_WAIT` to record that first; else
+    /// the comm fails with this socket's error.
+    fn fail_write(&self, i: usize, e: std::io::Error) {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+        if !matches!(e.kind(), BrokenPipe | ConnectionReset) {
+            return self.fail(io_err(format!("data socket {i} to {}", self.peer), e));
+        }
+        let t0 = std::time::Instant::now();
+        let mut st = self.lock();
+        while st.failed.is_none() && !st.peer_closed && t0.elapsed() < PEER_REASON_WAIT {
+            st = self
+                .work
+                .wait_timeout(st, PEER_REASON_WAIT / 10)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        drop(st);
+        self.fail(NetError::remote(format!(
+            "the receiver at {} closed data socket {i} ({e})",
+            self.peer
+        )));
+    }
+}
+
+/// How long a writer whose socket the receiver closed waits for the receiver's reason on
+/// the control socket (see `Shared::fail_write`).
+const PEER_REASON_WAIT: Duration = Duration::from_millis(200);
+
 /// A piece a writer took from the queue, with what it needs outside the lock.
 struct Job {
     /// The request the piece belongs to (None: a match frame).
@@ -586,10 +617,7 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         match sock::write_all(sock, &segs, &sh.stop) {
             Ok(true) => {}
             Ok(false) => return,
-            Err(e) => {
-                sh.fail(io_err(format!("data socket {i} to {}", sh.peer), e));
-                return;
-            }
+            Err(e) => return sh.fail_write(i, e),
         }
         if h0.matched {
             sh.trace.note(
