@@ -24,7 +24,7 @@
 mod kept;
 mod matching;
 
-use kept::KeptCopy;
+use kept::{Copies, KeptCopy};
 use matching::{direct_match, on_ctrl};
 
 use super::threads::{stop_comm, Workers};
@@ -122,9 +122,8 @@ struct State {
     injector: Option<FaultInjector>,
     counters: Counters,
     /// Copy buffers not in use (`KEEP_MAX` bytes each).
-    spare: Vec<KeptCopy>,
-    /// Copy buffers held by requests.
-    kept: usize,
+    /// Copy buffers of small messages (`send/kept.rs`).
+    copies: Copies,
 }
 
 struct Shared {
@@ -232,8 +231,7 @@ impl SendComm {
                 peer_closed: false,
                 injector,
                 counters: Counters::default(),
-                spare: Vec::new(),
-                kept: 0,
+                copies: Copies::new(),
             }),
             work: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -333,7 +331,7 @@ impl SendComm {
         }
         let tn = st.made;
         st.made += 1;
-        let kept = st.keep(size, self.checks);
+        let kept = st.copies.take(size, self.checks);
         shared.trace.event(
             "send",
             tn,
@@ -568,6 +566,9 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
                     .wait_timeout(st, Duration::from_millis(sock::POLL_MS as u64))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+                // Between pieces, at least every POLL_MS: an idle comm frees its spare
+                // copy buffers.
+                st.copies.trim_if_idle(std::time::Instant::now());
             }
         };
         if test_panic {

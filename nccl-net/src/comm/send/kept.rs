@@ -5,7 +5,7 @@
 
 use super::{SendComm, SendReq, State};
 use crate::sock::RawBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 impl SendReq {
     /// Done for NCCL: every piece went out, and the receiver acked the message, or it
@@ -46,8 +46,52 @@ impl Drop for KeptCopy {
 /// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
 pub const KEEP_MAX: u64 = 256 << 10;
 /// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
-/// needed, reused): beyond them a message waits for its ack as a larger one does.
+/// needed, reused while sends come, freed once none came for `KEEP_IDLE`): beyond them
+/// a message waits for its ack as a larger one does.
 pub const KEEP_BUFFERS: usize = 16;
+/// How long unused copy buffers stay allocated after the last small send.
+pub(super) const KEEP_IDLE: Duration = Duration::from_secs(1);
+
+/// A send comm's copy buffers: those held by requests (counted) and the spares.
+pub(super) struct Copies {
+    spare: Vec<KeptCopy>,
+    in_use: usize,
+    last_take: Instant,
+}
+
+impl Copies {
+    pub(super) fn new() -> Self {
+        Copies {
+            spare: Vec::new(),
+            in_use: 0,
+            last_take: Instant::now(),
+        }
+    }
+
+    /// A copy buffer for a message of `size` bytes, if it is checked, small enough, and
+    /// fewer than `KEEP_BUFFERS` are in use.
+    pub(super) fn take(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
+        if !checked || size > KEEP_MAX || self.in_use >= KEEP_BUFFERS {
+            return None;
+        }
+        self.in_use += 1;
+        self.last_take = Instant::now();
+        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
+    }
+
+    /// A buffer back from a finished request.
+    pub(super) fn give(&mut self, b: KeptCopy) {
+        self.in_use -= 1;
+        self.spare.push(b);
+    }
+
+    /// Frees the spares once no buffer was taken for `KEEP_IDLE` (at `now`).
+    pub(super) fn trim_if_idle(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.last_take) >= KEEP_IDLE {
+            self.spare.clear();
+        }
+    }
+}
 /// How long `close` waits for the acks of kept messages, so that a corrupt piece among
 /// them can still be sent again.
 pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(10);
@@ -57,19 +101,9 @@ impl State {
     pub(super) fn retire_if_finished(&mut self, ri: usize) {
         if self.reqs[ri].as_ref().is_some_and(SendReq::finished) {
             if let Some(b) = self.reqs[ri].take().and_then(|r| r.kept) {
-                self.kept -= 1;
-                self.spare.push(b);
+                self.copies.give(b);
             }
         }
-    }
-
-    /// A copy buffer for a message of `size` bytes, if it is small enough and one is free.
-    pub(super) fn keep(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
-        if !checked || size > KEEP_MAX || self.kept >= KEEP_BUFFERS {
-            return None;
-        }
-        self.kept += 1;
-        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
     }
 
     /// Kept messages reported done but not yet acked.
@@ -101,5 +135,35 @@ impl SendComm {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_bounded_reused_and_freed_when_idle() {
+        let mut c = Copies::new();
+        assert!(c.take(100, false).is_none(), "unchecked: no copy");
+        assert!(c.take(KEEP_MAX + 1, true).is_none(), "too large: no copy");
+        let held: Vec<KeptCopy> = (0..KEEP_BUFFERS)
+            .map(|_| c.take(KEEP_MAX, true).unwrap())
+            .collect();
+        assert!(c.take(1, true).is_none(), "at most KEEP_BUFFERS in use");
+        let made: Vec<*mut u8> = held.iter().map(|b| b.0 .0).collect();
+        for b in held {
+            c.give(b);
+        }
+        assert_eq!((c.in_use, c.spare.len()), (0, KEEP_BUFFERS));
+        let again = c.take(1, true).unwrap();
+        assert!(made.contains(&again.0 .0), "a spare is reused");
+        c.give(again);
+        let t = c.last_take;
+        c.trim_if_idle(t + KEEP_IDLE / 2);
+        assert_eq!(c.spare.len(), KEEP_BUFFERS, "kept while sends come");
+        c.trim_if_idle(t + KEEP_IDLE);
+        assert!(c.spare.is_empty(), "freed once idle");
+        assert!(c.take(1, true).is_some(), "and made again when needed");
     }
 }
