@@ -13,6 +13,7 @@
 #       NCCL's defaults with NCCL_GRDMA_EAGER_BY_NUMBER=1 (eager messages placed by number)
 #   RUNS=grdma-trace tests/nccl/h200-run.sh      # send/recv 1KiB..1MiB with NCCL_GRDMA_TRACE=1:
 #       every step of each comm's first 200 requests in grdma-trace.log (where an op's time goes)
+#   (A/B of plugin builds or settings, alternated in rounds: tests/nccl/ab.sh)
 #   RUNS=plugin-bench HARNESS=path/to/harness-<hash> tests/nccl/h200-run.sh   # the plugin alone,
 #       no NCCL, no GPU: nccl-net/tests/harness.rs's bench_loopback at NCCL_GRDMA_STREAMS=1,4,8
 #       (cargo test --release -p nccl-net --test harness --no-run prints the binary); seconds each
