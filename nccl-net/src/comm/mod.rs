@@ -185,4 +185,70 @@ mod tests {
             "a receive comm's threads outlived it"
         );
     }
+
+    /// A sender that sent an eager message, then its match frame, then closed: one of
+    /// its data sockets (an empty one) is seen closed before the other delivers the
+    /// match frame. The receive still completes with the bytes; the comm counts as
+    /// closed only once every data socket is (CI caught the receive failing first).
+    #[test]
+    fn a_sender_closing_after_its_last_message_does_not_fail_that_receive() {
+        use crate::wire::{PieceHeader, EAGER_SLOT};
+        use std::io::Write;
+        let (mut tx, mut rx) = pairs(3);
+        let mut r = RecvComm::new(rx.remove(0), rx, false).unwrap();
+        let msg: Vec<u8> = (0..100u8).collect();
+        let piece = PieceHeader {
+            matched: false,
+            checked: true,
+            slot: EAGER_SLOT,
+            attempt: 0,
+            cts_id: 0,
+            piece: 0,
+            pieces: 1,
+            total: 100,
+            offset: 0,
+            len: 100,
+            crc: crate::integrity::crc32c(&msg),
+            index: 0,
+            tag: 5,
+        };
+        let (ctrl, a, b) = (tx.remove(0), tx.remove(0), tx.remove(0));
+        (&a).write_all(&piece.encode()).unwrap();
+        (&a).write_all(&msg).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let req = r.irecv(&[(buf.as_mut_ptr(), 4096, 5)]).unwrap();
+        assert!(req.is_some(), "irecv took the receive");
+        // The empty socket closes first, and only then the match frame comes.
+        drop(b);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let frame = PieceHeader {
+            matched: true,
+            checked: false,
+            slot: 0,
+            cts_id: 1,
+            offset: 0,
+            pieces: 0,
+            total: 0,
+            len: 0,
+            crc: 0,
+            tag: 0,
+            ..piece
+        };
+        (&a).write_all(&frame.encode()).unwrap();
+        drop(a);
+        drop(ctrl);
+        let t0 = std::time::Instant::now();
+        let sizes = loop {
+            match r.test(0) {
+                Ok(Some(sizes)) => break sizes,
+                Ok(None) => {}
+                Err(e) => panic!("the receive failed: {e}"),
+            }
+            assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        assert_eq!(sizes, vec![100]);
+        assert_eq!(&buf[..100], &msg[..]);
+        r.close();
+    }
 }

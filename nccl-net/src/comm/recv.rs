@@ -185,6 +185,9 @@ struct State {
     made: u64,
     next_id: u64,
     failed: Option<NetError>,
+    /// Data sockets the sender closed (at a piece boundary).
+    closed_sockets: usize,
+    /// Every data socket closed: nothing more can arrive.
     peer_closed: bool,
     ctrl: CtrlOut,
     counters: Counters,
@@ -202,6 +205,7 @@ impl State {
             made: 0,
             next_id: 1,
             failed: None,
+            closed_sockets: 0,
             peer_closed: false,
             ctrl: CtrlOut::default(),
             counters: Counters::default(),
@@ -453,7 +457,12 @@ impl RecvComm {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        if st.peer_closed {
+        // Closed, and no copy of a message that arrived whole is still under way.
+        let copying = !st.to_place.is_empty()
+            || st.reqs[ri]
+                .as_ref()
+                .is_some_and(|r| r.slots.iter().any(|s| s.placing));
+        if st.peer_closed && !copying {
             return Err(closed_error(&shared.peer));
         }
         Ok(None)
@@ -530,7 +539,13 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             Ok(Fill::Done) => {}
             Ok(Fill::Stopped) => return,
             Ok(Fill::Eof(0)) => {
-                sh.lock().peer_closed = true;
+                // The sender closed this socket between pieces. What its other sockets
+                // still hold (a match frame, the pieces of a message sent just before
+                // it closed) is read first: the comm counts as closed only once every
+                // data socket is.
+                let mut st = sh.lock();
+                st.closed_sockets += 1;
+                st.peer_closed = st.closed_sockets >= sh.streams;
                 return;
             }
             Ok(Fill::Eof(_)) => return sh.fail(mid()),
