@@ -24,7 +24,7 @@
 mod kept;
 mod matching;
 
-use kept::{Copies, KeptCopy};
+use kept::{Copies, Kept, PieceSource};
 use matching::{direct_match, on_ctrl};
 
 use super::threads::{stop_comm, Workers};
@@ -78,7 +78,7 @@ struct SendReq {
     /// The copy of a message of at most `KEEP_MAX` bytes (checks on): its pieces are
     /// copied here as they first go out and sent again from here, so `test` may hand
     /// NCCL's buffer back before the ack.
-    kept: Option<KeptCopy>,
+    kept: Option<Kept>,
     /// `test` reported the request done (a kept message waiting for its ack): NCCL
     /// no longer knows it, its slot is freed when the ack comes.
     reported: bool,
@@ -331,7 +331,7 @@ impl SendComm {
         }
         let tn = st.made;
         st.made += 1;
-        let kept = st.copies.take(size, self.checks);
+        let kept = (st.copies.take(size, self.checks)).map(|b| Kept::new(b, layout.count));
         shared.trace.event(
             "send",
             tn,
@@ -523,12 +523,17 @@ fn next_job(st: &mut State) -> Option<Job> {
         // SAFETY: offset + len <= size (Layout covers exactly `size` bytes): inside
         // the isend buffer.
         let nccl = RawBuf(unsafe { r.data.0.add(off as usize) });
-        // The first send of a kept message's piece copies it; later ones send the copy.
-        let (data, copy_from) = match &r.kept {
+        // The first job for a kept message's piece copies it; later ones send the copy
+        // once it is made (from NCCL's buffer until then).
+        let (data, copy_from) = match r.kept.as_mut() {
             Some(k) => {
                 // SAFETY: offset + len <= size <= KEEP_MAX, the copy's length.
-                let at = unsafe { k.0 .0.add(off as usize) };
-                (RawBuf(at), (r.attempts[p as usize] == 0).then_some(nccl))
+                let at = RawBuf(unsafe { k.buf.0 .0.add(off as usize) });
+                match k.take(p) {
+                    PieceSource::CopyIn => (at, Some(nccl)),
+                    PieceSource::Nccl => (nccl, None),
+                    PieceSource::Copy => (at, None),
+                }
             }
             None => (nccl, None),
         };
@@ -584,9 +589,10 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         }
         if let Some(src) = job.copy_from {
             // SAFETY: `src` is the piece in NCCL's isend buffer and `data` the same range
-            // of the request's copy, which only this thread writes (one job per piece
-            // at a time; a resend sends the copy, never writes it). Both stay valid
-            // while `unsent` counts this piece (see below).
+            // of the request's copy, which only this job writes and no job reads until
+            // this one marks it copied below (`Kept::take`: one CopyIn per piece, other
+            // jobs for it send from NCCL's buffer meanwhile). Both stay valid while
+            // `unsent` counts this piece (see below).
             unsafe { std::ptr::copy_nonoverlapping(src.0, job.data.0, job.len) };
         }
         // SAFETY: the piece lies in the isend buffer of request `job.ri` or in its
@@ -640,6 +646,9 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         let mut st = sh.lock();
         if let Some(r) = st.reqs[ri].as_mut() {
             r.unsent -= 1;
+            if let (Some(k), Some(_)) = (r.kept.as_mut(), job.copy_from) {
+                k.copied(h0.piece);
+            }
         }
         st.retire_if_finished(ri);
     }

@@ -42,6 +42,61 @@ impl Drop for KeptCopy {
     }
 }
 
+/// A message's copy and where each of its pieces stands in it.
+pub(super) struct Kept {
+    pub(super) buf: KeptCopy,
+    pieces: Vec<PieceCopy>,
+}
+
+/// Where a piece of a kept message stands: the copy of a piece is read only once the
+/// writer that made it is done, so no peer (a receiver asking again for a piece it
+/// cannot have seen yet) can make one thread read what another is still writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PieceCopy {
+    Fresh,
+    Copying,
+    Copied,
+}
+
+/// What a writer's job for a piece of a kept message does.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum PieceSource {
+    /// Copy the piece from NCCL's buffer into the copy, then send the copy.
+    CopyIn,
+    /// Send from NCCL's buffer (the piece's copy is being made by another job; NCCL's
+    /// buffer is still ours: this job counts in `unsent`, so `test` cannot be done).
+    Nccl,
+    /// Send the copy.
+    Copy,
+}
+
+impl Kept {
+    pub(super) fn new(buf: KeptCopy, pieces: u32) -> Self {
+        Kept {
+            buf,
+            pieces: vec![PieceCopy::Fresh; pieces as usize],
+        }
+    }
+
+    /// A job for piece `p` was taken: where it sends from.
+    pub(super) fn take(&mut self, p: u32) -> PieceSource {
+        let state = &mut self.pieces[p as usize];
+        match *state {
+            PieceCopy::Fresh => {
+                *state = PieceCopy::Copying;
+                PieceSource::CopyIn
+            }
+            PieceCopy::Copying => PieceSource::Nccl,
+            PieceCopy::Copied => PieceSource::Copy,
+        }
+    }
+
+    /// The job that copied piece `p` in is done with it.
+    pub(super) fn copied(&mut self, p: u32) {
+        self.pieces[p as usize] = PieceCopy::Copied;
+    }
+}
+
 /// The largest message whose copy is kept so that its request is done before the ack
 /// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
 pub const KEEP_MAX: u64 = 256 << 10;
@@ -100,8 +155,8 @@ impl State {
     /// Frees request `ri`'s slot if it is finished with, its copy buffer back to the spares.
     pub(super) fn retire_if_finished(&mut self, ri: usize) {
         if self.reqs[ri].as_ref().is_some_and(SendReq::finished) {
-            if let Some(b) = self.reqs[ri].take().and_then(|r| r.kept) {
-                self.copies.give(b);
+            if let Some(k) = self.reqs[ri].take().and_then(|r| r.kept) {
+                self.copies.give(k.buf);
             }
         }
     }
@@ -141,6 +196,19 @@ impl SendComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_piece_is_sent_from_its_copy_only_once_the_copy_is_made() {
+        let mut k = Kept::new(KeptCopy::new(), 2);
+        assert_eq!(k.take(0), PieceSource::CopyIn, "the first job copies");
+        // A resend asked for before the copying job is done (a lying peer): it must
+        // not read the copy another thread is writing.
+        assert_eq!(k.take(0), PieceSource::Nccl);
+        assert_eq!(k.take(1), PieceSource::CopyIn, "each piece on its own");
+        k.copied(0);
+        assert_eq!(k.take(0), PieceSource::Copy, "later sends read the copy");
+        assert_eq!(k.take(1), PieceSource::Nccl);
+    }
 
     #[test]
     fn copies_are_bounded_reused_and_freed_when_idle() {
