@@ -147,7 +147,7 @@ pub enum BenchCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         gpu: u32,
     },
-    /// The CPU's CRC32C of each chunk (the `crc32c` crate, hardware instruction) on one
+    /// The CPU's CRC32C of each chunk (the `crc-fast` crate, its fastest path here) on one
     /// core, against a plain read of the same random bytes, interleaved rounds. Prints JSON.
     Crc32c {
         /// Bytes of random data.

@@ -39,7 +39,9 @@ pub struct CpuCrcReport {
     pub rounds: usize,
     pub threads: usize,
     pub hardware_crc32c: bool,
-    /// `integrity::chunk_crcs` (the `crc32c` crate) over the buffer, one thread.
+    /// The CRC32C code path taken on this CPU (`crc-fast`'s words).
+    pub crc32c_path: String,
+    /// `integrity::chunk_crcs` (the `crc-fast` crate) over the buffer, one thread.
     pub crc32c_gb_per_s: Spread,
     pub reference: &'static str,
     pub reference_gb_per_s: Spread,
@@ -103,7 +105,7 @@ pub fn run(bytes: usize, chunk: usize, rounds: usize) -> Result<CpuCrcReport> {
         let end = ((i + 1) * chunk).min(bytes);
         ensure!(
             crc == gpu_kernels::crc32c::crc32c(&data[i * chunk..end]),
-            "the crc32c crate and the table implementation disagree on chunk {i}"
+            "crc-fast and the table implementation disagree on chunk {i}"
         );
     }
     let gb_per_s = |took: f64| bytes as f64 / took / 1e9;
@@ -131,6 +133,7 @@ pub fn run(bytes: usize, chunk: usize, rounds: usize) -> Result<CpuCrcReport> {
         rounds: rounds.max(1),
         threads: 1,
         hardware_crc32c: hardware_accelerated(),
+        crc32c_path: super::cpu_path(),
         ratio: crc.median / reference.median,
         crc32c_gb_per_s: crc,
         reference:

@@ -420,9 +420,9 @@ unsafe impl RecvSink for HostBuffer {
         let mut at = range.start;
         while at < range.end {
             let end = (at + chunk).min(range.end);
-            let mut crc = 0u32;
-            self.for_each_block_in(at..end, |block| crc = crc32c::crc32c_append(crc, block));
-            crcs.push(crc);
+            let mut crc = crate::integrity::Crc32c::new();
+            self.for_each_block_in(at..end, |block| crc.update(block));
+            crcs.push(crc.value());
             at = end;
         }
         Ok(crcs)

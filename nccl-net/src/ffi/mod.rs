@@ -97,10 +97,11 @@ fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
                 None => format!("[{i}]{}:{}", d.name.to_string_lossy(), d.addr),
             })
             .collect();
-        info!(log::NET | NCCL_INIT; "using {}{}", list.join(" "),
+        info!(log::NET | NCCL_INIT; "using {}{}; CRC32C by {}", list.join(" "),
             if found.iter().any(|d| !d.speed_known) {
                 format!(" (speed unknown to sysfs reported as {} Mbit/s)", props::DEFAULT_SPEED_MBPS)
-            } else { String::new() });
+            } else { String::new() },
+            crate::integrity::crc32c_path());
         let _ = DEVICES.set(found);
     }
     g.refs += 1;
