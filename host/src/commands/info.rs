@@ -1,7 +1,7 @@
 //! `host info`: RDMA devices and ports with what each can register (the dma-buf probe,
 //! the peermem module) and where it sits on the PCIe tree; GPUs with their RDMA
 //! capabilities, BAR1, and their distance to each RDMA device; the rails (every RDMA
-//! port) ranked for each GPU.
+//! port) ranked for each GPU; the code path of the CPU's CRC32C.
 
 use anyhow::Result;
 use host::cli::InfoArgs;
@@ -50,6 +50,7 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
                 "memlock": rdma::memlock::MemlockFacts::here(),
                 "gpus": gpus_json(probes.as_deref().unwrap_or_default()),
                 "rails": rails_json(),
+                "cpu_crc32c": host::integrity::cpu_path(),
             })
         );
         return Ok(ExitCode::SUCCESS);
@@ -105,6 +106,11 @@ pub fn run(args: &InfoArgs) -> Result<ExitCode> {
     }
     print_gpus(probes.as_deref().unwrap_or_default());
     print_rails();
+    // What checks host memory (TCP frames, files, the NCCL plugin's pieces) costs here.
+    println!(
+        "CPU checksums: CRC32C by {} (`host bench crc32c` measures it)",
+        host::integrity::cpu_path()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
