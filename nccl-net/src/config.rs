@@ -14,7 +14,8 @@ pub struct Config {
     /// sent again (on unless `0`). The sender's setting decides for its messages.
     pub checks: bool,
     /// `NCCL_GRDMA_TEST_INJECT_FAULTS=N`: flip one bit in about 1 of N pieces sent,
-    /// after its CRC is taken, so the receiver's check fails and repair runs (tests).
+    /// after its CRC is taken, so the receiver's check fails and repair runs (tests);
+    /// never a piece's last allowed attempt unless N is 1.
     pub inject_one_in: Option<u32>,
     /// `NCCL_GRDMA_EAGER_MAX`: the largest message sent before its receive is known
     /// (bytes, 0: none; at most `wire::EAGER_MAX`). Small messages gain (NCCL's

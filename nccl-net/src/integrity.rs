@@ -15,7 +15,10 @@ pub fn crc32c_path() -> String {
 }
 
 /// Decides which pieces `NCCL_GRDMA_TEST_INJECT_FAULTS=N` corrupts: about one in N,
-/// from a xorshift generator seeded per comm (reproducible for one seed).
+/// from a xorshift generator seeded per comm (reproducible for one seed), never a
+/// piece's last allowed attempt unless N is 1: at N = 3, nine corrupt attempts in a row
+/// (one piece in about 20 000) would fail the comm, and a test of repair would fail by
+/// chance; N = 1 still corrupts every attempt, to test the bound.
 #[derive(Debug)]
 pub struct FaultInjector {
     one_in: u32,
@@ -27,6 +30,14 @@ impl FaultInjector {
         Self {
             one_in,
             state: seed | 1,
+        }
+    }
+
+    /// True for the pieces to corrupt, `last`: the piece's last allowed attempt.
+    pub fn strike_attempt(&mut self, last: bool) -> bool {
+        match last && self.one_in > 1 {
+            true => false,
+            false => self.strike(),
         }
     }
 
@@ -137,6 +148,12 @@ mod tests {
         assert!((8_000..12_000).contains(&hits), "{hits}");
         let mut all = FaultInjector::new(1, 42);
         assert!((0..100).all(|_| all.strike()));
+        // A piece's last allowed attempt goes through, but where every attempt is to be
+        // corrupted (the bound's test).
+        let mut f = FaultInjector::new(2, 42);
+        assert!((0..1000).all(|_| !f.strike_attempt(true)));
+        assert!((0..1000).any(|_| f.strike_attempt(false)));
+        assert!((0..100).all(|_| all.strike_attempt(true)));
     }
 
     #[test]

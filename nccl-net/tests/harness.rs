@@ -1514,6 +1514,49 @@ fn child_scenario() {
             net.close_recv(r);
             net.close_listen(l);
         }
+        "eager_in_place" => {
+            // Three 4 MiB eager messages, then one of 300 KiB, sent before any of their
+            // receives is posted (eager: no clear-to-send yet), the receives posted at
+            // once after: the later messages' pieces wait behind megabytes on every
+            // socket, so their receives are posted before their first piece is read
+            // and they land in place by number. Until 4 did (the trace says), at most
+            // 50 rounds; every byte checked.
+            let net = Net::init();
+            let (s, r, l) = net.pair();
+            let in_place = || {
+                LOG.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, s)| s.contains("landed in place in buffer"))
+                    .count()
+            };
+            let sizes = [4 << 20, 4 << 20, 4 << 20, 300 << 10];
+            for k in 0..50u64 {
+                if in_place() >= 4 {
+                    break;
+                }
+                let msgs: Vec<Vec<u8>> = (sizes.iter().enumerate())
+                    .map(|(i, &n)| pattern(n, 90 + 4 * k + i as u64))
+                    .collect();
+                let mut reqs: Vec<*mut c_void> =
+                    msgs.iter().map(|m| net.isend(s, m, 7, &[])).collect();
+                let mut bufs: Vec<Vec<Vec<u8>>> =
+                    sizes.iter().map(|&n| vec![vec![0u8; n]]).collect();
+                for b in bufs.iter_mut() {
+                    reqs.push(net.irecv(r, b, &[7]));
+                }
+                let got = net.wait_all(&reqs);
+                for (i, (m, b)) in msgs.iter().zip(&bufs).enumerate() {
+                    assert_eq!(got[4 + i][0] as usize, m.len(), "received size");
+                    assert!(b[0] == *m, "the bytes of message {i} of round {k}");
+                    net.forget(s, m.as_ptr());
+                    net.forget(r, b[0].as_ptr());
+                }
+            }
+            net.close_send(s);
+            net.close_recv(r);
+            net.close_listen(l);
+        }
         "close_after_kept_sends" => {
             // A send done before its ack (a copy kept), its buffer scribbled over, the
             // comm closed at once: close waits for the ack, sending corrupt pieces
@@ -1790,6 +1833,33 @@ fn eager_sends_placed_by_number_are_repaired_and_traced() {
             "match frame to 5/0 written",
         ],
     );
+}
+
+/// By number, an eager message whose receive was posted before its first piece lands
+/// in NCCL's buffer directly (no bounce buffer, no copy); its corrupt pieces are sent
+/// again into the same place, and every message arrives exactly (the child checks).
+#[test]
+fn eager_messages_whose_receive_is_posted_land_in_place_and_are_repaired_there() {
+    let out = child(
+        "eager_in_place",
+        &[
+            ("NCCL_GRDMA_EAGER_BY_NUMBER", "1"),
+            ("NCCL_GRDMA_EAGER_MAX", "4194304"),
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
+            ("NCCL_GRDMA_TRACE", "1"),
+        ],
+    );
+    let err = assert_child_ok(&out, "eager messages in place with faults");
+    let in_place = err.matches("landed in place in buffer").count();
+    assert!(
+        in_place >= 4,
+        "fewer than 4 eager messages landed in place in 50 rounds:\n{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("receive comm from") && l.contains("closed"))
+        .expect("the receiver's counters line");
+    assert!(!line.contains(" 0 pieces repaired"), "{line}");
 }
 
 fn eager_sends_traced(env: &[(&str, &str)], placing: &[&str]) {

@@ -129,6 +129,9 @@ struct RxSlot {
     ack_at: u64,
     /// An eager message is being copied in (by a reader, outside the lock).
     placing: bool,
+    /// Eager message `seq` is landing here in place (its receive was posted before its
+    /// first piece came: no bounce buffer, no copy).
+    in_place: Option<u64>,
 }
 
 impl RxSlot {
@@ -142,7 +145,18 @@ impl RxSlot {
             good: false,
             ack_at: 0,
             placing: false,
+            in_place: None,
         }
+    }
+
+    /// Holds a message already, or one is arriving or being copied into it.
+    fn taken(&self) -> bool {
+        self.taken_but_in_place() || self.in_place.is_some()
+    }
+
+    /// As `taken`, but for an eager message landing in place.
+    fn taken_but_in_place(&self) -> bool {
+        self.msg.is_some() || self.good || self.placing
     }
 }
 
@@ -632,7 +646,7 @@ fn start_piece(
         .slots
         .get_mut(h.slot as usize)
         .ok_or_else(|| bad(format!("a piece for buffer {} of a receive of {n}", h.slot)))?;
-    if slot.good || slot.placing {
+    if slot.good || slot.placing || slot.in_place.is_some() {
         return Err(bad(format!(
             "a piece for buffer {} of receive {}, which has its message already",
             h.slot, h.cts_id

@@ -537,7 +537,8 @@ fn next_job(st: &mut State) -> Option<Job> {
             }
             None => (nccl, None),
         };
-        let corrupt = st.injector.as_mut().is_some_and(FaultInjector::strike);
+        let last = header.attempt >= super::MAX_RESENDS;
+        let corrupt = (st.injector.as_mut()).is_some_and(|f| f.strike_attempt(last));
         if corrupt {
             st.counters.injected += 1;
         }

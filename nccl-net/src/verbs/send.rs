@@ -311,7 +311,7 @@ impl State {
         };
         let mut crc = r.crc;
         if let (Some(c), Some(f)) = (crc.as_mut(), self.faults.as_mut()) {
-            if f.strike() {
+            if f.strike_attempt(r.attempt >= MAX_RESENDS) {
                 // The bytes went straight from NCCL's buffer, which is not ours to
                 // corrupt: a CRC off by one bit fails the receiver's check the same way.
                 *c ^= 1;

@@ -3,7 +3,9 @@
 //! [`BouncePool`]), are checked and acked there, and are copied into NCCL's buffer once
 //! their receive is posted, where the sender's match frame says ([`on_match`]); with
 //! `NCCL_GRDMA_EAGER_BY_NUMBER` (off by default), one for a receive of one buffer goes
-//! to the buffer of its number instead (`PieceHeader::index`, [`place_by_index`]). A peer may not hold more of them than
+//! to the buffer of its number instead (`PieceHeader::index`, [`place_by_index`]), and
+//! lands there in place, no bounce buffer and no copy, when that receive was posted
+//! before its first piece came ([`in_place_target`]). A peer may not hold more of them than
 //! a sender ever keeps unmatched (`EAGER_HELD_MAX`, `EAGER_HELD_MESSAGES`). Called by
 //! the readers of [`super`] and by `irecv` under the comm's lock, but for the copy
 //! itself ([`copy_placed`]).
@@ -34,6 +36,9 @@ pub(super) struct Eager {
     /// The message's number and tag (from its first piece).
     index: u64,
     tag: i32,
+    /// Where it lands in place instead of `buf`: the NCCL buffer of its receive, posted
+    /// before its first piece came (by number only; `in_place_target`).
+    direct: Option<RawBuf>,
 }
 
 impl Eager {
@@ -143,7 +148,15 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         }
         st.eager_held += h.total;
     }
+    let direct = match first_piece && sh.by_number {
+        true => in_place_target(st, h, seq),
+        false => None,
+    };
     let e = st.eager.entry(seq).or_default();
+    if let Some((ri, base)) = direct {
+        e.direct = Some(base);
+        e.target = Some((ri, 0));
+    }
     if first_piece {
         (e.index, e.tag) = (h.index, h.tag);
     } else if (e.index, e.tag) != (h.index, h.tag) {
@@ -159,8 +172,29 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         format_args!("eager message {seq}"),
     )
     .map_err(bad)?;
-    if (e.buf.len() as u64) < h.total {
-        e.buf = st.pool.take(h.total as usize);
+    let dst = match e.direct {
+        // SAFETY: offset + len <= total (decode checked the layout) <= the posted size of
+        // the receive's buffer (`in_place_target` checked it): inside NCCL's buffer,
+        // which stays ours while the slot's message is not good (its request cannot
+        // complete before `place`, after the last piece is Good).
+        Some(base) => RawBuf(unsafe { base.0.add(h.offset as usize) }),
+        None => {
+            if (e.buf.len() as u64) < h.total {
+                e.buf = st.pool.take(h.total as usize);
+            }
+            // SAFETY: offset + len <= total <= the bounce buffer's length (decode
+            // checked the layout, the buffer was taken at least that large); the buffer
+            // is not resized or freed while a piece of it is Arriving (allocated before
+            // the first piece, dropped only once all are Good).
+            RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) })
+        }
+    };
+    if direct.is_some() {
+        sh.trace.note(
+            "recv",
+            seq,
+            format_args!("eager {seq} is message {}: lands in place", h.index),
+        );
     }
     let piece = RxPiece {
         eager: Some(seq),
@@ -168,10 +202,7 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         req: 0,
         slot: 0,
         piece: h.piece,
-        // SAFETY: offset + len <= total <= the bounce buffer's length (decode checked
-        // the layout, the buffer was taken at least that large); the buffer is not resized or freed while a piece of it is
-        // Arriving (allocated before the first piece, dropped only once all are Good).
-        dst: RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) }),
+        dst,
         len: h.len as usize,
         crc: h.crc,
         checked: h.checked,
@@ -182,6 +213,24 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         place_by_index(st, sh, seq)?;
     }
     Ok(piece)
+}
+
+/// Where eager message `seq` (whose first piece `h` is) can land in place: the buffer of
+/// its number where that is a posted receive's only buffer, of its tag, large enough
+/// and free; reserved for it (`RxSlot::in_place`). Anything else goes to a bounce
+/// buffer, and `place_by_index` (now or at `irecv`) finds it a home or the fault.
+fn in_place_target(st: &mut State, h: &PieceHeader, seq: u64) -> Option<(usize, RawBuf)> {
+    let index = h.index;
+    let ri = st.reqs.iter().position(|r| {
+        r.as_ref()
+            .is_some_and(|r| r.base == index && r.slots.len() == 1)
+    })?;
+    let slot = &mut st.reqs[ri].as_mut()?.slots[0];
+    if slot.tag != h.tag || h.total > slot.posted || slot.taken() {
+        return None;
+    }
+    slot.in_place = Some(seq);
+    Some((ri, slot.data))
 }
 
 /// The eager message (its first piece in) that is message `index` of the comm, if
@@ -318,8 +367,29 @@ pub(super) fn place(st: &mut State, sh: &Shared, seq: u64) -> Result<()> {
         return Err(NetError::internal("request vanished"));
     };
     let id = req.id;
+    let tn = req.tn;
     let slot = &mut req.slots[si];
-    if slot.msg.is_some() || slot.good || slot.placing {
+    if e.direct.is_some() {
+        // It landed in place: done, nothing to copy.
+        if slot.in_place != Some(seq) || slot.taken_but_in_place() {
+            return Err(NetError::internal("a message in place lost its buffer"));
+        }
+        let Eager {
+            msg, buf, ack_at, ..
+        } = e;
+        slot.in_place = None;
+        slot.msg = msg;
+        slot.ack_at = ack_at;
+        slot.good = true;
+        st.pool.give(buf);
+        sh.trace.event(
+            "recv",
+            tn,
+            format_args!("eager {seq} landed in place in buffer {si}"),
+        );
+        return Ok(());
+    }
+    if slot.taken() {
         return Err(NetError::remote(format!(
             "from {}: eager message {seq} for buffer {si} of receive {id}, which has a message already",
             sh.peer
@@ -542,6 +612,92 @@ mod tests {
         // A match frame for a receive of one buffer is not this protocol.
         let e = on_match(&mut st, &sh, 5, 14, 0).err().unwrap();
         assert!(e.to_string().contains("of one buffer"), "{e}");
+    }
+
+    /// A receive of `len` bytes into `buf`, posted at `ri` as message number `base`.
+    fn post_buf(st: &mut State, ri: usize, id: u64, base: u64, buf: &mut [u8], tag: i32) {
+        st.reqs[ri] = Some(RecvReq {
+            tn: 0,
+            id,
+            base,
+            slots: vec![RxSlot::posted(buf.as_mut_ptr(), buf.len() as u64, tag)],
+        });
+        st.buffers = st.buffers.max(base + 1);
+    }
+
+    #[test]
+    fn an_eager_message_whose_receive_is_posted_lands_in_place_without_a_copy() {
+        let sh = shared(2);
+        let mut st = sh.lock();
+        st.ctrl.busy = true; // acks queue; no socket here
+        let mut nccl = vec![0u8; 512 << 10];
+        let base = nccl.as_mut_ptr() as usize;
+        post_buf(&mut st, 1, 20, 0, &mut nccl, 0);
+        // Message 0, 300 KiB in two pieces: both land in NCCL's buffer.
+        let total = 300 << 10;
+        let mut pieces = Vec::new();
+        for piece in 0..2 {
+            let h = eager_piece(&sh, 0, total, piece);
+            let p = start_eager(&mut st, &sh, &h).unwrap();
+            assert_eq!(
+                p.dst.0 as usize,
+                base + h.offset as usize,
+                "piece {piece} in place"
+            );
+            pieces.push(p);
+        }
+        assert!(
+            st.pool.bufs.is_empty() && st.eager[&0].buf.is_empty(),
+            "no bounce buffer"
+        );
+        assert_eq!(st.reqs[1].as_ref().unwrap().slots[0].in_place, Some(0));
+        for p in &pieces {
+            finish_eager(&mut st, &sh, p, 0, true).unwrap();
+        }
+        assert!(st.to_place.is_empty(), "nothing to copy");
+        assert!(st.eager.is_empty() && st.eager_held == 0);
+        let slot = &st.reqs[1].as_ref().unwrap().slots[0];
+        assert!(slot.good && slot.in_place.is_none());
+        assert_eq!(slot.msg.as_ref().unwrap().layout.total, total);
+
+        // Message 1 comes before its receive: into a bounce buffer, copied once posted.
+        start_eager(&mut st, &sh, &eager_piece(&sh, 1, 100, 0)).unwrap();
+        assert!(st.eager[&1].direct.is_none() && st.eager[&1].buf.len() >= 100);
+        // Message 2's receive has another tag, message 3's is too small: not in place
+        // (and the fault is found as before: the tag at once, the size when placed).
+        let mut small = vec![0u8; 10];
+        post_buf(&mut st, 2, 21, 2, &mut nccl[..64], 7);
+        post_buf(&mut st, 3, 22, 3, &mut small, 0);
+        let e = start_eager(&mut st, &sh, &eager_piece(&sh, 2, 10, 0))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("disagree on the order"), "{e}");
+        assert_eq!(st.reqs[2].as_ref().unwrap().slots[0].in_place, None);
+        let p = start_eager(&mut st, &sh, &eager_piece(&sh, 3, 100, 0)).unwrap();
+        assert!(st.eager[&3].direct.is_none());
+        let e = finish_eager(&mut st, &sh, &p, 3, true).err().unwrap();
+        assert!(e.to_string().contains("for a receive of 10 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_second_message_for_a_buffer_taken_in_place_is_refused() {
+        let sh = shared(1);
+        let mut st = sh.lock();
+        st.ctrl.busy = true;
+        let mut nccl = vec![0u8; 1024];
+        post_buf(&mut st, 0, 30, 0, &mut nccl, 0);
+        let first = start_eager(&mut st, &sh, &eager_piece(&sh, 0, 100, 0)).unwrap();
+        assert!(st.eager[&0].direct.is_some());
+        // A lying sender numbers another eager message 0 too: it cannot land in place,
+        // and placing it fails the comm instead of overwriting the first.
+        let mut dup = eager_piece(&sh, 1, 100, 0);
+        dup.index = 0;
+        let p = start_eager(&mut st, &sh, &dup).unwrap();
+        assert!(st.eager[&1].direct.is_none(), "the buffer is taken");
+        let e = finish_eager(&mut st, &sh, &p, 1, true).err().unwrap();
+        assert!(e.to_string().contains("has a message already"), "{e}");
+        finish_eager(&mut st, &sh, &first, 0, true).unwrap();
+        assert!(st.reqs[0].as_ref().unwrap().slots[0].good);
     }
 
     #[test]
