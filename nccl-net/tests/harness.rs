@@ -129,6 +129,15 @@ fn logged(pred: impl Fn(c_int, &str) -> bool) -> bool {
     LOG.lock().unwrap().iter().any(|(l, s)| pred(*l, s))
 }
 
+/// How many lines logged so far contain `needle`.
+fn logged_count(needle: &str) -> usize {
+    LOG.lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| s.contains(needle))
+        .count()
+}
+
 fn ok(r: NcclResult, what: &str) {
     assert_eq!(r, NcclResult::SUCCESS, "{what}");
 }
@@ -1523,13 +1532,7 @@ fn child_scenario() {
             // 50 rounds; every byte checked.
             let net = Net::init();
             let (s, r, l) = net.pair();
-            let in_place = || {
-                LOG.lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(_, s)| s.contains("landed in place in buffer"))
-                    .count()
-            };
+            let in_place = || logged_count("landed in place in buffer");
             let sizes = [4 << 20, 4 << 20, 4 << 20, 300 << 10];
             for k in 0..50u64 {
                 if in_place() >= 4 {
@@ -1564,13 +1567,7 @@ fn child_scenario() {
             // Which send is done before its ack depends on the threads' timing: go on
             // until 8 were (the trace says), at most 200 rounds.
             let net = Net::init();
-            let kept = || {
-                LOG.lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(_, s)| s.contains("test done (before the ack: a copy is kept)"))
-                    .count()
-            };
+            let kept = || logged_count("test done (before the ack: a copy is kept)");
             for k in 0..200u64 {
                 if kept() >= 8 {
                     break;
