@@ -78,22 +78,11 @@ pub fn digest(chunk_crcs: &[u32], chunk: u64, total: u64) -> u32 {
     acc
 }
 
-/// Whether this CPU has an instruction the CRC32C can use (SSE4.2's `crc32` or more on
-/// x86-64, the CRC extension on aarch64); without one it runs from tables, at a fraction
-/// of the speed.
+/// Whether the CRC32C runs on CPU instructions made for it rather than from tables (at
+/// a fraction of the speed): the path `crc-fast` chose ([`cpu_path`]), which on x86-64
+/// needs PCLMULQDQ, not only SSE4.2.
 pub fn hardware_accelerated() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("sse4.2")
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        std::arch::is_aarch64_feature_detected!("crc")
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        false
-    }
+    !cpu_path().starts_with("software")
 }
 
 #[cfg(test)]
