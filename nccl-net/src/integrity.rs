@@ -1,18 +1,11 @@
-//! The integrity of each piece: its CRC32C (Castagnoli; the `crc-fast` crate, as `host`
-//! uses it: VPCLMULQDQ with AVX-512 where the CPU has it, about 4 times the SSE4.2
+//! The integrity of each piece: its CRC32C (Castagnoli; `host::integrity`'s, the
+//! `crc-fast` crate: VPCLMULQDQ with AVX-512 where the CPU has it, about 4 times the SSE4.2
 //! `crc32` instruction's rate, else PCLMULQDQ, the `crc32` instruction, ARMv8's), the test-only fault injector
 //! that corrupts a piece after its CRC was taken, and the counters NCCL's log gets.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::crc32_iscsi(data)
-}
-
-/// The code path the CRC32C takes on this CPU (`crc-fast`'s words), for the log.
-pub fn crc32c_path() -> String {
-    crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi)
-}
+pub use host::integrity::{cpu_path as crc32c_path, crc32c};
 
 /// Decides which pieces `NCCL_GRDMA_TEST_INJECT_FAULTS=N` corrupts: about one in N,
 /// from a xorshift generator seeded per comm (reproducible for one seed), never a

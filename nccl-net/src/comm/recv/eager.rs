@@ -156,6 +156,8 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
     if let Some((ri, base)) = direct {
         e.direct = Some(base);
         e.target = Some((ri, 0));
+        let what = format_args!("eager {seq} is message {}: lands in place", h.index);
+        sh.trace.note("recv", seq, what);
     }
     if first_piece {
         (e.index, e.tag) = (h.index, h.tag);
@@ -189,13 +191,6 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
             RawBuf(unsafe { e.buf.as_mut_ptr().add(h.offset as usize) })
         }
     };
-    if direct.is_some() {
-        sh.trace.note(
-            "recv",
-            seq,
-            format_args!("eager {seq} is message {}: lands in place", h.index),
-        );
-    }
     let piece = RxPiece {
         eager: Some(seq),
         tn: seq,
