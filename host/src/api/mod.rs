@@ -440,6 +440,19 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
             assert!(e.message().contains("exactly 100 bytes"), "{}", e.message());
         }
+        // The right size, but several transfers offered on one connection (the CLI's
+        // `--iters 3 --reuse-connection`): refused in words the sender can act on, not
+        // as an inconsistent header.
+        let data = HostBuffer::zeroed(100).unwrap();
+        let cfg = opts.send_options(addr, 100, Payload::Opaque, &Cooldowns::new());
+        let log = crate::memory::select::AttemptLog::default();
+        let e = crate::engine::connect::send_tcp(&cfg, &data, &log, 3).unwrap_err();
+        assert!(
+            e.to_string().contains("one transfer per offer")
+                && e.to_string().contains("asked for 3")
+                && e.to_string().contains("drop --reuse-connection"),
+            "{e}"
+        );
         let (r, buf) = receiving.join().unwrap();
         // Nobody sent the right size within the wait: a timeout, and the buffer as it was.
         let e = r.unwrap_err();

@@ -20,7 +20,7 @@ use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
 use crate::net::{Heard, ListenConfig};
 use crate::server::admission::{Admission, Books, Lease, Limits, Want};
 use crate::transfer::{RecvOutcome, TransferError};
-use crate::wire::{Header, RejectReason, WireError};
+use crate::wire::{Header, RejectReason};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -113,9 +113,9 @@ impl RecvMemory {
             return Some((reason, None));
         }
         if header.transfers > 1 {
-            let reason = RejectReason::BadHeader(WireError::Inconsistent {
-                what: "several transfers into one caller's buffer",
-            });
+            let reason = RejectReason::OneTransferPerBuffer {
+                transfers: header.transfers.into(),
+            };
             return Some((
                 reason,
                 Some("a --reuse-connection offer into one buffer".into()),

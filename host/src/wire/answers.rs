@@ -226,6 +226,14 @@ pub enum RejectReason {
     /// did not take it within the receiver's `--timeout`.
     #[error("its caller declined this transfer (or did not take it within its timeout)")]
     Declined,
+    /// The receiver takes one transfer per offer into its caller's buffer (the
+    /// library's `receive_into`, Python's `recv_into`), and the offer asked for several
+    /// on one connection (`--iters` with `--reuse-connection`). Before code 21 it was
+    /// refused as an inconsistent header, which told a sender nothing it could act on.
+    #[error(
+        "it receives one transfer per offer into its caller's buffer, and this offer asked for {transfers}; drop --reuse-connection (each of --iters then offers its own)"
+    )]
+    OneTransferPerBuffer { transfers: u64 },
     #[error("reason code {code} (unknown to this version)")]
     Unknown { code: u16 },
 }
@@ -266,6 +274,7 @@ impl RejectReason {
             } => (18, per_chunk.min(u16::MAX as u64) as u16, chunks, max),
             RejectReason::SizeMismatch { offered, expected } => (19, 0, offered, expected),
             RejectReason::Declined => (20, 0, 0, 0),
+            RejectReason::OneTransferPerBuffer { transfers } => (21, 0, transfers, 0),
             // What that older receiver sent: "version VERSION is not supported", in its
             // own version.
             RejectReason::OldPeer { .. } => (1, 3, VERSION as u64, 0),
@@ -349,6 +358,7 @@ impl RejectReason {
                 expected: b,
             },
             20 => RejectReason::Declined,
+            21 => RejectReason::OneTransferPerBuffer { transfers: a },
             _ => RejectReason::Unknown { code },
         })
     }
@@ -475,6 +485,7 @@ mod tests {
                 expected: 4096,
             },
             RejectReason::Declined,
+            RejectReason::OneTransferPerBuffer { transfers: 5 },
         ];
         for r in all {
             let bytes = r.encode();
