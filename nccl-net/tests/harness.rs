@@ -911,15 +911,18 @@ fn small_ops_in_nccls_order_are_not_timer_bound() {
     let us = t0.elapsed().as_secs_f64() * 1e6 / OPS as f64;
     recv.join().unwrap();
     per_op.sort_by(f64::total_cmp);
-    let median = per_op[OPS / 2];
-    eprintln!("small_ops_in_nccls_order: {us:.1} us per 1 KiB op on average, median {median:.1}");
-    // The median: the other tests share this machine's cores and stall a few ops; a
-    // wait bound to a timer (the I/O threads' 100 ms poll) or to the other rank (2 ms
-    // per op under NCCL on the H200 before eager sends) would slow every one. The bound
-    // leaves room for a loaded 2-core CI machine (median 72-150 us there alone).
+    let (tenth, median) = (per_op[OPS / 10], per_op[OPS / 2]);
+    eprintln!(
+        "small_ops_in_nccls_order: {us:.1} us per 1 KiB op on average, median {median:.1}, tenth percentile {tenth:.1}"
+    );
+    // The tenth percentile: a wait bound to a timer (the I/O threads' 100 ms poll) or to
+    // the other rank (2 ms per op under NCCL on the H200 before eager sends) slows every
+    // op, the fastest too, while the other tests sharing this machine's cores stall
+    // many but not nine in ten (the median once passed 1.5 ms on a 2-core machine
+    // running the whole suite; 72-150 us there alone).
     assert!(
-        median < 1500.0,
-        "{median:.0} us per 1 KiB op, median (bound 1500): a step waits on a timer or on the other side"
+        tenth < 1500.0,
+        "{tenth:.0} us per 1 KiB op at the tenth percentile (bound 1500; median {median:.0}): a step waits on a timer or on the other side"
     );
     net.close_send(s);
     net.close_recv(r);
