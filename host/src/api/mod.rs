@@ -454,9 +454,17 @@ mod tests {
             "{e}"
         );
         let (r, buf) = receiving.join().unwrap();
-        // Nobody sent the right size within the wait: a timeout, and the buffer as it was.
+        // Nobody sent the right size within the wait: a timeout, and the buffer as it was;
+        // the timeout names the last offer refused meanwhile.
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(
+            e.message().contains("no transfer arrived")
+                && e.message().contains("the last offer, from 127.0.0.1:")
+                && e.message().contains("one transfer per offer"),
+            "{}",
+            e.message()
+        );
         assert!(buf.iter().all(|&b| b == 0xab));
     }
 

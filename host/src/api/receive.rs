@@ -287,7 +287,7 @@ impl Listener {
             .verbs
             .as_ref()
             .map(|v| VerbsSide::Shared(v.clone(), VerbsServe::default()));
-        serve_any(
+        let served = serve_any(
             tcp,
             verbs,
             Some(self.kept.clone()),
@@ -296,7 +296,10 @@ impl Listener {
             &admission,
             Some(call),
             &mut report,
-        )?;
+        );
+        if let Err(e) = served {
+            return Err(with_last_refusal(e.into(), last.as_ref()));
+        }
         match last {
             Some(RecvOutcome::Completed(report)) if report.ok() => Ok(*report),
             Some(RecvOutcome::Completed(report)) => Err(Error::from_recv_report(&report)),
@@ -312,6 +315,22 @@ impl Listener {
                 format!("no transfer was received ({other:?})"),
             )),
         }
+    }
+}
+
+/// A receive that ran out of its wait says so; where it refused an offer meanwhile (of
+/// another size, several transfers at once, a wrong key), it names the last one too: "no
+/// transfer arrived" alone would hide that a sender came and was told why it was refused.
+fn with_last_refusal(e: Error, last: Option<&RecvOutcome>) -> Error {
+    match (e.kind(), last) {
+        (ErrorKind::TimedOut, Some(RecvOutcome::Rejected { peer, reason })) => Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "{}; the last offer, from {peer}, was refused: {reason}",
+                e.message()
+            ),
+        ),
+        _ => e,
     }
 }
 

@@ -116,10 +116,7 @@ impl RecvMemory {
             let reason = RejectReason::OneTransferPerBuffer {
                 transfers: header.transfers.into(),
             };
-            return Some((
-                reason,
-                Some("a --reuse-connection offer into one buffer".into()),
-            ));
+            return Some((reason, None));
         }
         None
     }
