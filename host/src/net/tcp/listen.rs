@@ -31,7 +31,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often the accept loop looks whether the receiver is done.
+/// How often the accept loop looks for a connection (and whether the receiver is done);
+/// [`TcpListen::pause`] wakes it at once rather than waiting this out.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
 /// How long the accept loop stops when the process is out of descriptors.
 const OUT_OF_DESCRIPTORS_PAUSE: Duration = Duration::from_millis(100);
@@ -108,9 +109,16 @@ impl TcpListen {
     pub fn pause(&self, within: Duration) {
         self.shared.idle.store(false, Ordering::SeqCst);
         self.shared.paused.store(true, Ordering::SeqCst);
+        // The loop parks between its looks for a connection: woken, it sees `paused`
+        // now, not after the rest of its poll. This wait is on the path of every library
+        // receive, between its accept and its first byte read: sleeping it out cost
+        // about 2 ms a transfer (a 1 MiB round trip 2.4 ms against 0.4 without it).
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
         let until = Instant::now() + within;
         while !self.shared.idle.load(Ordering::SeqCst) && Instant::now() < until {
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_micros(10));
         }
     }
 
@@ -348,13 +356,13 @@ fn accept_loop(
     while !stop.load(Ordering::Relaxed) {
         if shared.paused.load(Ordering::SeqCst) {
             shared.idle.store(true, Ordering::SeqCst);
-            std::thread::sleep(ACCEPT_POLL);
+            std::thread::park_timeout(ACCEPT_POLL);
             continue;
         }
         let (stream, peer) = match listener.accept() {
             Ok(s) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_POLL);
+                std::thread::park_timeout(ACCEPT_POLL);
                 continue;
             }
             Err(e) if out_of_descriptors(&e) => {
