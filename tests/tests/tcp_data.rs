@@ -92,9 +92,19 @@ fn files_of_1_4097_64mib_and_1gib_plus_3_bytes_arrive_with_the_same_sha256() {
         let name = format!("random-{len}.bin");
         let input = inputs.join(&name);
         random_file(&input, len);
+        // The receiver answers once the file is stored (written and synced): 1 GiB took
+        // 4 s on a 2-core machine alone and more than the default --timeout of 10 s with
+        // the other tests writing theirs, so the sender waits up to 50 s for the answer.
         let out = send(
             r.port,
-            &["--input", input.to_str().unwrap(), "--streams", streams],
+            &[
+                "--input",
+                input.to_str().unwrap(),
+                "--streams",
+                streams,
+                "--timeout",
+                "50",
+            ],
             T,
         );
         assert_verified(&out, &name);
@@ -143,9 +153,28 @@ fn a_sender_killed_mid_transfer_leaves_no_file_under_the_final_name() {
     let r = Receiver::start(&["--output", out.to_str().unwrap(), "--max-bytes", "1GiB"]);
     // Kill the sender while its data is on the way: slow it (--chunk 4 KiB, one stream)
     // and retry with other delays until the receiver reports a transfer broken off (a
-    // kill before the connection or after the ack would show nothing).
+    // kill before the connection or after the ack would show nothing). The delays are
+    // shares of a whole transfer of the same file, timed here first: with the other
+    // tests loading the machine, fixed delays of 150-900 ms once all fell before the
+    // sender had connected.
+    let t = Instant::now();
+    let whole = send(
+        r.port,
+        &[
+            "--chunk",
+            "4KiB",
+            "--name",
+            "whole.bin",
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        T,
+    );
+    let whole_ms = t.elapsed().as_millis() as u64;
+    assert_verified(&whole, "the timed whole transfer");
+    std::fs::remove_file(out.join("whole.bin")).unwrap();
     let mut broken = false;
-    for delay_ms in [400u64, 250, 600, 150, 900] {
+    for delay_ms in [50u64, 40, 60, 30, 70].map(|pct| whole_ms * pct / 100) {
         let before = r.log().matches("incomplete transfer").count();
         let mut child = Command::new(host_bin())
             .args(["127.0.0.1", &r.port.to_string(), "--transport", "tcp"])
