@@ -89,6 +89,7 @@ impl VerbsOffer {
         let (sink, memory) =
             choose_sink(&res, sinks, &setup).map_err(|(reason, why)| refused(reason, why))?;
         let sink = sink.as_ref();
+        super::trace!("accept: protection domain, completion queue and buffer made");
         // SAFETY: `mr` is a local declared after `sink` and never moved out or leaked: it
         // is deregistered before the buffer goes; a RecvSink reads its memory only by
         // copies.
@@ -139,6 +140,7 @@ impl VerbsOffer {
             Some(token) => StripedAccept { info, token }.encode().to_vec(),
             None => info.encode().to_vec(),
         };
+        super::trace!("accept: buffer registered, queue pair made, receives posted");
         link.accept_first(&request, &private_data)
             .map_err(withdrawn)?;
         wait_established(&request, peer, timeout).map_err(|why| {
@@ -150,6 +152,7 @@ impl VerbsOffer {
                 true,
             )
         })?;
+        super::trace!("accept: established");
         let session = Session {
             memory,
             accepted_at: Instant::now(),

@@ -144,10 +144,13 @@ fn attempt<R>(
         let open = || -> Result<Opened, TransferError> {
             let channel = EventChannel::new()?;
             let id = CmId::new(&channel)?;
+            super::trace!("dial rail {k}: resolving {}", target.peer);
             resolve(&id, target.peer, cfg.timeout)?;
+            super::trace!("dial rail {k}: address and route resolved");
             check_message_size(&id, cfg.chunk, "a chunk (--chunk)")?;
             check_device(&id, target.nic.as_deref(), target.peer)?;
             let res = Resources::new(&id, Resources::cq_entries(caps), cfg.busy_poll)?;
+            super::trace!("dial rail {k}: protection domain and completion queue made");
             Ok(Opened { rail: k, id, res })
         };
         match open() {
@@ -186,6 +189,7 @@ fn attempt<R>(
         }
     }
     let opened = kept;
+    super::trace!("dial: the source registered on {} rail(s)", opened.len());
     let mut conns: Vec<Option<Connection>> = Vec::new();
     for o in &opened {
         let conn = Connection::new(&o.res, caps, (REPLY_SLOTS, SLOT), SEND_SLOTS)?;
@@ -210,6 +214,7 @@ fn attempt<R>(
         _ => header.clone(),
     };
     let first = &opened[0];
+    super::trace!("dial: queue pairs made, receives posted; connecting with the offer");
     let answer = connect(&first.id, cfg.rails[first.rail].peer, &private_data, cfg.timeout, false)
         .map_err(|e| match e {
             TransferError::Rejected(RejectReason::BadHeader(WireError::UnknownFlags { flags }))
@@ -275,6 +280,7 @@ fn attempt<R>(
         }
     }
     let connect_seconds = t0.elapsed().saturating_sub(making).as_secs_f64();
+    super::trace!("dial: accepted, every rail joined");
 
     // --- the link ------------------------------------------------------------------------
     let mut send_rails = Vec::new();
