@@ -45,12 +45,23 @@ fn resolve(address: &str) -> PyResult<SocketAddr> {
         .ok_or_else(|| PyValueError::new_err(format!("address {address:?} resolves to nothing")))
 }
 
+/// A timeout or wait given in seconds: positive, and at most the library's longest
+/// ([`api::MAX_TIMEOUT`], a day, as the command line's `--timeout`).
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
+    let limit = api::MAX_TIMEOUT;
     Duration::try_from_secs_f64(value)
         .ok()
-        .filter(|d| !d.is_zero())
+        .filter(|d| !d.is_zero() && *d <= limit)
         .ok_or_else(|| {
-            PyValueError::new_err(format!("{what}={value}: a positive number of seconds"))
+            // 1e300 in 301 digits would hide the point.
+            let shown = match value.is_finite() && value.abs() >= 1e9 {
+                true => format!("{value:e}"),
+                false => value.to_string(),
+            };
+            PyValueError::new_err(format!(
+                "{what}={shown}: a positive number of seconds, at most {} (a day)",
+                limit.as_secs()
+            ))
         })
 }
 
@@ -140,9 +151,17 @@ impl Handle {
     /// ended. Ctrl-C cancels the transfer, waits for it to end (up to [`CANCEL_GRACE`]:
     /// its memory is then free) and raises KeyboardInterrupt.
     fn wait_done(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        // A wait longer than the clock can count (inf, 1e300) is a wait without end, as
+        // None is.
         let deadline = match timeout {
-            Some(t) if t >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(t)),
-            Some(t) => return Err(PyValueError::new_err(format!("timeout={t}: not negative"))),
+            Some(t) if t >= 0.0 => Duration::try_from_secs_f64(t)
+                .ok()
+                .and_then(|d| Instant::now().checked_add(d)),
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout={t}: a number of seconds, not negative"
+                )))
+            }
             None => None,
         };
         loop {

@@ -380,6 +380,31 @@ def test_what_cannot_be_taken_is_refused_with_a_clear_error(listener):
         connect(listener.address).send(b"")
 
 
+def test_waits_out_of_range_are_value_errors_and_an_endless_wait_is_allowed(listener):
+    # Before, a timeout past what the clock counts panicked: inside the receive's thread
+    # (a TransferError saying only that the thread ended), or across the call
+    # (pyo3's PanicException) for Handle.wait(math.inf).
+    for bad in (0, -1, float("nan"), float("inf"), 1e19, 86401):
+        with pytest.raises(ValueError, match="at most 86400"):
+            listen(timeout=bad)
+        with pytest.raises(ValueError, match="at most 86400"):
+            connect(listener.address, timeout=bad)
+        with pytest.raises(ValueError, match="at most 86400"):
+            listener.recv(timeout=bad)
+    with pytest.raises(ValueError, match="at most 86400"):
+        listen(wait=1e19)
+    target = np.zeros(4, dtype=np.uint8)
+    receiving = listener.recv_into_async(target, timeout=86400)
+    with pytest.raises(ValueError, match="not negative"):
+        receiving.wait(timeout=-1)
+    with pytest.raises(ValueError, match="not negative"):
+        receiving.wait(timeout=float("nan"))
+    connect(listener.address, timeout=86400).send(b"ends")
+    for endless in (float("inf"), 1e300, 1e19):
+        assert receiving.wait(timeout=endless)["bytes"] == 4
+    assert target.tobytes() == b"ends"
+
+
 def test_reports_are_plain_dicts_of_what_happened(listener):
     join = receive_in_thread(lambda: listener.recv_into(bytearray(10)))
     sent = connect(listener.address).send(b"0123456789", name="ten")

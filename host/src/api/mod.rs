@@ -125,6 +125,10 @@ pub struct Options {
     pub test_inject_faults: Option<crate::transfer::faults::FaultInjector>,
 }
 
+/// The longest [`Options::timeout`] and [`Options::wait`]: a day, as the command line's
+/// `--timeout`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -175,15 +179,41 @@ impl Options {
                 self.max_resends
             ));
         }
-        if self.timeout.is_zero() {
-            return bad("--timeout 0: every wait needs a bound".into());
-        }
+        self.check_waits()?;
         if let Some(name) = &self.name {
             if let Err(e) = crate::wire::encode_name(name) {
                 return bad(format!("--name {name:?}: {e}"));
             }
         }
         Ok(())
+    }
+
+    /// The checks of `timeout` and `wait`, which receives make too: each is at most
+    /// [`MAX_TIMEOUT`], as the command line's `--timeout` is (a longer one is taken for a
+    /// mistake; a receive that waits without end has `wait: None`), and `timeout` is not
+    /// zero.
+    ///
+    /// # Errors
+    /// A wait out of range ([`ErrorKind::InvalidArgument`]).
+    pub fn check_waits(&self) -> Result<(), Error> {
+        let bad = |what: String| Err(Error::new(ErrorKind::InvalidArgument, what));
+        let limit = MAX_TIMEOUT.as_secs();
+        if self.timeout.is_zero() {
+            return bad("--timeout 0: every wait needs a bound".into());
+        }
+        if self.timeout > MAX_TIMEOUT {
+            return bad(format!(
+                "--timeout {} s is outside (0, {limit}]",
+                self.timeout.as_secs_f64()
+            ));
+        }
+        match self.wait {
+            Some(wait) if wait > MAX_TIMEOUT => bad(format!(
+                "a receive's wait of {} s is longer than {limit} s (no wait: as long as none comes)",
+                wait.as_secs_f64()
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The sender's configuration for `bytes` of `payload` to `peer`.
@@ -267,6 +297,15 @@ mod tests {
                 name: Some("../escape".into()),
                 ..Options::default()
             },
+            Options {
+                timeout: Duration::ZERO,
+                ..Options::default()
+            },
+            // Past the longest wait: `Instant::now() + timeout` would overflow somewhere.
+            Options {
+                timeout: Duration::MAX,
+                ..Options::default()
+            },
         ];
         let unreachable = send_host(nowhere, &data, &Options::default())
             .unwrap_err()
@@ -276,6 +315,49 @@ mod tests {
             assert_ne!(e, unreachable, "{opts:?} reached the network");
             eprintln!("{e}");
         }
+    }
+
+    #[test]
+    fn a_receive_whose_waits_are_out_of_range_is_an_error_not_a_panic() {
+        let day = MAX_TIMEOUT;
+        let too_long = day + Duration::from_secs(1);
+        for opts in [
+            Options {
+                timeout: Duration::MAX,
+                ..Options::default()
+            },
+            Options {
+                wait: Some(Duration::MAX),
+                ..Options::default()
+            },
+        ] {
+            let Err(e) = Listener::bind("127.0.0.1:0".parse().unwrap(), &opts) else {
+                panic!("{opts:?} was taken");
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        }
+        // Given after the bind: the receive says so (before this check, the receive's
+        // thread panicked adding the wait to the clock, and the call said only that the
+        // thread ended without a result).
+        let ok = Options {
+            timeout: day,
+            wait: Some(Duration::from_millis(50)),
+            ..Options::default()
+        };
+        let listener = bound(&ok);
+        let e = listener.receive().unwrap_err();
+        assert_eq!(
+            e.kind(),
+            ErrorKind::TimedOut,
+            "the longest wait is allowed: {e}"
+        );
+        let listener = listener.with_options(&Options {
+            wait: Some(too_long),
+            ..ok.clone()
+        });
+        let e = listener.receive().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message().contains("86400"), "{}", e.message());
     }
 
     #[test]

@@ -48,8 +48,10 @@ impl Listener {
     /// Listen on `addr` (port 0: the system picks; see [`local_addr`](Self::local_addr)).
     ///
     /// # Errors
-    /// The address cannot be bound (in use, not this machine's).
+    /// The address cannot be bound (in use, not this machine's); a wait of `opts` out of
+    /// range ([`Options::check_waits`]).
     pub fn bind(addr: SocketAddr, opts: &Options) -> Result<Listener, Error> {
+        opts.check_waits()?;
         let listener = TcpListener::bind(addr).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -251,6 +253,8 @@ impl Listener {
         output: Option<Output>,
         max_bytes: u64,
     ) -> Result<RecvReport, Error> {
+        // Options given since the bind (`with_options`) are checked here.
+        self.opts.check_waits()?;
         let listener = self.try_clone()?.listener;
         let cfg = RecvOptions {
             bind: self.local_addr(),

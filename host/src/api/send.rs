@@ -48,6 +48,9 @@ fn send_with(
     cooldowns: &Cooldowns,
     kept: Option<&KeptSlot>,
 ) -> Result<SendReport, Error> {
+    // Every send's options, however it came (a free function's, or an endpoint's with
+    // this send's name): out of range, an error before any connection.
+    opts.check()?;
     let cfg = opts.send_options(peer, source.len() as u64, Payload::Opaque, cooldowns);
     let report = match (transport, kept) {
         (TransportKind::Rdma, _) => {

@@ -45,7 +45,8 @@ class Handle:
         peer told nothing) unless it ended already; ``wait`` then raises Cancelled. Never
         waits."""
     def wait(self, timeout: Optional[float] = None) -> Report:
-        """Wait for the end (at most ``timeout`` seconds) and return the report; raise the
+        """Wait for the end (at most ``timeout`` seconds; None, or a wait longer than the
+        clock counts such as ``math.inf``: until it ends) and return the report; raise the
         transfer's exception, or TimedOut if ``timeout`` passed first (the transfer goes
         on: wait again). Ctrl-C cancels the transfer, waits for it to end (a moment; its
         memory is then free) and raises KeyboardInterrupt."""
@@ -142,7 +143,8 @@ def listen(
 ) -> Listener:
     """Listen on ``address`` (port 0 picks a free one). ``timeout`` bounds every wait once
     a sender has come; ``wait`` how long a receive waits for one (None: as long as none
-    comes); ``max_bytes`` the largest ``recv``; ``min_rate`` (bytes/s) the slowest
+    comes); each given in seconds, at most 86400 (a day, as the command line's
+    ``--timeout``; a receive's own ``timeout`` too); ``max_bytes`` the largest ``recv``; ``min_rate`` (bytes/s) the slowest
     sender served; ``key_file``: serve only senders with the same key."""
 
 def connect(
@@ -158,7 +160,8 @@ def connect(
 ) -> Endpoint:
     """An endpoint for the receiver at ``address``. ``transport``: "auto" (RDMA verbs
     where this machine has an RDMA device and a route to the peer, else TCP), "tcp" or
-    "rdma"; ``streams``: sockets per transfer (None: chosen from
+    "rdma"; ``timeout``: seconds, at most 86400, that any wait of a send may last
+    (nothing moving, no answer); ``streams``: sockets per transfer (None: chosen from
     this machine's cores and the link, as ``host --streams auto``); ``chunk``: bytes per
     CRC32C; ``max_resends``: the most rounds of resends of chunks that failed (failed
     chunks come again in pieces while the rounds repair something);
