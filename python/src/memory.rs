@@ -7,7 +7,8 @@
 //!   array.array), or `__dlpack__` on the CPU (torch's CPU tensors have no buffer).
 //!
 //! Only C-contiguous memory is taken (the bytes in order); anything else is refused with
-//! a `ValueError` saying so.
+//! a `ValueError` saying so. Items that are Python objects (NumPy's `dtype=object`) are
+//! refused with a `TypeError`: their bytes are pointers into this process.
 
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -229,6 +230,11 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
     }
     let shape: Vec<i64> = get("shape")?.extract()?;
     let typestr: String = get("typestr")?.extract()?;
+    if typestr.get(1..2) == Some("O") {
+        return Err(PyTypeError::new_err(format!(
+            "cannot send or receive an array of Python objects (typestr {typestr:?})"
+        )));
+    }
     let item: u64 = typestr
         .get(2..)
         .and_then(|n| n.parse().ok())
@@ -254,17 +260,62 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
     })
 }
 
-/// The memory of a buffer-protocol object, C-contiguous (writable if asked).
-fn from_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+/// Whether a buffer's struct format (PEP 3118, as `memoryview.format` shows it) has
+/// Python objects among its items (`O`): their bytes are this process's pointers, which
+/// a send would give away and a receive would overwrite with a peer's bytes (a crash, or
+/// worse, at the next use of the array). Field names (`T{i:Ok:}`) are not codes.
+fn holds_python_objects(format: &[u8]) -> bool {
+    let mut in_name = false;
+    format.iter().any(|&c| {
+        if c == b':' {
+            in_name = !in_name;
+        }
+        !in_name && c == b'O'
+    })
+}
+
+/// Why a buffer was not taken.
+enum NotTaken {
+    /// The object gave no buffer of that kind (none at all, not contiguous, read-only).
+    NoBuffer(PyErr),
+    /// Its items are Python objects: refused, whatever else the object offers.
+    Objects(PyErr),
+}
+
+/// The memory of a buffer-protocol object, C-contiguous (writable if asked), of plain
+/// values (no Python objects, see [`holds_python_objects`]).
+fn from_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> Result<Region, NotTaken> {
     // SAFETY: Py_buffer is a C struct of pointers and integers, for which all zeroes is a
     // valid (empty) value; PyObject_GetBuffer fills it.
     let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
-    let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
+    // The format too: to refuse items that are Python objects.
+    let flags = ffi::PyBUF_C_CONTIGUOUS
+        | ffi::PyBUF_FORMAT
+        | if writable { ffi::PyBUF_WRITABLE } else { 0 };
     // SAFETY: a live object (borrowed for the call) and a zeroed view to fill; on success
-    // the view holds a reference and is released exactly once (Region's release).
+    // the view holds a reference and is released exactly once (Region's release, or just
+    // below when its items are Python objects).
     let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
     if rc != 0 {
-        return Err(PyErr::fetch(obj.py()));
+        return Err(NotTaken::NoBuffer(PyErr::fetch(obj.py())));
+    }
+    let format = match view.format.is_null() {
+        true => &b"B"[..],
+        // SAFETY: a filled view's format, where not null, is a NUL-terminated string
+        // that lives as long as the view (which is released only after this use).
+        false => unsafe { CStr::from_ptr(view.format) }.to_bytes(),
+    };
+    if holds_python_objects(format) {
+        let format = String::from_utf8_lossy(format).into_owned();
+        // SAFETY: the view just filled, released once, here (it is not kept).
+        unsafe { ffi::PyBuffer_Release(&mut *view) };
+        let kind = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "buffer".to_string(), |n| n.to_string());
+        return Err(NotTaken::Objects(PyTypeError::new_err(format!(
+            "cannot send or receive a {kind} of Python objects (format {format:?}): its bytes are this process's pointers, not data; convert it to plain values (NumPy: .astype(...)) first"
+        ))));
     }
     let len = usize::try_from(view.len).unwrap_or(0);
     let ptr = NonNull::new(view.buf.cast::<u8>()).unwrap_or(NonNull::dangling());
@@ -283,19 +334,45 @@ pub fn region_of(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
             return from_dlpack(obj);
         }
     }
-    match from_buffer(obj, writable) {
-        Ok(r) => Ok(r),
-        Err(e) if obj.hasattr("__dlpack__")? && e.is_instance_of::<PyTypeError>(obj.py()) => {
+    let e = match from_buffer(obj, writable) {
+        Ok(r) => return Ok(r),
+        Err(NotTaken::Objects(e)) => return Err(e),
+        Err(NotTaken::NoBuffer(e)) => e,
+    };
+    match e {
+        e if obj.hasattr("__dlpack__")? && e.is_instance_of::<PyTypeError>(obj.py()) => {
             from_dlpack(obj)
         }
-        Err(e) if obj.hasattr("__cuda_array_interface__")? => {
+        e if obj.hasattr("__cuda_array_interface__")? => {
             let _ = e;
             from_cuda_array_interface(obj, writable)
         }
-        Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => Err(PyTypeError::new_err(format!(
+        e if e.is_instance_of::<PyTypeError>(obj.py()) => Err(PyTypeError::new_err(format!(
             "cannot send or receive a {}: give bytes, a bytearray, a memoryview, a NumPy array, a torch tensor (CPU or CUDA), any object with the buffer protocol, __dlpack__ or __cuda_array_interface__, or a file path",
             obj.get_type().name()?
         ))),
-        Err(e) => Err(e),
+        e => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_python_objects;
+
+    #[test]
+    fn python_objects_are_told_from_names_and_plain_codes() {
+        for objects in [
+            "O",
+            "<O",
+            "2O",
+            "T{i:a:O:b:}",
+            "T{O:Ok:}",
+            "T{T{O:x:}:inner:}",
+        ] {
+            assert!(holds_python_objects(objects.as_bytes()), "{objects}");
+        }
+        for plain in ["B", "<i", "d", "T{i:Ok:}", "T{i:a:d:OO:}", "", "?", "Zd"] {
+            assert!(!holds_python_objects(plain.as_bytes()), "{plain}");
+        }
     }
 }

@@ -405,6 +405,24 @@ def test_waits_out_of_range_are_value_errors_and_an_endless_wait_is_allowed(list
     assert target.tobytes() == b"ends"
 
 
+def test_arrays_of_python_objects_are_refused_both_ways(listener):
+    # Their bytes are this process's pointers: received into, the array held a peer's
+    # bytes as object pointers (a segfault at its next use); sent, the pointers went out.
+    objects = np.empty(3, dtype=object)
+    with pytest.raises(TypeError, match="Python objects"):
+        listener.recv_into(objects, timeout=1)
+    with pytest.raises(TypeError, match="Python objects"):
+        listener.recv_into(np.zeros(2, dtype=[("n", "i4"), ("o", "O")]), timeout=1)
+    with pytest.raises(TypeError, match="Python objects"):
+        connect(listener.address).send(np.array([1, "a"], dtype=object))
+    assert objects.tolist() == [None, None, None]
+    # A field whose name holds an O is a plain value.
+    named = np.array([(1,), (2,), (3,)], dtype=[("Ok", "i4")])
+    join = receive_in_thread(lambda: listener.recv(timeout=10))
+    connect(listener.address).send(named)
+    assert join() == named.tobytes()
+
+
 def test_reports_are_plain_dicts_of_what_happened(listener):
     join = receive_in_thread(lambda: listener.recv_into(bytearray(10)))
     sent = connect(listener.address).send(b"0123456789", name="ten")
