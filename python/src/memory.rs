@@ -148,6 +148,20 @@ fn contiguous_bytes(shape: &[i64], strides: Option<&[i64]>, item_bytes: u64) -> 
         .ok_or_else(|| PyValueError::new_err("the tensor's size overflows"))
 }
 
+/// Bytes per element of a DLPack dtype. Elements of less than a byte each (4-bit
+/// integers and floats, packed two to a byte) are refused: counted a byte each, the
+/// tensor's bytes would be overstated and a transfer would run past its memory.
+fn element_bytes(dtype: DlDataType) -> PyResult<u64> {
+    let bits = dtype.bits as u64 * dtype.lanes.max(1) as u64;
+    if bits == 0 || !bits.is_multiple_of(8) {
+        return Err(PyTypeError::new_err(format!(
+            "a DLPack tensor of {}-bit elements (type code {}): only whole bytes per element are sent or received",
+            dtype.bits, dtype.code
+        )));
+    }
+    Ok(bits / 8)
+}
+
 /// The memory of a DLPack capsule's tensor (the capsule is kept as the owner).
 fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
     // No stream argument: the producer orders its pending work before the capsule for
@@ -180,8 +194,7 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
         // SAFETY: as for `shape`: `strides`, where not null, has `ndim` entries.
         false => Some(unsafe { std::slice::from_raw_parts(t.strides, ndim) }),
     };
-    let item_bits = t.dtype.bits as u64 * t.dtype.lanes.max(1) as u64;
-    let len = contiguous_bytes(shape, strides, item_bits.div_ceil(8))?;
+    let len = contiguous_bytes(shape, strides, element_bytes(t.dtype)?)?;
     let len = usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?;
     let addr = (t.data as u64)
         .checked_add(t.byte_offset)
@@ -357,7 +370,19 @@ pub fn region_of(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
 
 #[cfg(test)]
 mod tests {
-    use super::holds_python_objects;
+    use super::{element_bytes, holds_python_objects, DlDataType};
+
+    #[test]
+    fn dlpack_elements_of_whole_bytes_only() {
+        let t = |code, bits, lanes| DlDataType { code, bits, lanes };
+        assert_eq!(element_bytes(t(2, 32, 1)).unwrap(), 4);
+        assert_eq!(element_bytes(t(6, 8, 1)).unwrap(), 1); // bool
+        assert_eq!(element_bytes(t(5, 64, 1)).unwrap(), 8); // complex64
+        assert_eq!(element_bytes(t(2, 16, 4)).unwrap(), 8); // 4 lanes of half
+        assert!(element_bytes(t(0, 4, 1)).is_err()); // int4: two to a byte
+        assert!(element_bytes(t(1, 1, 1)).is_err());
+        assert!(element_bytes(t(2, 0, 1)).is_err());
+    }
 
     #[test]
     fn python_objects_are_told_from_names_and_plain_codes() {
