@@ -318,6 +318,40 @@ mod tests {
     }
 
     #[test]
+    fn senders_that_come_together_are_taken_by_the_next_receives_not_refused_as_busy() {
+        // Both offers reach the loop before the first transfer pauses the listener: the
+        // second was refused "busy" though the next receive would have taken it.
+        let opts = Options {
+            timeout: Duration::from_secs(5),
+            wait: Some(Duration::from_secs(10)),
+            ..Options::default()
+        };
+        for round in 0..5 {
+            let listener = bound(&opts);
+            let addr = listener.local_addr();
+            let senders: Vec<_> = (0..3u8)
+                .map(|k| {
+                    let opts = opts.clone();
+                    std::thread::spawn(move || {
+                        connect(addr, &opts)?.send(&[k; 1000], None)?;
+                        Ok::<_, Error>(())
+                    })
+                })
+                .collect();
+            let mut got: Vec<u8> = (0..3)
+                .map(|_| listener.receive().expect("each sender's transfer").bytes[0])
+                .collect();
+            got.sort_unstable();
+            assert_eq!(got, [0, 1, 2], "round {round}");
+            for s in senders {
+                s.join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+        }
+    }
+
+    #[test]
     fn a_receive_whose_waits_are_out_of_range_is_an_error_not_a_panic() {
         let day = MAX_TIMEOUT;
         let too_long = day + Duration::from_secs(1);

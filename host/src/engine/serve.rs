@@ -288,6 +288,10 @@ fn tcp_served<O: 'static>(
 /// between calls) or while it takes no offers (a call's one transfer running). Held
 /// offers older than the connection's idle time are dropped (closed): their senders
 /// stopped waiting for an answer.
+/// Offers held at once for a library's next receive, besides kept connections' (each a
+/// socket or a connection request; the listen queue holds the senders behind them).
+const MAX_HELD: usize = 64;
+
 pub struct KeptOffers<O> {
     inner: Mutex<KeptInner<O>>,
 }
@@ -324,6 +328,21 @@ impl<O: Send + 'static> KeptOffers<O> {
         inner.tell = Some(Box::new(move |o| {
             let _ = events.send(Event::Heard(Heard::Offer(o)));
         }));
+    }
+
+    /// Hold a new connection's offer that came while a library call's one transfer
+    /// runs (both senders were heard before the listener paused): for the next call, or
+    /// this one where its transfer fails and it goes on. The offer back when
+    /// [`MAX_HELD`] wait already (then refused as busy).
+    fn hold(&self, offer: O) -> Result<(), O> {
+        let mut inner = self.lock();
+        let idle = inner.idle;
+        inner.held.retain(|(at, _)| at.elapsed() < idle);
+        if inner.held.len() >= MAX_HELD {
+            return Err(offer);
+        }
+        inner.held.push_back((Instant::now(), offer));
+        Ok(())
     }
 
     /// The next offer of a kept connection.
@@ -704,6 +723,32 @@ pub fn serve_any(
     served
 }
 
+/// Hold `offer` for a library's next receive ([`KeptOffers::hold`]), or refuse it as
+/// busy when too many wait already.
+fn hold<O: Offer>(kept: &KeptOffers<O>, offer: O, report: &mut dyn FnMut(&RecvOutcome)) {
+    if let Err(offer) = kept.hold(offer) {
+        let reason = RejectReason::BusyConnections { active: 1, max: 1 };
+        let why = format!("{MAX_HELD} more senders wait for this receiver's next receives");
+        report(&offer.refuse(reason, Some(why)));
+    }
+}
+
+/// At the end of a library call: offers already heard are the next call's, not dropped
+/// with the call's channel.
+fn hold_heard<O: Offer>(
+    rx: &mpsc::Receiver<Event<O>>,
+    kept: &KeptOffers<O>,
+    report: &mut dyn FnMut(&RecvOutcome),
+) {
+    while let Ok(event) = rx.try_recv() {
+        match event {
+            Event::Heard(Heard::Offer(offer)) => hold(kept, offer, report),
+            Event::Heard(Heard::Said(said)) => report(&said),
+            Event::Served { outcome, .. } => report(&outcome),
+        }
+    }
+}
+
 /// The loop itself, over any listener's offers.
 #[allow(clippy::too_many_arguments)]
 fn serve_offers<O: Offer, L: Pausable + 'static>(
@@ -756,6 +801,12 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
         };
         match event {
             Event::Heard(Heard::Said(outcome)) => report(&outcome),
+            Event::Heard(Heard::Offer(offer)) if one_per_call && in_flight > 0 => {
+                // This call's one transfer runs: another sender heard before the listener
+                // paused waits for the next call (refusing it as busy told it to go away
+                // though the next receive would take it).
+                hold(&kept, offer, report);
+            }
             Event::Heard(Heard::Offer(offer)) => {
                 // A caller that asked to see the offer first lends memory for it now, or
                 // declines it, and the call ends with that offer either way.
@@ -774,6 +825,7 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                         };
                         let Some(target) = caller.ask(seen) else {
                             report(&offer.refuse(RejectReason::Declined, None));
+                            hold_heard(&rx, &kept, report);
                             return Ok(false);
                         };
                         lent_on_ask = RecvMemory::Lent(Mutex::new(Some(target)));
@@ -846,6 +898,7 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                     listen.resume();
                 }
                 if last {
+                    hold_heard(&rx, &kept, report);
                     return Ok(matches!(&outcome, RecvOutcome::Completed(r) if r.ok()));
                 }
             }
