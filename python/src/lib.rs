@@ -341,8 +341,10 @@ impl Listener {
             };
             // SAFETY: the region holds the object's memory (its buffer view or its owner)
             // until this closure has returned (`spawn` releases it after), valid for
-            // reads and writes of `len` bytes (writable asked); nobody else touches it
-            // through us meanwhile. A caller that writes the object while it is being
+            // reads and writes of `len` bytes (writable asked); no other transfer of this
+            // module touches it meanwhile (the region's claim: a second receive into it,
+            // or a send of it, is refused while this one runs). A caller that writes the
+            // object while it is being
             // received into races with the transfer on bytes only, as with any I/O
             // into a buffer; Rust code holds no reference to it.
             let report = unsafe { listener.receive_lent(place, region.len) }?;
@@ -415,7 +417,8 @@ impl Endpoint {
             let report = match region.place {
                 Place::Host(ptr) => {
                     // SAFETY: the region holds the object's memory, readable for `len`
-                    // bytes, until this closure returns (`spawn` releases it after).
+                    // bytes, until this closure returns (`spawn` releases it after); no
+                    // receive of this module writes it meanwhile (the region's claim).
                     let bytes = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), region.len) };
                     endpoint.send(bytes, name.as_deref())?
                 }

@@ -37,11 +37,83 @@ enum Hold {
     Owner(#[allow(dead_code)] Py<PyAny>),
 }
 
-/// The bytes of a Python object, held.
+/// The bytes of a Python object, held, and claimed for one transfer (see [`Claim`]).
 pub struct Region {
     pub place: Place,
     pub len: usize,
     hold: Option<Hold>,
+    claim: Option<Claim>,
+}
+
+/// Memory this module's transfers use now. A receive writes its target, so it must be
+/// the only transfer on those bytes; sends only read theirs and may share them. Without
+/// this, two receives could land in one array at once (two listeners), or a send could
+/// read an array a receive is writing: the safety promise each transfer makes to the
+/// library (the memory is its own until it ends) would not hold.
+struct Span {
+    id: u64,
+    device: Option<u32>,
+    start: u64,
+    end: u64,
+    writes: bool,
+}
+
+static IN_USE: std::sync::Mutex<(u64, Vec<Span>)> = std::sync::Mutex::new((0, Vec::new()));
+
+fn in_use() -> std::sync::MutexGuard<'static, (u64, Vec<Span>)> {
+    IN_USE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A transfer's hold on its bytes in [`IN_USE`], given back when dropped.
+struct Claim(u64);
+
+impl Claim {
+    /// Claim `len` bytes at `place` (`writes`: a receive's); BufferError where a
+    /// transfer already uses them in a way that conflicts.
+    fn take(place: Place, len: usize, writes: bool) -> PyResult<Option<Claim>> {
+        let (device, start) = match place {
+            Place::Host(p) => (None, p.as_ptr() as u64),
+            Place::Device { ordinal, ptr } => (Some(ordinal), ptr),
+        };
+        let end = start.saturating_add(len as u64);
+        if len == 0 {
+            return Ok(None);
+        }
+        let mut guard = in_use();
+        let (next, spans) = &mut *guard;
+        let clash = spans
+            .iter()
+            .find(|s| s.device == device && s.start < end && start < s.end && (writes || s.writes));
+        if let Some(s) = clash {
+            let what = match (writes, s.writes) {
+                (true, true) => "another transfer is receiving into this memory",
+                (true, false) => {
+                    "a send is reading this memory (a receive into it would change what is sent)"
+                }
+                _ => {
+                    "a receive is writing this memory (a send of it would read bytes as they land)"
+                }
+            };
+            return Err(PyBufferError::new_err(format!(
+                "{what}: wait for that transfer to end first"
+            )));
+        }
+        *next += 1;
+        spans.push(Span {
+            id: *next,
+            device,
+            start,
+            end,
+            writes,
+        });
+        Ok(Some(Claim(*next)))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        in_use().1.retain(|s| s.id != self.0);
+    }
 }
 
 // SAFETY: a Region is moved to the thread that runs its transfer. Its raw parts are plain
@@ -219,6 +291,7 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
         place,
         len,
         hold: Some(Hold::Owner(capsule.clone().into_any().unbind())),
+        claim: None,
     })
 }
 
@@ -270,6 +343,7 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult
         place: Place::Device { ordinal, ptr },
         len: usize::try_from(len).map_err(|_| PyValueError::new_err("too large"))?,
         hold: Some(Hold::Owner(obj.clone().unbind())),
+        claim: None,
     })
 }
 
@@ -336,11 +410,24 @@ fn from_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> Result<Region, NotTake
         place: Place::Host(ptr),
         len,
         hold: Some(Hold::Buffer(view)),
+        claim: None,
     })
 }
 
-/// The memory of `obj`, held; `writable` for a receive.
+/// The memory of `obj`, held and claimed for one transfer; `writable` for a receive
+/// (which no other transfer of this module may touch meanwhile; sends may share).
+///
+/// # Errors
+/// What [`held_region`] refuses; BufferError where a transfer already uses the memory
+/// in a way that conflicts.
 pub fn region_of(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    let mut region = held_region(obj, writable)?;
+    region.claim = Claim::take(region.place, region.len, writable)?;
+    Ok(region)
+}
+
+/// The memory of `obj`, held; `writable` for a receive.
+fn held_region(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     if obj.hasattr("__dlpack_device__")? && obj.hasattr("__dlpack__")? {
         let (device_type, _): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
         if device_type == KDL_CUDA {

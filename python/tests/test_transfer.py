@@ -423,6 +423,37 @@ def test_arrays_of_python_objects_are_refused_both_ways(listener):
     assert join() == named.tobytes()
 
 
+def test_memory_a_receive_writes_is_no_other_transfers_meanwhile(listener):
+    # Two receives into one array (two listeners) landed at once, and a send could read
+    # an array a receive was writing; the promise each transfer makes to the library (the
+    # memory is its own until it ends) did not hold.
+    other = listen(timeout=5)
+    target = np.zeros(1024, dtype=np.uint8)
+    receiving = listener.recv_into_async(target, timeout=10)
+    with pytest.raises(BufferError, match="another transfer is receiving"):
+        other.recv_into_async(target[:512], timeout=1)
+    with pytest.raises(BufferError, match="a receive is writing"):
+        connect(other.address).send(target[256:])
+    # Sends share what they read; a receive into what a send reads waits its turn.
+    source = np.arange(1024, dtype=np.uint8)
+    first = connect(other.address).send_async(source)
+    second = connect(other.address).send_async(source)
+    with pytest.raises(BufferError, match="a send is reading"):
+        listener.recv_into_async(source, timeout=1)
+    for _ in range(2):
+        assert other.recv(timeout=10) == source.tobytes()
+    first.wait(10)
+    second.wait(10)
+    connect(listener.address).send(source)
+    receiving.wait(10)
+    assert target.tobytes() == source.tobytes()
+    # Once the transfers ended, the memory is free again.
+    join = receive_in_thread(lambda: other.recv_into(target, timeout=10))
+    connect(other.address).send(source[::-1].copy())
+    join()
+    assert target.tobytes() == source[::-1].tobytes()
+
+
 def test_reports_are_plain_dicts_of_what_happened(listener):
     join = receive_in_thread(lambda: listener.recv_into(bytearray(10)))
     sent = connect(listener.address).send(b"0123456789", name="ten")
