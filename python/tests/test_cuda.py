@@ -192,3 +192,21 @@ def test_a_non_contiguous_cuda_tensor_is_refused():
     x = torch.zeros((64, 64), dtype=torch.float32, device="cuda").t()
     with pytest.raises(ValueError, match="contiguous"):
         gpu_rdma.connect("127.0.0.1:9").send(x)
+
+
+def test_a_cuda_tensor_being_received_into_is_no_other_transfers_meanwhile():
+    # The claim on memory a receive writes holds for GPU memory too: a second receive
+    # into an overlapping slice (another listener) or a send of it is a BufferError.
+    # Then the receive lands as sent.
+    target = torch.zeros(MIB, dtype=torch.uint8, device="cuda")
+    first = gpu_rdma.listen("127.0.0.1:0", timeout=30, wait=60)
+    second = gpu_rdma.listen("127.0.0.1:0", timeout=30, wait=60)
+    receiving = first.recv_into_async(target)
+    with pytest.raises(BufferError, match="another transfer is receiving"):
+        second.recv_into_async(target[MIB // 2 :])
+    with pytest.raises(BufferError, match="a receive is writing"):
+        gpu_rdma.connect(second.address).send(target[:16])
+    sent = seeded(MIB, 5)
+    gpu_rdma.connect(first.address).send(sent)
+    receiving.wait(60)
+    assert torch.equal(target, sent)
