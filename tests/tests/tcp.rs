@@ -1746,3 +1746,47 @@ fn a_library_endpoints_transfers_share_one_connection_into_a_serving_receiver() 
     let out = send(r.port, &["--iters", "1"], T);
     assert_verified(&out, "a sender after the endpoint");
 }
+
+#[test]
+fn a_peer_that_keeps_a_connection_per_transfer_cannot_pile_them_up() {
+    // Each endpoint's first transfer leaves its connection kept for the next offer (its
+    // sockets and reader threads held for --timeout). Before kept connections had a cap
+    // of their own, one peer keeping 60 endpoints of 64 streams left a receiver holding
+    // 3,900 threads and as many sockets within a second; now at most MIN_KEPT_PER_PEER of
+    // one address are kept (here --max-per-peer is 1), the others closed after their
+    // transfer, and every transfer still verifies.
+    use host::server::admission::MIN_KEPT_PER_PEER;
+    let r = Receiver::start(&["--max-per-peer", "1", "--timeout", "20"]);
+    let idle_files = r.open_files();
+    let opts = host::api::Options {
+        streams: 16,
+        transport: host::api::TransportKind::Tcp,
+        ..host::api::Options::default()
+    };
+    let addr = format!("127.0.0.1:{}", r.port).parse().unwrap();
+    let mut endpoints = Vec::new();
+    for k in 0..12 {
+        let endpoint = host::api::connect(addr, &opts).unwrap();
+        let sent = endpoint.send(&[k as u8; 4096], None).unwrap();
+        assert!(sent.receiver.is_some_and(|v| v.ok()), "transfer {k}");
+        endpoints.push(endpoint);
+    }
+    let t0 = Instant::now();
+    // The closed ones close within a moment of their transfer.
+    let limit = idle_files + MIN_KEPT_PER_PEER * 16 + 8;
+    while r.open_files() > limit {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{} descriptors held for 12 kept endpoints of 16 streams (at most {limit}: {MIN_KEPT_PER_PEER} kept)",
+            r.open_files()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The kept ones still carry the next transfer, the others open a new connection.
+    let kept = endpoints
+        .iter()
+        .map(|e| e.send(b"again", None).unwrap().kept_connection)
+        .filter(|&k| k)
+        .count();
+    assert_eq!(kept, MIN_KEPT_PER_PEER, "{}", r.log());
+}

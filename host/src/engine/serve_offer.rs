@@ -225,12 +225,17 @@ pub fn serve_tcp_offer(
     } = received;
     drop(memory);
     drop(in_use);
+    // Kept only where admission has room for kept connections (the sender opens a new
+    // connection for its next transfer otherwise).
+    let slot = (keep && error.is_none() && report.ok())
+        .then(|| lease.keep(hello.count as u64))
+        .flatten();
     drop(lease);
     let mut kept = None;
-    match last_ack {
+    match (last_ack, slot) {
         // The ack on one rail only: a copy on another would be read as the next
         // transfer's answer.
-        Some(ack) if keep && error.is_none() && report.ok() && receiver.usable() => {
+        (Some(ack), Some(slot)) if receiver.usable() => {
             report.reply_delivered &= receiver.send_message(&ack.encode());
             if report.reply_delivered {
                 let rails_from = terms.rails_from.clone();
@@ -241,11 +246,12 @@ pub fn serve_tcp_offer(
                     &header,
                     rails_from,
                     opts.timeout,
+                    slot,
                 ));
             }
         }
-        Some(ack) => report.reply_delivered &= receiver.send_last(&ack.encode()),
-        None => {}
+        (Some(ack), _) => report.reply_delivered &= receiver.send_last(&ack.encode()),
+        (None, _) => {}
     }
     let outcome = match error {
         Some(e) => RecvOutcome::Failed {

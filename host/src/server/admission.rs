@@ -122,17 +122,27 @@ pub struct Held {
     pub bytes: u64,
     pub handshakes: usize,
     pub descriptors: u64,
+    /// Connections kept between their transfers ([`KeptSlot`]s).
+    pub kept: usize,
 }
+
+/// Connections kept between transfers at most, all peers together, where
+/// `--max-connections` is lower (a library listener serves one transfer at a time, yet
+/// several endpoints may each keep theirs).
+pub const MIN_KEPT: usize = 16;
+/// Kept connections of one address at most, where `--max-per-peer` is lower.
+pub const MIN_KEPT_PER_PEER: usize = 4;
 
 #[derive(Debug, Default)]
 struct Peer {
     handshakes: usize,
     connections: usize,
+    kept: usize,
 }
 
 impl Peer {
     fn is_idle(&self) -> bool {
-        self.handshakes == 0 && self.connections == 0
+        self.handshakes == 0 && self.connections == 0 && self.kept == 0
     }
 }
 
@@ -280,6 +290,49 @@ impl Admission {
         )
     }
 
+    /// May a connection of `peer` that holds `descriptors` be kept open after its
+    /// transfer, for the sender's next offer? A kept connection holds its sockets and
+    /// reader threads while it waits, outside the transfers' count, so it has counts of
+    /// its own: at most `--max-connections` (at least [`MIN_KEPT`]) kept at once, at most
+    /// `--max-per-peer` (at least [`MIN_KEPT_PER_PEER`]) of one address, and their
+    /// descriptors within the budget. `None`: close it after the transfer (its sender
+    /// opens a new one for the next). Without these, one peer kept a connection per
+    /// transfer, and 60 transfers of 64 streams left a receiver holding 3,900 threads
+    /// and as many sockets within a second.
+    pub fn keep(self: &Arc<Self>, peer: IpAddr, descriptors: u64) -> Option<KeptSlot> {
+        let peer = peer_key(peer);
+        let l = self.limits;
+        let mut s = self.lock();
+        let held = s.held;
+        let mine = s.peers.get(&peer).map_or(0, |p| p.kept);
+        let room = held.kept < l.max_connections.max(MIN_KEPT)
+            && mine < l.max_per_peer.max(MIN_KEPT_PER_PEER)
+            && held.descriptors.saturating_add(descriptors) <= l.max_descriptors;
+        if !room {
+            return None;
+        }
+        s.held.kept += 1;
+        s.held.descriptors += descriptors;
+        s.peers.entry(peer).or_default().kept += 1;
+        Some(KeptSlot {
+            admission: self.clone(),
+            peer,
+            descriptors,
+        })
+    }
+
+    fn release_kept(&self, peer: IpAddr, descriptors: u64) {
+        let mut s = self.lock();
+        s.held.kept -= 1;
+        s.held.descriptors -= descriptors;
+        if let Some(p) = s.peers.get_mut(&peer) {
+            p.kept -= 1;
+            if p.is_idle() {
+                s.peers.remove(&peer);
+            }
+        }
+    }
+
     fn release(&self, peer: IpAddr, handshakes: usize, connections: usize, want: Want) {
         let mut s = self.lock();
         s.held.handshakes -= handshakes;
@@ -327,6 +380,25 @@ impl Lease {
     pub fn want(&self) -> Want {
         self.want
     }
+
+    /// [`Admission::keep`] for this transfer's connection, once it is done.
+    pub fn keep(&self, descriptors: u64) -> Option<KeptSlot> {
+        self.admission.keep(self.peer, descriptors)
+    }
+}
+
+/// A connection kept between its transfers, counted until dropped.
+#[derive(Debug)]
+pub struct KeptSlot {
+    admission: Arc<Admission>,
+    peer: IpAddr,
+    descriptors: u64,
+}
+
+impl Drop for KeptSlot {
+    fn drop(&mut self) {
+        self.admission.release_kept(self.peer, self.descriptors);
+    }
 }
 
 impl Drop for Lease {
@@ -365,6 +437,43 @@ mod tests {
         assert_eq!((l.max_connections, l.max_per_peer), (1, 8));
         assert_eq!(l.max_descriptors, n - SPARE_DESCRIPTORS);
         const { assert!(MAX_HANDSHAKES_PER_PEER > 64 && MAX_HANDSHAKES_PER_PEER < MAX_HANDSHAKES) };
+    }
+
+    #[test]
+    fn kept_connections_are_capped_in_all_per_peer_and_by_descriptors() {
+        let many = Limits {
+            max_descriptors: 1000,
+            ..limits()
+        };
+        let a = Admission::new(many);
+        // One address: at least MIN_KEPT_PER_PEER, though --max-per-peer is 1.
+        let mine: Vec<_> = (0..MIN_KEPT_PER_PEER)
+            .map(|_| a.keep(A, 9).expect("room for A"))
+            .collect();
+        assert!(a.keep(A, 9).is_none(), "A over its share");
+        // All addresses: at least MIN_KEPT, though --max-connections is 2.
+        let others: Vec<_> = (0..MIN_KEPT - MIN_KEPT_PER_PEER)
+            .map(|k| {
+                let peer = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, k as u8));
+                a.keep(peer, 9).expect("room for another address")
+            })
+            .collect();
+        assert!(a.keep(B, 9).is_none(), "over all");
+        assert_eq!(a.held().kept, MIN_KEPT);
+        assert_eq!(a.held().descriptors, 9 * MIN_KEPT as u64);
+        // Transfers are not counted against them, nor they against transfers.
+        let lease = a.admit(B, want(10, 2)).unwrap();
+        drop((mine, others));
+        assert_eq!(a.held().kept, 0);
+        assert_eq!(a.held().descriptors, 2);
+        // Descriptors: a connection whose sockets do not fit is not kept.
+        assert!(a.keep(B, 999).is_none());
+        let kept = lease
+            .keep(998)
+            .expect("the lease's peer, within the budget");
+        drop(lease);
+        drop(kept);
+        assert_eq!(a.held(), Held::default());
     }
 
     #[test]
@@ -428,7 +537,8 @@ mod tests {
                 connections: 2,
                 bytes: 100,
                 handshakes: 0,
-                descriptors: 10
+                descriptors: 10,
+                kept: 0,
             }
         );
         assert!(matches!(

@@ -13,6 +13,7 @@
 
 use super::frames::Hello;
 use super::recv::TcpReceiver;
+use crate::server::admission::KeptSlot;
 use crate::transfer::RecvOutcome;
 use crate::wire::{AcceptInfo, Header, NextOffer, RejectReason, WireError};
 use std::net::SocketAddr;
@@ -30,11 +31,13 @@ pub struct KeptConn {
     rails: u8,
     striped: bool,
     pub(super) timeout: Duration,
+    /// Its count among the receiver's kept connections, given back with it.
+    _slot: KeptSlot,
 }
 
 impl KeptConn {
     /// Keep `receiver`, accepted for `first` from `peer` with `hello` (its streams),
-    /// for the next offer; `timeout` bounds its writes.
+    /// for the next offer, counted by `slot`; `timeout` bounds its writes.
     pub fn new(
         receiver: TcpReceiver,
         peer: SocketAddr,
@@ -42,6 +45,7 @@ impl KeptConn {
         first: &Header,
         rails_from: Vec<Option<String>>,
         timeout: Duration,
+        slot: KeptSlot,
     ) -> KeptConn {
         KeptConn {
             receiver,
@@ -51,6 +55,7 @@ impl KeptConn {
             rails: first.rails,
             striped: first.striped,
             timeout,
+            _slot: slot,
         }
     }
 
@@ -130,6 +135,10 @@ mod tests {
             rail: 0,
             token: 7,
         };
+        let limits = crate::server::admission::Limits::receiver(false, 1, 1 << 20, 1);
+        let slot = crate::server::admission::Admission::new(limits)
+            .keep(from.ip(), 1)
+            .expect("room for one kept connection");
         let conn = KeptConn::new(
             receiver,
             from,
@@ -137,6 +146,7 @@ mod tests {
             first,
             vec![None],
             Duration::from_secs(2),
+            slot,
         );
         (conn, peer)
     }
