@@ -15,14 +15,34 @@ use crate::transfer::RecvReport;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 use std::sync::mpsc;
+use std::time::Duration;
 
-/// An admitted offer waiting for its receiver's decision. Dropping it declines it.
+/// An admitted offer waiting for its receiver's decision. Dropping it declines it, and
+/// returns once its serve has ended, as [`decline`](Incoming::decline) does.
 #[derive(Debug)]
 pub struct Incoming {
     seen: OfferSeen,
     answer: mpsc::SyncSender<Decision>,
     /// The serve's result, sent once when it ends (after the transfer, or the decline).
     ended: mpsc::Receiver<Result<RecvReport, Error>>,
+    /// Taken (or declined) already: nothing left for `Drop` to do.
+    decided: bool,
+    /// How long the end of a declined serve is waited for at most.
+    within: Duration,
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if self.decided {
+            return;
+        }
+        // Declined, and its serve waited for: a next `accept` must not start while this
+        // one's listener is still being put away, or the two would take each other's
+        // offers (an offer heard by the ending one was held where the new one no
+        // longer looked, and its sender waited out its timeout).
+        let _ = self.answer.send(Decision::Decline);
+        let _ = self.ended.recv_timeout(self.within);
+    }
 }
 
 impl Listener {
@@ -62,6 +82,9 @@ impl Listener {
                 seen,
                 answer,
                 ended,
+                decided: false,
+                // The refusal is one write; the serve then puts its listener away.
+                within: within + Duration::from_secs(1),
             }),
             Err(_) => Err(match ended.recv() {
                 Ok(Err(e)) => e,
@@ -172,8 +195,13 @@ impl Incoming {
     ///
     /// # Errors
     /// As for [`receive_into`](Self::receive_into).
-    pub unsafe fn receive_lent(self, place: LentPlace, len: usize) -> Result<RecvReport, Error> {
+    pub unsafe fn receive_lent(
+        mut self,
+        place: LentPlace,
+        len: usize,
+    ) -> Result<RecvReport, Error> {
         self.check_len(len)?;
+        self.decided = true;
         // SAFETY: the caller's contract, passed on; `returned` is waited for below,
         // whatever the serve did.
         let (target, returned) = unsafe { LentTarget::new(place, len) };
@@ -201,11 +229,11 @@ impl Incoming {
         })
     }
 
-    /// Refuse the transfer: the sender is told its receiver declined it.
+    /// Refuse the transfer: the sender is told its receiver declined it. Returns once
+    /// the serve has ended.
     pub fn decline(self) {
-        let _ = self.answer.send(Decision::Decline);
-        // The refusal is one write: the serve ends at once.
-        let _ = self.ended.recv();
+        // Drop declines and waits.
+        drop(self);
     }
 
     fn check_len(&self, len: usize) -> Result<(), Error> {

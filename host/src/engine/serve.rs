@@ -283,15 +283,15 @@ fn tcp_served<O: 'static>(
     (served.outcome, served.accepted, next)
 }
 
+/// Offers held at once for a library's next receive, besides kept connections' (each a
+/// socket or a connection request; the listen queue holds the senders behind them).
+const MAX_HELD: usize = 64;
+
 /// Offers that came on kept connections ([`HINT_SESSION`](crate::wire::HINT_SESSION)),
 /// told to the serving loop running now, or held while none runs (a library's listener
 /// between calls) or while it takes no offers (a call's one transfer running). Held
 /// offers older than the connection's idle time are dropped (closed): their senders
 /// stopped waiting for an answer.
-/// Offers held at once for a library's next receive, besides kept connections' (each a
-/// socket or a connection request; the listen queue holds the senders behind them).
-const MAX_HELD: usize = 64;
-
 pub struct KeptOffers<O> {
     inner: Mutex<KeptInner<O>>,
 }
@@ -343,6 +343,24 @@ impl<O: Send + 'static> KeptOffers<O> {
         }
         inner.held.push_back((Instant::now(), offer));
         Ok(())
+    }
+
+    /// An offer heard after its call's loop had ended: to the loop running now where
+    /// one takes offers (a next call started meanwhile), else held as [`hold`] holds.
+    ///
+    /// [`hold`]: Self::hold
+    fn pass_on(&self, offer: O) -> Result<(), O> {
+        let inner = self.lock();
+        match (&inner.tell, inner.paused) {
+            (Some(tell), false) => {
+                tell(offer);
+                Ok(())
+            }
+            _ => {
+                drop(inner);
+                self.hold(offer)
+            }
+        }
     }
 
     /// The next offer of a kept connection.
@@ -595,21 +613,34 @@ impl Pausable for Both {
     }
 }
 
-/// A listener's words, as the offers of a receiver that serves both transports.
+/// A listener's words, as the offers of a receiver that serves both transports. An
+/// offer heard once the loop has ended (a library call returned while a handshake was
+/// finishing) is held in `kept` for the next call, not dropped with the call's channel
+/// (its sender then got a closed connection instead of the next receive).
 fn tell_as<O: Send + 'static>(
     events: &mpsc::Sender<Event<AnyOffer>>,
+    kept: &Arc<KeptOffers<AnyOffer>>,
     wrap: fn(O) -> AnyOffer,
 ) -> Box<dyn Fn(Heard<O>) + Send + Sync> {
     let heard = Mutex::new(events.clone());
+    let kept = kept.clone();
     Box::new(move |h: Heard<O>| {
         let h = match h {
             Heard::Offer(o) => Heard::Offer(wrap(o)),
             Heard::Said(s) => Heard::Said(s),
         };
-        let _ = heard
+        let sent = heard
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .send(Event::Heard(h));
+        if let Err(mpsc::SendError(Event::Heard(Heard::Offer(offer)))) = sent {
+            if let Err(offer) = kept.pass_on(offer) {
+                // No loop to report to: the refusal goes to the sender alone.
+                let reason = RejectReason::BusyConnections { active: 1, max: 1 };
+                let why = format!("{MAX_HELD} more senders wait for this receiver's next receives");
+                drop(offer.refuse(reason, Some(why)));
+            }
+        }
     })
 }
 
@@ -640,19 +671,23 @@ pub fn serve_any(
     report: &mut dyn FnMut(&RecvOutcome),
 ) -> Result<bool, TransferError> {
     let (events, rx) = mpsc::channel::<Event<AnyOffer>>();
+    let kept = kept.unwrap_or_else(KeptOffers::new);
     let (verbs_listen, how, shared) = match verbs {
         Some(VerbsSide::Start(how)) => {
             let listen = VerbsListen::start(
                 opts.bind,
                 listen_config(opts),
                 how.raw,
-                tell_as(&events, AnyOffer::Verbs),
+                tell_as(&events, &kept, AnyOffer::Verbs),
                 false,
             )?;
             (Some(Arc::new(listen)), how, false)
         }
         Some(VerbsSide::Shared(listen, how)) => {
-            listen.retell(tell_as(&events, AnyOffer::Verbs), listen_config(opts));
+            listen.retell(
+                tell_as(&events, &kept, AnyOffer::Verbs),
+                listen_config(opts),
+            );
             listen.resume();
             (Some(listen), how, true)
         }
@@ -664,7 +699,7 @@ pub fn serve_any(
                 listener,
                 listen_config(opts),
                 admission.clone(),
-                tell_as(&events, AnyOffer::Tcp),
+                tell_as(&events, &kept, AnyOffer::Tcp),
             )
             .map_err(|e| TransferError::Protocol(format!("cannot listen: {e}")))?,
         ),
@@ -706,7 +741,7 @@ pub fn serve_any(
     });
     let served = serve_offers(
         both.clone(),
-        kept.unwrap_or_else(KeptOffers::new),
+        kept,
         rx,
         events,
         memory,
