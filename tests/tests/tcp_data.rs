@@ -174,7 +174,7 @@ fn a_sender_killed_mid_transfer_leaves_no_file_under_the_final_name() {
     assert_verified(&whole, "the timed whole transfer");
     std::fs::remove_file(out.join("whole.bin")).unwrap();
     let mut broken = false;
-    for delay_ms in [50u64, 40, 60, 30, 70].map(|pct| whole_ms * pct / 100) {
+    for delay_ms in [50u64, 40, 30, 60, 20, 10].map(|pct| whole_ms * pct / 100) {
         let before = r.log().matches("incomplete transfer").count();
         let mut child = Command::new(host_bin())
             .args(["127.0.0.1", &r.port.to_string(), "--transport", "tcp"])
@@ -195,10 +195,18 @@ fn a_sender_killed_mid_transfer_leaves_no_file_under_the_final_name() {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        let stored = names(&out);
+        if !broken && stored == ["killed.bin"] {
+            // The kill came after the whole transfer (the machine ran faster than when
+            // it was timed, the other tests' load having moved): stored whole, rightly.
+            // An earlier kill is tried.
+            assert_eq!(sha256(&out.join("killed.bin")), sha256(&input));
+            std::fs::remove_file(out.join("killed.bin")).unwrap();
+            continue;
+        }
         assert!(
-            names(&out).is_empty(),
-            "after a kill at {delay_ms} ms: {:?}",
-            names(&out)
+            stored.is_empty(),
+            "after a kill at {delay_ms} ms that broke the transfer off: {stored:?}"
         );
         if broken {
             break;
