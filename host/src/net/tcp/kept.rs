@@ -7,8 +7,9 @@
 //!
 //! The streams were admitted and, with a key, proved when the connection opened; a next
 //! offer is not challenged again. A kept connection holds its sockets and reader
-//! threads while it waits, at most its idle time, and outside the receiver's admission
-//! (which counts transfers): the sender that offered the session decides when it ends by
+//! threads while it waits, at most its idle time, counted apart from the transfers by
+//! its [`KeptSlot`] (admission keeps only so many, in all and per address, so a peer
+//! cannot pile them up); the sender that offered the session decides when it ends by
 //! closing.
 
 use super::frames::Hello;
