@@ -6,7 +6,7 @@ use super::error::{Error, ErrorKind};
 use super::{Options, TransportKind};
 use crate::engine::serve::{
     admission_of, listen_config, serve_any, AnyOffer, KeptOffers, LibraryCall, VerbsServe,
-    VerbsSide,
+    VerbsSide, LIBRARY_TRANSFERS_AT_ONCE,
 };
 use crate::engine::{RecvMemory, RecvOptions};
 use crate::memory::lent::{LentPlace, LentTarget};
@@ -261,7 +261,7 @@ impl Listener {
             once: true,
             max_bytes,
             timeout: self.opts.timeout,
-            max_connections: 1,
+            max_connections: LIBRARY_TRANSFERS_AT_ONCE,
             // Room for one transfer of --max-bytes and the books of its chunks (checked
             // chunks keep some per chunk, counted by admission with the data): twice the
             // data holds chunks down to a few dozen bytes; into GPU memory, its upload

@@ -103,7 +103,11 @@ impl RecvMemory {
         let target = target.lock().unwrap_or_else(|p| p.into_inner());
         let Some(target) = target.as_ref() else {
             // Taken by a transfer in progress (admission allows one at a time).
-            return Some((RejectReason::BusyConnections { active: 1, max: 1 }, None));
+            let reason = RejectReason::BusyConnections {
+                active: LIBRARY_TRANSFERS_AT_ONCE as u64,
+                max: LIBRARY_TRANSFERS_AT_ONCE as u64,
+            };
+            return Some((reason, None));
         };
         if header.total_bytes != target.len as u64 {
             let reason = RejectReason::SizeMismatch {
@@ -283,6 +287,10 @@ fn tcp_served<O: 'static>(
     (served.outcome, served.accepted, next)
 }
 
+/// Transfers a library call's receive takes at once (its admission's
+/// `max_connections`): one, into the memory the call lends.
+pub const LIBRARY_TRANSFERS_AT_ONCE: usize = 1;
+
 /// Offers held at once for a library's next receive, besides kept connections' (each a
 /// socket or a connection request; the listen queue holds the senders behind them).
 const MAX_HELD: usize = 64;
@@ -333,16 +341,9 @@ impl<O: Send + 'static> KeptOffers<O> {
     /// Hold a new connection's offer that came while a library call's one transfer
     /// runs (both senders were heard before the listener paused): for the next call, or
     /// this one where its transfer fails and it goes on. The offer back when
-    /// [`MAX_HELD`] wait already (then refused as busy).
+    /// [`MAX_HELD`] wait already (then refused as busy: [`refuse_busy`]).
     fn hold(&self, offer: O) -> Result<(), O> {
-        let mut inner = self.lock();
-        let idle = inner.idle;
-        inner.held.retain(|(at, _)| at.elapsed() < idle);
-        if inner.held.len() >= MAX_HELD {
-            return Err(offer);
-        }
-        inner.held.push_back((Instant::now(), offer));
-        Ok(())
+        Self::hold_in(&mut self.lock(), offer, MAX_HELD)
     }
 
     /// An offer heard after its call's loop had ended: to the loop running now where
@@ -350,28 +351,38 @@ impl<O: Send + 'static> KeptOffers<O> {
     ///
     /// [`hold`]: Self::hold
     fn pass_on(&self, offer: O) -> Result<(), O> {
-        let inner = self.lock();
+        self.tell_or_hold(offer, MAX_HELD)
+    }
+
+    /// The next offer of a kept connection: told or held without a cap of its own (the
+    /// kept connections are capped by admission, [`Admission::keep`]).
+    fn offer(&self, offer: O) {
+        // Nothing comes back with no cap.
+        let _ = self.tell_or_hold(offer, usize::MAX);
+    }
+
+    /// To the loop running now where one takes offers, else held (at most `cap`).
+    fn tell_or_hold(&self, offer: O, cap: usize) -> Result<(), O> {
+        let mut inner = self.lock();
         match (&inner.tell, inner.paused) {
             (Some(tell), false) => {
                 tell(offer);
                 Ok(())
             }
-            _ => {
-                drop(inner);
-                self.hold(offer)
-            }
+            _ => Self::hold_in(&mut inner, offer, cap),
         }
     }
 
-    /// The next offer of a kept connection.
-    fn offer(&self, offer: O) {
-        let mut inner = self.lock();
+    /// Hold `offer` unless `cap` wait already (those older than the idle time dropped
+    /// first: their senders stopped waiting).
+    fn hold_in(inner: &mut KeptInner<O>, offer: O, cap: usize) -> Result<(), O> {
         let idle = inner.idle;
         inner.held.retain(|(at, _)| at.elapsed() < idle);
-        match (&inner.tell, inner.paused) {
-            (Some(tell), false) => tell(offer),
-            _ => inner.held.push_back((Instant::now(), offer)),
+        if inner.held.len() >= cap {
+            return Err(offer);
         }
+        inner.held.push_back((Instant::now(), offer));
+        Ok(())
     }
 }
 
@@ -636,9 +647,7 @@ fn tell_as<O: Send + 'static>(
         if let Err(mpsc::SendError(Event::Heard(Heard::Offer(offer)))) = sent {
             if let Err(offer) = kept.pass_on(offer) {
                 // No loop to report to: the refusal goes to the sender alone.
-                let reason = RejectReason::BusyConnections { active: 1, max: 1 };
-                let why = format!("{MAX_HELD} more senders wait for this receiver's next receives");
-                drop(offer.refuse(reason, Some(why)));
+                drop(refuse_busy(offer));
             }
         }
     })
@@ -762,10 +771,19 @@ pub fn serve_any(
 /// busy when too many wait already.
 fn hold<O: Offer>(kept: &KeptOffers<O>, offer: O, report: &mut dyn FnMut(&RecvOutcome)) {
     if let Err(offer) = kept.hold(offer) {
-        let reason = RejectReason::BusyConnections { active: 1, max: 1 };
-        let why = format!("{MAX_HELD} more senders wait for this receiver's next receives");
-        report(&offer.refuse(reason, Some(why)));
+        report(&refuse_busy(offer));
     }
+}
+
+/// Refuse an offer the held ones have no room for: a library call's admission takes one
+/// transfer at a time, and [`MAX_HELD`] offers wait for the next calls already.
+fn refuse_busy<O: Offer>(offer: O) -> RecvOutcome {
+    let reason = RejectReason::BusyConnections {
+        active: LIBRARY_TRANSFERS_AT_ONCE as u64,
+        max: LIBRARY_TRANSFERS_AT_ONCE as u64,
+    };
+    let why = format!("{MAX_HELD} more senders wait for this receiver's next receives");
+    offer.refuse(reason, Some(why))
 }
 
 /// At the end of a library call: offers already heard are the next call's, not dropped
