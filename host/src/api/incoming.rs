@@ -215,10 +215,11 @@ impl Incoming {
             ))
         });
         returned.wait();
-        // After a decision, the one refusal left is the serve's own: it stopped waiting
-        // for the decision (the timeout passed) and declined the offer.
+        // After a decision, a decline is the serve's own: it stopped waiting for the
+        // decision (the timeout passed). Other refusals (admission's) say what they are.
+        let declined = crate::wire::RejectReason::Declined.to_string();
         served.map_err(|e| match e.kind() {
-            ErrorKind::Rejected => Error::new(
+            ErrorKind::Rejected if e.message().ends_with(&declined) => Error::new(
                 ErrorKind::TimedOut,
                 format!(
                     "the offer from {} was declined: it was not taken within the listener's timeout",

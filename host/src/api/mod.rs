@@ -714,6 +714,73 @@ mod tests {
         assert!(e.message().contains("not taken within"), "{}", e.message());
     }
 
+    /// An offer refused after its caller lent memory for it (here: several transfers on
+    /// one connection, which a lent buffer never takes) ends the call with that refusal.
+    /// It went on waiting for another sender the caller was never asked about (until
+    /// the listener's wait, then called the refusal a timeout; with no wait, for ever).
+    #[test]
+    fn an_offer_refused_after_the_caller_lent_memory_for_it_ends_the_receive() {
+        let opts = Options {
+            wait: Some(Duration::from_secs(20)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let header =
+            crate::wire::Header::of(crate::wire::Op::Send, 4096, 4096, 16, Payload::Opaque)
+                .unwrap()
+                .with_transfers(2)
+                .unwrap();
+        let hello = crate::net::tcp::frames::Hello {
+            index: 0,
+            count: 1,
+            rail: 0,
+            token: 1,
+        };
+        let mut sender = std::net::TcpStream::connect(addr).unwrap();
+        sender
+            .write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
+            .unwrap();
+        let incoming = listener.accept().unwrap();
+        let t0 = std::time::Instant::now();
+        let mut buf = vec![0u8; incoming.len() as usize];
+        let e = incoming.receive_into(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+        assert!(e.message().contains("one transfer"), "{}", e.message());
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    /// A kept connection's next offer is held to the listener's `max_bytes` as a new
+    /// connection's is: it skipped the check (made in the listener's handshake), and
+    /// `accept` showed an offer of any size.
+    #[test]
+    fn a_kept_connections_next_offer_over_max_bytes_is_refused_before_it_is_shown() {
+        let opts = Options {
+            max_bytes: 1 << 20,
+            wait: Some(Duration::from_secs(3)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || {
+            let first = listener.accept().unwrap().receive().unwrap().bytes;
+            (first, listener.accept().map(|i| i.len()))
+        });
+        let endpoint = connect(addr, &Options::default()).unwrap();
+        endpoint.send(b"small", None).unwrap();
+        let e = endpoint.send(&vec![7u8; 2 << 20], None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
+        let (first, second) = receiving.join().unwrap();
+        assert_eq!(first, b"small");
+        let e = second.expect_err("an offer over max_bytes was shown to the caller");
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        assert!(
+            e.message().contains("exceeds its --max-bytes"),
+            "{}",
+            e.message()
+        );
+    }
+
     #[test]
     fn accept_with_no_sender_ends_at_its_wait() {
         let opts = Options {

@@ -832,6 +832,8 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
         .map(|w| (Instant::now() + w, w));
     // Transfer threads started and not yet served: a bounded wait ends only between them.
     let mut in_flight = 0usize;
+    // A caller asked about an offer lent memory for it: the call ends with that offer.
+    let mut asked = false;
     loop {
         // A cancelled call ends between transfers; one under way ends itself (its
         // receive loop looks at the token too) and is reported first.
@@ -861,8 +863,20 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                 hold(&kept, offer, report);
             }
             Event::Heard(Heard::Offer(offer)) => {
+                // Every offer, however it came: a kept connection's next offer skips the
+                // listener's handshake, where a new connection's size is checked first.
+                if let Some(h) = offer.header().filter(|h| h.total_bytes > opts.max_bytes) {
+                    let reason = RejectReason::TooLarge {
+                        requested: h.total_bytes,
+                        max: opts.max_bytes,
+                    };
+                    report(&offer.refuse(reason, None));
+                    continue;
+                }
                 // A caller that asked to see the offer first lends memory for it now, or
-                // declines it, and the call ends with that offer either way.
+                // declines it, and the call ends with that offer either way: refused
+                // below or served, it is the call's outcome (going on would wait for
+                // another sender the caller was never asked about).
                 let lent_on_ask;
                 let memory = match memory {
                     RecvMemory::Ask(caller) => {
@@ -882,12 +896,23 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                             return Ok(false);
                         };
                         lent_on_ask = RecvMemory::Lent(Mutex::new(Some(target)));
+                        asked = true;
                         &lent_on_ask
                     }
                     memory => memory,
                 };
+                // Where the caller was asked, the refusal ends the call.
+                let refused = |outcome: RecvOutcome, report: &mut dyn FnMut(&RecvOutcome)| {
+                    report(&outcome);
+                    if asked {
+                        hold_heard(&rx, &kept, report);
+                    }
+                    asked
+                };
                 if let Some((reason, why)) = offer.header().and_then(|h| memory.refuses(h)) {
-                    report(&offer.refuse(reason, why));
+                    if refused(offer.refuse(reason, why), report) {
+                        return Ok(false);
+                    }
                     continue;
                 }
                 let (bytes, books) = match offer.header() {
@@ -907,7 +932,9 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                 let lease = match admission.admit_offer(offer.peer().ip(), want, books) {
                     Ok(lease) => lease,
                     Err(reason) => {
-                        report(&offer.refuse(reason, None));
+                        if refused(offer.refuse(reason, None), report) {
+                            return Ok(false);
+                        }
                         continue;
                     }
                 };
@@ -934,16 +961,23 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
                         });
                 match spawned {
                     Ok(_) => in_flight += 1,
-                    Err(e) => report(&RecvOutcome::Failed {
-                        peer: peer.to_string(),
-                        error: format!("cannot start a transfer thread: {e}"),
-                    }),
+                    Err(e) => {
+                        let failed = RecvOutcome::Failed {
+                            peer: peer.to_string(),
+                            error: format!("cannot start a transfer thread: {e}"),
+                        };
+                        if refused(failed, report) {
+                            return Ok(false);
+                        }
+                    }
                 }
             }
             Event::Served { outcome, accepted } => {
                 in_flight = in_flight.saturating_sub(1);
                 report(&outcome);
-                let last = opts.once && accepted;
+                // An asked offer's serve ends the call, accepted or not (its connection
+                // failed before a byte, or its memory could not be made).
+                let last = (opts.once && accepted) || asked;
                 if one_per_call && !last {
                     // The call goes on: take the next offer. (After its last one, a
                     // listener that outlives the call stays paused: what comes next is the
