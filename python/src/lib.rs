@@ -16,7 +16,7 @@ use pyo3::types::PyBytes;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a waiting call looks at Python's signals (Ctrl-C).
@@ -110,12 +110,30 @@ fn spawn(
     })
 }
 
-/// A transfer in progress (from `send_async`, `recv_into_async`).
+/// A transfer in progress (from `send_async`, `recv_into_async`). Dropped before its
+/// transfer ended, it cancels it: keep it until `wait`.
+// Its locks are never held while Python code runs or the GIL is awaited: another
+// thread may poll the same handle meanwhile.
 #[pyclass(module = "gpu_rdma")]
 pub struct Handle {
     rx: Mutex<Option<mpsc::Receiver<Outcome>>>,
-    result: Mutex<Option<Outcome>>,
+    result: Mutex<Option<Arc<Outcome>>>,
     cancel: api::Cancel,
+}
+
+/// A handle dropped before its transfer ended (garbage-collected, or unwound past by an
+/// exception) cancels it: nobody can learn its outcome any more, and a receive with no
+/// wait would otherwise hold its thread, its listener and its buffer for ever.
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let ended = self
+            .result
+            .get_mut()
+            .map_or_else(|p| p.get_ref().is_some(), |r| r.is_some());
+        if !ended {
+            self.cancel.cancel();
+        }
+    }
 }
 
 impl Handle {
@@ -131,16 +149,16 @@ impl Handle {
         };
         match receiver.recv_timeout(step) {
             Ok(outcome) => {
-                *result = Some(outcome);
+                *result = Some(Arc::new(outcome));
                 *rx = None;
                 true
             }
             Err(mpsc::RecvTimeoutError::Timeout) => false,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                *result = Some(Err(api::Error::new(
+                *result = Some(Arc::new(Err(api::Error::new(
                     ErrorKind::Other,
                     "the transfer thread ended without a result",
-                )));
+                ))));
                 *rx = None;
                 true
             }
@@ -185,8 +203,14 @@ impl Handle {
 
     /// The outcome, once there: the report (and bytes), or the exception.
     fn take(&self, py: Python<'_>) -> PyResult<(Py<PyAny>, Option<Py<PyAny>>)> {
-        let result = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        match result.as_ref() {
+        // Out of the lock before any Python code runs (json.loads may let another thread
+        // in, which may poll this handle).
+        let result = self
+            .result
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match result.as_deref() {
             Some(Ok(f)) => {
                 let bytes = f
                     .bytes
@@ -203,8 +227,9 @@ impl Handle {
 #[pymethods]
 impl Handle {
     /// Whether the transfer has ended (never waits).
-    fn done(&self) -> bool {
-        self.poll(Duration::ZERO)
+    fn done(&self, py: Python<'_>) -> bool {
+        // Without the GIL: a thread in `wait` may hold the lock for a polling step.
+        py.detach(|| self.poll(Duration::ZERO))
     }
 
     /// Stop the transfer: it ends within a moment (the connection broken off) unless it
@@ -231,7 +256,7 @@ impl Handle {
     /// The report, if the transfer ended well; None while it runs.
     #[getter]
     fn report(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if !self.poll(Duration::ZERO) {
+        if !py.detach(|| self.poll(Duration::ZERO)) {
             return Ok(None);
         }
         Ok(Some(self.take(py)?.0))
@@ -335,11 +360,18 @@ impl Listener {
             let region = region.expect("a region");
             let place = match region.place {
                 Place::Host(ptr) => host::memory::lent::LentPlace::Host(ptr),
+                // Else every offer is refused (no room for the upload ring) and a
+                // receive with no wait waits for ever.
+                #[cfg(not(feature = "cuda"))]
+                Place::Device { .. } => return Err(no_gpu_support()),
+                #[cfg(feature = "cuda")]
                 Place::Device { ordinal, ptr } => {
                     host::memory::lent::LentPlace::Device { ordinal, ptr }
                 }
             };
-            // SAFETY: the region holds the object's memory (its buffer view or its owner)
+            // SAFETY: the region holds the object's memory (its buffer view or its owner;
+            // a torch tensor's capsule holds its storage object, and a caller who resizes
+            // that storage meanwhile frees the memory: documented, not preventable here)
             // until this closure has returned (`spawn` releases it after), valid for
             // reads and writes of `len` bytes (writable asked); no other transfer of this
             // module touches it meanwhile (the region's claim: a second receive into it,
@@ -429,7 +461,10 @@ impl Endpoint {
                     // SAFETY: the region holds the tensor (its DLPack capsule or its
                     // owner), device memory of that GPU's primary context where CUDA's
                     // runtime and torch allocate, until this closure returns; the send
-                    // waits for the context's queued work before it reads.
+                    // waits for the context's queued work before it reads. A capsule
+                    // holds torch's storage object, not its allocation: a caller who
+                    // resizes the storage meanwhile frees it under the transfer, which
+                    // nothing here can stop (docs/python.md says so).
                     unsafe { endpoint.send_device_lent(ordinal, ptr, region.len, name.as_deref()) }?
                 }
             };
@@ -453,7 +488,9 @@ fn no_gpu_support() -> api::Error {
 /// Listen on `address` ("host:port"; port 0 picks a free one) for transfers.
 #[pyfunction]
 #[pyo3(signature = (address="127.0.0.1:0", *, timeout=10.0, wait=None, max_bytes=1<<30, min_rate=1<<20, key_file=None))]
+#[allow(clippy::too_many_arguments)]
 fn listen(
+    py: Python<'_>,
     address: &str,
     timeout: f64,
     wait: Option<f64>,
@@ -469,7 +506,11 @@ fn listen(
         key: key_of(key_file)?,
         ..Options::default()
     };
-    let inner = api::Listener::bind(resolve(address)?, &opts).map_err(errors::to_py)?;
+    // A name lookup, and with an RDMA device its listener: without the GIL.
+    let inner = py.detach(|| {
+        let addr = resolve(address)?;
+        api::Listener::bind(addr, &opts).map_err(errors::to_py)
+    })?;
     Ok(Listener { inner })
 }
 
@@ -491,6 +532,7 @@ fn transport_of(transport: &str) -> PyResult<api::TransportKind> {
 #[pyo3(signature = (address, *, transport="auto", streams=None, key_file=None, chunk=1<<20, timeout=10.0, max_resends=16, test_inject_faults=None))]
 #[allow(clippy::too_many_arguments)]
 fn connect(
+    py: Python<'_>,
     address: &str,
     transport: &str,
     streams: Option<u16>,
@@ -501,21 +543,10 @@ fn connect(
     test_inject_faults: Option<String>,
 ) -> PyResult<Endpoint> {
     let transport = transport_of(transport)?;
-    let peer = resolve(address)?;
-    let streams = match streams {
-        Some(n) => n,
-        // As the command line's `--streams auto`: from this machine's cores and the
-        // link the peer is reached by.
-        None => {
-            use host::net::tcp::streams::{choose_streams, StreamFacts};
-            choose_streams(&StreamFacts::here(peer)).streams
-        }
-    };
     let faults = test_inject_faults
         .map(|s| host::transfer::faults::FaultInjector::parse(&s).map_err(PyValueError::new_err))
         .transpose()?;
     let opts = Options {
-        streams,
         chunk,
         timeout: seconds(timeout, "timeout")?,
         max_resends,
@@ -524,7 +555,22 @@ fn connect(
         transport,
         ..Options::default()
     };
-    let inner = api::connect(peer, &opts).map_err(errors::to_py)?;
+    // A name lookup, the link's speed, and with an RDMA device a route probe (up to
+    // seconds): without the GIL, so other threads run and nothing waits on this one.
+    let inner = py.detach(|| {
+        let peer = resolve(address)?;
+        let streams = match streams {
+            Some(n) => n,
+            // As the command line's `--streams auto`: from this machine's cores and the
+            // link the peer is reached by.
+            None => {
+                use host::net::tcp::streams::{choose_streams, StreamFacts};
+                choose_streams(&StreamFacts::here(peer)).streams
+            }
+        };
+        let opts = Options { streams, ..opts };
+        api::connect(peer, &opts).map_err(errors::to_py)
+    })?;
     Ok(Endpoint { inner })
 }
 

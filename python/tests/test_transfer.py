@@ -590,3 +590,47 @@ def test_ctrl_c_cancels_a_send_waiting_for_its_answer(ctrl_c):
         endpoint.send(data)
     assert time.monotonic() - t0 < 3
     assert sys.getrefcount(data) == refs, "the cancelled send still holds the array"
+
+
+def test_a_handle_dropped_before_its_end_cancels_its_receive(listener):
+    # A receive's handle garbage-collected undone (here with no wait at all) went on
+    # serving: it held its thread, the listener and the array for ever, and took the
+    # next sender's transfer into an array nobody looked at.
+    forever = listen(timeout=10.0)
+    target = np.zeros(5, dtype=np.uint8)
+    handle = forever.recv_into_async(target)
+    del handle
+    time.sleep(0.3)
+    # The array is free again: another receive may land in it.
+    join = receive_in_thread(lambda: listener.recv_into(target))
+    connect(listener.address).send(pattern(5, 3))
+    join()
+    assert np.array_equal(target, pattern(5, 3))
+    # And the dropped receive took nothing: the next sender waits for the next receive.
+    sending = receive_in_thread(lambda: connect(forever.address).send(b"hello"))
+    time.sleep(0.7)
+    assert forever.recv(timeout=10) == b"hello"
+    sending()
+
+
+def test_threads_polling_one_handle_never_deadlock():
+    # Handle.take held the handle's lock while json.loads ran, which can let another
+    # thread in; that thread's done() or report then waited for the lock holding the GIL,
+    # and the process hung. In a child process, so a hang fails the test, not the run.
+    script = f"""
+import threading, gpu_rdma
+l = gpu_rdma.listen("{HOST}:0", wait=20)
+h = l.recv_into_async(bytearray(4096))
+gpu_rdma.connect(l.address, transport="{TRANSPORT}").send(bytes(4096))
+h.wait(20)
+def poll():
+    for _ in range(20000):
+        h.done(); h.report
+threads = [threading.Thread(target=poll) for _ in range(4)]
+for t in threads: t.start()
+for _ in range(20000): h.wait(1)
+for t in threads: t.join()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -1037,6 +1037,33 @@ mod tests {
         assert!(buf == data);
     }
 
+    /// A receive whose `Pending` is dropped undone is cancelled: it went on serving (with
+    /// no wait, for ever), took the next sender's transfer into a buffer nobody would
+    /// see, and the listener's next receive waited in vain.
+    #[test]
+    fn a_pending_receive_dropped_undone_is_cancelled_and_takes_no_transfer() {
+        let opts = Options {
+            wait: Some(Duration::from_secs(4)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        drop(listener.start_receive_into(vec![0u8; 5]).unwrap());
+        // The cancel is seen between transfers, within a moment.
+        std::thread::sleep(Duration::from_millis(300));
+        let sending = std::thread::spawn(move || {
+            connect(addr, &Options::default())
+                .unwrap()
+                .send(b"hello", None)
+        });
+        // The sender's offer waits in the listen queue for the next receive (had the
+        // dropped one gone on, it would have taken the transfer by now).
+        std::thread::sleep(Duration::from_millis(700));
+        let got = listener.receive().unwrap();
+        assert_eq!(got.bytes, b"hello");
+        sending.join().unwrap().unwrap();
+    }
+
     #[test]
     fn injected_faults_are_repaired_into_the_callers_buffer() {
         let opts = Options {

@@ -18,7 +18,9 @@ pub type PendingSend = Pending<(Result<SendReport, Error>, Vec<u8>)>;
 /// back (filled, if the result is Ok).
 pub type PendingReceive = Pending<(Result<RecvReport, Error>, Vec<u8>)>;
 
-/// A transfer running on a thread of its own; its result once it is done.
+/// A transfer running on a thread of its own; its result once it is done. Dropped
+/// before it has ended (its result unseen), it cancels the transfer: nobody can learn
+/// the outcome, and a receive with no wait would hold its thread and listener for ever.
 pub struct Pending<T> {
     rx: mpsc::Receiver<T>,
     result: Option<T>,
@@ -67,8 +69,8 @@ impl<T: Send + 'static> Pending<T> {
         self.result.as_ref()
     }
 
-    /// Wait for the transfer to end (every transfer is bounded by its options'
-    /// `timeout`, so this returns).
+    /// Wait for the transfer to end (a send is bounded by its options' `timeout`; a
+    /// receive by the listener's `wait`, and with none it waits for a sender).
     ///
     /// # Panics
     /// If the transfer's thread panicked (a bug: every error is a value).
@@ -79,6 +81,14 @@ impl<T: Send + 'static> Pending<T> {
                 .rx
                 .recv()
                 .expect("a transfer thread ended without a result"),
+        }
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if self.result.is_none() {
+            self.cancel.cancel();
         }
     }
 }

@@ -36,7 +36,8 @@ class Cancelled(TransferError):
 
 class Handle:
     """A transfer in progress (``send_async``, ``recv_into_async``). The memory it uses
-    stays held until it ends, whatever happens to the handle."""
+    stays held until it ends, whatever happens to the handle. A handle dropped before
+    its transfer ended (garbage-collected) cancels it: keep it until ``wait``."""
 
     def done(self) -> bool:
         """Whether the transfer has ended (never waits)."""
