@@ -1064,6 +1064,31 @@ mod tests {
         sending.join().unwrap().unwrap();
     }
 
+    /// A sender that floods control messages nobody asked for (here empty ones) ends its
+    /// transfer: each was kept, unbounded, and counted as news against the idle timeout,
+    /// so memory grew at line rate until the whole transfer's deadline.
+    #[test]
+    fn a_sender_that_floods_messages_nobody_asked_for_ends_its_transfer() {
+        let opts = Options {
+            wait: Some(Duration::from_secs(10)),
+            ..Options::default()
+        };
+        let listener = bound(&opts);
+        let addr = listener.local_addr();
+        let receiving = std::thread::spawn(move || listener.receive());
+        let mut sender = offer_by_hand(addr);
+        let flood: Vec<u8> = (0..10_000)
+            .flat_map(|_| crate::net::tcp::frames::Frame::control(&[]).encode())
+            .collect();
+        // The receiver may break the connection off before the flood is all written.
+        let _ = sender.write_all(&flood);
+        let e = receiving.join().unwrap().unwrap_err();
+        assert!(
+            e.message().contains("more messages than were asked for"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn injected_faults_are_repaired_into_the_callers_buffer() {
         let opts = Options {

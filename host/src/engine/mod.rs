@@ -13,6 +13,7 @@
 pub use crate::transfer::cancel;
 pub mod connect;
 pub mod cooldown;
+pub mod inbox;
 pub mod kept;
 pub mod landed;
 #[cfg(test)]

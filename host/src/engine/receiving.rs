@@ -7,10 +7,10 @@
 //! said the sender ended it: then the items that never came are missing.
 
 use super::cancel::{bounded, cancelled, Cancel, CANCELLED};
+use super::inbox::Inbox;
 use crate::net::{Caps, Rail, RecvEvent, RecvLink, Which};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::report::RecvRail;
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Why a pass stopped short.
@@ -179,7 +179,7 @@ pub struct Receiving<'l> {
     /// Whether passes end by the sender's word on every rail (several rails whose sends
     /// may be lost with a rail).
     ends_marked: bool,
-    messages: VecDeque<(Rail, Vec<u8>)>,
+    messages: Inbox,
     timeout: Duration,
     /// Bytes of the current transfer that arrived (first sendings), for errors.
     pub got: u64,
@@ -200,7 +200,7 @@ impl<'l> Receiving<'l> {
             caps,
             rails: vec![RailSeen::default(); rails],
             link,
-            messages: VecDeque::new(),
+            messages: Inbox::default(),
             timeout,
             got: 0,
             asked_again: 0,
@@ -268,7 +268,7 @@ impl<'l> Receiving<'l> {
     /// The next message from the sender, waiting until `deadline` (`None` at it).
     pub fn next_message(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Stop> {
         loop {
-            if let Some((_, m)) = self.messages.pop_front() {
+            if let Some((_, m)) = self.messages.pop() {
                 return Ok(Some(m));
             }
             if self.rails.iter().all(|r| r.stopped.is_some()) {
@@ -544,7 +544,9 @@ impl<'l> Receiving<'l> {
                 }
                 RecvEvent::Message { rail, bytes } => {
                     news = true;
-                    self.messages.push_back((rail, bytes));
+                    if let Err(why) = self.messages.push(rail, bytes) {
+                        self.stop_rail(rail, why);
+                    }
                 }
                 RecvEvent::PassEnded { rail, failed } => {
                     news = true;

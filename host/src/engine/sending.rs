@@ -5,11 +5,12 @@
 //! [`ChunkWire`] the chunk schedule drives, and what the repair rounds send copies with.
 
 use super::cancel::{bounded, cancelled, Cancel, CANCELLED};
+use super::inbox::Inbox;
 use super::stripe::{Key, Stripes};
 use crate::net::{Caps, Item, LinkError, Pass, Rail, SendEvent, SendLink};
 use crate::rdma::Deadline;
 use crate::transfer::schedule::{ChunkWire, Done, Posted, WireError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ pub struct Sending<'l> {
     /// CRC32Cs given before the pass (the GPU's): frames carry them as they are.
     precomputed: bool,
     /// The receiver's messages, in order, not yet taken.
-    messages: VecDeque<(Rail, Vec<u8>)>,
+    messages: Inbox,
     failures: Vec<RailFailed>,
     events: Vec<SendEvent>,
     /// Set once the link was broken off: nothing more is sent.
@@ -77,7 +78,7 @@ impl<'l> Sending<'l> {
             next_done: 0,
             crcs: Vec::new(),
             precomputed: false,
-            messages: VecDeque::new(),
+            messages: Inbox::default(),
             failures: Vec::new(),
             events: Vec::new(),
             broken: false,
@@ -162,7 +163,7 @@ impl<'l> Sending<'l> {
         deadline: &Deadline,
     ) -> Result<Option<(Rail, Vec<u8>)>, WireError> {
         loop {
-            if let Some(m) = self.messages.pop_front() {
+            if let Some(m) = self.messages.pop() {
                 return Ok(Some(m));
             }
             if deadline.expired() {
@@ -174,7 +175,7 @@ impl<'l> Sending<'l> {
 
     /// A message the receiver sent, if one came already (none waited for).
     pub fn take_message(&mut self) -> Option<(Rail, Vec<u8>)> {
-        self.messages.pop_front()
+        self.messages.pop()
     }
 
     /// Look for messages for up to `wait` (after a failed pass: the receiver may have
@@ -346,7 +347,11 @@ impl<'l> Sending<'l> {
                         }
                     }
                 }
-                SendEvent::Message { rail, bytes } => self.messages.push_back((rail, bytes)),
+                SendEvent::Message { rail, bytes } => {
+                    if let Err(why) = self.messages.push(rail, bytes) {
+                        failed.push((rail, why));
+                    }
+                }
                 SendEvent::Down { rail, why } => failed.push((rail, why)),
                 SendEvent::Quiet { rail } => self.stripes.quiet(rail),
             }

@@ -88,6 +88,7 @@ impl TcpReceiver {
             }),
             changed: Condvar::new(),
             bytes_in: std::sync::atomic::AtomicU64::new(0),
+            unread: std::sync::atomic::AtomicUsize::new(0),
         });
         let (tx, reports) = mpsc::channel();
         let mut conn = TcpReceiver {
@@ -237,7 +238,10 @@ impl TcpReceiver {
                 .reports
                 .recv_timeout(left.max(Duration::from_millis(1)))
             {
-                Ok(Report::Message { bytes, .. }) => return Some(bytes),
+                Ok(Report::Message { bytes, .. }) => {
+                    self.shared.message_taken(bytes.len());
+                    return Some(bytes);
+                }
                 Ok(Report::Failed { stream, .. }) => {
                     let rail = self.streams[stream].rail;
                     self.stop_rail(rail);
@@ -563,10 +567,13 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
                     rail: self.conn.streams[stream].rail,
                     index,
                 }),
-                Report::Message { stream, bytes } => out.push(RecvEvent::Message {
-                    rail: self.conn.streams[stream].rail,
-                    bytes,
-                }),
+                Report::Message { stream, bytes } => {
+                    self.conn.shared.message_taken(bytes.len());
+                    out.push(RecvEvent::Message {
+                        rail: self.conn.streams[stream].rail,
+                        bytes,
+                    })
+                }
                 Report::End { stream, failed } => {
                     let rail = self.conn.streams[stream].rail;
                     self.conn.streams[stream].ended = true;
