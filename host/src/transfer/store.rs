@@ -133,20 +133,30 @@ impl Pending {
         let dir = final_path.parent().unwrap_or(Path::new("."));
         // A fixed prefix, not the final name: a name that fills NAME_MAX (255 bytes)
         // leaves no room for a longer temporary one, and the transfer would be received
-        // whole only to fail here. The process id and a counter keep it unique.
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".gpu-rdma-partial-{}-{n}", std::process::id()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        Ok(Pending {
-            tmp,
-            file,
-            final_path: final_path.to_path_buf(),
-            committed: false,
-        })
+        // whole only to fail here. The process id and a counter keep it unique among
+        // this process's own; a name taken already (a sender may name its transfer so,
+        // guessing the next one) is passed over for the next.
+        const TRIES: u32 = 64;
+        for _ in 0..TRIES {
+            let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let tmp = dir.join(format!(".gpu-rdma-partial-{}-{n}", std::process::id()));
+            match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+                Ok(file) => {
+                    return Ok(Pending {
+                        tmp,
+                        file,
+                        final_path: final_path.to_path_buf(),
+                        committed: false,
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
+            }
+        }
+        bail!(
+            "creating a temporary file in {}: {TRIES} names in a row were taken",
+            dir.display()
+        )
     }
 
     /// Flush to the disk, rename into place (replacing a file of that name), and flush
@@ -285,6 +295,26 @@ mod tests {
         assert!(at.ends_with("data.bin"));
         assert_eq!(fs::read(dir.join("data.bin")).unwrap(), b"whole");
         assert_eq!(names(&dir), ["data.bin"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A sender may name its transfer as this process's next temporary files will be
+    /// named (the pid and a counter are easy to guess); the next honest store passes
+    /// over them. It failed ("creating ...: File exists"), reported not stored.
+    #[test]
+    fn names_taken_by_a_sender_that_guesses_the_temporary_ones_are_passed_over() {
+        let dir = temp_dir("squat");
+        let out = Output::parse(dir.to_str().unwrap()).unwrap();
+        let next = TEMP_COUNTER.load(Ordering::Relaxed);
+        let pid = std::process::id();
+        // Other tests of this process may take counters meanwhile: squat a good stretch.
+        for n in next..next + 40 {
+            let name = format!(".gpu-rdma-partial-{pid}-{n}");
+            fs::write(dir.join(&name), b"squatter").unwrap();
+        }
+        out.store_numbered(Some("honest.bin"), "p", 0, |w| Ok(w.write_all(b"data")?))
+            .unwrap();
+        assert_eq!(fs::read(dir.join("honest.bin")).unwrap(), b"data");
         fs::remove_dir_all(&dir).unwrap();
     }
 
