@@ -22,7 +22,6 @@ use super::socket;
 use crate::net::{Caps, LinkError, Rail, RecvEvent, RecvLink, Which, MAX_MESSAGE};
 use crate::transfer::plan::ChunkPlan;
 use std::collections::VecDeque;
-use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -213,12 +212,11 @@ impl TcpReceiver {
     /// a rail that is down or refuses it (then stopped) did not take it.
     fn write_control(&mut self, r: Rail, frame: &[u8], bytes: &[u8]) -> bool {
         let side = &self.rails[r];
-        let Some(mut control) = side.control.as_deref().filter(|_| !side.down) else {
+        let Some(control) = side.control.as_deref().filter(|_| !side.down) else {
             return false;
         };
-        let written = control
-            .write_all(frame)
-            .and_then(|()| control.write_all(bytes));
+        let deadline = socket::write_deadline(frame.len() + bytes.len(), self.timeout);
+        let written = socket::write_all_within(control, &[frame, bytes], self.timeout, deadline);
         if written.is_err() {
             self.stop_rail(r);
         }
@@ -493,12 +491,13 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
             return Err(LinkError(format!("a message of {} bytes", bytes.len())));
         }
         let frame = Frame::control(bytes).encode();
-        let Some(mut control) = side.control.as_deref() else {
+        let Some(control) = side.control.as_deref() else {
             return Err(LinkError(format!("rail {rail} never came")));
         };
-        let written = control
-            .write_all(&frame)
-            .and_then(|()| control.write_all(bytes));
+        // Bounded as a whole: a sender that reads its answers slowly (a few bytes now
+        // and then) must not hold this receiver's transfer slot for ever.
+        let deadline = socket::write_deadline(frame.len() + bytes.len(), timeout);
+        let written = socket::write_all_within(control, &[&frame, bytes], timeout, deadline);
         written.map_err(|e| {
             let why = socket::why(&e, timeout, "sending a message to the sender");
             self.conn.stop_rail(rail);

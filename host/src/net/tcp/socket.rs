@@ -68,6 +68,65 @@ pub fn read_exact_within(
     Ok(())
 }
 
+/// How long writing a message of `len` bytes may take in all: `timeout`, and a second
+/// per MiB on top (the default `--min-rate`).
+pub fn write_deadline(len: usize, timeout: Duration) -> Instant {
+    let slack = Duration::from_secs_f64(len as f64 / (1u64 << 20) as f64);
+    Instant::now() + timeout + slack
+}
+
+/// Write all of `bufs`, one after another: no single wait longer than `timeout`, and
+/// nothing past `deadline` however slowly the peer reads (a peer that takes a few bytes
+/// now and then would otherwise hold the writer, each partial write starting the
+/// socket's timeout again). The socket's write timeout is `timeout` again after.
+pub fn write_all_within(
+    mut stream: &TcpStream,
+    bufs: &[&[u8]],
+    timeout: Duration,
+    deadline: Instant,
+) -> io::Result<()> {
+    let deadline_passed = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the peer read too slowly to take the message in time",
+        )
+    };
+    let mut written = Ok(());
+    'all: for buf in bufs {
+        let mut buf: &[u8] = buf;
+        while !buf.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                written = Err(deadline_passed());
+                break 'all;
+            }
+            // A zero timeout would mean "none": `left` is not zero here.
+            if let Err(e) = stream.set_write_timeout(Some(left.min(timeout))) {
+                written = Err(e);
+                break 'all;
+            }
+            match stream.write(buf) {
+                Ok(0) => {
+                    written = Err(io::ErrorKind::WriteZero.into());
+                    break 'all;
+                }
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) && Instant::now() >= deadline => {
+                    written = Err(deadline_passed());
+                    break 'all;
+                }
+                Err(e) => {
+                    written = Err(e);
+                    break 'all;
+                }
+            }
+        }
+    }
+    let _ = stream.set_write_timeout(Some(timeout));
+    written
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -125,4 +184,39 @@ pub fn new_token() -> u64 {
         h.write_u128(t.as_nanos());
     }
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that reads a little now and then cannot stretch a write past its deadline
+    /// (with the socket's timeout alone, each partial write started it again: 32 MiB
+    /// read 64 KiB every 50 ms would have taken half a minute).
+    #[test]
+    fn a_slow_reader_cannot_stretch_a_write_past_its_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(6) {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        let stream = connect(addr, Duration::from_millis(500)).unwrap();
+        let message = vec![7u8; 32 << 20];
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(1);
+        let e = write_all_within(&stream, &[&message], Duration::from_millis(500), deadline)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // The reader ends by itself (its loop is bounded): not waited for.
+        drop((stream, reader));
+    }
 }
