@@ -111,9 +111,25 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
         )));
     }
     // SAFETY: the caller promised a live object of ours; the magic says it is a T (the
-    // kinds share no magic); NCCL uses one comm from one thread at a time, so this is
-    // the only reference while the call runs.
+    // kinds share no magic). Exclusive: what is reached this way (TCP comms, listen
+    // comms, requests, registrations) NCCL uses from one thread at a time — a TCP comm's
+    // isend/irecv/test/close all come from its proxy's progress thread; regMr/deregMr,
+    // which may come from another thread, do not take a TCP comm this way. Verbs comms,
+    // which regMr does reach from another thread, go through [`checked_shared`].
     Ok(unsafe { &mut *(p as *mut T) })
+}
+
+/// NCCL's `void*` as one of our objects, shared: for the verbs comms, which NCCL may
+/// use from two threads at once (`regMr` on its service thread while its progress
+/// thread tests), and whose methods take `&self` (their state behind a `Mutex`).
+///
+/// # Safety
+/// As for [`checked`].
+pub unsafe fn checked_shared<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a T> {
+    // SAFETY: the caller's promise, as checked() asks it; the exclusive reference is
+    // made shared at once, before any use.
+    let r: &'a mut T = unsafe { checked(p, magic, what)? };
+    Ok(r)
 }
 
 /// NCCL's `void*` taken back as the box it was made from, after checking its magic:

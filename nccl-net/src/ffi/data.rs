@@ -8,8 +8,8 @@ use crate::abi::*;
 use crate::comm::recv::RecvComm;
 use crate::comm::send::SendComm;
 use crate::comm::{
-    checked, RequestHandle, RECV_MAGIC, RECV_MAGIC_VERBS, REQUEST_MAGIC, SEND_MAGIC,
-    SEND_MAGIC_VERBS,
+    checked, checked_shared, RequestHandle, RECV_MAGIC, RECV_MAGIC_VERBS, REQUEST_MAGIC,
+    SEND_MAGIC, SEND_MAGIC_VERBS,
 };
 use crate::error::{NetError, Result};
 use crate::verbs::recv::VerbsRecv;
@@ -86,13 +86,15 @@ pub(super) unsafe extern "C" fn reg_mr(
                 // SAFETY: a verbs send comm of ours by its magic; NCCL's contract for
                 // regMr: the memory stays allocated until deregMr (net_v11.h), which is
                 // what `register` asks.
-                let c = unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
+                let c =
+                    unsafe { checked_shared::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
                 // SAFETY: as just said.
                 Some(unsafe { c.register(data as *mut u8, size) }?)
             }
             RECV_MAGIC_VERBS => {
                 // SAFETY: as above, a verbs receive comm.
-                let c = unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
+                let c =
+                    unsafe { checked_shared::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
                 // SAFETY: as above.
                 Some(unsafe { c.register(data as *mut u8, size) }?)
             }
@@ -126,11 +128,13 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
             // SAFETY: a comm of ours, checked just above.
             if unsafe { magic_of(comm) } == SEND_MAGIC_VERBS {
                 // SAFETY: a verbs send comm of ours, by its magic.
-                let c = unsafe { checked::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
+                let c =
+                    unsafe { checked_shared::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
                 c.deregister(index)?;
             } else {
                 // SAFETY: else a verbs receive comm of ours (checked's magic says if not).
-                let c = unsafe { checked::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
+                let c =
+                    unsafe { checked_shared::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
                 c.deregister(index)?;
             }
         }
@@ -202,7 +206,7 @@ unsafe fn isend_common(
     // bytes of magic say which kind.
     if !send_comm.is_null() && unsafe { magic_of(send_comm) } == SEND_MAGIC_VERBS {
         // SAFETY: as above, the magic checked again inside.
-        let c: &mut VerbsSend = unsafe { checked(send_comm, SEND_MAGIC_VERBS, "send comm")? };
+        let c: &VerbsSend = unsafe { checked_shared(send_comm, SEND_MAGIC_VERBS, "send comm")? };
         let reg = needs_registration(reg, "isend")?;
         if let Some(r) = c.isend(data as *const u8, size as u64, tag, reg)? {
             *rq = r;
@@ -321,7 +325,7 @@ unsafe fn irecv_common(
     }
     if verbs {
         // SAFETY: NCCL's contract (a receive comm of ours), the magic checked inside.
-        let c: &mut VerbsRecv = unsafe { checked(recv_comm, RECV_MAGIC_VERBS, "receive comm")? };
+        let c: &VerbsRecv = unsafe { checked_shared(recv_comm, RECV_MAGIC_VERBS, "receive comm")? };
         let bufs = bufs
             .into_iter()
             .map(|(d, size, tag, reg)| Ok((d, size, tag, needs_registration(reg, "irecv")?)))
@@ -482,11 +486,12 @@ pub(super) unsafe extern "C" fn test_fn(
         if magic == SEND_MAGIC_VERBS || magic == RECV_MAGIC_VERBS {
             let got = if send {
                 // SAFETY: as above; a verbs send comm by its magic.
-                let c: &mut VerbsSend = unsafe { checked(comm, SEND_MAGIC_VERBS, "send comm")? };
+                let c: &VerbsSend = unsafe { checked_shared(comm, SEND_MAGIC_VERBS, "send comm")? };
                 c.test(index)?.map(|s| vec![s])
             } else {
                 // SAFETY: as above; a verbs receive comm by its magic.
-                let c: &mut VerbsRecv = unsafe { checked(comm, RECV_MAGIC_VERBS, "receive comm")? };
+                let c: &VerbsRecv =
+                    unsafe { checked_shared(comm, RECV_MAGIC_VERBS, "receive comm")? };
                 c.test(index)?
             };
             if let Some(got) = got {

@@ -73,6 +73,14 @@ fn device(dev: c_int) -> Result<&'static Device> {
 
 fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
     log::set_logger(log_fn);
+    // Built with panic = "abort" (the workspace's release profile), every entry's
+    // catch_unwind is inert: a panic would abort NCCL's process instead of becoming an
+    // error. Refused at once, saying how to build it (NCCL then goes on without it).
+    if cfg!(panic = "abort") {
+        return Err(NetError::internal(
+            "this plugin was built with panic = \"abort\" (cargo's --release profile), so a bug in it would abort the process; build it with `cargo build -p nccl-net --profile plugin` (tests/nccl/build-plugin.sh)",
+        ));
+    }
     let mut g = global();
     if legacy {
         // v8-v10 have no finalize: the first legacy init holds its reference forever.
