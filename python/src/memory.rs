@@ -193,6 +193,31 @@ struct DlManagedTensor {
 
 const DLTENSOR: &CStr = c"dltensor";
 
+/// dlpack.h's `DLPackVersion`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+/// dlpack.h's `DLManagedTensorVersioned` (DLPack 1.x, the capsule named
+/// "dltensor_versioned"): it says whether the tensor is read-only.
+#[repr(C)]
+struct DlManagedTensorVersioned {
+    version: DlPackVersion,
+    manager_ctx: *mut c_void,
+    // # Safety
+    // Never called here, as for `DlManagedTensor`.
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DlTensor,
+}
+
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`: the producer's tensor must not be written.
+const DLPACK_FLAG_READ_ONLY: u64 = 1;
+
 /// The bytes of `shape` elements of `dtype`, if the strides say C order.
 fn contiguous_bytes(shape: &[i64], strides: Option<&[i64]>, item_bytes: u64) -> PyResult<u64> {
     let mut elements: u64 = 1;
@@ -234,26 +259,67 @@ fn element_bytes(dtype: DlDataType) -> PyResult<u64> {
     Ok(bits / 8)
 }
 
-/// The memory of a DLPack capsule's tensor (the capsule is kept as the owner).
-fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Region> {
+/// The memory of a DLPack capsule's tensor (the capsule is kept as the owner);
+/// `writable` for a receive, which a tensor its producer marks read-only refuses.
+fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     // No stream argument: the producer orders its pending work before the capsule for
     // the default stream, and the transfer waits for the whole context on top of that.
-    let capsule = obj.call_method0("__dlpack__")?;
+    // DLPack 1.0 asked for first (its capsule says whether the tensor is read-only); a
+    // producer that does not know `max_version` gives the unversioned one, which cannot.
+    let kwargs = pyo3::types::PyDict::new(obj.py());
+    kwargs.set_item("max_version", (1, 0))?;
+    let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
+        Ok(c) => c,
+        Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => obj.call_method0("__dlpack__")?,
+        Err(e) => return Err(e),
+    };
     let capsule = capsule
         .cast::<PyCapsule>()
         .map_err(|_| PyTypeError::new_err("__dlpack__ did not return a capsule"))?;
-    // SAFETY: a capsule, asked for by its DLPack name; the pointer is valid while the
-    // capsule lives and is not consumed ("used_dltensor"), which we never do: we keep
-    // the capsule as the owner, and its destructor calls the producer's deleter.
-    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()) }
-        .cast::<DlManagedTensor>();
-    if managed.is_null() {
-        return Err(PyTypeError::new_err(
-            "__dlpack__ returned a capsule that is not a DLPack tensor",
-        ));
-    }
-    // SAFETY: a DLManagedTensor the producer keeps valid while the capsule lives.
-    let t = unsafe { &(*managed).dl_tensor };
+    let versioned = capsule
+        .name()?
+        // SAFETY: the capsule's name, a C string it keeps while it lives (read at once).
+        .is_some_and(|n| unsafe { n.as_cstr() } == DLTENSOR_VERSIONED);
+    let t: &DlTensor = if versioned {
+        // SAFETY: a capsule, asked for by its DLPack 1.x name; the pointer is valid while
+        // the capsule lives and is not consumed, which we never do (as below).
+        let managed =
+            unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR_VERSIONED.as_ptr()) }
+                .cast::<DlManagedTensorVersioned>();
+        if managed.is_null() {
+            return Err(PyTypeError::new_err(
+                "__dlpack__ returned a capsule that is not a DLPack tensor",
+            ));
+        }
+        // SAFETY: a DLManagedTensorVersioned the producer keeps valid while the capsule
+        // lives; its version and flags come first whatever its minor version.
+        let m = unsafe { &*managed };
+        if m.version.major != 1 {
+            return Err(PyTypeError::new_err(format!(
+                "__dlpack__ returned a DLPack {}.{} tensor when asked for 1.0 at most",
+                m.version.major, m.version.minor
+            )));
+        }
+        if writable && m.flags & DLPACK_FLAG_READ_ONLY != 0 {
+            return Err(PyValueError::new_err(
+                "the target is read-only (its DLPack tensor says so): a receive writes into it",
+            ));
+        }
+        &m.dl_tensor
+    } else {
+        // SAFETY: a capsule, asked for by its DLPack name; the pointer is valid while the
+        // capsule lives and is not consumed ("used_dltensor"), which we never do: we keep
+        // the capsule as the owner, and its destructor calls the producer's deleter.
+        let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()) }
+            .cast::<DlManagedTensor>();
+        if managed.is_null() {
+            return Err(PyTypeError::new_err(
+                "__dlpack__ returned a capsule that is not a DLPack tensor",
+            ));
+        }
+        // SAFETY: a DLManagedTensor the producer keeps valid while the capsule lives.
+        unsafe { &(*managed).dl_tensor }
+    };
     let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err("bad ndim"))?;
     let shape = match ndim {
         0 => &[][..],
@@ -431,7 +497,7 @@ fn held_region(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     if obj.hasattr("__dlpack_device__")? && obj.hasattr("__dlpack__")? {
         let (device_type, _): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
         if device_type == KDL_CUDA {
-            return from_dlpack(obj);
+            return from_dlpack(obj, writable);
         }
     }
     let e = match from_buffer(obj, writable) {
@@ -441,7 +507,7 @@ fn held_region(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     };
     match e {
         e if obj.hasattr("__dlpack__")? && e.is_instance_of::<PyTypeError>(obj.py()) => {
-            from_dlpack(obj)
+            from_dlpack(obj, writable)
         }
         e if obj.hasattr("__cuda_array_interface__")? => {
             let _ = e;

@@ -634,3 +634,42 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+class DlpackOnly:
+    """An object whose memory is reached through DLPack alone (as a torch CPU tensor's
+    is), over a NumPy array; `versioned=False` plays a producer older than DLPack 1.0
+    (its `__dlpack__` knows no `max_version`)."""
+
+    def __init__(self, array, versioned=True):
+        self.array = array
+        self.versioned = versioned
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        if not self.versioned:
+            if kwargs:
+                raise TypeError("__dlpack__() got an unexpected keyword argument")
+            return self.array.__dlpack__()
+        return self.array.__dlpack__(**kwargs)
+
+
+def test_dlpack_targets_land_in_place_and_a_read_only_one_is_refused(listener):
+    # A receive into a tensor its producer marks read-only (DLPack 1.0's flag) wrote it
+    # all the same: the DLPack path never looked.
+    frozen = np.zeros(4096, dtype=np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        listener.recv_into(DlpackOnly(frozen))
+    # It may still be sent (a send only reads).
+    join = receive_in_thread(lambda: listener.recv())
+    connect(listener.address).send(DlpackOnly(frozen))
+    assert join() == bytes(4096)
+    for versioned in (True, False):
+        target = np.zeros(1000, dtype=np.uint8)
+        join = receive_in_thread(lambda: listener.recv_into(DlpackOnly(target, versioned)))
+        connect(listener.address).send(pattern(1000, 9))
+        join()
+        assert np.array_equal(target, pattern(1000, 9)), f"versioned={versioned}"
