@@ -43,7 +43,12 @@ impl FaultInjector {
     }
 }
 
-/// Messages and bytes moved, and pieces repaired (sent again after a failed CRC).
+/// Messages and bytes moved, and pieces sent again after a failed CRC32C (each time:
+/// a piece that failed twice counts two; a message is done only once all passed, so on
+/// a comm that did not fail every one was repaired in the end). Sent messages count
+/// when `test` reports them done, which for a small one is before its ack (its copy
+/// kept for resends): a comm that fails later may have counted some the peer never
+/// took whole.
 /// One per comm, summed into the process's totals when the comm closes.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -56,7 +61,7 @@ pub struct Counters {
 impl Counters {
     pub fn line(&self) -> String {
         format!(
-            "{} messages, {} bytes, {} pieces repaired{}",
+            "{} messages, {} bytes, {} pieces sent again after a failed CRC32C{}",
             self.messages,
             self.bytes,
             self.repaired,
@@ -157,6 +162,9 @@ mod tests {
             repaired: 1,
             injected: 0,
         };
-        assert_eq!(c.line(), "3 messages, 4096 bytes, 1 pieces repaired");
+        assert_eq!(
+            c.line(),
+            "3 messages, 4096 bytes, 1 pieces sent again after a failed CRC32C"
+        );
     }
 }

@@ -701,6 +701,12 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
         drop(st);
         input.drain(..at);
         if let Err(e) = r {
+            // A small send is done before its ack (its copy kept): its failure here may
+            // come after NCCL last called this comm, and the receiver would wait for the
+            // pieces without end. Said now, and the control socket shut, so that the
+            // receiver's comm fails at once.
+            crate::log::warn!("send comm to {}: {e}", sh.peer);
+            let _ = sock.shutdown(std::net::Shutdown::Both);
             sh.fail(e);
             return;
         }
