@@ -483,6 +483,11 @@ mod tests {
         let header =
             crate::wire::Header::of(crate::wire::Op::Send, 1 << 20, 1 << 20, 16, Payload::Opaque)
                 .unwrap();
+        offer_by_hand_of(addr, header)
+    }
+
+    /// A sender's first bytes, `header` and stream 0's hello, written by hand.
+    fn offer_by_hand_of(addr: SocketAddr, header: crate::wire::Header) -> std::net::TcpStream {
         let hello = crate::net::tcp::frames::Hello {
             index: 0,
             count: 1,
@@ -731,16 +736,7 @@ mod tests {
                 .unwrap()
                 .with_transfers(2)
                 .unwrap();
-        let hello = crate::net::tcp::frames::Hello {
-            index: 0,
-            count: 1,
-            rail: 0,
-            token: 1,
-        };
-        let mut sender = std::net::TcpStream::connect(addr).unwrap();
-        sender
-            .write_all(&[&header.encode()[..], &hello.encode()[..]].concat())
-            .unwrap();
+        let _sender = offer_by_hand_of(addr, header);
         let incoming = listener.accept().unwrap();
         let t0 = std::time::Instant::now();
         let mut buf = vec![0u8; incoming.len() as usize];
