@@ -276,10 +276,9 @@ fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     let capsule = capsule
         .cast::<PyCapsule>()
         .map_err(|_| PyTypeError::new_err("__dlpack__ did not return a capsule"))?;
-    let versioned = capsule
-        .name()?
-        // SAFETY: the capsule's name, a C string it keeps while it lives (read at once).
-        .is_some_and(|n| unsafe { n.as_cstr() } == DLTENSOR_VERSIONED);
+    let name = capsule.name()?;
+    // SAFETY: the capsule's name, a C string it keeps while it lives (read at once).
+    let versioned = name.is_some_and(|n| unsafe { n.as_cstr() } == DLTENSOR_VERSIONED);
     let t: &DlTensor = if versioned {
         // SAFETY: a capsule, asked for by its DLPack 1.x name; the pointer is valid while
         // the capsule lives and is not consumed, which we never do (as below).

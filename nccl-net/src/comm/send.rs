@@ -561,7 +561,14 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
         let job = {
             let mut st = sh.lock();
             loop {
-                if sh.stop.load(Ordering::Relaxed) || st.failed.is_some() {
+                if sh.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if st.failed.is_some() {
+                    // The comm failed, maybe after NCCL last called it (a small send is
+                    // done before its ack): the receiver learns it from its sockets
+                    // ending, not from a close that may not come.
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
                     return;
                 }
                 if let Some(j) = next_job(&mut st) {
