@@ -259,6 +259,24 @@ fn element_bytes(dtype: DlDataType) -> PyResult<u64> {
     Ok(bits / 8)
 }
 
+/// The pointer a DLPack capsule holds under `name` (`dltensor` or `dltensor_versioned`),
+/// never null. It stays valid while the capsule lives and is not consumed (renamed
+/// `used_dltensor`), which we never do: the capsule is kept as the owner, and its
+/// destructor calls the producer's deleter.
+fn capsule_pointer<T>(capsule: &Bound<'_, PyCapsule>, name: &CStr) -> PyResult<*mut T> {
+    // SAFETY: `capsule` is a live capsule object and `name` a NUL-terminated string;
+    // a capsule of another name gives null (checked below), with a Python error set.
+    let p = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) };
+    if p.is_null() {
+        // Clear the error PyCapsule_GetPointer set; ours says what went wrong.
+        let _ = PyErr::take(capsule.py());
+        return Err(PyTypeError::new_err(
+            "__dlpack__ returned a capsule that is not a DLPack tensor",
+        ));
+    }
+    Ok(p.cast())
+}
+
 /// The memory of a DLPack capsule's tensor (the capsule is kept as the owner);
 /// `writable` for a receive, which a tensor its producer marks read-only refuses.
 fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
@@ -280,16 +298,7 @@ fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
     // SAFETY: the capsule's name, a C string it keeps while it lives (read at once).
     let versioned = name.is_some_and(|n| unsafe { n.as_cstr() } == DLTENSOR_VERSIONED);
     let t: &DlTensor = if versioned {
-        // SAFETY: a capsule, asked for by its DLPack 1.x name; the pointer is valid while
-        // the capsule lives and is not consumed, which we never do (as below).
-        let managed =
-            unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR_VERSIONED.as_ptr()) }
-                .cast::<DlManagedTensorVersioned>();
-        if managed.is_null() {
-            return Err(PyTypeError::new_err(
-                "__dlpack__ returned a capsule that is not a DLPack tensor",
-            ));
-        }
+        let managed = capsule_pointer::<DlManagedTensorVersioned>(capsule, DLTENSOR_VERSIONED)?;
         // SAFETY: a DLManagedTensorVersioned the producer keeps valid while the capsule
         // lives; its version and flags come first whatever its minor version.
         let m = unsafe { &*managed };
@@ -306,16 +315,7 @@ fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
         }
         &m.dl_tensor
     } else {
-        // SAFETY: a capsule, asked for by its DLPack name; the pointer is valid while the
-        // capsule lives and is not consumed ("used_dltensor"), which we never do: we keep
-        // the capsule as the owner, and its destructor calls the producer's deleter.
-        let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()) }
-            .cast::<DlManagedTensor>();
-        if managed.is_null() {
-            return Err(PyTypeError::new_err(
-                "__dlpack__ returned a capsule that is not a DLPack tensor",
-            ));
-        }
+        let managed = capsule_pointer::<DlManagedTensor>(capsule, DLTENSOR)?;
         // SAFETY: a DLManagedTensor the producer keeps valid while the capsule lives.
         unsafe { &(*managed).dl_tensor }
     };

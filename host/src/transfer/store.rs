@@ -128,18 +128,28 @@ struct Pending {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// `.gpu-rdma-partial-PID-N-RANDOM`: RANDOM is 64 bits from the standard library's
+/// hasher keys, which it seeds from the system's random source (no `unsafe`, no
+/// dependency), so nobody outside this process can predict it.
+fn temp_name(n: u64) -> String {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(n);
+    format!(".gpu-rdma-partial-{}-{n}-{random:016x}", std::process::id())
+}
+
 impl Pending {
     fn create(final_path: &Path) -> Result<Pending> {
         let dir = final_path.parent().unwrap_or(Path::new("."));
         // A fixed prefix, not the final name: a name that fills NAME_MAX (255 bytes)
         // leaves no room for a longer temporary one, and the transfer would be received
         // whole only to fail here. The process id and a counter keep it unique among
-        // this process's own; a name taken already (a sender may name its transfer so,
-        // guessing the next one) is passed over for the next.
+        // this process's own; a random part keeps a sender from naming its transfer as
+        // the next one will be (and so failing the honest transfer that comes next). A
+        // name taken anyway is passed over for the next.
         const TRIES: u32 = 64;
         for _ in 0..TRIES {
             let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let tmp = dir.join(format!(".gpu-rdma-partial-{}-{n}", std::process::id()));
+            let tmp = dir.join(temp_name(n));
             match OpenOptions::new().write(true).create_new(true).open(&tmp) {
                 Ok(file) => {
                     return Ok(Pending {
@@ -298,9 +308,10 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A sender may name its transfer as this process's next temporary files will be
-    /// named (the pid and a counter are easy to guess); the next honest store passes
-    /// over them. It failed ("creating ...: File exists"), reported not stored.
+    /// A sender may name its transfer as it guesses this process's next temporary
+    /// files will be named (the pid and a counter, as they were named alone before):
+    /// the next honest store is not stopped by them. It failed ("creating ...: File
+    /// exists"), reported not stored.
     #[test]
     fn names_taken_by_a_sender_that_guesses_the_temporary_ones_are_passed_over() {
         let dir = temp_dir("squat");
@@ -316,6 +327,18 @@ mod tests {
             .unwrap();
         assert_eq!(fs::read(dir.join("honest.bin")).unwrap(), b"data");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Nor can the whole name be guessed: beyond the pid and the counter, its random
+    /// part differs from one name to the next.
+    #[test]
+    fn temporary_names_carry_a_part_nobody_can_guess() {
+        let a = temp_name(7);
+        let b = temp_name(7);
+        let prefix = format!(".gpu-rdma-partial-{}-7-", std::process::id());
+        assert!(a.starts_with(&prefix) && b.starts_with(&prefix), "{a} {b}");
+        assert_eq!(a.len(), prefix.len() + 16, "{a}");
+        assert_ne!(a, b);
     }
 
     #[test]

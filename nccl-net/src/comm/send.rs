@@ -709,11 +709,10 @@ fn ctrl_reader(sh: &Shared, sock: &Socket) {
         input.drain(..at);
         if let Err(e) = r {
             // A small send is done before its ack (its copy kept): its failure here may
-            // come after NCCL last called this comm, and the receiver would wait for the
-            // pieces without end. Said now, and the control socket shut, so that the
-            // receiver's comm fails at once.
+            // come after NCCL last called this comm, so it is logged now. The receiver
+            // learns it from its data sockets ending: `fail` wakes the writers, which
+            // shut them as they stop (the receiver only writes to this control socket).
             crate::log::warn!("send comm to {}: {e}", sh.peer);
-            let _ = sock.shutdown(std::net::Shutdown::Both);
             sh.fail(e);
             return;
         }

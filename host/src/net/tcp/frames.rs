@@ -37,6 +37,42 @@ pub const MAX_RAILS: usize = 32;
 /// The offset that marks a control message's frame.
 pub const CONTROL_OFFSET: u64 = u64::MAX - 1;
 
+/// What a peer's control messages read off a socket and not yet taken by the link
+/// hold, each counted with [`MESSAGE_COST`] besides its bytes: at most [`MAX_UNREAD`].
+/// A peer sends messages in answer to this side's (a name, a round's CRCs, a next
+/// offer, a round's verdict), one or two at a time; one that sends unasked (a message of
+/// 64 MiB, or empty ones, again and again) would otherwise grow this side's memory at
+/// line rate while the link is not polled, every message also counting as progress.
+#[derive(Debug, Default)]
+pub struct Unread(std::sync::atomic::AtomicUsize);
+
+/// Most bytes of a peer's messages kept unread ([`Unread`]).
+pub const MAX_UNREAD: usize = 2 * crate::net::MAX_MESSAGE;
+/// What a message costs besides its bytes (so empty ones count too).
+pub const MESSAGE_COST: usize = 64;
+
+impl Unread {
+    /// Count a message of `len` bytes about to be read from the `peer` ("sender" or
+    /// "receiver"); the error to end its reader with where that is more than may wait.
+    pub fn hold(&self, len: usize, peer: &str) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        let cost = len + MESSAGE_COST;
+        let held = self.0.fetch_add(cost, Ordering::Relaxed) + cost;
+        match held > MAX_UNREAD {
+            true => Err(format!(
+                "protocol error: the {peer}'s messages not yet taken would hold {held} bytes (at most {MAX_UNREAD}): it sends what was not asked for"
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// A message of `len` bytes taken by the link.
+    pub fn taken(&self, len: usize) {
+        use std::sync::atomic::Ordering;
+        self.0.fetch_sub(len + MESSAGE_COST, Ordering::Relaxed);
+    }
+}
+
 /// Why a hello did not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HelloError {

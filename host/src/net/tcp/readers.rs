@@ -3,7 +3,7 @@
 //! place one reader's alone, the staging ring's free slots, and the reports the readers
 //! send. `recv.rs` is the link over them.
 
-use super::frames::{Frame, FrameKind, FRAME_LEN};
+use super::frames::{Frame, FrameKind, Unread, FRAME_LEN};
 use super::socket;
 use crate::net::MAX_MESSAGE;
 use crate::transfer::plan::ChunkPlan;
@@ -76,41 +76,11 @@ pub(crate) struct Shared {
     /// Bytes taken off the sockets so far, all streams: progress however the bytes
     /// trickle, for the engine's waits.
     pub(crate) bytes_in: std::sync::atomic::AtomicU64,
-    /// What the sender's messages read and not yet taken by the link hold
-    /// ([`MESSAGE_COST`] each besides their bytes): at most [`MAX_UNREAD`].
-    pub(crate) unread: std::sync::atomic::AtomicUsize,
+    /// The sender's messages read and not yet taken by the link.
+    pub(crate) unread: Unread,
 }
 
-/// A sender's messages read and not yet taken, at most (bytes, each counted with
-/// [`MESSAGE_COST`]): a sender sends messages in answer to the receiver's (a name, a
-/// round's CRCs, a next offer), one or two at a time; one that sends unasked (a message
-/// of 64 MiB, or empty ones, again and again) would otherwise grow this side's memory at
-/// line rate, every message also counting as progress against the idle timeout.
-pub(crate) const MAX_UNREAD: usize = 2 * MAX_MESSAGE;
-/// What a message costs besides its bytes (so empty ones count too).
-pub(crate) const MESSAGE_COST: usize = 64;
-
 impl Shared {
-    /// Count a message of `len` bytes about to be read; the error where that is more than
-    /// a sender may have unread.
-    fn hold_message(&self, len: usize) -> Result<(), String> {
-        use std::sync::atomic::Ordering;
-        let cost = len + MESSAGE_COST;
-        let held = self.unread.fetch_add(cost, Ordering::Relaxed) + cost;
-        match held > MAX_UNREAD {
-            true => Err(format!(
-                "protocol error: the sender's messages not yet taken would hold {held} bytes (at most {MAX_UNREAD}): it sends what was not asked for"
-            )),
-            false => Ok(()),
-        }
-    }
-
-    /// A message of `len` bytes taken by the link.
-    pub(crate) fn message_taken(&self, len: usize) {
-        use std::sync::atomic::Ordering;
-        self.unread.fetch_sub(len + MESSAGE_COST, Ordering::Relaxed);
-    }
-
     /// Read exactly `buf.len()` bytes from `stream`, counting each read as it comes.
     pub(crate) fn read(&self, mut stream: &TcpStream, mut buf: &mut [u8]) -> std::io::Result<()> {
         use std::sync::atomic::Ordering;
@@ -356,7 +326,7 @@ pub(crate) fn read_stream(
                 if len as usize > MAX_MESSAGE {
                     return fail(format!("protocol error: a message of {len} bytes"));
                 }
-                if let Err(why) = shared.hold_message(len as usize) {
+                if let Err(why) = shared.unread.hold(len as usize, "sender") {
                     return fail(why);
                 }
                 let mut bytes = vec![0u8; len as usize];

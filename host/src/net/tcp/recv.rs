@@ -16,7 +16,7 @@
 //! GPU) queues each slot's copy into device memory in `poll` and reports the item once
 //! its last copy landed; the checksum kernel then checks it where it lies.
 
-use super::frames::Frame;
+use super::frames::{Frame, Unread};
 use super::readers::{read_stream, Expected, Land, Place, Report, Shared, State};
 use super::socket;
 use crate::net::{Caps, LinkError, Rail, RecvEvent, RecvLink, Which, MAX_MESSAGE};
@@ -87,7 +87,7 @@ impl TcpReceiver {
             }),
             changed: Condvar::new(),
             bytes_in: std::sync::atomic::AtomicU64::new(0),
-            unread: std::sync::atomic::AtomicUsize::new(0),
+            unread: Unread::default(),
         });
         let (tx, reports) = mpsc::channel();
         let mut conn = TcpReceiver {
@@ -237,7 +237,7 @@ impl TcpReceiver {
                 .recv_timeout(left.max(Duration::from_millis(1)))
             {
                 Ok(Report::Message { bytes, .. }) => {
-                    self.shared.message_taken(bytes.len());
+                    self.shared.unread.taken(bytes.len());
                     return Some(bytes);
                 }
                 Ok(Report::Failed { stream, .. }) => {
@@ -567,7 +567,7 @@ unsafe impl RecvLink for TcpRecvLink<'_, '_> {
                     index,
                 }),
                 Report::Message { stream, bytes } => {
-                    self.conn.shared.message_taken(bytes.len());
+                    self.conn.shared.unread.taken(bytes.len());
                     out.push(RecvEvent::Message {
                         rail: self.conn.streams[stream].rail,
                         bytes,

@@ -11,7 +11,7 @@
 //! CRC32C, the one given (the GPU's) or the writer's own over the bytes it sends. The
 //! test-only fault injector flips a bit in a copy after the checksum was taken.
 
-use super::frames::{Frame, FrameKind, FRAME_LEN};
+use super::frames::{Frame, FrameKind, Unread, FRAME_LEN};
 use super::socket;
 use crate::memory::{Registrable, RegistrationTarget};
 use crate::net::{Caps, Item, LinkError, Pass, Rail, SendEvent, SendLink, MAX_MESSAGE};
@@ -144,6 +144,8 @@ pub struct TcpSender {
     rails: Vec<RailState>,
     readers: Vec<JoinHandle<()>>,
     reports: mpsc::Receiver<Report>,
+    /// The receiver's messages its readers read and this side has not yet taken.
+    unread: Arc<Unread>,
     shared: Arc<Shared>,
     checks: WriteChecks,
     /// Set once the connection was broken off: nothing more is sent.
@@ -173,6 +175,7 @@ impl TcpSender {
             rails: Vec::new(),
             readers: Vec::new(),
             reports,
+            unread: Arc::default(),
             shared,
             checks,
             broken: false,
@@ -190,11 +193,11 @@ impl TcpSender {
                 let s = sender.writers.len();
                 let stream = Arc::new(stream);
                 if k == 0 {
-                    let reading = stream.clone();
+                    let (reading, unread) = (stream.clone(), sender.unread.clone());
                     let tx = tx.clone();
                     let thread = std::thread::Builder::new()
                         .name(format!("tcp-replies-{r}"))
-                        .spawn(move || read_messages(r, &reading, &tx))?;
+                        .spawn(move || read_messages(r, &reading, &tx, &unread))?;
                     sender.readers.push(thread);
                 }
                 let shutter = stream.clone();
@@ -513,7 +516,10 @@ unsafe impl SendLink for TcpSendLink<'_> {
                         out.push(SendEvent::Quiet { rail });
                     }
                 }
-                Report::Message { rail, bytes } => out.push(SendEvent::Message { rail, bytes }),
+                Report::Message { rail, bytes } => {
+                    self.conn.unread.taken(bytes.len());
+                    out.push(SendEvent::Message { rail, bytes })
+                }
                 Report::ReaderEnded { rail, why } => self.conn.stop_rail_for(rail, why),
             }
         }
@@ -691,8 +697,9 @@ fn write_stream(
 
 /// A rail's reader: every frame the receiver sends on the rail's first stream is a
 /// control message; each goes to the connection, whole and checked, until the stream
-/// ends.
-fn read_messages(rail: Rail, stream: &TcpStream, tx: &mpsc::Sender<Report>) {
+/// ends, or until the messages not yet taken would hold more than [`Unread`] allows (a
+/// receiver that floods ends its rail, as a sender that floods does the other way).
+fn read_messages(rail: Rail, stream: &TcpStream, tx: &mpsc::Sender<Report>, unread: &Unread) {
     let ended = |why: String| {
         let _ = tx.send(Report::ReaderEnded { rail, why });
     };
@@ -720,6 +727,9 @@ fn read_messages(rail: Rail, stream: &TcpStream, tx: &mpsc::Sender<Report>) {
                 "protocol error: a message of {len} bytes from the receiver"
             ));
         }
+        if let Err(why) = unread.hold(len as usize, "receiver") {
+            return ended(why);
+        }
         let mut bytes = vec![0u8; len as usize];
         if let Err(e) = std::io::Read::read_exact(&mut stream, &mut bytes) {
             return ended(socket::why(
@@ -734,5 +744,66 @@ fn read_messages(rail: Rail, stream: &TcpStream, tx: &mpsc::Sender<Report>) {
         if tx.send(Report::Message { rail, bytes }).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::host_buffer::HostBuffer;
+    use crate::net::tcp::frames::MAX_UNREAD;
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    /// A receiver (which the sender chose, but may be hostile) that sends messages
+    /// nobody asked for while the sender does not poll: its rail ends once they would
+    /// hold more than `MAX_UNREAD`, instead of the sender keeping them all (it kept
+    /// every one: memory grew at line rate, between transfers on a kept connection too).
+    #[test]
+    fn a_receiver_that_floods_messages_ends_its_rail_before_they_pile_up() {
+        const MIB: usize = 1 << 20;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let timeout = Duration::from_secs(10);
+        let mut conn =
+            TcpSender::start(vec![vec![stream]], WriteChecks::default(), timeout).unwrap();
+        let message = vec![7u8; MIB];
+        let mut framed = Frame::control(&message).encode().to_vec();
+        framed.extend_from_slice(&message);
+        // Three times what may wait; the sender stops reading before that, so the
+        // peer's writes stall and time out.
+        peer.set_write_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        for _ in 0..3 * MAX_UNREAD / MIB {
+            if peer.write_all(&framed).is_err() {
+                break;
+            }
+        }
+        let src = HostBuffer::with_pattern(4096).unwrap();
+        let (messages, down) = conn
+            .with_source(&src, |link| {
+                let (mut messages, mut down) = (0, None);
+                let mut out = Vec::new();
+                let until = Instant::now() + Duration::from_secs(20);
+                while down.is_none() && Instant::now() < until {
+                    link.poll(Duration::from_millis(100), &mut out).unwrap();
+                    for event in out.drain(..) {
+                        match event {
+                            SendEvent::Message { .. } => messages += 1,
+                            SendEvent::Down { why, .. } => down = Some(why),
+                            _ => {}
+                        }
+                    }
+                }
+                (messages, down)
+            })
+            .unwrap();
+        let why = down.expect("the rail of a flooding receiver stays up");
+        assert!(why.contains("not yet taken"), "{why}");
+        assert!(
+            messages * MIB <= MAX_UNREAD,
+            "{messages} messages of 1 MiB kept"
+        );
     }
 }
