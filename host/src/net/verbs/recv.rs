@@ -120,12 +120,31 @@ pub struct VerbsReceiver<'r> {
     expecting: Option<Expecting>,
     next: VecDeque<Next>,
     early: Vec<Early>,
+    /// What `early` holds ([`EARLY_COST`] an item besides its bytes), and the most it
+    /// may ([`early_budget`]).
+    early_held: usize,
+    early_budget: usize,
     recv_depth: usize,
     joining: Option<Joining<'r>>,
     bytes_in: u64,
     comps: Vec<Completion>,
     /// Events of items that had come early, for the next poll.
     early_events: Vec<RecvEvent>,
+}
+
+/// What an early item costs besides its bytes (so items without bytes count too).
+const EARLY_COST: usize = 64;
+
+/// The most that items come before their pass may hold: twice what a whole pass of a
+/// `buffer_len`-byte transfer brings (its bytes, and an item per 4 KiB of them), and
+/// 64 MiB. An honest sender sends items only once they are asked for, and a pass is
+/// expected before it is asked; items come early only where this side polls first (the
+/// first pass, while its name message is read), so at most a pass's worth. A peer that
+/// sends while no pass is expected would otherwise grow this list, and its bytes, until
+/// the transfer's deadline.
+fn early_budget(buffer_len: usize) -> usize {
+    let per_pass = buffer_len.saturating_add(buffer_len / 4096 * EARLY_COST);
+    per_pass.saturating_mul(2).saturating_add(64 << 20)
 }
 
 /// How long a poll over several rails sleeps when none had news.
@@ -171,6 +190,8 @@ impl<'r> VerbsReceiver<'r> {
             expecting: None,
             next: VecDeque::new(),
             early: Vec::new(),
+            early_held: 0,
+            early_budget: early_budget(buffer.memory().target().len()),
             recv_depth,
             joining,
             bytes_in: 0,
@@ -324,6 +345,14 @@ impl<'r> VerbsReceiver<'r> {
     /// here). Events for what landed.
     fn landed(&mut self, r: Rail, index: u64, bytes: Option<&[u8]>, out: &mut Vec<RecvEvent>) {
         let Some(e) = self.expecting.as_mut() else {
+            self.early_held += EARLY_COST + bytes.map_or(0, <[u8]>::len);
+            if self.early_held > self.early_budget {
+                let why = format!(
+                    "protocol error: items that came before they were asked for would hold {} bytes (at most {}): the sender sends what was not asked for",
+                    self.early_held, self.early_budget
+                );
+                return self.down(r, why, out);
+            }
             self.early.push(Early {
                 rail: r,
                 index,
@@ -673,6 +702,7 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
         }
         // Items that came before they were expected land now.
         let mut early = Vec::new();
+        self.early_held = 0;
         for e in std::mem::take(&mut self.early) {
             self.landed(e.rail, e.index, e.bytes.as_deref(), &mut early);
         }
