@@ -1080,6 +1080,94 @@ fn close_in_every_state() {
     net.close_listen(l);
 }
 
+/// `ncclCommAbort` with a receive in flight: NCCL deregisters its buffers and frees them
+/// before it closes the comm, and has no call to cancel a request. Over TCP the
+/// plugin's threads land the bytes themselves, so once `deregMr` returns none may write
+/// that memory. Here the memory gets a new owner's bytes right after `deregMr` (as freed
+/// memory would), then the sender sends into the receive: not one of them may change
+/// (before, the comm's readers went on landing the message there).
+#[test]
+fn tcp_a_buffer_deregistered_with_a_receive_in_flight_is_never_written_after() {
+    if over_verbs() {
+        eprintln!("skipped: a case of the TCP comms (NCCL_GRDMA_TRANSPORT=verbs)");
+        return;
+    }
+    const LEN: usize = 8 << 20;
+    let net = Net::init();
+    let (s, r, l) = net.pair();
+    let mut buf = vec![0u8; LEN];
+    let mut mh = null_mut();
+    // SAFETY: a receive comm and a buffer kept until the comm closes; out-pointers.
+    let rc = unsafe {
+        (net.t.regMr)(
+            r,
+            buf.as_mut_ptr() as *mut c_void,
+            LEN,
+            NCCL_PTR_HOST,
+            &mut mh,
+        )
+    };
+    ok(rc, "regMr");
+    let (mut data, mut sizes, mut tags, mut mhs) =
+        ([buf.as_mut_ptr() as *mut c_void], [LEN], [7], [mh]);
+    let mut rr = null_mut();
+    // SAFETY: one-element arrays; the buffer outlives the comm.
+    let rc = unsafe {
+        (net.t.irecv)(
+            r,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            tags.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            null_mut(),
+            &mut rr,
+        )
+    };
+    ok(rc, "irecv");
+    assert!(!rr.is_null());
+    // SAFETY: the registration just made on this comm, deregistered once.
+    ok(
+        unsafe { (net.t.deregMr)(r, mh) },
+        "deregMr with a receive in flight",
+    );
+    assert!(logged(
+        |_, s| s.contains("deregMr of a buffer a receive in flight")
+    ));
+    buf.fill(0x5A);
+    // The sender tries for a while: its send fails, or waits for ever for a receiver
+    // that stopped.
+    let msg = pattern(LEN, 9);
+    let t0 = Instant::now();
+    let mut sr: *mut c_void = null_mut();
+    while t0.elapsed() < Duration::from_secs(2) {
+        if sr.is_null() {
+            let (rc, req) = net.isend_once(s, &msg, 7);
+            if rc != NcclResult::SUCCESS {
+                break;
+            }
+            sr = req;
+        } else {
+            let (rc, done, _) = net.test(sr);
+            if rc != NcclResult::SUCCESS || done {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let changed = buf.iter().filter(|&&b| b != 0x5A).count();
+    assert_eq!(
+        changed, 0,
+        "{changed} bytes landed in memory deregistered before"
+    );
+    let (rc, done, _) = net.test(rr);
+    assert!(rc != NcclResult::SUCCESS && !done, "{rc:?} {done}");
+    net.close_recv(r);
+    net.close_send(s);
+    net.close_listen(l);
+}
+
 #[test]
 fn bad_handles_are_errors() {
     let net = Net::init();

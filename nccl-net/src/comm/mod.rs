@@ -74,6 +74,12 @@ impl Drop for Handles {
     }
 }
 
+/// Whether `a..a + a_len` and `b..b + b_len` share a byte.
+pub fn overlaps(a: usize, a_len: u64, b: usize, b_len: usize) -> bool {
+    let a_end = a.saturating_add(usize::try_from(a_len).unwrap_or(usize::MAX));
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a_end
+}
+
 /// Finds a free request slot.
 pub fn free_slot<T>(slots: &[Option<T>]) -> Option<usize> {
     slots.iter().position(Option::is_none)
@@ -119,9 +125,10 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
     Ok(unsafe { &mut *(p as *mut T) })
 }
 
-/// NCCL's `void*` as one of our objects, shared: for the verbs comms, which NCCL may
-/// use from two threads at once (`regMr` on its service thread while its progress
-/// thread tests), and whose methods take `&self` (their state behind a `Mutex`).
+/// NCCL's `void*` as one of our objects, shared: for the comms, which NCCL may use from
+/// two threads at once (`regMr`/`deregMr` on its service thread while its progress
+/// thread tests), and whose methods NCCL calls take `&self` (their state behind a
+/// `Mutex`).
 ///
 /// # Safety
 /// As for [`checked`].
@@ -148,6 +155,17 @@ pub unsafe fn taken<T>(p: *mut c_void, magic: u64, what: &str) -> Result<Box<T>>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ranges_overlap_only_where_they_share_a_byte() {
+        use super::overlaps;
+        assert!(overlaps(100, 10, 105, 1));
+        assert!(overlaps(100, 10, 90, 11));
+        assert!(!overlaps(100, 10, 90, 10));
+        assert!(!overlaps(100, 10, 110, 5));
+        assert!(!overlaps(100, 0, 100, 5));
+        assert!(overlaps(usize::MAX - 4, 10, usize::MAX - 1, 1));
+    }
+
     use super::recv::RecvComm;
     use super::send::SendComm;
     use crate::config::Config;

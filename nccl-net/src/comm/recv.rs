@@ -26,7 +26,7 @@
 
 mod eager;
 
-use super::threads::{stop_comm, Workers};
+use super::threads::{halt_comm, stop_comm, Workers};
 use super::{free_slot, Handles, RECV_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{io_err, NetError, Result};
@@ -356,7 +356,7 @@ impl RecvComm {
 
     /// `irecv` into `bufs` (address, size, tag): a request, or `None` when all 32 are
     /// in flight.
-    pub fn irecv(&mut self, bufs: &[(*mut u8, u64, i32)]) -> Result<Option<*mut c_void>> {
+    pub fn irecv(&self, bufs: &[(*mut u8, u64, i32)]) -> Result<Option<*mut c_void>> {
         let shared = &*self.shared;
         let mut st = shared.lock();
         if let Some(e) = &st.failed {
@@ -445,7 +445,7 @@ impl RecvComm {
     }
 
     /// `test` on request `ri`: the received sizes, one per buffer, when done.
-    pub fn test(&mut self, ri: usize) -> Result<Option<Vec<u64>>> {
+    pub fn test(&self, ri: usize) -> Result<Option<Vec<u64>>> {
         let shared = &*self.shared;
         let mut st = shared.lock();
         let flushed = st.ctrl.flushed;
@@ -486,6 +486,41 @@ impl RecvComm {
     #[cfg(test)]
     pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
         Arc::downgrade(&self.shared)
+    }
+
+    /// `deregMr` of `start..start + len`. Where a receive NCCL has not seen done lands
+    /// in that memory (after `ncclCommAbort` NCCL deregisters and frees its buffers
+    /// before it closes the comm, and has no call that cancels a request), the comm
+    /// fails and its threads stop before this returns, so that none writes memory NCCL
+    /// frees next.
+    ///
+    /// # Errors
+    /// A thread still running after `JOIN_TIMEOUT`: NCCL must then not free the
+    /// memory (it stops its teardown on an error from `deregMr`).
+    pub fn release(&self, start: usize, len: usize) -> Result<()> {
+        let sh = &*self.shared;
+        let in_flight = sh.lock().reqs.iter().flatten().any(|r| {
+            r.slots
+                .iter()
+                .any(|s| super::overlaps(s.data.0 as usize, s.posted, start, len))
+        });
+        if !in_flight {
+            return Ok(());
+        }
+        let why = format!(
+            "receive comm from {}: deregMr of a buffer a receive in flight lands in; the comm is stopped (NCCL aborting?)",
+            sh.peer
+        );
+        crate::log::warn!("{why}");
+        sh.fail(NetError::invalid(why));
+        let comm = format_args!("receive comm from {}", sh.peer);
+        halt_comm(
+            &sh.stop,
+            &sh.ctrl_wake,
+            &self.socks,
+            self.workers.as_ref(),
+            comm,
+        )
     }
 
     /// Stops the threads (`threads::stop_comm`).

@@ -27,7 +27,7 @@ mod matching;
 use kept::{Copies, Kept, PieceSource};
 use matching::{direct_match, on_ctrl};
 
-use super::threads::{stop_comm, Workers};
+use super::threads::{halt_comm, stop_comm, Workers};
 use super::{free_slot, Handles, SEND_MAGIC};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::config::Config;
@@ -295,7 +295,7 @@ impl SendComm {
     }
 
     /// `isend`: a request, or `None` while the matching receive is not posted yet.
-    pub fn isend(&mut self, data: *const u8, size: u64, tag: i32) -> Result<Option<*mut c_void>> {
+    pub fn isend(&self, data: *const u8, size: u64, tag: i32) -> Result<Option<*mut c_void>> {
         let shared = &*self.shared;
         let mut st = shared.lock();
         if let Some(e) = &st.failed {
@@ -368,7 +368,7 @@ impl SendComm {
     }
 
     /// `test` on request `ri`: `Some(size)` when done.
-    pub fn test(&mut self, ri: usize) -> Result<Option<u64>> {
+    pub fn test(&self, ri: usize) -> Result<Option<u64>> {
         let shared = &*self.shared;
         let mut st = shared.lock();
         let Some(req) = st.reqs[ri].as_ref() else {
@@ -416,6 +416,35 @@ impl SendComm {
     #[cfg(test)]
     pub fn shared_weak(&self) -> std::sync::Weak<impl Sized> {
         Arc::downgrade(&self.shared)
+    }
+
+    /// `deregMr` of `start..start + len`. Where a send NCCL has not seen done reads that
+    /// memory (after `ncclCommAbort` NCCL deregisters and frees its buffers before it
+    /// closes the comm, and has no call that cancels a request), the comm fails and its
+    /// threads stop before this returns, so that none reads memory NCCL frees next.
+    ///
+    /// # Errors
+    /// A thread still running after `JOIN_TIMEOUT`: NCCL must then not free the
+    /// memory (it stops its teardown on an error from `deregMr`).
+    pub fn release(&self, start: usize, len: usize) -> Result<()> {
+        let sh = &*self.shared;
+        let in_flight = sh
+            .lock()
+            .reqs
+            .iter()
+            .flatten()
+            .any(|r| !r.reported && super::overlaps(r.data.0 as usize, r.size, start, len));
+        if !in_flight {
+            return Ok(());
+        }
+        let why = format!(
+            "send comm to {}: deregMr of a buffer a send in flight reads; the comm is stopped (NCCL aborting?)",
+            sh.peer
+        );
+        crate::log::warn!("{why}");
+        sh.fail(NetError::invalid(why));
+        let comm = format_args!("send comm to {}", sh.peer);
+        halt_comm(&sh.stop, &sh.work, &self.socks, self.workers.as_ref(), comm)
     }
 
     /// Stops the threads (`threads::stop_comm`).

@@ -60,6 +60,18 @@ impl Workers {
     /// Waits up to `JOIN_TIMEOUT` for every thread (the caller raised their stop flag
     /// first); the number still running when it gave up (0: all joined).
     pub fn join(self) -> usize {
+        let left = self.wait_exited();
+        if left == 0 {
+            for h in self.handles {
+                let _ = h.join();
+            }
+        }
+        left
+    }
+
+    /// Waits up to `JOIN_TIMEOUT` until every thread has left its body (the caller
+    /// raised their stop flag first), without joining them; the number still running.
+    pub fn wait_exited(&self) -> usize {
         let n = self.handles.len();
         let (m, c) = &*self.exited;
         let deadline = Instant::now() + JOIN_TIMEOUT;
@@ -74,11 +86,32 @@ impl Workers {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        drop(done);
-        for h in self.handles {
-            let _ = h.join();
-        }
         0
+    }
+}
+
+/// Halts a comm's threads from a shared reference (`deregMr` of a buffer a request in
+/// flight uses): as [`stop_comm`], but the threads are waited for, not joined (`close`
+/// joins them later). The error where some still run after [`JOIN_TIMEOUT`]: the memory
+/// they may touch must not be freed.
+pub fn halt_comm(
+    stop: &AtomicBool,
+    wake: &Condvar,
+    socks: &[Arc<Socket>],
+    workers: Option<&Workers>,
+    comm: std::fmt::Arguments<'_>,
+) -> crate::error::Result<()> {
+    stop.store(true, Ordering::Relaxed);
+    wake.notify_all();
+    for s in socks {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    match workers.map_or(0, Workers::wait_exited) {
+        0 => Ok(()),
+        left => Err(crate::error::NetError::internal(format!(
+            "{comm}: {left} I/O threads still running {} s after their stop; the buffer must stay allocated",
+            JOIN_TIMEOUT.as_secs()
+        ))),
     }
 }
 

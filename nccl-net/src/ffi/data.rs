@@ -120,6 +120,28 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
         }
         // SAFETY: a registration of ours, not yet deregistered.
         let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
+        // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
+        let tcp = if unsafe { is_comm(comm) } {
+            // SAFETY: a comm of ours, checked just above.
+            Some(unsafe { magic_of(comm) }).filter(|&m| m == SEND_MAGIC || m == RECV_MAGIC)
+        } else {
+            None
+        };
+        // Over TCP the comm's threads read and write NCCL's memory themselves: none may
+        // once this returns (NCCL frees the memory next).
+        match tcp {
+            Some(SEND_MAGIC) => {
+                // SAFETY: a TCP send comm of ours, by its magic.
+                let c: &SendComm = unsafe { checked_shared(comm, SEND_MAGIC, "send comm")? };
+                c.release(mr.start, mr.len)?;
+            }
+            Some(_) => {
+                // SAFETY: else a TCP receive comm of ours (checked's magic says if not).
+                let c: &RecvComm = unsafe { checked_shared(comm, RECV_MAGIC, "receive comm")? };
+                c.release(mr.start, mr.len)?;
+            }
+            None => {}
+        }
         if let Some(index) = mr.verbs {
             // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
             if !unsafe { is_comm(comm) } {
@@ -214,7 +236,7 @@ unsafe fn isend_common(
         return Ok(());
     }
     // SAFETY: a send comm NCCL got from connect and has not closed.
-    let c: &mut SendComm = unsafe { checked(send_comm, SEND_MAGIC, "send comm")? };
+    let c: &SendComm = unsafe { checked_shared(send_comm, SEND_MAGIC, "send comm")? };
     if let Some(r) = c.isend(data as *const u8, size as u64, tag)? {
         *rq = r;
     }
@@ -336,7 +358,7 @@ unsafe fn irecv_common(
         return Ok(());
     }
     // SAFETY: a receive comm NCCL got from accept and has not closed.
-    let c: &mut RecvComm = unsafe { checked(recv_comm, RECV_MAGIC, "receive comm")? };
+    let c: &RecvComm = unsafe { checked_shared(recv_comm, RECV_MAGIC, "receive comm")? };
     let bufs: Vec<_> = bufs
         .into_iter()
         .map(|(d, size, tag, _)| (d, size, tag))
@@ -508,7 +530,7 @@ pub(super) unsafe extern "C" fn test_fn(
         if send {
             // SAFETY: the request's comm, alive while its requests are (NCCL closes a
             // comm only after its requests, or never tests them again).
-            let c: &mut SendComm = unsafe { checked(comm, SEND_MAGIC, "send comm")? };
+            let c: &SendComm = unsafe { checked_shared(comm, SEND_MAGIC, "send comm")? };
             if let Some(size) = c.test(index)? {
                 *d = 1;
                 if !sizes.is_null() {
@@ -518,7 +540,7 @@ pub(super) unsafe extern "C" fn test_fn(
             }
         } else {
             // SAFETY: as above, for a receive comm.
-            let c: &mut RecvComm = unsafe { checked(comm, RECV_MAGIC, "receive comm")? };
+            let c: &RecvComm = unsafe { checked_shared(comm, RECV_MAGIC, "receive comm")? };
             if let Some(got) = c.test(index)? {
                 *d = 1;
                 if !sizes.is_null() {
