@@ -106,6 +106,9 @@ struct State {
     /// Eager messages sent before their receive was known, oldest first: every later
     /// message goes eager too (or waits), so that messages match receives in order.
     unresolved: VecDeque<Unresolved>,
+    /// Match frames queued and not yet written (the receiver places an eager message
+    /// that was sent before its receive only once its match frame comes).
+    matches_unwritten: usize,
     /// Bytes of `unresolved` (bounded by EAGER_BUDGET).
     eager_bytes: u64,
     /// The next eager message's sequence number.
@@ -222,6 +225,7 @@ impl SendComm {
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 queue: VecDeque::new(),
                 unresolved: VecDeque::new(),
+                matches_unwritten: 0,
                 eager_bytes: 0,
                 eager_seq: 0,
                 next_index: 0,
@@ -679,7 +683,12 @@ fn writer(sh: &Shared, sock: &Socket, i: usize, test_panic: bool) {
                 format_args!("last byte written (socket {i})"),
             );
         }
-        let Some(ri) = job.ri else { continue };
+        let Some(ri) = job.ri else {
+            if h0.matched {
+                sh.lock().matches_unwritten -= 1;
+            }
+            continue;
+        };
         let mut st = sh.lock();
         if let Some(r) = st.reqs[ri].as_mut() {
             r.unsent -= 1;

@@ -169,22 +169,31 @@ impl State {
             .filter(|r| r.reported && !r.acked)
             .count()
     }
+
+    /// Eager messages whose receive the receiver cannot know yet: not matched to one of
+    /// its clear-to-send frames, or their match frame not yet written.
+    pub(super) fn unplaced_eager(&self) -> usize {
+        self.unresolved.len() + self.matches_unwritten
+    }
 }
 
 impl SendComm {
     /// Waits (bounded) until no kept message waits for its ack, so that a piece the
-    /// receiver finds corrupt can still be sent again after NCCL closed the comm.
+    /// receiver finds corrupt can still be sent again after NCCL closed the comm, and
+    /// until every eager message's match frame is written, so that the receiver can
+    /// place it (a send is done once written, checks off or its copy kept: NCCL may
+    /// close the comm before the receiver posted, or the sender read, its receive).
     pub(super) fn linger(&self) {
         let t0 = std::time::Instant::now();
         loop {
             let st = self.shared.lock();
-            let left = st.unacked_kept();
-            if left == 0 || st.failed.is_some() || st.peer_closed {
+            let (unacked, unplaced) = (st.unacked_kept(), st.unplaced_eager());
+            if unacked + unplaced == 0 || st.failed.is_some() || st.peer_closed {
                 return;
             }
             drop(st);
             if t0.elapsed() >= CLOSE_LINGER {
-                crate::log::warn!("send comm to {}: closing with {left} messages the receiver has not acked after {} s; a corrupt piece among them can no longer be sent again (the receiver will fail it)",
+                crate::log::warn!("send comm to {}: closing after {} s with {unacked} messages the receiver has not acked (a corrupt piece among them can no longer be sent again) and {unplaced} eager messages it has not posted receives for (it will fail them)",
                     self.shared.peer, CLOSE_LINGER.as_secs());
                 return;
             }

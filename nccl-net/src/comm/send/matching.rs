@@ -203,6 +203,7 @@ fn resolve(st: &mut State, peer: SocketAddr, trace: &Trace) -> Result<usize> {
             cts_id,
             slot: si as u8,
         });
+        st.matches_unwritten += 1;
         n += 1;
     }
     Ok(n)
