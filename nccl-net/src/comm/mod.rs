@@ -101,11 +101,11 @@ pub fn random_u64() -> u64 {
     t ^ ((&b as *const _ as u64) << 16) ^ std::process::id() as u64
 }
 
-/// NCCL's `void*` as one of our objects, after checking its magic.
+/// Whether `p` is a live object of ours with `magic` (the error says what it is not).
 ///
 /// # Safety
 /// `p` must be null or a pointer this plugin handed NCCL that NCCL has not closed.
-pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a mut T> {
+unsafe fn check_magic(p: *mut c_void, magic: u64, what: &str) -> Result<()> {
     if p.is_null() {
         return Err(NetError::invalid(format!("{what} is null")));
     }
@@ -116,12 +116,22 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
             "{what} {p:?} is not a {what} of this plugin"
         )));
     }
+    Ok(())
+}
+
+/// NCCL's `void*` as one of our objects, after checking its magic.
+///
+/// # Safety
+/// `p` must be null or a pointer this plugin handed NCCL that NCCL has not closed.
+pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a mut T> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { check_magic(p, magic, what) }?;
     // SAFETY: the caller promised a live object of ours; the magic says it is a T (the
-    // kinds share no magic). Exclusive: what is reached this way (TCP comms, listen
-    // comms, requests, registrations) NCCL uses from one thread at a time — a TCP comm's
-    // isend/irecv/test/close all come from its proxy's progress thread; regMr/deregMr,
-    // which may come from another thread, do not take a TCP comm this way. Verbs comms,
-    // which regMr does reach from another thread, go through [`checked_shared`].
+    // kinds share no magic). Exclusive: what is reached this way (listen comms,
+    // requests, registrations, and a comm NCCL closes) NCCL uses from one thread at a
+    // time. The comms, which NCCL may reach from two threads at once (regMr/deregMr on
+    // its service thread while its progress thread tests), go through
+    // [`checked_shared`]; a comm is taken whole only by its close, after its last use.
     Ok(unsafe { &mut *(p as *mut T) })
 }
 
@@ -133,10 +143,11 @@ pub unsafe fn checked<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&
 /// # Safety
 /// As for [`checked`].
 pub unsafe fn checked_shared<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a T> {
-    // SAFETY: the caller's promise, as checked() asks it; the exclusive reference is
-    // made shared at once, before any use.
-    let r: &'a mut T = unsafe { checked(p, magic, what)? };
-    Ok(r)
+    // SAFETY: the caller's promise, passed on.
+    unsafe { check_magic(p, magic, what) }?;
+    // SAFETY: a live T of ours (the magic says which kind), reached only through shared
+    // references while NCCL may use it from two threads (never `&mut`: see `checked`).
+    Ok(unsafe { &*(p as *const T) })
 }
 
 /// NCCL's `void*` taken back as the box it was made from, after checking its magic:
