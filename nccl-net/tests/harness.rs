@@ -1198,6 +1198,20 @@ fn tcp_a_buffer_deregistered_with_a_receive_in_flight_is_never_written_after() {
     net.close_listen(l);
 }
 
+/// `ncclCommAbort` with a send in flight (over TCP): once `deregMr` returns, no thread
+/// of the plugin reads the send's buffer (a child process, as a read would crash it).
+#[test]
+fn tcp_a_buffer_deregistered_with_a_send_in_flight_is_never_read_after() {
+    if over_verbs() {
+        eprintln!("skipped: a case of the TCP comms (NCCL_GRDMA_TRANSPORT=verbs)");
+        return;
+    }
+    let out = child("dereg_send_in_flight", &[]);
+    assert_child_ok(&out, "deregMr with a send in flight");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("was not read after"), "{said}");
+}
+
 #[test]
 fn bad_handles_are_errors() {
     let net = Net::init();
@@ -1809,6 +1823,72 @@ fn child_scenario() {
             grouped_receive_matches_tags();
             close_in_every_state();
             println!("verbs basics passed");
+        }
+        "dereg_send_in_flight" => {
+            // The send side of `tcp_a_buffer_deregistered_...`: the send's buffer is made
+            // unreadable right after its deregMr (as memory NCCL freed may be unmapped):
+            // a writer thread still reading it (its CRC32C) would crash this process.
+            const LEN: usize = 64 << 20;
+            // SAFETY: a fresh private mapping of LEN bytes, ours alone.
+            let p = unsafe {
+                libc::mmap(
+                    null_mut(),
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            // SAFETY: the mapping just made, readable and writable until the mprotect
+            // below, which comes after this slice's last use.
+            let msg = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, LEN) };
+            msg.copy_from_slice(&pattern(LEN, 11));
+            let net = Net::init();
+            let (s, r, l) = net.pair();
+            let mut bufs = vec![vec![0u8; LEN]];
+            let rr = net.irecv(r, &mut bufs, &[1]);
+            let mut mh = null_mut();
+            // SAFETY: a send comm and a buffer kept mapped until after its deregMr.
+            let rc = unsafe { (net.t.regMr)(s, p, LEN, NCCL_PTR_HOST, &mut mh) };
+            ok(rc, "regMr");
+            let t0 = Instant::now();
+            let sr = loop {
+                assert!(t0.elapsed() < DEADLINE, "isend never took the message");
+                let mut req = null_mut();
+                // SAFETY: the registered buffer, mapped until after its deregMr.
+                let rc = unsafe { (net.t.isend)(s, p, LEN, 1, mh, null_mut(), &mut req) };
+                ok(rc, "isend");
+                if !req.is_null() {
+                    break req;
+                }
+                let _ = net.test(rr);
+            };
+            // SAFETY: the registration just made on this comm, deregistered once.
+            ok(
+                unsafe { (net.t.deregMr)(s, mh) },
+                "deregMr with a send in flight",
+            );
+            // SAFETY: our own mapping; nothing of ours reads it after this.
+            assert_eq!(unsafe { libc::mprotect(p, LEN, libc::PROT_NONE) }, 0);
+            // A writer still reading the buffer faults within this.
+            std::thread::sleep(Duration::from_millis(300));
+            let (rc, done, _) = net.test(sr);
+            assert!(rc != NcclResult::SUCCESS && !done, "{rc:?} {done}");
+            // The receive fails (its sender stopped mid-message) or waits: not done.
+            let (_, done, _) = net.test(rr);
+            assert!(
+                !done,
+                "a receive whose sender was stopped mid-message completed"
+            );
+            net.close_recv(r);
+            net.close_send(s);
+            net.close_listen(l);
+            assert!(logged(
+                |_, s| s.contains("deregMr of a buffer a send in flight")
+            ));
+            println!("a send's buffer deregistered in flight was not read after");
         }
         "checks_off" => {
             let net = Net::init();
