@@ -121,44 +121,39 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
         // SAFETY: a registration of ours, not yet deregistered.
         let mr: &mut Mr = unsafe { checked(mhandle, MR_MAGIC, "memory registration")? };
         // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
-        let tcp = if unsafe { is_comm(comm) } {
+        let kind = unsafe { is_comm(comm) }.then(|| {
             // SAFETY: a comm of ours, checked just above.
-            Some(unsafe { magic_of(comm) }).filter(|&m| m == SEND_MAGIC || m == RECV_MAGIC)
-        } else {
-            None
-        };
-        // Over TCP the comm's threads read and write NCCL's memory themselves: none may
-        // once this returns (NCCL frees the memory next).
-        match tcp {
-            Some(SEND_MAGIC) => {
+            unsafe { magic_of(comm) }
+        });
+        match (kind, mr.verbs) {
+            // Over TCP the comm's threads read and write NCCL's memory themselves: none
+            // may once this returns (NCCL frees the memory next).
+            (Some(SEND_MAGIC), None) => {
                 // SAFETY: a TCP send comm of ours, by its magic.
                 let c: &SendComm = unsafe { checked_shared(comm, SEND_MAGIC, "send comm")? };
                 c.release(mr.start, mr.len)?;
             }
-            Some(_) => {
-                // SAFETY: else a TCP receive comm of ours (checked's magic says if not).
+            (Some(RECV_MAGIC), None) => {
+                // SAFETY: a TCP receive comm of ours, by its magic.
                 let c: &RecvComm = unsafe { checked_shared(comm, RECV_MAGIC, "receive comm")? };
                 c.release(mr.start, mr.len)?;
             }
-            None => {}
-        }
-        if let Some(index) = mr.verbs {
-            // SAFETY: NCCL passes the comm the registration was made on (8 bytes of magic).
-            if !unsafe { is_comm(comm) } {
-                return Err(NetError::invalid("deregMr: not a comm of this plugin"));
-            }
-            // SAFETY: a comm of ours, checked just above.
-            if unsafe { magic_of(comm) } == SEND_MAGIC_VERBS {
+            (Some(SEND_MAGIC_VERBS), Some(index)) => {
                 // SAFETY: a verbs send comm of ours, by its magic.
                 let c =
                     unsafe { checked_shared::<VerbsSend>(comm, SEND_MAGIC_VERBS, "send comm") }?;
                 c.deregister(index)?;
-            } else {
+            }
+            (Some(_), Some(index)) => {
                 // SAFETY: else a verbs receive comm of ours (checked's magic says if not).
                 let c =
                     unsafe { checked_shared::<VerbsRecv>(comm, RECV_MAGIC_VERBS, "receive comm") }?;
                 c.deregister(index)?;
             }
+            (None, Some(_)) => {
+                return Err(NetError::invalid("deregMr: not a comm of this plugin"));
+            }
+            (_, None) => {}
         }
         mr.magic = 0;
         // SAFETY: made by Box::into_raw in reg_mr; freed once here.

@@ -189,9 +189,6 @@ pub struct Link {
     free_send: Vec<usize>,
     /// What the CQ gave, taken in `poll`.
     comps: Vec<Completion>,
-    /// A failure `poll` saw after it had taken frames or freed slots in the same call:
-    /// said by the next call, so that what came before it is not lost with it.
-    failure: Option<NetError>,
     pub peer: String,
     pub counters: Counters,
     /// Bytes one write may carry (the port's largest message).
@@ -223,7 +220,6 @@ impl Link {
             regs: Vec::new(),
             free_send: (0..SEND_SLOTS).rev().collect(),
             comps: Vec::new(),
-            failure: None,
             peer,
             counters: Counters::default(),
             max_write,
@@ -306,29 +302,12 @@ impl Link {
 
     /// Take what the CQ has: the frames received (their slots reposted) and the send
     /// slots whose frames completed (the peer has them; the slots are free again); an
-    /// error for a failed work request, the peer's disconnect or a device fault. A peer
-    /// that sends its last frames and disconnects at once (its sends done, checks off)
-    /// has both seen by one call: the frames are given first, the error by the next
-    /// call, so that the receives they complete are not failed with the connection.
+    /// error for a failed work request, the peer's disconnect or a device fault. What
+    /// came before the failure is in `frames` and `sent` even then, and the caller acts
+    /// on it first: a peer that sends its last frames and disconnects at once (its sends
+    /// done, checks off) has both seen by one call, and the receives those frames
+    /// complete must not fail with the connection.
     pub fn poll(
-        &mut self,
-        frames: &mut Vec<Vec<u8>>,
-        sent: &mut Vec<usize>,
-    ) -> Result<(), NetError> {
-        if let Some(e) = self.failure.take() {
-            return Err(e);
-        }
-        let r = self.poll_inner(frames, sent);
-        match r {
-            Err(e) if !frames.is_empty() || !sent.is_empty() => {
-                self.failure = Some(e);
-                Ok(())
-            }
-            r => r,
-        }
-    }
-
-    fn poll_inner(
         &mut self,
         frames: &mut Vec<Vec<u8>>,
         sent: &mut Vec<usize>,

@@ -131,7 +131,8 @@ impl State {
 
     fn progress_inner(&mut self) -> Result<()> {
         let (mut frames, mut sent) = (Vec::new(), Vec::new());
-        self.link.poll(&mut frames, &mut sent)?;
+        // What came before a failure is acted on first (`Link::poll`).
+        let polled = self.link.poll(&mut frames, &mut sent);
         drop(sent);
         for bytes in frames {
             let peer = &self.link.peer;
@@ -204,6 +205,7 @@ impl State {
                     .push_back(Frame::Answer { sreq, intact }.encode());
             }
         }
+        polled?;
         self.flush()
     }
 

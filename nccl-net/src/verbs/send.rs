@@ -203,7 +203,8 @@ impl State {
 
     fn progress_inner(&mut self) -> Result<()> {
         let (mut frames, mut sent) = (Vec::new(), Vec::new());
-        self.link.poll(&mut frames, &mut sent)?;
+        // What came before a failure is acted on first (`Link::poll`).
+        let polled = self.link.poll(&mut frames, &mut sent);
         for slot in sent {
             let checks = self.cfg.checks;
             if let Some(r) = self
@@ -267,6 +268,7 @@ impl State {
                 }
             }
         }
+        polled?;
         for i in 0..self.reqs.len() {
             if self.reqs[i].as_ref().is_some_and(|r| r.frame_due) {
                 self.send_written(i)?;
