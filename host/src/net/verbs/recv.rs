@@ -109,6 +109,53 @@ struct Early {
     bytes: Option<Vec<u8>>,
 }
 
+/// The items that came before their pass was expected, held until it is, within a
+/// budget ([`early_budget`]): a peer that sends what nobody asked for cannot grow them
+/// past it.
+struct EarlyItems {
+    items: Vec<Early>,
+    /// What `items` hold ([`EARLY_COST`] an item besides its bytes).
+    held: usize,
+    budget: usize,
+}
+
+impl EarlyItems {
+    fn new(buffer_len: usize) -> EarlyItems {
+        EarlyItems {
+            items: Vec::new(),
+            held: 0,
+            budget: early_budget(buffer_len),
+        }
+    }
+
+    /// Hold item `index` of rail `r` (with its `bytes`, copied).
+    ///
+    /// # Errors
+    /// It would take the items past the budget (nothing is held): the protocol error.
+    fn hold(&mut self, rail: Rail, index: u64, bytes: Option<&[u8]>) -> Result<(), String> {
+        let held = self.held + EARLY_COST + bytes.map_or(0, <[u8]>::len);
+        if held > self.budget {
+            return Err(format!(
+                "protocol error: items that came before they were asked for would hold {held} bytes (at most {}): the sender sends what was not asked for",
+                self.budget
+            ));
+        }
+        self.held = held;
+        self.items.push(Early {
+            rail,
+            index,
+            bytes: bytes.map(<[u8]>::to_vec),
+        });
+        Ok(())
+    }
+
+    /// Every item held, in the order they came; none is held after.
+    fn take(&mut self) -> Vec<Early> {
+        self.held = 0;
+        std::mem::take(&mut self.items)
+    }
+}
+
 /// The receiver's end of a verbs link.
 pub struct VerbsReceiver<'r> {
     rails: Vec<Option<RailState<'r>>>,
@@ -119,11 +166,7 @@ pub struct VerbsReceiver<'r> {
     host: Option<(NonNull<u8>, usize)>,
     expecting: Option<Expecting>,
     next: VecDeque<Next>,
-    early: Vec<Early>,
-    /// What `early` holds ([`EARLY_COST`] an item besides its bytes), and the most it
-    /// may ([`early_budget`]).
-    early_held: usize,
-    early_budget: usize,
+    early: EarlyItems,
     recv_depth: usize,
     joining: Option<Joining<'r>>,
     bytes_in: u64,
@@ -189,9 +232,7 @@ impl<'r> VerbsReceiver<'r> {
             host,
             expecting: None,
             next: VecDeque::new(),
-            early: Vec::new(),
-            early_held: 0,
-            early_budget: early_budget(buffer.memory().target().len()),
+            early: EarlyItems::new(buffer.memory().target().len()),
             recv_depth,
             joining,
             bytes_in: 0,
@@ -345,19 +386,9 @@ impl<'r> VerbsReceiver<'r> {
     /// here). Events for what landed.
     fn landed(&mut self, r: Rail, index: u64, bytes: Option<&[u8]>, out: &mut Vec<RecvEvent>) {
         let Some(e) = self.expecting.as_mut() else {
-            self.early_held += EARLY_COST + bytes.map_or(0, <[u8]>::len);
-            if self.early_held > self.early_budget {
-                let why = format!(
-                    "protocol error: items that came before they were asked for would hold {} bytes (at most {}): the sender sends what was not asked for",
-                    self.early_held, self.early_budget
-                );
-                return self.down(r, why, out);
+            if let Err(why) = self.early.hold(r, index, bytes) {
+                self.down(r, why, out);
             }
-            self.early.push(Early {
-                rail: r,
-                index,
-                bytes: bytes.map(<[u8]>::to_vec),
-            });
             return;
         };
         let Some(p) = e.position(index) else {
@@ -702,8 +733,7 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
         }
         // Items that came before they were expected land now.
         let mut early = Vec::new();
-        self.early_held = 0;
-        for e in std::mem::take(&mut self.early) {
+        for e in self.early.take() {
             self.landed(e.rail, e.index, e.bytes.as_deref(), &mut early);
         }
         self.early_events = early;
@@ -796,5 +826,53 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
         for r in 0..self.rails.len() {
             self.down(r, String::new(), &mut ignored);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whole_first_pass_that_comes_early_is_held() {
+        // 64 MiB + 3 B in 4 KiB items, every one with its bytes (send copied), twice over
+        // (a pass and its copies): an honest sender's most.
+        let len = (64 << 20) + 3;
+        let mut early = EarlyItems::new(len);
+        let item = vec![7u8; 4096];
+        for round in 0..2 {
+            for index in 0..(len / 4096) as u64 {
+                early
+                    .hold(0, index, Some(&item))
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+        }
+        assert_eq!(early.take().len(), 2 * (len / 4096));
+        assert_eq!(early.held, 0, "taking them gives their budget back");
+    }
+
+    #[test]
+    fn a_peer_that_floods_items_nobody_asked_for_is_stopped_at_the_budget() {
+        let len = 1 << 20;
+        let mut early = EarlyItems::new(len);
+        let item = vec![0u8; 1 << 16];
+        let mut held = 0usize;
+        let why = loop {
+            match early.hold(0, held as u64, Some(&item)) {
+                Ok(()) => held += 1,
+                Err(why) => break why,
+            }
+            assert!(held < 100_000, "a flood of early items was never stopped");
+        };
+        assert!(why.starts_with("protocol error"), "{why}");
+        assert!(early.held <= early_budget(len));
+        assert_eq!(
+            early.items.len(),
+            held,
+            "the item over the budget is not held"
+        );
+        // Items without bytes count too: a flood of bare immediates ends as well.
+        let mut bare = EarlyItems::new(len);
+        assert!((0..10_000_000u64).any(|i| bare.hold(1, i, None).is_err()));
     }
 }
