@@ -133,7 +133,9 @@ impl EarlyItems {
     /// # Errors
     /// It would take the items past the budget (nothing is held): the protocol error.
     fn hold(&mut self, rail: Rail, index: u64, bytes: Option<&[u8]>) -> Result<(), String> {
-        let held = self.held + EARLY_COST + bytes.map_or(0, <[u8]>::len);
+        let held = self
+            .held
+            .saturating_add(EARLY_COST + bytes.map_or(0, <[u8]>::len));
         if held > self.budget {
             return Err(format!(
                 "protocol error: items that came before they were asked for would hold {held} bytes (at most {}): the sender sends what was not asked for",
