@@ -2,7 +2,8 @@
 //! carries each chunk and failover ([`stripe`], [`sending`]), rails that rest after a
 //! failure ([`cooldown`]), the sender's transfers and its conversation with the receiver
 //! ([`send`]), the receiver's passes, checks, converging repair, acks and reports
-//! ([`receiving`], [`recv`]), the serving loop ([`serve`]), the sender's [`offer`],
+//! ([`receiving`], [`recv`]), the serving loop ([`serve`]) with where transfers land
+//! ([`recv_memory`]) and the offers of kept connections ([`kept_offers`]), the sender's [`offer`],
 //! opening a connection over each transport ([`connect`]), and a sender's TCP
 //! connection kept for its next transfer ([`kept`]). One options value per direction
 //! ([`options`]), with the caller's [`cancel`] token.
@@ -15,6 +16,7 @@ pub mod connect;
 pub mod cooldown;
 pub mod inbox;
 pub mod kept;
+pub mod kept_offers;
 pub mod landed;
 #[cfg(test)]
 mod memlink;
@@ -22,6 +24,7 @@ pub mod offer;
 pub mod options;
 pub mod receiving;
 pub mod recv;
+pub mod recv_memory;
 pub mod send;
 pub mod sending;
 pub mod serve;

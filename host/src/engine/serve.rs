@@ -9,11 +9,14 @@
 //! busy answers leave the receiver serving.
 
 use super::cancel::{bounded, cancelled, CANCELLED};
+pub use super::kept_offers::KeptOffers;
+use super::kept_offers::{AndKept, PauseOnDrop, MAX_HELD};
 use super::options::RecvOptions;
 pub use super::options::{SinkFactoryMaker, VerbsServe};
+pub use super::recv_memory::{RecvMemory, LIBRARY_TRANSFERS_AT_ONCE};
 pub use super::serve_offer::Pausable;
 use super::serve_offer::{serve_tcp_offer, serve_verbs_offer, MemoryKind, Served};
-use crate::memory::lent::{AskCaller, LentPlace, LentTarget, OfferSeen};
+use crate::memory::lent::OfferSeen;
 
 use crate::net::tcp::listen::{TcpListen, TcpOffer};
 use crate::net::verbs::listen::{VerbsListen, VerbsOffer};
@@ -24,139 +27,6 @@ use crate::wire::{Header, RejectReason};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Where received data goes.
-pub enum RecvMemory {
-    Host,
-    /// GPU memory of this GPU, verified by the verify kernel (over TCP, staged through a
-    /// page-locked ring).
-    #[cfg(feature = "cuda")]
-    Device(std::rc::Rc<crate::gpu::Gpu>),
-    /// Memory a library caller lent (host or GPU), for one transfer of exactly its size:
-    /// taken by the first offer admitted.
-    Lent(Mutex<Option<LentTarget>>),
-    /// Memory the caller lends once it has seen the offer (the library's `accept`): the
-    /// first offer admitted is shown to it, and the serve ends with that offer, taken
-    /// into the memory the caller gives or declined.
-    Ask(AskCaller),
-    /// A memory plan walked per transfer until the NIC registers a method's buffer
-    /// (verbs: GPUDirect RDMA where the NIC takes GPU memory, else host memory).
-    Plan(Arc<SinkFactoryMaker>),
-}
-
-impl RecvMemory {
-    /// Room, beyond its data, that one transfer of up to `max_bytes` may hold here at
-    /// most: the upload ring of the most streams a sender may open, where the transfer may
-    /// land in GPU memory (a caller's lent or asked-for buffer, `--mem device`); nothing
-    /// for host memory. A library call's memory limit adds it, so a small receive into
-    /// GPU memory is not refused for its ring.
-    pub fn ring_allowance(&self, max_bytes: u64) -> u64 {
-        let may_be_gpu = match self {
-            RecvMemory::Host | RecvMemory::Plan(_) => false,
-            RecvMemory::Ask(_) => true,
-            RecvMemory::Lent(target) => lent_on_gpu(target),
-            #[cfg(feature = "cuda")]
-            RecvMemory::Device(_) => true,
-        };
-        if !may_be_gpu {
-            return 0;
-        }
-        let chunk = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-        upload_ring_bytes(usize::from(crate::net::tcp::frames::MAX_STREAMS), chunk)
-            .map_or(0, |r| r as u64)
-    }
-
-    /// The bytes a transfer of `total` bytes in chunks of `chunk` over `streams` streams
-    /// holds here.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn bytes_for(&self, total: u64, chunk: u64, streams: u16) -> u64 {
-        let ring = || {
-            usize::try_from(chunk.min(total))
-                .ok()
-                .and_then(|c| upload_ring_bytes(streams as usize, c))
-                .map_or(u64::MAX, |r| r as u64)
-        };
-        match self {
-            RecvMemory::Host | RecvMemory::Plan(_) => total,
-            // Asked before admission, and then lent memory.
-            RecvMemory::Ask(_) => 0,
-            // The caller's memory is there already; into GPU memory, the upload ring.
-            RecvMemory::Lent(target) => {
-                if lent_on_gpu(target) {
-                    ring()
-                } else {
-                    0
-                }
-            }
-            // The device buffer and the upload ring's page-locked slots.
-            #[cfg(feature = "cuda")]
-            RecvMemory::Device(_) => total.saturating_add(ring()),
-        }
-    }
-
-    /// Why an offer cannot be taken into this memory at all, before admission: a lent
-    /// buffer takes one transfer of exactly its size.
-    fn refuses(&self, header: &Header) -> Option<(RejectReason, Option<String>)> {
-        let RecvMemory::Lent(target) = self else {
-            return None;
-        };
-        let target = target.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(target) = target.as_ref() else {
-            // Taken by a transfer in progress (admission allows one at a time).
-            let reason = RejectReason::BusyConnections {
-                active: LIBRARY_TRANSFERS_AT_ONCE as u64,
-                max: LIBRARY_TRANSFERS_AT_ONCE as u64,
-            };
-            return Some((reason, None));
-        };
-        if header.total_bytes != target.len as u64 {
-            let reason = RejectReason::SizeMismatch {
-                offered: header.total_bytes,
-                expected: target.len as u64,
-            };
-            return Some((reason, None));
-        }
-        if header.transfers > 1 {
-            let reason = RejectReason::OneTransferPerBuffer {
-                transfers: header.transfers.into(),
-            };
-            return Some((reason, None));
-        }
-        None
-    }
-
-    fn kind(&self) -> MemoryKind {
-        match self {
-            #[cfg(feature = "cuda")]
-            RecvMemory::Device(gpu) => MemoryKind::Device {
-                ordinal: gpu.ordinal(),
-            },
-            RecvMemory::Lent(target) => {
-                MemoryKind::Lent(target.lock().unwrap_or_else(|p| p.into_inner()).take())
-            }
-            RecvMemory::Plan(maker) => MemoryKind::Plan(maker.clone()),
-            _ => MemoryKind::Host,
-        }
-    }
-}
-
-/// Whether a caller lent GPU memory (not yet taken by a transfer).
-fn lent_on_gpu(target: &Mutex<Option<LentTarget>>) -> bool {
-    target
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_some_and(|t| !matches!(t.place, LentPlace::Host(_)))
-}
-
-/// The page-locked ring an upload into GPU memory holds (none without the GPU).
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-fn upload_ring_bytes(streams: usize, chunk: usize) -> Option<usize> {
-    #[cfg(feature = "cuda")]
-    return crate::gpu::upload::ring_bytes(streams, chunk);
-    #[cfg(not(feature = "cuda"))]
-    None
-}
 
 /// A library call's serve: one transfer per call on a listener that lives on, and how
 /// long to wait for a sender.
@@ -285,150 +155,6 @@ fn tcp_served<O: 'static>(
         .kept
         .map(|kept| -> NextOf<O> { Box::new(move || TcpOffer::next_on(kept, idle).map(wrap)) });
     (served.outcome, served.accepted, next)
-}
-
-/// Transfers a library call's receive takes at once (its admission's
-/// `max_connections`): one, into the memory the call lends.
-pub const LIBRARY_TRANSFERS_AT_ONCE: usize = 1;
-
-/// Offers held at once for a library's next receive, besides kept connections' (each a
-/// socket or a connection request; the listen queue holds the senders behind them).
-const MAX_HELD: usize = 64;
-
-/// Offers that came on kept connections ([`HINT_SESSION`](crate::wire::HINT_SESSION)),
-/// told to the serving loop running now, or held while none runs (a library's listener
-/// between calls) or while it takes no offers (a call's one transfer running). Held
-/// offers older than the connection's idle time are dropped (closed): their senders
-/// stopped waiting for an answer.
-pub struct KeptOffers<O> {
-    inner: Mutex<KeptInner<O>>,
-}
-
-struct KeptInner<O> {
-    tell: Option<Box<dyn Fn(O) + Send>>,
-    paused: bool,
-    held: std::collections::VecDeque<(Instant, O)>,
-    idle: Duration,
-}
-
-impl<O: Send + 'static> KeptOffers<O> {
-    /// Paused, telling no loop yet.
-    pub fn new() -> Arc<KeptOffers<O>> {
-        Arc::new(KeptOffers {
-            inner: Mutex::new(KeptInner {
-                tell: None,
-                paused: true,
-                held: Default::default(),
-                idle: Duration::from_secs(30),
-            }),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeptInner<O>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Tell this loop's `events` from now on, holding offers up to `idle` old.
-    fn retell(&self, events: &mpsc::Sender<Event<O>>, idle: Duration) {
-        let events = events.clone();
-        let mut inner = self.lock();
-        inner.idle = idle;
-        inner.tell = Some(Box::new(move |o| {
-            let _ = events.send(Event::Heard(Heard::Offer(o)));
-        }));
-    }
-
-    /// Hold a new connection's offer that came while a library call's one transfer
-    /// runs (both senders were heard before the listener paused): for the next call, or
-    /// this one where its transfer fails and it goes on. The offer back when
-    /// [`MAX_HELD`] wait already (then refused as busy: [`refuse_busy`]).
-    fn hold(&self, offer: O) -> Result<(), O> {
-        Self::hold_in(&mut self.lock(), offer, MAX_HELD)
-    }
-
-    /// An offer heard after its call's loop had ended: to the loop running now where
-    /// one takes offers (a next call started meanwhile), else held as [`hold`] holds.
-    ///
-    /// [`hold`]: Self::hold
-    fn pass_on(&self, offer: O) -> Result<(), O> {
-        self.tell_or_hold(offer, MAX_HELD)
-    }
-
-    /// The next offer of a kept connection: told or held without a cap of its own (the
-    /// kept connections are capped by admission, [`Admission::keep`]).
-    fn offer(&self, offer: O) {
-        // Nothing comes back with no cap.
-        let _ = self.tell_or_hold(offer, usize::MAX);
-    }
-
-    /// To the loop running now where one takes offers, else held (at most `cap`).
-    fn tell_or_hold(&self, offer: O, cap: usize) -> Result<(), O> {
-        let mut inner = self.lock();
-        match (&inner.tell, inner.paused) {
-            (Some(tell), false) => {
-                tell(offer);
-                Ok(())
-            }
-            _ => Self::hold_in(&mut inner, offer, cap),
-        }
-    }
-
-    /// Hold `offer` unless `cap` wait already (those older than the idle time dropped
-    /// first: their senders stopped waiting).
-    fn hold_in(inner: &mut KeptInner<O>, offer: O, cap: usize) -> Result<(), O> {
-        let idle = inner.idle;
-        inner.held.retain(|(at, _)| at.elapsed() < idle);
-        if inner.held.len() >= cap {
-            return Err(offer);
-        }
-        inner.held.push_back((Instant::now(), offer));
-        Ok(())
-    }
-}
-
-impl<O: Send + 'static> Pausable for KeptOffers<O> {
-    fn pause(&self) {
-        self.lock().paused = true;
-    }
-    fn resume(&self) {
-        let mut inner = self.lock();
-        inner.paused = false;
-        let idle = inner.idle;
-        let held = std::mem::take(&mut inner.held);
-        if let Some(tell) = &inner.tell {
-            for (at, offer) in held {
-                if at.elapsed() < idle {
-                    tell(offer);
-                }
-            }
-        }
-    }
-}
-
-/// Pauses the kept offers when dropped.
-struct PauseOnDrop<O: Send + 'static>(Arc<KeptOffers<O>>);
-
-impl<O: Send + 'static> Drop for PauseOnDrop<O> {
-    fn drop(&mut self) {
-        self.0.pause();
-    }
-}
-
-/// A listener and the kept connections, paused and resumed together.
-struct AndKept<L, O> {
-    listen: Arc<L>,
-    kept: Arc<KeptOffers<O>>,
-}
-
-impl<L: Pausable, O: Send + 'static> Pausable for AndKept<L, O> {
-    fn pause(&self) {
-        self.listen.pause();
-        self.kept.pause();
-    }
-    fn resume(&self) {
-        self.listen.resume();
-        self.kept.resume();
-    }
 }
 
 /// Listen on `opts.bind` and serve TCP transfers under an admission of their own,
@@ -817,7 +543,11 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
     serve_one: Arc<ServeOne<O>>,
 ) -> Result<bool, TransferError> {
     let one_per_call = library.is_some() && opts.once;
-    kept.retell(&events, opts.timeout);
+    let tell = events.clone();
+    let tell = Box::new(move |o| {
+        let _ = tell.send(Event::Heard(Heard::Offer(o)));
+    });
+    kept.retell(tell, opts.timeout);
     kept.resume();
     // Until the next call (a library's listener): offers of kept connections are held
     // from the loop's end on, however it ends.
@@ -996,6 +726,7 @@ fn serve_offers<O: Offer, L: Pausable + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::lent::AskCaller;
 
     /// A library receive of 1 MiB into GPU memory held a 4 MiB upload ring (one stream
     /// of 1 MiB chunks) against a limit of twice its data, and was refused ("4 MiB more
