@@ -444,6 +444,14 @@ pub struct SendArgs {
     /// never use it for real data.
     #[arg(long, value_name = "K", help_heading = "Testing")]
     pub test_silent_rail: Option<usize>,
+
+    /// TEST ONLY, RDMA verbs: break the protocol in the first sending of the chunks, as a
+    /// peer that lies over a queue pair: `index` (immediates that name no chunk of the
+    /// transfer), `oversize` (the first SEND one byte longer than its chunk). Shows that
+    /// the receiver stops such a peer at once, naming the lie, and serves on. Says so on
+    /// stderr; never use it for real data.
+    #[arg(long, value_name = "HOW", help_heading = "Testing", value_parser = crate::transfer::faults::PeerLie::parse)]
+    pub test_peer_lies: Option<crate::transfer::faults::PeerLie>,
 }
 
 /// `host recv`.

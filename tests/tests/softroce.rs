@@ -1869,6 +1869,53 @@ fn server_absurd_sizes_end_in_an_error_not_a_signal() {
     c.still_serving("receiver");
 }
 
+/// A sender that lies over the queue pair (`--test-peer-lies`) is stopped at once with the
+/// lie named, never by its --timeout and never by a write outside a chunk's place, and
+/// the receiver serves on. Before the receiver took an immediate outside the transfer for
+/// a protocol error, the lying WRITEs left it waiting out --timeout (10 s: "nothing arrived
+/// for 10 s (0 of 64 items in)").
+#[test]
+fn server_a_peer_that_lies_over_the_queue_pair_is_stopped_at_once() {
+    let Some(run) = server("server_a_peer_that_lies_over_the_queue_pair_is_stopped_at_once") else {
+        return;
+    };
+    let c = run.case('a', "liars");
+    for label in ["index_write", "index_send", "oversize"] {
+        c.rc(label, 1);
+        c.ended_by_itself(label);
+        c.one_error(label, "error: transfer to ");
+        let secs = c.out(label).secs;
+        c.check(
+            secs < 8.0,
+            &format!("`{label}` took {secs} s: the lie was not caught before --timeout (10 s)"),
+        );
+    }
+    let from = "error: incomplete transfer from ";
+    c.find(
+        "receiver",
+        0,
+        from,
+        &["protocol error: an immediate names item 2147483651, outside the transfer's 64 items"],
+    );
+    c.find(
+        "receiver",
+        0,
+        from,
+        &["protocol error: item 0's SEND came with an immediate (0x80000001)"],
+    );
+    c.find(
+        "receiver",
+        0,
+        from,
+        &[
+            "the receive of item 0 (65536 bytes) failed: ",
+            "a SEND longer than its item?",
+        ],
+    );
+    c.sent_and_verified("after", &seed(&format!("{A}:7471")));
+    c.served_until_stopped("receiver");
+}
+
 #[test]
 fn server_once_is_used_up_only_by_a_transfer() {
     let Some(run) = server("server_once_is_used_up_only_by_a_transfer") else {

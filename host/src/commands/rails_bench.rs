@@ -291,6 +291,7 @@ impl RailsTransport for Verbs<'_> {
                 // One rail: an unstriped transfer, as `host <ip> <port> --nic <dev>` makes.
                 rails: if rails.len() > 1 { rails } else { Vec::new() },
                 busy_poll: false,
+                test_peer_lies: None,
             },
             cancel: None,
         };

@@ -184,9 +184,13 @@ fn measure(
             nic: rail.map(str::to_string),
             rails: stripe,
             busy_poll: args.busy_poll,
+            test_peer_lies: args.test_peer_lies,
         },
         cancel: None,
     };
+    if let Some(lie) = args.test_peer_lies {
+        eprintln!("warning: TEST PEER LIES: this sender breaks the verbs protocol on purpose ({lie:?}, --test-peer-lies); the receiver has to refuse it");
+    }
 
     let transfers = args.warmup.checked_add(args.iters).with_context(|| {
         format!(

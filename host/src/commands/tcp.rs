@@ -28,6 +28,9 @@ pub fn check_send_options(args: &SendArgs, auto_note: Option<&str>) -> Result<()
     if args.op == Op::Write {
         bail!("--op write is an RDMA operation (WRITE into the receiver's memory){why_tcp}; over TCP the chunks are written to the socket: drop --op write");
     }
+    if args.test_peer_lies.is_some() {
+        bail!("--test-peer-lies breaks the verbs protocol (immediates, SEND lengths), which TCP's frames do not carry{why_tcp}: add --transport rdma");
+    }
     if args.mem == MemKind::Device {
         bail!("--mem device asks for GPUDirect RDMA (the NIC reads GPU memory directly), which TCP cannot do{why_tcp}: use --mem staged (the kernel writes GPU memory, copied chunk by chunk through host memory) or --mem auto, or --transport rdma with an RDMA NIC");
     }

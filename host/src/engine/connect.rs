@@ -269,6 +269,7 @@ fn send_verbs_from(
         busy_poll: v.busy_poll,
         key: opts.key.as_ref(),
         faults: opts.payload.faults,
+        lies: v.test_peer_lies,
         protocol_version: opts.protocol_version,
     };
     let version = opts.protocol_version;

@@ -86,6 +86,8 @@ pub struct VerbsSendOptions {
     pub rails: Vec<RailTarget>,
     /// Spin on the completion queue instead of sleeping (`--busy-poll`).
     pub busy_poll: bool,
+    /// TEST ONLY (`--test-peer-lies`): break the protocol in the first sending of items.
+    pub test_peer_lies: Option<crate::transfer::faults::PeerLie>,
 }
 
 impl Default for VerbsSendOptions {
@@ -95,6 +97,7 @@ impl Default for VerbsSendOptions {
             nic: None,
             rails: Vec::new(),
             busy_poll: false,
+            test_peer_lies: None,
         }
     }
 }

@@ -7,6 +7,32 @@
 //! JSON. Which chunks are hit is a pure function of the chunk, the attempt and a seed,
 //! so a run is reproducible and a resent chunk is hit again only with the same chance.
 
+/// TEST ONLY (`--test-peer-lies`): a verbs sender that breaks the protocol on purpose,
+/// in the first sending of its items, to show what a receiver does with a peer that lies
+/// over a queue pair (what TCP's frames cannot carry: a wrong immediate, a SEND longer
+/// than the receive posted for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerLie {
+    /// Every immediate of a first sending names an item 2^31 past the one it carries
+    /// (and a single rail's SENDs, which carry none, carry one).
+    Index,
+    /// The first SEND of item 0 carries one byte more than the item.
+    Oversize,
+}
+
+impl PeerLie {
+    /// `index` or `oversize`.
+    pub fn parse(spec: &str) -> Result<PeerLie, String> {
+        match spec {
+            "index" => Ok(PeerLie::Index),
+            "oversize" => Ok(PeerLie::Oversize),
+            _ => Err(format!(
+                "--test-peer-lies {spec:?}: expected index (immediates that name no item) or oversize (a SEND longer than its receive)"
+            )),
+        }
+    }
+}
+
 /// Flips one bit in about one chunk in `one_in`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultInjector {
@@ -62,6 +88,19 @@ impl FaultInjector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_lies_in_one_of_two_named_ways() {
+        assert_eq!(PeerLie::parse("index"), Ok(PeerLie::Index));
+        assert_eq!(PeerLie::parse("oversize"), Ok(PeerLie::Oversize));
+        for bad in ["", "Index", "flood", "index "] {
+            let e = PeerLie::parse(bad).unwrap_err();
+            assert!(
+                e.contains("expected index") && e.contains("oversize"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn the_spec_is_one_in_n() {

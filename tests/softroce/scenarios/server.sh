@@ -1,6 +1,7 @@
 # server.sh - the receiver as a server (topology one): many senders at once, a stalled
 # sender that costs only itself, the limits that reject at once, the --min-rate rule,
-# absurd sizes, --once used up only by a real transfer, and a soak. Run by
+# absurd sizes, --once used up only by a real transfer, a peer that lies over the queue
+# pair, and a soak. Run by
 # tests/tests/softroce.rs like one-guest.sh; output format: lib.sh.
 . /opt/bin/lib.sh || exit 2
 A=$RXE_ADDR
@@ -121,6 +122,22 @@ case_once_after_garbage() {
   finish receiver 30
 }
 
+# 9h. A peer that lies over the queue pair (--test-peer-lies, in the first sending of
+#     each chunk): immediates that name no chunk of the transfer (over WRITE; and over
+#     SEND, where a single rail's carry none), and a SEND one byte longer than the
+#     receive posted for its chunk (the receive fails). Each transfer ends at once with
+#     the lie named on the receiver's line, well before --timeout; the receiver serves on.
+case_liars() {
+  start receiver host recv --gpu none --timeout 10
+  wait_for receiver "receiver: listening" 30
+  run index_write 60 host "$A" 7471 --gpu none --size 4MiB --chunk 64KiB --op write --timeout 10 --test-peer-lies index
+  run index_send 60 host "$A" 7471 --gpu none --size 4MiB --chunk 64KiB --timeout 10 --test-peer-lies index
+  run oversize 60 host "$A" 7471 --gpu none --size 4MiB --chunk 64KiB --timeout 10 --test-peer-lies oversize
+  run after 30 host "$A" 7471 --gpu none --timeout 10
+  wait_outcomes receiver 4 30
+  stop receiver
+}
+
 # 9g. Soak: 1000 transfers in a row (one sender, a connection each) and 100 senders at
 #     once; every transfer verified, and the receiver's descriptors and peak memory
 #     after them are reported against a first transfer's.
@@ -205,7 +222,7 @@ case_port_down() {
   stop receiver
 }
 
-ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage soak port_down"
+ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage liars soak port_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

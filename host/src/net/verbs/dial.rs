@@ -22,7 +22,7 @@ use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{self, CmId, EventChannel, MemoryRegion, QpCaps};
 use crate::server::key::NONCE_LEN;
 use crate::server::Key;
-use crate::transfer::faults::FaultInjector;
+use crate::transfer::faults::{FaultInjector, PeerLie};
 use crate::transfer::TransferError;
 use crate::wire::{
     AcceptInfo, Join, Op, RejectReason, StripedAccept, VerbsProof, WireError, HEADER_FLAG_REPEAT,
@@ -66,6 +66,8 @@ pub struct DialConfig<'a> {
     pub key: Option<&'a Key>,
     /// Test only: one bit flipped in a copy of some items.
     pub faults: Option<FaultInjector>,
+    /// Test only: the protocol broken on purpose in items' first sending.
+    pub lies: Option<PeerLie>,
     pub protocol_version: u16,
 }
 
@@ -313,6 +315,7 @@ fn attempt<R>(
         cfg.chunk as usize,
         source,
         cfg.faults,
+        cfg.lies,
     )
     .map_err(|e| TransferError::Protocol(e.0))?;
     let dialed = Dialed {

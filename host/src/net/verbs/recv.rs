@@ -394,6 +394,17 @@ impl<'r> VerbsReceiver<'r> {
             return;
         };
         let Some(p) = e.position(index) else {
+            let items = e.plan.count();
+            if index >= items {
+                // No pass of this transfer has it: not a late copy but a lie (or a bug),
+                // which would otherwise leave this side waiting for items it was told
+                // nothing of until --timeout.
+                let why = format!(
+                    "protocol error: an immediate names item {index}, outside the transfer's {items} items"
+                );
+                self.down(r, why, out);
+                return;
+            }
             // Not of this pass: a late copy of an earlier one (a failover's), dropped.
             out.push(RecvEvent::Copy { rail: r, index });
             return;
@@ -491,19 +502,32 @@ impl<'r> VerbsReceiver<'r> {
             return;
         };
         if !c.is_ok() {
-            self.down(r, format!("a receive failed: {}", c.status_str()), out);
+            let why = match posted {
+                // A SEND longer than the place posted for it fails the receive (with a
+                // local length or QP operation error, by provider), not by a flush.
+                Posted::Place { index, len } if !c.is_connection_loss() => format!(
+                    "the receive of item {index} ({len} bytes) failed: {} (a SEND longer than its item?)",
+                    c.status_str()
+                ),
+                _ => format!("a receive failed: {}", c.status_str()),
+            };
+            self.down(r, why, out);
             return;
         }
         match posted {
             Posted::Place { index, len } => {
                 self.bytes_in += c.byte_len as u64;
-                if c.byte_len as u64 != len || c.imm.is_some() {
-                    let why =
-                        format!(
-                        "protocol error: item {index}'s receive took {} bytes{} ({len} expected)",
-                        c.byte_len,
-                        if c.imm.is_some() { " with an immediate" } else { "" }
-                    );
+                let why = match (c.byte_len as u64 == len, c.imm) {
+                    (true, None) => None,
+                    (_, Some(imm)) => Some(format!(
+                        "protocol error: item {index}'s SEND came with an immediate ({imm:#x}); over one rail they carry none"
+                    )),
+                    (false, None) => Some(format!(
+                        "protocol error: item {index}'s receive took {} bytes ({len} expected)",
+                        c.byte_len
+                    )),
+                };
+                if let Some(why) = why {
                     self.down(r, why, out);
                     return;
                 }

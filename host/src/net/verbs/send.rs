@@ -29,7 +29,7 @@ use super::trace;
 use crate::memory::{RegistrationTarget, SendSource};
 use crate::net::{Caps, Item, LinkError, Pass, Rail, SendEvent, SendLink, MAX_MESSAGE};
 use crate::rdma::{Completion, Deadline, MemoryRegion, RdmaError, SendOp, SendWr, POST_LIST_MAX};
-use crate::transfer::faults::FaultInjector;
+use crate::transfer::faults::{FaultInjector, PeerLie};
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -135,6 +135,8 @@ pub struct VerbsSender<'r> {
     /// the source is borrowed), for the fault injector's copies.
     host: Option<(NonNull<u8>, usize)>,
     faults: Option<FaultInjector>,
+    /// Test only (`--test-peer-lies`).
+    lies: Option<PeerLie>,
     comps: Vec<Completion>,
     wrs: Vec<SendWr<'r>>,
 }
@@ -144,7 +146,7 @@ impl<'r> VerbsSender<'r> {
     /// items of at most `item_len` bytes of `source` (registered on each rail);
     /// `striped`: the offer named several rails (the receiver then takes every item by
     /// its own immediate, however many joined). `faults` (test only) needs the source in
-    /// host memory.
+    /// host memory; `lies` (test only) break the protocol in items' first sending.
     ///
     /// # Errors
     /// A fault injector without the source in host memory.
@@ -154,6 +156,7 @@ impl<'r> VerbsSender<'r> {
         item_len: usize,
         source: &'r dyn SendSource,
         faults: Option<FaultInjector>,
+        lies: Option<PeerLie>,
     ) -> Result<VerbsSender<'r>, LinkError> {
         // The CPU reads the source only to copy an item a fault is injected into; the
         // source's memory stays valid and in place while it is borrowed ('r: Registrable).
@@ -188,6 +191,7 @@ impl<'r> VerbsSender<'r> {
             item_len: item_len.max(1),
             host,
             faults,
+            lies,
             comps: Vec::with_capacity(64),
             wrs: Vec::with_capacity(POST_LIST_MAX),
         })
@@ -268,6 +272,7 @@ impl<'r> VerbsSender<'r> {
     fn pump(&mut self, r: Rail) -> Result<(), String> {
         let striped = self.striped;
         let (item_len, host, faults) = (self.item_len, self.host, self.faults);
+        let lies = self.lies;
         let rail = &mut self.rails[r];
         if rail.state != State::Live {
             return Ok(());
@@ -359,7 +364,20 @@ impl<'r> VerbsSender<'r> {
                             // completion, or a later one covering it, was polled).
                             unsafe { rail.conn.bounce_sge((BOUNCE_SLOTS, item_len), slot, bytes) }
                         }
-                        _ => rail.mr.sge(item.bytes.clone()),
+                        _ => match lies {
+                            // TEST ONLY: a byte past the item (where the source has one).
+                            Some(PeerLie::Oversize)
+                                if item.index == 0
+                                    && item.attempt == 0
+                                    && rail.target == Target::Send =>
+                            {
+                                let longer = item.bytes.start..item.bytes.end + 1;
+                                rail.mr
+                                    .sge(longer)
+                                    .or_else(|_| rail.mr.sge(item.bytes.clone()))
+                            }
+                            _ => rail.mr.sge(item.bytes.clone()),
+                        },
                     }
                     .map_err(|e| e.to_string())?;
                     // A bounce slot is given back only on a completion: signaled. So is
@@ -369,6 +387,12 @@ impl<'r> VerbsSender<'r> {
                         || bounce.is_some()
                         || rail.unsignaled + 1 >= sq / 2;
                     let imm = (item.index + 1) as u32; // items through this one (< 2^32)
+                                                       // TEST ONLY: an immediate that names no item of the pass.
+                    let lie_index = lies == Some(PeerLie::Index) && item.attempt == 0;
+                    let imm = match lie_index {
+                        true => imm.wrapping_add(1 << 31),
+                        false => imm,
+                    };
                     let op = match rail.target {
                         Target::Write { addr, rkey } => {
                             let remote_addr = addr + item.offset;
@@ -381,7 +405,7 @@ impl<'r> VerbsSender<'r> {
                                 false => SendOp::Write { remote_addr, rkey },
                             }
                         }
-                        Target::Send if striped => SendOp::SendWithImm(imm),
+                        Target::Send if striped || lie_index => SendOp::SendWithImm(imm),
                         Target::Send => SendOp::Send,
                     };
                     self.wrs.push(SendWr {
