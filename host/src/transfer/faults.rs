@@ -1,6 +1,7 @@
 //! The fault injector, for tests only: it flips one bit in a chosen fraction of chunks
 //! on the sender's side of the wire, after the chunk's checksum was computed, so the
-//! receiver's checks and the repair path can be shown to work on real transfers.
+//! receiver's checks and the repair path can be shown to work on real transfers. Beside
+//! it, the lies a verbs sender can be told to tell ([`PeerLie`]), for the same purpose.
 //!
 //! It exists only where it is named: the sender's `--test-inject-faults 1/N` (documented
 //! as a test option in `docs/cli.md`); a sender using it says so on stderr and in its

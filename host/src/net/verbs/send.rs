@@ -386,8 +386,9 @@ impl<'r> VerbsSender<'r> {
                         || striped
                         || bounce.is_some()
                         || rail.unsignaled + 1 >= sq / 2;
-                    let imm = (item.index + 1) as u32; // items through this one (< 2^32)
-                                                       // TEST ONLY: an immediate that names no item of the pass.
+                    // Items through this one (< 2^32).
+                    let imm = (item.index + 1) as u32;
+                    // TEST ONLY: an immediate that names no item of the transfer.
                     let lie_index = lies == Some(PeerLie::Index) && item.attempt == 0;
                     let imm = match lie_index {
                         true => imm.wrapping_add(1 << 31),
