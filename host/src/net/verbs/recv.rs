@@ -169,6 +169,9 @@ pub struct VerbsReceiver<'r> {
     expecting: Option<Expecting>,
     next: VecDeque<Next>,
     early: EarlyItems,
+    /// The most items a pass has named on this link (its finest unit plan so far, over
+    /// every transfer of the connection): a late copy never names more.
+    items_ever: u64,
     recv_depth: usize,
     joining: Option<Joining<'r>>,
     bytes_in: u64,
@@ -235,6 +238,7 @@ impl<'r> VerbsReceiver<'r> {
             expecting: None,
             next: VecDeque::new(),
             early: EarlyItems::new(buffer.memory().target().len()),
+            items_ever: 0,
             recv_depth,
             joining,
             bytes_in: 0,
@@ -394,11 +398,12 @@ impl<'r> VerbsReceiver<'r> {
             return;
         };
         let Some(p) = e.position(index) else {
-            let items = e.plan.count();
+            let items = self.items_ever;
             if index >= items {
-                // No pass of this transfer has it: not a late copy but a lie (or a bug),
-                // which would otherwise leave this side waiting for items it was told
-                // nothing of until --timeout.
+                // No pass so far had it (a late copy is of an earlier pass, whose unit
+                // plan was coarser or the same): a lie (or a bug), which would otherwise
+                // leave this side waiting for items it was told nothing of until
+                // --timeout.
                 let why = format!(
                     "protocol error: an immediate names item {index}, outside the transfer's {items} items"
                 );
@@ -745,6 +750,7 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
             Which::Only(list) => Some(list.to_vec()),
         };
         let count = which.count(plan) as usize;
+        self.items_ever = self.items_ever.max(plan.count());
         let per_item = self.rails.len() > 1;
         self.expecting = Some(Expecting {
             plan: *plan,
