@@ -168,7 +168,9 @@ struct Output {
     secs: f64,
     /// The guest's uptime when it was seen gone.
     ended: f64,
-    /// `test`: the case killed it on purpose; `bound`: it outlived its bound.
+    /// `test`: the case killed it on purpose; `bound`: it outlived its bound;
+    /// `unkillable`: SIGKILL did not end it within lib.sh's `REAP_BOUND` (stuck in the
+    /// guest's kernel; left there).
     killed: Option<String>,
     attempts: u32,
     /// When its section header reached us (since the run's start).
@@ -682,7 +684,8 @@ impl Run {
         );
         case.check(
             case.rc == Some(0),
-            "a program outlived its bound and had to be killed (killed=bound)",
+            "a program outlived its bound and had to be killed (killed=bound), or SIGKILL \
+             could not end it (killed=unkillable: stuck in the kernel)",
         );
         case
     }

@@ -3,12 +3,11 @@
 //! walked per transfer; what each holds per transfer (admission's count) and which
 //! offers it cannot take at all, asked before admission.
 
+use super::options::SinkFactoryMaker;
 use super::serve_offer::MemoryKind;
 use crate::memory::lent::{AskCaller, LentPlace, LentTarget};
 use crate::wire::{Header, RejectReason};
 use std::sync::{Arc, Mutex};
-
-pub use super::options::SinkFactoryMaker;
 
 /// Transfers a library call's receive takes at once (its admission's
 /// `max_connections`): one, into the memory the call lends.
