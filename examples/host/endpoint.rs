@@ -7,11 +7,12 @@
 //! the checksum kernel there.
 //!
 //! ```sh
-//! cargo run -p host-examples --bin endpoint [COUNT [ADDRESS]]    # default 100 127.0.0.1:0
+//! cargo run -p host-examples --bin endpoint [COUNT [ADDRESS [OP]]]   # default 100 127.0.0.1:0 send
 //! ```
 //!
 //! The transport is the library's choice (`Options::transport`, `Auto`): RDMA verbs where
-//! the address is on an RDMA device (the Soft-RoCE guests run it so), else TCP.
+//! the address is on an RDMA device (the Soft-RoCE guests run it so), else TCP. `OP`
+//! (verbs): `send`, or `write` for RDMA WRITEs into the receiving caller's buffers.
 
 use anyhow::{ensure, Context as _, Result};
 use host::api::{self, Options};
@@ -45,8 +46,14 @@ fn run() -> Result<()> {
         None => 100,
     };
     ensure!(count >= 1, "COUNT: at least one transfer");
+    let op = match std::env::args().nth(3).as_deref() {
+        None | Some("send") => api::Op::Send,
+        Some("write") => api::Op::Write,
+        Some(other) => anyhow::bail!("OP: send or write, not {other:?}"),
+    };
     let opts = Options {
         wait: Some(Duration::from_secs(30)),
+        op,
         ..Options::default()
     };
     let bind: std::net::SocketAddr = match std::env::args().nth(2) {

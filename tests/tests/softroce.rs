@@ -1238,9 +1238,20 @@ fn one_guest_the_library_endpoint_carries_100_transfers_over_verbs() {
         "the last one started with start_send and polled",
         &["until it was verified"],
     );
+    // By RDMA WRITE into the caller's buffers, each checked again after the connection.
+    c.rc("endpoint_write", 0);
+    c.ended_by_itself("endpoint_write");
+    c.no_error("endpoint_write");
+    c.find(
+        "endpoint_write",
+        0,
+        "20 transfers over one endpoint (RDMA verbs, 20 connections), ",
+        &["each received in place and checked"],
+    );
     note(&format!(
-        "one guest: the library's endpoint, 100 transfers over verbs in {:.1} s",
-        c.out("endpoint").secs
+        "one guest: the library's endpoint, 100 transfers over verbs in {:.1} s, 20 by WRITE in {:.1} s",
+        c.out("endpoint").secs,
+        c.out("endpoint_write").secs
     ));
 }
 

@@ -13,7 +13,7 @@ use super::recv::{self, Terms};
 use super::send::{self, Facts, RailName, Shape};
 use super::sending::Sending;
 use crate::memory::select::AttemptLog;
-use crate::memory::HostBuffer;
+use crate::memory::{HostBuffer, RecvSink};
 use crate::net::{Caps, Item, LinkError, Rail, RecvEvent, RecvLink, SendEvent, SendLink, Which};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::{PayloadOptions, RecvReport, SendReport, TransferError};
@@ -210,6 +210,8 @@ unsafe impl SendLink for MemSender {
 
 struct MemReceiver {
     wire: Arc<Wire>,
+    /// Says [`Caps::peer_writes_in_place`], as a verbs WRITE link does.
+    peer_writes: bool,
     landing: (NonNull<u8>, usize),
     expecting: Option<(ChunkPlan, Option<Vec<u32>>, Vec<bool>)>,
     held: Vec<(Rail, Frame)>,
@@ -268,7 +270,10 @@ unsafe impl RecvLink for MemReceiver {
         self.wire.rails.len()
     }
     fn caps(&self) -> Caps {
-        Caps::STREAM
+        Caps {
+            peer_writes_in_place: self.peer_writes,
+            ..Caps::STREAM
+        }
     }
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {
         let only = match which {
@@ -341,6 +346,75 @@ fn run(
     Result<Vec<SendReport>, TransferError>,
     Result<RecvReport, TransferError>,
 ) {
+    run_with(len, chunk, faults, checksum, max_resends, Side::default())
+}
+
+/// The receiver's side of a [`run_with`]: what its link says of itself, a peer that
+/// writes its buffer after the check, where it stores what it received.
+#[derive(Default)]
+struct Side {
+    peer_writes: bool,
+    /// Flip the byte at this offset of the receive buffer right after the engine
+    /// computed its chunks' CRC32Cs (a lying sender's RDMA WRITE after its check).
+    written_after_check: Option<usize>,
+    output: Option<crate::transfer::store::Output>,
+}
+
+/// The receive buffer, written at one byte by the peer right after its first check.
+struct WrittenAfterCheck<'a> {
+    buffer: &'a HostBuffer,
+    at: Option<usize>,
+    written: std::cell::Cell<bool>,
+}
+
+impl super::landed::Landed for WrittenAfterCheck<'_> {
+    fn len(&self) -> usize {
+        RecvSink::len(self.buffer)
+    }
+    fn poison(&self) -> anyhow::Result<()> {
+        RecvSink::poison(self.buffer)
+    }
+    fn verify(&self, len: usize) -> anyhow::Result<crate::memory::Verification> {
+        RecvSink::verify(self.buffer, len)
+    }
+    fn crc32c_chunks(
+        &self,
+        range: std::ops::Range<usize>,
+        chunk: usize,
+    ) -> anyhow::Result<Vec<u32>> {
+        let crcs = RecvSink::crc32c_chunks(self.buffer, range, chunk)?;
+        if let Some(at) = self.at.filter(|_| !self.written.replace(true)) {
+            let (ptr, len) = self.buffer.raw_parts();
+            assert!(at < len);
+            // SAFETY: `at` lies in the buffer (checked); nothing else reads or writes it
+            // while the engine is in this call, on this thread.
+            unsafe { *ptr.as_ptr().add(at) ^= 0x20 };
+        }
+        Ok(crcs)
+    }
+    fn write_to(&self, len: usize, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        RecvSink::write_to(self.buffer, len, out)
+    }
+    fn first_values(&self, count: usize) -> anyhow::Result<Vec<i32>> {
+        RecvSink::first_values(self.buffer, count)
+    }
+    fn path(&self) -> crate::memory::DataPath {
+        RecvSink::path(self.buffer)
+    }
+}
+
+/// [`run`] with the receiver's [`Side`].
+fn run_with(
+    len: usize,
+    chunk: u64,
+    faults: &[Faults],
+    checksum: bool,
+    max_resends: u8,
+    side: Side,
+) -> (
+    Result<Vec<SendReport>, TransferError>,
+    Result<RecvReport, TransferError>,
+) {
     let wire = Wire::new(faults);
     let verify = if checksum {
         VerifyMode::Checksum
@@ -377,6 +451,7 @@ fn run(
             let landing = HostBuffer::poisoned(len).unwrap();
             let mut link = MemReceiver {
                 told_down: vec![false; wire.rails.len()],
+                peer_writes: side.peer_writes,
                 wire,
                 landing: landing.raw_parts(),
                 expecting: None,
@@ -390,14 +465,19 @@ fn run(
                 timeout,
                 min_rate: 0,
                 accepted_at: Instant::now(),
-                output: None,
+                output: side.output.as_ref(),
                 op: "mem",
                 memory: AttemptLog::default(),
                 rails_from: Vec::new(),
             };
+            let landed = WrittenAfterCheck {
+                buffer: &landing,
+                at: side.written_after_check,
+                written: std::cell::Cell::new(false),
+            };
             let received = {
                 let mut r = Receiving::new(&mut link, timeout);
-                recv::transfers(&mut r, &landing, &terms)
+                recv::transfers(&mut r, &landed, &terms)
             };
             if let Some(ack) = received.last_ack {
                 link.send_message(0, &ack.encode()).unwrap();
@@ -543,4 +623,44 @@ fn every_rail_cut_ends_the_transfer_with_an_error_not_a_hang() {
     assert!(sent.is_err(), "{sent:?}");
     assert!(got.is_err(), "{got:?}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}
+
+/// A peer whose NIC writes the buffer after its chunks passed (a lying RDMA WRITE): the
+/// bytes stored must be those checked, so the store is refused, nothing of the changed
+/// chunk is handed on, and the ack says not stored. Over a link whose peer cannot write
+/// after landing the check is not made (nothing to fear there).
+#[test]
+fn a_buffer_written_after_its_check_is_not_stored() {
+    let len = 4 * MIB + 8;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let side = Side {
+        peer_writes: true,
+        written_after_check: Some(2 * MIB + 7),
+        output: Some(crate::transfer::store::Output::Memory(tx)),
+    };
+    let (_sent, got) = run_with(len, 256 << 10, &[Faults::default()], true, 3, side);
+    let got = got.unwrap();
+    let why = got.integrity.store_error.clone().unwrap_or_default();
+    assert!(
+        why.contains("chunk 8 changed after its CRC32C passed"),
+        "the store should have been refused: {got:?}"
+    );
+    assert!(got.integrity.stored.is_none(), "{got:?}");
+    assert!(rx.try_recv().is_err(), "nothing was handed on");
+
+    // The same peer, honest: stored, every byte the pattern's.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let side = Side {
+        peer_writes: true,
+        written_after_check: None,
+        output: Some(crate::transfer::store::Output::Memory(tx)),
+    };
+    let (sent, got) = run_with(len, 256 << 10, &[Faults::default()], true, 3, side);
+    assert!(sent.unwrap()[0].verified());
+    assert_eq!(got.unwrap().integrity.stored.as_deref(), Some("memory"));
+    let (_, bytes) = rx.try_recv().unwrap();
+    assert_eq!(
+        bytes,
+        HostBuffer::with_pattern(len).unwrap().read_prefix(len)
+    );
 }

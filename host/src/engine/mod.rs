@@ -2,7 +2,8 @@
 //! carries each chunk and failover ([`stripe`], [`sending`]), rails that rest after a
 //! failure ([`cooldown`]), the sender's transfers and its conversation with the receiver
 //! ([`send`]), the receiver's passes, checks, converging repair, acks and reports
-//! ([`receiving`], [`recv`]), the serving loop ([`serve`]) with where transfers land
+//! ([`receiving`], [`recv`]; what it stores checked again where the peer writes in
+//! place, `checked_out`), the serving loop ([`serve`]) with where transfers land
 //! ([`recv_memory`]) and the offers of kept connections ([`kept_offers`]), the sender's [`offer`],
 //! opening a connection over each transport ([`connect`]), and a sender's TCP
 //! connection kept for its next transfer ([`kept`]). One options value per direction
@@ -12,6 +13,7 @@
 /// The caller's cancel token (it lives with the transfer's other parts, below the links,
 /// which look at it too).
 pub use crate::transfer::cancel;
+mod checked_out;
 pub mod connect;
 pub mod cooldown;
 pub mod inbox;

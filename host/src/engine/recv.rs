@@ -8,6 +8,7 @@
 //! its admission are given back, so a sender that offers its next transfer the moment it
 //! hears the result finds the memory free.
 
+use super::checked_out::CheckedOut;
 use super::landed::Landed;
 use super::receiving::{PassItems, Receiving, Stop};
 use crate::memory::select::AttemptLog;
@@ -57,6 +58,10 @@ pub struct Received {
     /// connection failed (`error` says why).
     pub last_ack: Option<Ack>,
     pub error: Option<TransferError>,
+    /// The last transfer's chunks' CRC32Cs as they passed (empty without checksums, or
+    /// where a chunk failed), and its chunk size: for a check of the memory again once
+    /// the peer can no longer write it ([`crate::net::Caps::peer_writes_in_place`]).
+    pub passed: (Vec<u32>, u64),
 }
 
 /// What the repair rounds of one transfer did.
@@ -68,6 +73,10 @@ struct Repairs {
     resent: u64,
     /// Chunks that still failed when the rounds ended.
     failed: Vec<u32>,
+    /// Every chunk's CRC32C as it passed, where all did (else, and without checksums,
+    /// empty): what is handed on must still have them where the peer may write the
+    /// buffer after its check ([`crate::net::Caps::peer_writes_in_place`]).
+    passed: Vec<u32>,
 }
 
 /// Every transfer the offer announced: receive, check, repair, verify, ack (all but the
@@ -92,6 +101,7 @@ pub fn transfers<L: Landed + ?Sized>(
     let mut verify_error = None;
     let mut done = 0u32;
     let mut last_ack = None;
+    let mut passed = Vec::new();
     let mut error = None;
     let mut reply_delivered = true;
     let plan = match ChunkPlan::new(total, header.chunk_bytes as u64) {
@@ -192,8 +202,16 @@ pub fn transfers<L: Landed + ?Sized>(
             ack = ack.with_status(AckStatus::ChecksumFailed);
         } else if let (Some(out), AckStatus::Verified) = (terms.output, ack.status) {
             let name = integrity.name.clone();
-            match out.store(name.as_deref(), terms.peer, |w| {
-                landed.write_to(total as usize, w)
+            let peer_writes = r.caps().peer_writes_in_place && !repairs.passed.is_empty();
+            match out.store(name.as_deref(), terms.peer, |w| match peer_writes {
+                // What is stored is checked again as it is stored.
+                true => {
+                    let mut checked =
+                        CheckedOut::new(w, plan.chunk_bytes() as usize, &repairs.passed);
+                    landed.write_to(total as usize, &mut checked)?;
+                    Ok(checked.finish()?)
+                }
+                false => landed.write_to(total as usize, w),
             }) {
                 Ok(at) => integrity.stored = Some(at),
                 Err(e) => {
@@ -208,6 +226,7 @@ pub fn transfers<L: Landed + ?Sized>(
         done += 1;
         if k + 1 == transfers {
             last_ack = Some(ack);
+            passed = repairs.passed;
             break;
         }
         // The next transfer: the buffer poisoned (data that never comes cannot pass)
@@ -268,6 +287,7 @@ pub fn transfers<L: Landed + ?Sized>(
         report,
         last_ack: if error.is_none() { last_ack } else { None },
         error,
+        passed: (passed, plan.chunk_bytes()),
     }
 }
 
@@ -350,7 +370,13 @@ fn receive_one<L: Landed + ?Sized>(
         .failed
         .is_empty()
         .then(|| crate::integrity::digest(&expected, plan.chunk_bytes(), plan.total()));
-    Ok(repairs)
+    Ok(Repairs {
+        passed: match repairs.failed.is_empty() {
+            true => expected,
+            false => Vec::new(),
+        },
+        ..repairs
+    })
 }
 
 /// The request for the items a pass left missing (round `round`).
@@ -581,6 +607,7 @@ fn repair<L: Landed + ?Sized>(
         repaired: rounds.repaired(),
         resent: rounds.resent(),
         failed,
+        passed: Vec::new(),
     })
 }
 

@@ -18,6 +18,7 @@ use crate::net::tcp::listen::TcpOffer;
 use crate::net::tcp::recv::Landing;
 use crate::net::verbs::accept::SinkChoice;
 use crate::net::verbs::listen::VerbsOffer;
+use crate::net::RecvLink;
 use crate::server::admission::Lease;
 use crate::transfer::{RecvOutcome, TransferError};
 use crate::wire::RejectReason;
@@ -222,6 +223,7 @@ pub fn serve_tcp_offer(
         mut report,
         last_ack,
         error,
+        ..
     } = received;
     drop(memory);
     drop(in_use);
@@ -293,6 +295,7 @@ pub fn serve_verbs_offer(
     // The factory (a plan's GPU is opened on this thread), or a buffer of the caller's.
     let factory: SinkFactory;
     let mut in_use = None;
+    let mut lent_at = None;
     let sinks = match kind {
         MemoryKind::Plan(maker) => match maker() {
             Ok(f) => {
@@ -314,6 +317,7 @@ pub fn serve_verbs_offer(
             };
             let len = target.len;
             in_use = Some(target.in_use());
+            lent_at = Some((ptr, len));
             drop(target);
             // SAFETY: LentTarget::new's caller promised `len` bytes at `ptr` for this
             // transfer alone until the last token (`in_use`, dropped after the serve
@@ -350,11 +354,26 @@ pub fn serve_verbs_offer(
             memory: session.memory,
             rails_from,
         };
+        let peer_writes = link.caps().peer_writes_in_place;
         let mut r = Receiving::new(link, opts.timeout);
         r.cancel_on(opts.cancel.clone());
         let received = recv::transfers(&mut r, sink, &terms);
         let last = received.last_ack.map(|a| a.encode().to_vec());
-        (received, last)
+        ((received, peer_writes), last)
+    });
+    // A caller's memory that the sender's NIC could write until now (WRITE): its
+    // registration is gone, so what lies there is what the caller gets: checked again.
+    let served = served.map(|((mut received, peer_writes), delivered)| {
+        if let (true, Some((ptr, len)), None) = (peer_writes, lent_at, &received.error) {
+            // SAFETY: as above: the caller's `len` bytes at `ptr` are this transfer's
+            // until `in_use` goes, below; nothing else writes them now.
+            let lent = unsafe { HostBuffer::borrowed(ptr, len) };
+            let (passed, chunk) = &received.passed;
+            if let Err(why) = still_as_passed(&lent, passed, *chunk) {
+                received.error = Some(TransferError::Protocol(format!("{label}: {why}")));
+            }
+        }
+        (received, delivered)
     });
     drop(in_use.take());
     drop(lease);
@@ -365,6 +384,7 @@ pub fn serve_verbs_offer(
                 mut report,
                 error,
                 last_ack,
+                ..
             } = received;
             if last_ack.is_some() {
                 report.reply_delivered &= delivered;
@@ -381,6 +401,24 @@ pub fn serve_verbs_offer(
     }
 }
 
+/// Whether `memory`'s chunks of `chunk` bytes still have the CRC32Cs that passed (none
+/// passed: nothing to hold them to); else which one changed.
+fn still_as_passed(memory: &dyn RecvSink, passed: &[u32], chunk: u64) -> Result<(), String> {
+    if passed.is_empty() {
+        return Ok(());
+    }
+    let now = memory
+        .crc32c_chunks(0..memory.len(), chunk as usize)
+        .map_err(|e| format!("checking the chunks again: {e:#}"))?;
+    match now.iter().zip(passed).position(|(a, b)| a != b) {
+        None if now.len() == passed.len() => Ok(()),
+        None => Err(format!("{} chunks checked again, {} passed", now.len(), passed.len())),
+        Some(k) => Err(format!(
+            "chunk {k} changed after its CRC32C passed (the sender's NIC wrote it again, --op write): the received data is not what was checked"
+        )),
+    }
+}
+
 /// A failed connection's error, saying which transfer of several it was.
 fn failed_words(e: &TransferError, done: u32, transfers: u32) -> String {
     match transfers > 1 {
@@ -389,5 +427,27 @@ fn failed_words(e: &TransferError, done: u32, transfers: u32) -> String {
             done + 1
         ),
         false => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_held_to_the_crcs_that_passed() {
+        let len = 10_000;
+        let mut memory = HostBuffer::with_pattern(len).unwrap();
+        let passed = crate::integrity::chunk_crcs(memory.as_bytes(), 4096);
+        assert_eq!(still_as_passed(&memory, &passed, 4096), Ok(()));
+        // Nothing passed (no checksums, or a chunk failed): nothing to hold it to.
+        assert_eq!(still_as_passed(&memory, &[], 4096), Ok(()));
+        // A byte of chunk 2 written after the check.
+        memory.as_bytes_mut()[9000] ^= 1;
+        let why = still_as_passed(&memory, &passed, 4096).unwrap_err();
+        assert!(
+            why.starts_with("chunk 2 changed after its CRC32C passed"),
+            "{why}"
+        );
     }
 }

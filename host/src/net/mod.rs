@@ -215,6 +215,12 @@ pub struct Caps {
     /// Items best handed to [`SendLink::post`] at once (verbs: one doorbell for a list of
     /// work requests, a system call under Soft-RoCE); 1 where each goes as it comes.
     pub post_batch: usize,
+    /// The sender's NIC writes the receive buffer itself (verbs RDMA WRITE): it can write
+    /// an item's place again after the item landed, up to the end of the buffer's
+    /// registration, so what the engine checked may change before it is handed on. The
+    /// engine checks again what it stores, as it stores it; the serving loop, what it
+    /// hands to a caller, once the registration is gone.
+    pub peer_writes_in_place: bool,
 }
 
 impl Caps {
@@ -225,6 +231,7 @@ impl Caps {
         sent_means_landed: false,
         gpu_memory: false,
         post_batch: 1,
+        peer_writes_in_place: false,
     };
     /// A verbs queue pair's: CRC32Cs as control messages after the data, sent when the far
     /// NIC acknowledged, memory the NIC registers (GPU memory with GPUDirect RDMA).
@@ -233,6 +240,7 @@ impl Caps {
         sent_means_landed: true,
         gpu_memory: true,
         post_batch: 1,
+        peer_writes_in_place: false,
     };
 }
 
@@ -313,7 +321,10 @@ impl Which<'_> {
 /// passes and where items have landed. So an implementation writes an item's place only
 /// while it is expected and not yet reported [`RecvEvent::Landed`]: a copy that comes
 /// later is dropped ([`RecvEvent::Copy`]), and nothing is written outside the places of
-/// the expected items.
+/// the expected items. The one exception is a buffer the peer's NIC writes itself
+/// (RDMA WRITE), which no receiver can stop short of its registration's end: the link
+/// says so ([`Caps::peer_writes_in_place`]), only bytes (plain data, every value valid)
+/// change, and the engine takes nothing it read there for final before checking it again.
 pub unsafe trait RecvLink {
     fn rails(&self) -> usize;
 

@@ -179,13 +179,15 @@ case_loopback_example() {
 # 9b. The library's endpoint example (examples/host/endpoint.rs), where the test copied it
 #     in: 100 transfers of different sizes over one endpoint to a listener on rxe0's
 #     address, the library choosing verbs there, each received in place and checked; the
-#     last one started and polled.
+#     last one started and polled. Then 20 more by RDMA WRITE into the caller's buffers
+#     (each checked again once the sender's NIC can no longer write it).
 case_library_endpoint() {
   if ! command -v endpoint >/dev/null; then
     echo "@@VAL skipped=1@@"
     return
   fi
   run endpoint 240 endpoint 100 "$A:0"
+  run endpoint_write 120 endpoint 20 "$A:0" write
 }
 
 # 10. Rails (docs/hardware.md#rails): the seed transfer through --nic rxe0 (the one

@@ -723,10 +723,11 @@ fn slot_of(wr_id: u64) -> Option<usize> {
     (index != INDEX_MASK).then_some(index as usize)
 }
 
-// SAFETY: items land only where the link expects them: in write mode the sender's NIC
-// writes the buffer through the keys of rail 0's accept and the joins' (the one exception
-// RDMA has: a copy of an item the sender moved off a failed rail may land late, with the
-// same bytes); send in place posts a receive at an item's place only while the item is
+// SAFETY: items land only where the link expects them, but in write mode: there the
+// sender's NIC writes the buffer through the keys of rail 0's accept and the joins'
+// wherever and whenever it likes until the registration ends (an honest one: a copy of
+// an item it moved off a failed rail, landing late with the same bytes; a lying one:
+// anything), which `caps` says (`peer_writes_in_place`), as the trait asks; send in place posts a receive at an item's place only while the item is
 // expected and not landed, and reports it landed only from that receive's completion;
 // send copied writes an item's place only while it is expected and has not landed.
 // `close` disconnects every rail: its queue pair then runs nothing more.
@@ -736,7 +737,11 @@ unsafe impl RecvLink for VerbsReceiver<'_> {
     }
 
     fn caps(&self) -> Caps {
-        Caps::QUEUE_PAIR
+        Caps {
+            // WRITE: the sender's rkey stays good until the registration ends.
+            peer_writes_in_place: self.mode == Mode::Write,
+            ..Caps::QUEUE_PAIR
+        }
     }
 
     fn expect(&mut self, plan: &ChunkPlan, which: Which<'_>) -> Result<(), LinkError> {
