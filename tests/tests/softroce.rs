@@ -1944,6 +1944,40 @@ fn server_a_peer_that_lies_over_the_queue_pair_is_stopped_at_once() {
 }
 
 #[test]
+fn server_bytes_a_sender_writes_after_their_check_are_never_stored() {
+    let Some(run) = server("server_bytes_a_sender_writes_after_their_check_are_never_stored")
+    else {
+        return;
+    };
+    let c = run.case('a', "rewrite");
+    c.rc("liar", 1);
+    c.ended_by_itself("liar");
+    c.one_error("liar", "error: the receiver could not store the data");
+    c.find(
+        "receiver",
+        0,
+        "not stored: ",
+        &["chunk 63 changed after its CRC32C passed (the sender's NIC wrote it again"],
+    );
+    c.rc("honest", 0);
+    c.ended_by_itself("honest");
+    c.no_error("honest");
+    c.served_until_stopped("receiver");
+    c.rc("reader", 0);
+    c.ended_by_itself("reader");
+    // The liar's 63 checked chunks and the honest transfer, byte for byte: no byte of
+    // the rewritten chunk reached the pipe.
+    c.check(
+        c.val("stored_bytes") == (63 * 65536 + 4194304) as f64,
+        &format!("stored {} bytes", c.val("stored_bytes")),
+    );
+    c.check(
+        c.val("stored_as_checked") == 1.0,
+        "what reached the pipe is not what was checked",
+    );
+}
+
+#[test]
 fn server_once_is_used_up_only_by_a_transfer() {
     let Some(run) = server("server_once_is_used_up_only_by_a_transfer") else {
         return;

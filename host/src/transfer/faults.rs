@@ -19,16 +19,21 @@ pub enum PeerLie {
     Index,
     /// The first SEND of item 0 carries one byte more than the item.
     Oversize,
+    /// Over WRITE: the last item's place written again with its first byte changed,
+    /// from a moment after the sender's CRC32Cs went until its transfer ends (bytes
+    /// that change after the receiver checked them).
+    Rewrite,
 }
 
 impl PeerLie {
-    /// `index` or `oversize`.
+    /// `index`, `oversize` or `rewrite`.
     pub fn parse(spec: &str) -> Result<PeerLie, String> {
         match spec {
             "index" => Ok(PeerLie::Index),
             "oversize" => Ok(PeerLie::Oversize),
+            "rewrite" => Ok(PeerLie::Rewrite),
             _ => Err(format!(
-                "--test-peer-lies {spec:?}: expected index (immediates that name no item) or oversize (a SEND longer than its receive)"
+                "--test-peer-lies {spec:?}: expected index (immediates that name no item), oversize (a SEND longer than its receive) or rewrite (WRITEs into the receiver's buffer after its check, --op write)"
             )),
         }
     }

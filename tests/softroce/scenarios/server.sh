@@ -138,6 +138,41 @@ case_liars() {
   stop receiver
 }
 
+# 9f2. A sender that WRITEs the receiver's buffer again after its CRC32Cs passed
+#      (--test-peer-lies rewrite: the last chunk's place, its first byte changed, from
+#      0.3 s after the CRC32Cs for 3 s). The receiver stores to a pipe read 64 KiB at a
+#      time about 50 times a second, so the rewrites land while it stores: what it
+#      stores must be what it checked, so the store fails at the last chunk, whose
+#      bytes never reach the pipe, and the sender hears "not stored". An honest
+#      transfer after it is stored whole.
+slow_read() {
+  exec 3< "$1"
+  : > "$2"
+  while [ "$(dd bs=65536 count=1 <&3 2>/dev/null | tee -a "$2" | wc -c)" -gt 0 ]; do
+    sleep 0.02
+  done
+}
+case_rewrite() {
+  head -c 4194304 /dev/urandom > /tmp/in.bin
+  rm -f /tmp/fifo /tmp/got.bin
+  mkfifo /tmp/fifo
+  start reader slow_read /tmp/fifo /tmp/got.bin
+  # exec: the receiver is the process the case stops (its stdout the pipe).
+  start receiver sh -c 'exec host recv --gpu none --transport rdma --timeout 10 --output - > /tmp/fifo'
+  wait_for receiver "receiver: listening" 30
+  run liar 60 host "$A" 7471 --gpu none --transport rdma --input /tmp/in.bin --chunk 64KiB --op write --timeout 10 --test-peer-lies rewrite
+  run honest 60 host "$A" 7471 --gpu none --transport rdma --input /tmp/in.bin --chunk 64KiB --op write --timeout 10
+  wait_outcomes receiver 2 30
+  stop receiver
+  finish reader 30
+  # What may be stored: the liar's first 63 chunks (checked), then the honest transfer.
+  head -c $((63 * 65536)) /tmp/in.bin > /tmp/expect.bin
+  cat /tmp/in.bin >> /tmp/expect.bin
+  val stored_bytes "$(wc -c < /tmp/got.bin)"
+  val stored_as_checked "$(cmp -s /tmp/expect.bin /tmp/got.bin && echo 1 || echo 0)"
+  rm -f /tmp/fifo /tmp/in.bin /tmp/got.bin /tmp/expect.bin
+}
+
 # 9g. Soak: 1000 transfers in a row (one sender, a connection each) and 100 senders at
 #     once; every transfer verified, and the receiver's descriptors and peak memory
 #     after them are reported against a first transfer's.
@@ -222,7 +257,7 @@ case_port_down() {
   stop receiver
 }
 
-ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage liars soak port_down"
+ALL="many_senders stalled_sender busy too_slow absurd_sizes once_after_garbage liars rewrite soak port_down"
 for c in ${*:-$ALL}; do
   case_begin "$c"
   "case_$c"

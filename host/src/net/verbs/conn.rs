@@ -236,6 +236,20 @@ impl<'r> Connection<'r> {
         Self::slot_sge(buf, *len, slot, bytes.len())
     }
 
+    /// The SGE of the first `len` bytes of bounce slot `slot` as they stand (written by
+    /// an earlier [`bounce_sge`](Self::bounce_sge) and left alone since): the test-only
+    /// lies post the same bytes many times.
+    pub fn bounce_slot(&self, slot: usize, len: usize) -> Result<Sge<'r>, RdmaError> {
+        match self.bounce.get() {
+            Some((buf, slot_len)) if len <= *slot_len && slot < buf.len() / *slot_len => {
+                Self::slot_sge(buf, *slot_len, slot, len)
+            }
+            _ => Err(RdmaError::InvalidArgument(format!(
+                "{len} bytes of bounce slot {slot}: there is no such slot"
+            ))),
+        }
+    }
+
     /// Make the NIC stop reading the memory this queue pair's requests name (a pass that
     /// ended early): the queue pair goes to the error state (`rdma_disconnect`), where no
     /// queued request runs any more and each completes as flushed, in order; then the

@@ -76,7 +76,29 @@ enum Waiting {
     /// An item whose bytes are the link's own copy.
     Copy(Item, Arc<[u8]>),
     Fragment(Vec<u8>),
+    /// TEST ONLY (`--test-peer-lies rewrite`): a WRITE of bounce slot `slot`'s `len`
+    /// bytes at `offset` of the receiver's buffer, outside any pass.
+    Lie {
+        slot: usize,
+        offset: u64,
+        len: usize,
+    },
 }
+
+/// TEST ONLY (`--test-peer-lies rewrite`): the WRITEs after the sender's CRC32Cs.
+struct Rewrites {
+    /// When the next one goes.
+    next: Instant,
+    left: u32,
+    /// The bounce slot that holds the changed bytes (written once, kept).
+    slot: Option<usize>,
+}
+
+/// The first rewrite this long after the CRC32Cs went (the receiver has checked by then,
+/// and is storing), then one every [`REWRITE_EVERY`], [`REWRITES`] in all.
+const REWRITE_AFTER: Duration = Duration::from_millis(300);
+const REWRITE_EVERY: Duration = Duration::from_millis(20);
+const REWRITES: u32 = 150;
 
 /// A posted request, in the order of the send queue.
 struct Out {
@@ -137,6 +159,7 @@ pub struct VerbsSender<'r> {
     faults: Option<FaultInjector>,
     /// Test only (`--test-peer-lies`).
     lies: Option<PeerLie>,
+    rewrites: Option<Rewrites>,
     comps: Vec<Completion>,
     wrs: Vec<SendWr<'r>>,
 }
@@ -164,6 +187,13 @@ impl<'r> VerbsSender<'r> {
             RegistrationTarget::Host { ptr, len } => Some((ptr, len)),
             _ => None,
         };
+        if lies == Some(PeerLie::Rewrite)
+            && (host.is_none() || rails.iter().any(|r| r.target == Target::Send))
+        {
+            return Err(LinkError(
+                "--test-peer-lies rewrite needs --op write and the data in host memory".into(),
+            ));
+        }
         if faults.is_some() && host.is_none() {
             return Err(LinkError(
                 "--test-inject-faults needs the data in host memory (--mem host, staged or mapped): it corrupts a copy the CPU makes".into(),
@@ -192,6 +222,7 @@ impl<'r> VerbsSender<'r> {
             host,
             faults,
             lies,
+            rewrites: None,
             comps: Vec::with_capacity(64),
             wrs: Vec::with_capacity(POST_LIST_MAX),
         })
@@ -313,6 +344,35 @@ impl<'r> VerbsSender<'r> {
                     rail.out.push_back(Out {
                         seq,
                         what: Posted::Fragment { slot },
+                    });
+                    rail.unsignaled = 0;
+                }
+                &Waiting::Lie { slot, offset, len } => {
+                    let Target::Write { addr, rkey } = rail.target else {
+                        return Err("a rewrite needs --op write".into());
+                    };
+                    post_list(&rail.conn, &mut self.wrs)?;
+                    // The slot is this lie's alone, written once before the first rewrite
+                    // and never again: every rewrite reads the same bytes.
+                    let sge = rail
+                        .conn
+                        .bounce_slot(slot, len)
+                        .map_err(|e| e.to_string())?;
+                    self.wrs.push(SendWr {
+                        wr_id: TAG_FRAGMENT | seq,
+                        sge,
+                        op: SendOp::Write {
+                            remote_addr: addr + offset,
+                            rkey,
+                        },
+                        signaled: true,
+                        inline: false,
+                        solicited: false,
+                    });
+                    post_list(&rail.conn, &mut self.wrs)?;
+                    rail.out.push_back(Out {
+                        seq,
+                        what: Posted::Fragment { slot: None },
                     });
                     rail.unsignaled = 0;
                 }
@@ -614,7 +674,8 @@ fn post_list<'r>(conn: &Connection<'r>, wrs: &mut Vec<SendWr<'r>>) -> Result<(),
     }
     // SAFETY: every SGE names the source's registered memory, whose bytes the engine keeps
     // unmodified until the item is reported (SendLink's contract, relayed by `post`), or a
-    // bounce slot of the connection that no other outstanding request uses.
+    // bounce slot of the connection that no other outstanding request uses (but the
+    // test-only rewrites', which many read and nothing writes after the first).
     let posted = unsafe { conn.qp.post_send_list(wrs) };
     wrs.clear();
     posted.map_err(|e| e.to_string())
@@ -688,6 +749,16 @@ unsafe impl SendLink for VerbsSender<'_> {
                 bytes.len()
             )));
         }
+        if self.lies == Some(PeerLie::Rewrite)
+            && self.rewrites.is_none()
+            && bytes.starts_with(&crate::wire::CHECKSUMS_MAGIC)
+        {
+            self.rewrites = Some(Rewrites {
+                next: Instant::now() + REWRITE_AFTER,
+                left: REWRITES,
+                slot: None,
+            });
+        }
         let r = self.live(rail)?;
         r.waiting.extend(fragments(bytes).map(Waiting::Fragment));
         self.pump(rail).map_err(LinkError)
@@ -702,11 +773,16 @@ unsafe impl SendLink for VerbsSender<'_> {
         let deadline = Instant::now() + wait;
         let before = out.len();
         loop {
+            self.rewrite_when_due()?;
             self.sweep(out);
             let now = Instant::now();
             if out.len() > before || now >= deadline {
                 return Ok(());
             }
+            let deadline = match &self.rewrites {
+                Some(w) if w.left > 0 => deadline.min(w.next.max(now)),
+                _ => deadline,
+            };
             let live: Vec<Rail> = (0..self.rails.len())
                 .filter(|&r| self.rails[r].state != State::Quiet)
                 .collect();
@@ -758,6 +834,49 @@ unsafe impl SendLink for VerbsSender<'_> {
 }
 
 impl<'r> VerbsSender<'r> {
+    /// TEST ONLY (`--test-peer-lies rewrite`): queue the next WRITE of the last item's
+    /// place, its first byte changed, on rail 0 once it is due.
+    fn rewrite_when_due(&mut self) -> Result<(), LinkError> {
+        let (Some((base, len)), Some(w)) = (self.host, self.rewrites.as_mut()) else {
+            return Ok(());
+        };
+        let rail = &mut self.rails[0];
+        if w.left == 0 || Instant::now() < w.next || rail.state != State::Live || len == 0 {
+            return Ok(());
+        }
+        let offset = (len - 1) / self.item_len * self.item_len;
+        let n = (len - offset).min(self.item_len);
+        let slot = match w.slot {
+            Some(slot) => slot,
+            None => {
+                let Some(slot) = rail.free_bounce.pop() else {
+                    return Ok(());
+                };
+                // SAFETY: the range lies in the source's host memory (offset + n <= len),
+                // valid while the source is borrowed; only read here.
+                let bytes = unsafe { std::slice::from_raw_parts(base.as_ptr().add(offset), n) };
+                let mut changed = bytes.to_vec();
+                changed[0] ^= 0xff;
+                // SAFETY: the slot was free, and it is kept for the lie from now on.
+                unsafe {
+                    rail.conn
+                        .bounce_sge((BOUNCE_SLOTS, self.item_len), slot, &changed)
+                }
+                .map_err(|e| LinkError(e.to_string()))?;
+                w.slot = Some(slot);
+                slot
+            }
+        };
+        w.left -= 1;
+        w.next += REWRITE_EVERY;
+        rail.waiting.push_back(Waiting::Lie {
+            slot,
+            offset: offset as u64,
+            len: n,
+        });
+        self.pump(0).map_err(LinkError)
+    }
+
     fn live(&mut self, rail: Rail) -> Result<&mut RailState<'r>, LinkError> {
         match self.rails.get_mut(rail) {
             Some(r) if r.state == State::Live => Ok(r),
