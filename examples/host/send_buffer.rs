@@ -33,7 +33,7 @@ fn run() -> Result<()> {
         .parse()
         .context("the receiver's address, as 127.0.0.1:7471")?;
     let bytes = match args.next() {
-        Some(s) => host::transfer::units::parse_size(&s).map_err(anyhow::Error::msg)?,
+        Some(s) => host::units::parse_size(&s).map_err(anyhow::Error::msg)?,
         None => (64 << 20) + 3, // not a whole number of anything, on purpose
     };
     // Your data: here bytes that spell out their own offsets, so a misplaced byte shows.

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let bytes = match std::env::args().nth(1) {
         None => 16 << 20,
-        Some(s) => host::transfer::units::parse_size(&s).map_err(anyhow::Error::msg)?,
+        Some(s) => host::units::parse_size(&s).map_err(anyhow::Error::msg)?,
     };
     // The buffer we own: page-aligned host memory, each i32 set to the pattern by the
     // same function the GPU kernel and the receiver's check call.

@@ -16,4 +16,5 @@ pub mod soundness;
 pub mod topology;
 pub mod transfer;
 pub mod transport;
+pub mod units;
 pub mod wire;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 #[cfg(feature = "cuda")]
 pub fn check(args: &GpuCheckArgs) -> Result<ExitCode> {
     use super::output::{values_line, verification_words};
-    use host::transfer::units::format_bytes;
+    use host::units::format_bytes;
 
     let size = usize::try_from(args.size)?;
     let report = host::gpu::check::run(args.gpu, size, args.mem)?;

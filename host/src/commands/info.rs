@@ -7,7 +7,7 @@ use anyhow::Result;
 use host::cli::InfoArgs;
 use host::rails::words;
 use host::rdma::{self, NicProbe, PortSummary};
-use host::transfer::units::format_bytes;
+use host::units::format_bytes;
 use serde_json::json;
 use std::process::ExitCode;
 

@@ -137,7 +137,7 @@ pub fn rail_lines(rails: &[host::transfer::report::RailReport]) -> Vec<String> {
                 name(r),
                 r.chunks,
                 if r.chunks == 1 { "" } else { "s" },
-                host::transfer::units::format_bytes(r.bytes)
+                host::units::format_bytes(r.bytes)
             ),
         })
         .collect();
@@ -181,7 +181,7 @@ pub fn received_rails_line(s: &host::transfer::report::StripedRecv) -> String {
                     .unwrap_or_default(),
                 r.chunks,
                 if r.chunks == 1 { "" } else { "s" },
-                host::transfer::units::format_bytes(r.bytes)
+                host::units::format_bytes(r.bytes)
             );
             if r.copies_dropped > 0 {
                 text += &format!(", {} copies dropped", r.copies_dropped);

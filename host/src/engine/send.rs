@@ -180,7 +180,7 @@ fn ended_early(sending: &mut Sending<'_>, label: &str, total: u64) -> Option<Tra
                 total,
                 why: format!(
                     "the receiver ended the transfer: sender too slow ({} had arrived by its --min-rate deadline)",
-                    crate::transfer::units::format_bytes(ack.received_bytes)
+                    crate::units::format_bytes(ack.received_bytes)
                 ),
             });
         }

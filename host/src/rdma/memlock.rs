@@ -6,7 +6,7 @@
 //! Read from `/proc/self/limits` and `/proc/self/status` (no system call of our own);
 //! the words are pure functions of what was read, tested below.
 
-use crate::transfer::units::format_bytes;
+use crate::units::format_bytes;
 
 /// The limit and the capability that lifts it, as this process has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -1,8 +1,7 @@
 //! The transfer engine, the same whatever carries the bytes (the messages the peers
 //! exchange are [`crate::wire`]'s): the chunk plan ([`plan`]), the sender's chunk
 //! schedule ([`schedule`]) and what drives it for the benchmark ([`memcpy_wire`]), the
-//! reports ([`report`]), the errors a user can act on ([`TransferError`]) and byte counts
-//! for people ([`units`]).
+//! reports ([`report`]) and the errors a user can act on ([`TransferError`]).
 //! The engine that runs transfers over the links is [`crate::engine`]; the links are
 //! [`crate::net`]'s (verbs and TCP).
 
@@ -15,14 +14,16 @@ pub mod repair;
 pub mod report;
 pub mod schedule;
 pub mod store;
-pub mod units;
+/// Byte counts for people, at their old path: they live at the ground floor
+/// ([`crate::units`]), where the wire formats and the verbs wrappers use them too.
+pub use crate::units;
 
 pub use plan::{Chunk, ChunkPlan};
 pub use report::{ReceiverVerdict, RecvOutcome, RecvReport, SendReport};
 
 use crate::rdma::RdmaError;
+use crate::units::{format_bytes, format_bytes_apart};
 use crate::wire::{Payload, RejectReason, VerifyMode, DEFAULT_MAX_RESENDS};
-use units::{format_bytes, format_bytes_apart};
 
 /// What a sender sends and how the receiver is to check it: the same for both
 /// transports, built by the CLI (or a library caller).

@@ -445,11 +445,11 @@ impl Requests {
         if b.spent + cost > b.budget {
             return Err(format!(
                 "the receiver asked for {} again after {}, beyond the {} this sender sends again for a transfer of {} (its size again, at least {})",
-                crate::transfer::units::format_bytes(cost),
-                crate::transfer::units::format_bytes(b.spent),
-                crate::transfer::units::format_bytes(b.budget),
-                crate::transfer::units::format_bytes(b.total),
-                crate::transfer::units::format_bytes(pieces::MIN_BUDGET),
+                crate::units::format_bytes(cost),
+                crate::units::format_bytes(b.spent),
+                crate::units::format_bytes(b.budget),
+                crate::units::format_bytes(b.total),
+                crate::units::format_bytes(pieces::MIN_BUDGET),
             ));
         }
         b.spent += cost;
@@ -487,10 +487,10 @@ impl Requests {
         if b.queried + bytes > b.budget {
             return Err(format!(
                 "the receiver queried the CRC32C of {} after {}, beyond the {} this sender checks again for a transfer of {}",
-                crate::transfer::units::format_bytes(bytes),
-                crate::transfer::units::format_bytes(b.queried),
-                crate::transfer::units::format_bytes(b.budget),
-                crate::transfer::units::format_bytes(b.total),
+                crate::units::format_bytes(bytes),
+                crate::units::format_bytes(b.queried),
+                crate::units::format_bytes(b.budget),
+                crate::units::format_bytes(b.total),
             ));
         }
         b.queried += bytes;
@@ -585,8 +585,8 @@ impl Requests {
         match self.converging {
             Some(b) if self.rounds < self.max_resends => format!(
                 "they stopped repairing: {} sent again of at most {}, the transfer's size again, or --timeout passed without a repair",
-                crate::transfer::units::format_bytes(b.spent),
-                crate::transfer::units::format_bytes(b.budget)
+                crate::units::format_bytes(b.spent),
+                crate::units::format_bytes(b.budget)
             ),
             _ => "--max-resends".into(),
         }

@@ -7,7 +7,7 @@ use super::constants::{
 };
 use super::error::{open, open_versions, WireError};
 use crate::server::key::NONCE_LEN;
-use crate::transfer::units::{format_bytes, format_bytes_apart};
+use crate::units::{format_bytes, format_bytes_apart};
 
 pub const ACCEPT_LEN: usize = 28;
 pub const REJECT_LEN: usize = 28;

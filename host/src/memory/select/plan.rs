@@ -8,7 +8,7 @@
 use super::{mem_name, DeviceRegistration, GpuCapabilities, MemKind, Refusal};
 use crate::rdma::{errno_in_words, DmaBufProbe, PeerMemModule};
 use crate::topology::PciDistance;
-use crate::transfer::units::format_bytes;
+use crate::units::format_bytes;
 use serde::Serialize;
 
 /// One way of putting the data where the NIC can reach it.

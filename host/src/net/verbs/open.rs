@@ -10,8 +10,8 @@ use crate::memory::{SendMemory, SendSource};
 use crate::rdma::{
     self, errno_message, CmEventKind, CmId, ConnParams, Deadline, EventChannel, MemoryRegion,
 };
-use crate::transfer::units::format_bytes_apart;
 use crate::transfer::TransferError;
+use crate::units::format_bytes_apart;
 use crate::wire::{RejectReason, WireError};
 use std::net::SocketAddr;
 use std::time::Duration;

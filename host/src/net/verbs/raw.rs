@@ -17,8 +17,8 @@ use crate::rdma::{
     self, format_duration, CmId, ConnParams, Deadline, EventChannel, MemoryRegion, MessageBuffer,
     QpCaps, RdmaError, SendOp, SendWr,
 };
-use crate::transfer::units::format_bytes;
 use crate::transfer::{gigabytes_per_second, RecvOutcome, RecvReport, SendReport, TransferError};
+use crate::units::format_bytes;
 use crate::wire::{RejectReason, RAW_IMM, RAW_REPLY};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
