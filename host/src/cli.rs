@@ -3,7 +3,7 @@
 //! [`crate::transfer`] and [`crate::memory`].
 
 use crate::memory::select::MemKind;
-use crate::memory::GpuSelection;
+use crate::memory_factory::GpuSelection;
 use crate::rails::NicList;
 use crate::topology::PciDistance;
 use crate::transport::TransportKind;

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod gpu;
 pub mod integrity;
 pub mod memory;
+pub mod memory_factory;
 pub mod net;
 pub mod rails;
 pub mod rdma;

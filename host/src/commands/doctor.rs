@@ -13,7 +13,7 @@ use host::cli::DoctorArgs;
 use host::memory::select::{
     plan, Direction, GpuCapabilities, MemKind, Method, NicFacts, PathFacts, Plan,
 };
-use host::memory::GpuSelection;
+use host::memory_factory::GpuSelection;
 use host::rails::words;
 use host::rdma::memlock::MemlockFacts;
 use host::rdma::presence::RdmaPresence;

@@ -3,7 +3,7 @@
 //! `topology`, where tests feed them.
 
 use host::memory::select::{Attempt, AttemptLog, Bar1Fit, GpuCapabilities, NicFacts, PathFacts};
-use host::memory::GpuChoice;
+use host::memory_factory::GpuChoice;
 use host::rdma::{self, DmaBufProbe, NicLocation, NicProbe};
 use host::topology::{self, PciDistance, PciFunction};
 use std::path::Path;

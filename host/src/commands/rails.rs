@@ -5,7 +5,7 @@
 use super::facts::GpuFacts;
 use anyhow::Result;
 use host::cli::SendArgs;
-use host::memory::GpuSelection;
+use host::memory_factory::GpuSelection;
 use host::rails::{self, Rail, RankedRail};
 use host::topology::PciFunction;
 

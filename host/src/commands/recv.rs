@@ -9,7 +9,8 @@ use host::engine::serve::{
 };
 use host::engine::RecvMemory;
 use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
-use host::memory::{DataPath, GpuChoice, GpuSelection, SinkFactory};
+use host::memory::DataPath;
+use host::memory_factory::{GpuChoice, GpuSelection, SinkFactory};
 use host::server::admission::{Admission, Limits};
 use host::transfer::{RecvOutcome, RecvReport};
 use host::transport::TransportKind;

@@ -8,7 +8,7 @@ use host::engine::connect::{choose_source, send_tcp};
 use host::engine::serve::serve_tcp;
 use host::engine::{RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
 use host::memory::select::MemKind;
-use host::memory::SendMemory;
+use host::memory_factory::SendMemory;
 use host::net::tcp::dial::{rails_of, Rail};
 use host::server::admission::{Admission, Limits};
 use host::transfer::{RecvOutcome, SendReport};
@@ -143,7 +143,7 @@ fn key(path: Option<&std::path::Path>) -> Result<Option<host::server::Key>> {
 
 #[cfg(feature = "cuda")]
 fn device_memory(args: &RecvArgs) -> Result<RecvMemory> {
-    let gpu = host::memory::GpuChoice::open(args.gpu, MemKind::Device)?;
+    let gpu = host::memory_factory::GpuChoice::open(args.gpu, MemKind::Device)?;
     let gpu = gpu.gpu()?.clone();
     eprintln!("note: receiving into GPU memory: each stream's chunks are read into page-locked host slots and copied into device memory, then the verify kernel checks the whole buffer on the GPU; transfers are served at once, each on its own thread with its own copy stream, each counted against --max-memory with its page-locked ring");
     Ok(RecvMemory::Device(gpu))

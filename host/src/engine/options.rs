@@ -3,7 +3,7 @@
 //! ([`RecvOptions`]). What only one transport reads sits in its own part of the value.
 
 use super::cooldown::Cooldowns;
-use crate::memory::SinkFactory;
+use crate::memory_factory::SinkFactory;
 use crate::net::tcp::dial::Rail;
 use crate::net::verbs::dial::RailTarget;
 use crate::server::{AllowList, Key};

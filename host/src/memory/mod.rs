@@ -3,12 +3,10 @@
 //! host memory, GPU-mapped host memory, GPU memory read directly by the NIC (GPUDirect
 //! RDMA) and GPU memory staged through host memory.
 
-pub mod factory;
 pub mod host_buffer;
 pub mod lent;
 pub mod select;
 
-pub use factory::{GpuChoice, GpuSelection, SendMemory, SinkFactory};
 pub use host_buffer::HostBuffer;
 pub use lent::LentBytes;
 pub use select::CheckMemory;

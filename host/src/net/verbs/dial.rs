@@ -18,7 +18,8 @@ use super::open::{
 };
 use super::send::{post_replies, SendRail, Target, VerbsSender, REPLY_SLOTS, SEND_SLOTS};
 use crate::memory::select::AttemptLog;
-use crate::memory::{SendMemory, SendSource};
+use crate::memory::SendSource;
+use crate::memory_factory::SendMemory;
 use crate::rdma::{self, CmId, EventChannel, MemoryRegion, QpCaps};
 use crate::server::key::NONCE_LEN;
 use crate::server::Key;

@@ -6,7 +6,8 @@
 
 use super::conn::{next_event, Resources};
 use crate::memory::select::{walk, AttemptLog};
-use crate::memory::{SendMemory, SendSource};
+use crate::memory::SendSource;
+use crate::memory_factory::SendMemory;
 use crate::rdma::{
     self, errno_message, CmEventKind, CmId, ConnParams, Deadline, EventChannel, MemoryRegion,
 };

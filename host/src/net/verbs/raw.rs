@@ -12,7 +12,7 @@ use super::open::{
     check_device, check_message_size, choose_source, connect, register_source, resolve,
 };
 use crate::memory::select::walk;
-use crate::memory::SendMemory;
+use crate::memory_factory::SendMemory;
 use crate::rdma::{
     self, format_duration, CmId, ConnParams, Deadline, EventChannel, MemoryRegion, MessageBuffer,
     QpCaps, RdmaError, SendOp, SendWr,

@@ -1,8 +1,10 @@
 //! Build the sender's source and the receiver's sink from the command line's choices:
-//! probe the GPU, pick the path (`select`), allocate, and say what was chosen.
+//! probe the GPU, pick the path ([`crate::memory::select`]), allocate, and say what was
+//! chosen. Above both [`crate::memory`] (the traits every buffer meets, and the choice)
+//! and [`crate::gpu`] (the GPU's buffers), which it puts together.
 
-use super::select::{GpuCapabilities, MemKind, Method, Plan};
-use super::{HostBuffer, RecvSink, SendSource};
+use crate::memory::select::{GpuCapabilities, MemKind, Method, Plan};
+use crate::memory::{HostBuffer, RecvSink, SendSource};
 use anyhow::Result;
 use std::fmt;
 use std::str::FromStr;
@@ -371,7 +373,7 @@ mod tests {
         let mut memory = SendMemory::new(host_only(), gpu, 16384, 4096);
         let source = memory.source(Method::Host).unwrap();
         assert_eq!(source.first_values(5).unwrap(), [0, 2, 4, 6, 8]);
-        assert_eq!(source.path(), super::super::DataPath::HostMemory);
+        assert_eq!(source.path(), crate::memory::DataPath::HostMemory);
         memory.settle(Method::Host);
         assert!(memory.settled().is_some());
     }
