@@ -60,20 +60,8 @@ impl Unit {
     }
 }
 
-/// A pass's tag: every item posted names the pass it belongs to, and every report of it
-/// does too, so a pass never takes another's completions for its own (one that ended
-/// early on the same link, say). Opaque to links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Pass(pub u64);
-
-impl Pass {
-    /// A pass number no earlier pass of this process had.
-    pub fn fresh() -> Pass {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Pass(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
+/// A pass's tag, which every item posted and every report of it names (opaque to links).
+pub use crate::transfer::plan::Pass;
 
 /// One item handed to a sender's link: a chunk, or a piece, of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -71,6 +71,21 @@ impl ChunkPlan {
     }
 }
 
+/// A pass's tag: every item posted names the pass of the plan it belongs to, and every
+/// report of it does too, so a pass never takes another's completions for its own (one
+/// that ended early on the same link, say). Opaque to links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pass(pub u64);
+
+impl Pass {
+    /// A pass number no earlier pass of this process had.
+    pub fn fresh() -> Pass {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Pass(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,9 +17,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-/// Which pass of the schedule a chunk belongs to: the seam's tag, which every report of
-/// a link names too ([`crate::net::Pass`]).
-pub use crate::net::Pass;
+/// Which pass of the schedule a chunk belongs to: the tag every item and every report of
+/// a link names too.
+pub use super::plan::Pass;
 
 /// What [`ChunkWire::wait`] reports: every chunk of `pass` up to index `through` is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
