@@ -26,10 +26,10 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::path::Path;
 
-/// Bytes of a nonce.
-pub const NONCE_LEN: usize = 16;
-/// Bytes of a proof (an HMAC-SHA256 tag).
-pub const PROOF_LEN: usize = 32;
+/// Bytes of a nonce (as the wire's challenge carries it).
+pub use crate::wire::NONCE_LEN;
+/// Bytes of a proof: an HMAC-SHA256 tag (as the wire's proof carries it).
+pub const PROOF_LEN: usize = crate::wire::TAG_LEN;
 /// The shortest key accepted: 128 bits.
 pub const MIN_KEY_LEN: usize = 16;
 /// What an offer's proof is for (the first bytes under the MAC).

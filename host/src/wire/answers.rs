@@ -2,11 +2,11 @@
 //! transfer's rail 0 adds a token, [`StripedAccept`]), or why not ([`RejectReason`]); and
 //! the [`Join`] with which a further rail of a striped verbs transfer names that token.
 
+use super::auth::NONCE_LEN;
 use super::constants::{
     ACCEPT_MAGIC, JOIN_MAGIC, MAX_VERBS_RAILS, OLDEST_VERSION, REJECT_MAGIC, VERSION,
 };
 use super::error::{open, open_versions, WireError};
-use crate::server::key::NONCE_LEN;
 use crate::units::{format_bytes, format_bytes_apart};
 
 pub const ACCEPT_LEN: usize = 28;

@@ -5,7 +5,11 @@
 use super::constants::{CHALLENGE_MAGIC, PROOF_MAGIC, VERSION};
 use super::error::{open, WireError};
 use super::offer::HEADER_LEN;
-use crate::server::key::NONCE_LEN;
+
+/// Bytes of the receiver's nonce, as a challenge carries it.
+pub const NONCE_LEN: usize = 16;
+/// Bytes of an HMAC-SHA256 tag, as a proof carries it ([`crate::server::key`] makes it).
+pub const TAG_LEN: usize = 32;
 
 /// The receiver's answer to an offer when it has a `--key-file`: prove you hold the
 /// key over this nonce (see [`crate::server::key`]). The same length as an accept, so a
@@ -20,7 +24,7 @@ pub struct Challenge {
 
 pub const CHALLENGE_LEN: usize = 28;
 /// Layout: `0` magic "GRDP", `4` version u16, `6` reserved u16, `8` HMAC-SHA256 tag.
-pub const PROOF_LEN: usize = 8 + crate::server::key::PROOF_LEN;
+pub const PROOF_LEN: usize = 8 + TAG_LEN;
 impl Challenge {
     pub fn encode(&self) -> [u8; CHALLENGE_LEN] {
         let mut out = [0u8; CHALLENGE_LEN];
@@ -41,7 +45,7 @@ impl Challenge {
 /// bytes and the [`Challenge`]'s nonce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Proof {
-    pub tag: [u8; crate::server::key::PROOF_LEN],
+    pub tag: [u8; TAG_LEN],
 }
 
 impl Proof {
