@@ -779,8 +779,11 @@ unsafe impl SendLink for VerbsSender<'_> {
             if out.len() > before || now >= deadline {
                 return Ok(());
             }
+            // A rewrite due wakes the wait (only while it can go: never a spin).
             let deadline = match &self.rewrites {
-                Some(w) if w.left > 0 => deadline.min(w.next.max(now)),
+                Some(w) if w.left > 0 && self.rails[0].state == State::Live => {
+                    deadline.min(w.next.max(now))
+                }
                 _ => deadline,
             };
             let live: Vec<Rail> = (0..self.rails.len())
@@ -850,6 +853,8 @@ impl<'r> VerbsSender<'r> {
             Some(slot) => slot,
             None => {
                 let Some(slot) = rail.free_bounce.pop() else {
+                    // Every bounce slot busy with copies: the lie is given up.
+                    w.left = 0;
                     return Ok(());
                 };
                 // SAFETY: the range lies in the source's host memory (offset + n <= len),
