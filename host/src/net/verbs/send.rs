@@ -35,6 +35,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod lies;
+use lies::Rewrites;
+
 /// Where a rail's items go on the receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -84,21 +87,6 @@ enum Waiting {
         len: usize,
     },
 }
-
-/// TEST ONLY (`--test-peer-lies rewrite`): the WRITEs after the sender's CRC32Cs.
-struct Rewrites {
-    /// When the next one goes.
-    next: Instant,
-    left: u32,
-    /// The bounce slot that holds the changed bytes (written once, kept).
-    slot: Option<usize>,
-}
-
-/// The first rewrite this long after the CRC32Cs went (the receiver has checked by then,
-/// and is storing), then one every [`REWRITE_EVERY`], [`REWRITES`] in all.
-const REWRITE_AFTER: Duration = Duration::from_millis(300);
-const REWRITE_EVERY: Duration = Duration::from_millis(20);
-const REWRITES: u32 = 150;
 
 /// A posted request, in the order of the send queue.
 struct Out {
@@ -348,27 +336,9 @@ impl<'r> VerbsSender<'r> {
                     rail.unsignaled = 0;
                 }
                 &Waiting::Lie { slot, offset, len } => {
-                    let Target::Write { addr, rkey } = rail.target else {
-                        return Err("a rewrite needs --op write".into());
-                    };
                     post_list(&rail.conn, &mut self.wrs)?;
-                    // The slot is this lie's alone, written once before the first rewrite
-                    // and never again: every rewrite reads the same bytes.
-                    let sge = rail
-                        .conn
-                        .bounce_slot(slot, len)
-                        .map_err(|e| e.to_string())?;
-                    self.wrs.push(SendWr {
-                        wr_id: TAG_FRAGMENT | seq,
-                        sge,
-                        op: SendOp::Write {
-                            remote_addr: addr + offset,
-                            rkey,
-                        },
-                        signaled: true,
-                        inline: false,
-                        solicited: false,
-                    });
+                    self.wrs
+                        .push(lies::rewrite_wr(rail, slot, offset, len, seq)?);
                     post_list(&rail.conn, &mut self.wrs)?;
                     rail.out.push_back(Out {
                         seq,
@@ -749,16 +719,7 @@ unsafe impl SendLink for VerbsSender<'_> {
                 bytes.len()
             )));
         }
-        if self.lies == Some(PeerLie::Rewrite)
-            && self.rewrites.is_none()
-            && bytes.starts_with(&crate::wire::CHECKSUMS_MAGIC)
-        {
-            self.rewrites = Some(Rewrites {
-                next: Instant::now() + REWRITE_AFTER,
-                left: REWRITES,
-                slot: None,
-            });
-        }
+        self.arm_rewrites(bytes);
         let r = self.live(rail)?;
         r.waiting.extend(fragments(bytes).map(Waiting::Fragment));
         self.pump(rail).map_err(LinkError)
@@ -779,12 +740,10 @@ unsafe impl SendLink for VerbsSender<'_> {
             if out.len() > before || now >= deadline {
                 return Ok(());
             }
-            // A rewrite due wakes the wait (only while it can go: never a spin).
-            let deadline = match &self.rewrites {
-                Some(w) if w.left > 0 && self.rails[0].state == State::Live => {
-                    deadline.min(w.next.max(now))
-                }
-                _ => deadline,
+            // A rewrite due (test only) wakes the wait.
+            let deadline = match self.rewrite_due() {
+                Some(due) => deadline.min(due.max(now)),
+                None => deadline,
             };
             let live: Vec<Rail> = (0..self.rails.len())
                 .filter(|&r| self.rails[r].state != State::Quiet)
@@ -837,51 +796,6 @@ unsafe impl SendLink for VerbsSender<'_> {
 }
 
 impl<'r> VerbsSender<'r> {
-    /// TEST ONLY (`--test-peer-lies rewrite`): queue the next WRITE of the last item's
-    /// place, its first byte changed, on rail 0 once it is due.
-    fn rewrite_when_due(&mut self) -> Result<(), LinkError> {
-        let (Some((base, len)), Some(w)) = (self.host, self.rewrites.as_mut()) else {
-            return Ok(());
-        };
-        let rail = &mut self.rails[0];
-        if w.left == 0 || Instant::now() < w.next || rail.state != State::Live || len == 0 {
-            return Ok(());
-        }
-        let offset = (len - 1) / self.item_len * self.item_len;
-        let n = (len - offset).min(self.item_len);
-        let slot = match w.slot {
-            Some(slot) => slot,
-            None => {
-                let Some(slot) = rail.free_bounce.pop() else {
-                    // Every bounce slot busy with copies: the lie is given up.
-                    w.left = 0;
-                    return Ok(());
-                };
-                // SAFETY: the range lies in the source's host memory (offset + n <= len),
-                // valid while the source is borrowed; only read here.
-                let bytes = unsafe { std::slice::from_raw_parts(base.as_ptr().add(offset), n) };
-                let mut changed = bytes.to_vec();
-                changed[0] ^= 0xff;
-                // SAFETY: the slot was free, and it is kept for the lie from now on.
-                unsafe {
-                    rail.conn
-                        .bounce_sge((BOUNCE_SLOTS, self.item_len), slot, &changed)
-                }
-                .map_err(|e| LinkError(e.to_string()))?;
-                w.slot = Some(slot);
-                slot
-            }
-        };
-        w.left -= 1;
-        w.next += REWRITE_EVERY;
-        rail.waiting.push_back(Waiting::Lie {
-            slot,
-            offset: offset as u64,
-            len: n,
-        });
-        self.pump(0).map_err(LinkError)
-    }
-
     fn live(&mut self, rail: Rail) -> Result<&mut RailState<'r>, LinkError> {
         match self.rails.get_mut(rail) {
             Some(r) if r.state == State::Live => Ok(r),
