@@ -5,7 +5,6 @@
 //! it, a sender that writes again after its CRC32Cs passed would have the receiver
 //! store bytes other than those it checked and called verified.
 
-use crate::integrity::Crc32c;
 use std::io::{self, Write};
 
 /// A writer in front of `out` that passes the bytes of chunk `k` (of `chunk` bytes, the
@@ -42,9 +41,7 @@ impl<'a> CheckedOut<'a> {
                 self.passed.len()
             )));
         };
-        let mut crc = Crc32c::new();
-        crc.update(&self.held);
-        if crc.value() != expected {
+        if crate::integrity::crc32c(&self.held) != expected {
             return Err(io::Error::other(format!(
                 "chunk {} changed after its CRC32C passed (the sender's NIC wrote it again, \
                  --op write): not handed on",

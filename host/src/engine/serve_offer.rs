@@ -411,9 +411,15 @@ fn still_as_passed(memory: &dyn RecvSink, passed: &[u32], chunk: u64) -> Result<
     let now = memory
         .crc32c_chunks(0..memory.len(), chunk as usize)
         .map_err(|e| format!("checking the chunks again: {e:#}"))?;
-    match now.iter().zip(passed).position(|(a, b)| a != b) {
-        None if now.len() == passed.len() => Ok(()),
-        None => Err(format!("{} chunks checked again, {} passed", now.len(), passed.len())),
+    if now.len() != passed.len() {
+        return Err(format!(
+            "{} chunks checked again, {} passed",
+            now.len(),
+            passed.len()
+        ));
+    }
+    match crate::transfer::repair::failed(passed, &now).first() {
+        None => Ok(()),
         Some(k) => Err(format!(
             "chunk {k} changed after its CRC32C passed (the sender's NIC wrote it again, --op write): the received data is not what was checked"
         )),

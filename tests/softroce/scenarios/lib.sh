@@ -117,11 +117,9 @@ await() {
 # and the case goes on; the suite tells such a kernel's runs by its console line.
 REAP_BOUND=30
 reap() {
-  local label=$1 pid t0 rc
+  local label=$1 pid rc
   pid=$(pid_of "$label")
-  t0=$(now_cs)
-  while alive "$pid" && [ $(($(now_cs) - t0)) -lt $((REAP_BOUND * 100)) ]; do sleep 0.1; done
-  if alive "$pid"; then
+  if ! gone_within "$pid" "$REAP_BOUND"; then
     eval "K_$label=unkillable R_$label=137 E_$label=$(now_cs)"
     UNKILLABLE="$UNKILLABLE $pid"
     CASE_RC=1
@@ -130,6 +128,16 @@ reap() {
   wait "$pid" 2>/dev/null   # (no "Killed" notice from the shell in the section)
   rc=$?
   eval "R_$label=$rc E_$label=$(now_cs)"
+}
+
+# gone_within PID SECS: wait up to SECS for PID to be gone; 1 if it is still there.
+gone_within() {
+  local t0
+  t0=$(now_cs)
+  while alive "$1"; do
+    [ $(($(now_cs) - t0)) -ge $(($2 * 100)) ] && return 1
+    sleep 0.1
+  done
 }
 
 # show LABEL: print LABEL's section (header and output).
@@ -160,12 +168,10 @@ kill_now() {
 # stop LABEL: SIGTERM (a receiver that serves forever), then finish within 10 s of the
 # signal (however long it ran before); still alive then, it is killed (killed=bound).
 stop() {
-  local pid t0
+  local pid
   kill_now "$1" TERM
   pid=$(pid_of "$1")
-  t0=$(now_cs)
-  while alive "$pid" && [ $(($(now_cs) - t0)) -lt 1000 ]; do sleep 0.1; done
-  if alive "$pid"; then
+  if ! gone_within "$pid" 10; then
     kill -9 "$pid" 2>/dev/null
     eval "K_$1=bound"
     CASE_RC=1

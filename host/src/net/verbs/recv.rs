@@ -727,8 +727,9 @@ fn slot_of(wr_id: u64) -> Option<usize> {
 // sender's NIC writes the buffer through the keys of rail 0's accept and the joins'
 // wherever and whenever it likes until the registration ends (an honest one: a copy of
 // an item it moved off a failed rail, landing late with the same bytes; a lying one:
-// anything), which `caps` says (`peer_writes_in_place`), as the trait asks; send in place posts a receive at an item's place only while the item is
-// expected and not landed, and reports it landed only from that receive's completion;
+// anything), which `caps` says (`peer_writes_in_place`), as the trait asks; send in
+// place posts a receive at an item's place only while the item is expected and not
+// landed, and reports it landed only from that receive's completion;
 // send copied writes an item's place only while it is expected and has not landed.
 // `close` disconnects every rail: its queue pair then runs nothing more.
 unsafe impl RecvLink for VerbsReceiver<'_> {
