@@ -6,6 +6,7 @@
 //! a run under NCCL shows where an operation's time goes. Off (and free) unless set.
 
 use crate::log::{info, NET};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Requests traced per comm (each a handful of lines).
@@ -14,13 +15,20 @@ pub const TRACE_REQUESTS: u64 = 200;
 #[derive(Clone, Copy, Debug)]
 pub struct Trace {
     t0: Option<Instant>,
+    /// The comm's number in this process (its lines say `send3`, `recv4`: NCCL opens a
+    /// comm per channel, and each numbers its requests from 0).
+    comm: u64,
 }
+
+/// Comms made in this process, for [`Trace::comm`].
+static COMMS: AtomicU64 = AtomicU64::new(0);
 
 impl Trace {
     pub fn from_env() -> Self {
         let on = std::env::var("NCCL_GRDMA_TRACE").is_ok_and(|v| v.trim() == "1");
         Self {
             t0: on.then(Instant::now),
+            comm: COMMS.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -34,7 +42,7 @@ impl Trace {
     pub fn note(&self, comm: &str, key: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (key <= TRACE_REQUESTS, self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} #{key} +{us}us @{} {what}", wall_us());
+            info!(NET; "trace {comm}{} #{key} +{us}us @{} {what}", self.comm, wall_us());
         }
     }
 
@@ -42,7 +50,7 @@ impl Trace {
     pub fn event(&self, comm: &str, n: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (self.on(n), self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} req {n} +{us}us @{} {what}", wall_us());
+            info!(NET; "trace {comm}{} req {n} +{us}us @{} {what}", self.comm, wall_us());
         }
     }
 }
