@@ -3,6 +3,7 @@
 
 use crate::error::{NetError, Result};
 use crate::wire::{EAGER_MAX, MAX_STREAMS};
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -28,12 +29,24 @@ pub struct Config {
     /// small message). Off: under NCCL on H100s it gained at 16-64 KiB and lost above
     /// (docs/measurements/h100/2026-12-06-nccl-plugin, `j-` and `n-`).
     pub eager_by_number: bool,
+    /// `NCCL_GRDMA_EAGER_PARK_MS` (the receiver's; 0, the default: off): with eager
+    /// messages placed by number, a reader that meets the first bytes of an eager message
+    /// whose receive is not posted yet leaves them in the kernel's socket buffer, up to
+    /// this long, until `irecv` posts it, and then reads them straight into NCCL's buffer
+    /// (no bounce copy; the sender never waited for a clear-to-send). After that long it
+    /// takes them into a bounce buffer as before, so a receive that waits on something
+    /// behind them (a resend on the same socket) is never held for good.
+    pub park: Duration,
 }
 
 /// `NCCL_GRDMA_EAGER_MAX` when unset: NCCL's default chunks go eagerly, tuned 2 MiB
 /// chunks straight into the posted buffer (H200: 4.2 GB/s send/recv at the defaults
 /// eager, against 0.93 waiting; tuned 11.3 waiting, against 4.0 eager).
 pub const DEFAULT_EAGER_MAX: u64 = 1 << 20;
+
+/// The longest `NCCL_GRDMA_EAGER_PARK_MS`: bytes left in the kernel longer than this
+/// would hold the sender's socket up for a human-visible time.
+pub const MAX_PARK_MS: u64 = 1000;
 
 impl Config {
     pub fn from_env() -> Result<Self> {
@@ -89,12 +102,24 @@ impl Config {
             false,
             "0 (match frames, the default) or 1",
         )?;
+        let park = match get("NCCL_GRDMA_EAGER_PARK_MS") {
+            None => Duration::ZERO,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n <= MAX_PARK_MS => Duration::from_millis(n),
+                _ => {
+                    return Err(NetError::invalid(format!(
+                        "NCCL_GRDMA_EAGER_PARK_MS={v:?}: expected milliseconds from 0 (off) to {MAX_PARK_MS}"
+                    )))
+                }
+            },
+        };
         Ok(Self {
             streams,
             checks,
             inject_one_in,
             eager_max,
             eager_by_number,
+            park,
         })
     }
 }
@@ -167,6 +192,7 @@ mod tests {
                 inject_one_in: None,
                 eager_max: DEFAULT_EAGER_MAX,
                 eager_by_number: false,
+                park: Duration::ZERO,
             }
         );
     }
@@ -187,6 +213,10 @@ mod tests {
             parse(&[("NCCL_GRDMA_EAGER_MAX", "0")]).unwrap().eager_max,
             0
         );
+        assert_eq!(
+            parse(&[("NCCL_GRDMA_EAGER_PARK_MS", "20")]).unwrap().park,
+            Duration::from_millis(20)
+        );
         assert!(
             parse(&[("NCCL_GRDMA_EAGER_BY_NUMBER", "1")])
                 .unwrap()
@@ -201,6 +231,8 @@ mod tests {
             ("NCCL_GRDMA_EAGER_MAX", "4194305"),
             ("NCCL_GRDMA_EAGER_MAX", "1MiB"),
             ("NCCL_GRDMA_EAGER_BY_NUMBER", "yes"),
+            ("NCCL_GRDMA_EAGER_PARK_MS", "1001"),
+            ("NCCL_GRDMA_EAGER_PARK_MS", "5ms"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.msg.starts_with(k), "{e}");

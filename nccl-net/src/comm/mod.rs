@@ -209,6 +209,7 @@ mod tests {
             inject_one_in: None,
             eager_max: crate::config::DEFAULT_EAGER_MAX,
             eager_by_number: false,
+            park: std::time::Duration::ZERO,
         };
         let handle = Handle {
             addr: "127.0.0.1:9".parse().unwrap(),
@@ -218,7 +219,7 @@ mod tests {
             by_number: false,
         };
         let s = SendComm::new(tx.remove(0), tx, handle, cfg).unwrap();
-        let r = RecvComm::new(rx.remove(0), rx, false).unwrap();
+        let r = RecvComm::new(rx.remove(0), rx, false, std::time::Duration::ZERO).unwrap();
         let (ws, wr) = (s.shared_weak(), r.shared_weak());
         // Dropped, not closed (an error path): the threads, which hold the shared
         // state, must be gone when the drop returns.
@@ -240,7 +241,7 @@ mod tests {
         use crate::wire::{PieceHeader, EAGER_SLOT};
         use std::io::Write;
         let (mut tx, mut rx) = pairs(3);
-        let mut r = RecvComm::new(rx.remove(0), rx, false).unwrap();
+        let mut r = RecvComm::new(rx.remove(0), rx, false, std::time::Duration::ZERO).unwrap();
         let msg: Vec<u8> = (0..100u8).collect();
         let piece = PieceHeader {
             matched: false,
@@ -282,18 +283,70 @@ mod tests {
         (&a).write_all(&frame.encode()).unwrap();
         drop(a);
         drop(ctrl);
+        assert_eq!(done(&r), vec![100]);
+        assert_eq!(&buf[..100], &msg[..]);
+        r.close();
+    }
+
+    /// The sizes receive 0 of `r` took, once it is done (within 10 s).
+    fn done(r: &RecvComm) -> Vec<u64> {
         let t0 = std::time::Instant::now();
-        let sizes = loop {
+        loop {
             match r.test(0) {
-                Ok(Some(sizes)) => break sizes,
+                Ok(Some(sizes)) => return sizes,
                 Ok(None) => {}
                 Err(e) => panic!("the receive failed: {e}"),
             }
             assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
             std::thread::sleep(std::time::Duration::from_millis(1));
-        };
-        assert_eq!(sizes, vec![100]);
-        assert_eq!(&buf[..100], &msg[..]);
-        r.close();
+        }
+    }
+
+    /// `NCCL_GRDMA_EAGER_PARK_MS` (placing by number): an eager message whose bytes
+    /// come before its receive is posted lands straight in NCCL's buffer when the
+    /// receive comes within the park time; without parking, or when the receive comes
+    /// later than that, through a bounce buffer. The bytes are exact either way.
+    #[test]
+    fn a_parked_eager_message_lands_in_place_when_its_receive_comes_in_time() {
+        use crate::wire::{PieceHeader, EAGER_SLOT};
+        use std::io::Write;
+        use std::time::Duration;
+        for (park_ms, posted_after_ms, bounced) in [(5000, 100, 0), (0, 100, 1), (50, 400, 1)] {
+            let (mut tx, mut rx) = pairs(2);
+            let park = Duration::from_millis(park_ms);
+            let r = RecvComm::new(rx.remove(0), rx, true, park).unwrap();
+            let msg: Vec<u8> = (0..200u32).map(|i| (i * 7) as u8).collect();
+            let piece = PieceHeader {
+                matched: false,
+                checked: true,
+                slot: EAGER_SLOT,
+                attempt: 0,
+                cts_id: 0,
+                piece: 0,
+                pieces: 1,
+                total: 200,
+                offset: 0,
+                len: 200,
+                crc: crate::integrity::crc32c(&msg),
+                index: 0,
+                tag: 5,
+            };
+            let (_ctrl, a) = (tx.remove(0), tx.remove(0));
+            (&a).write_all(&piece.encode()).unwrap();
+            (&a).write_all(&msg).unwrap();
+            std::thread::sleep(Duration::from_millis(posted_after_ms));
+            let mut buf = vec![0u8; 4096];
+            let req = r.irecv(&[(buf.as_mut_ptr(), 4096, 5)]).unwrap();
+            assert!(req.is_some(), "irecv took the receive");
+            assert_eq!(done(&r), vec![200]);
+            assert_eq!(&buf[..200], &msg[..]);
+            assert_eq!(
+                r.bounced(),
+                bounced,
+                "park {park_ms} ms, receive posted after {posted_after_ms} ms"
+            );
+            let mut r = r;
+            r.close();
+        }
     }
 }
