@@ -15,8 +15,8 @@ pub const TRACE_REQUESTS: u64 = 200;
 #[derive(Clone, Copy, Debug)]
 pub struct Trace {
     t0: Option<Instant>,
-    /// The comm's number in this process (its lines say `send3`, `recv4`: NCCL opens a
-    /// comm per channel, and each numbers its requests from 0).
+    /// The comm's number in this process (its lines say `[comm 3]`: NCCL opens a comm
+    /// per channel, and each numbers its requests from 0).
     comm: u64,
 }
 
@@ -42,7 +42,7 @@ impl Trace {
     pub fn note(&self, comm: &str, key: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (key <= TRACE_REQUESTS, self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm}{} #{key} +{us}us @{} {what}", self.comm, wall_us());
+            info!(NET; "trace {comm} #{key} +{us}us @{} [comm {}] {what}", wall_us(), self.comm);
         }
     }
 
@@ -50,7 +50,7 @@ impl Trace {
     pub fn event(&self, comm: &str, n: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (self.on(n), self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm}{} req {n} +{us}us @{} {what}", self.comm, wall_us());
+            info!(NET; "trace {comm} req {n} +{us}us @{} [comm {}] {what}", wall_us(), self.comm);
         }
     }
 }

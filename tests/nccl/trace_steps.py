@@ -18,8 +18,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-LINE = re.compile(r"^(\S+?):(\d+):(\d+) .*NET/grdma : trace (send|recv)(\d*) (req|#)\s?(\d+) "
-                  r"\+(\d+)us @(\d+) (.*)$")
+LINE = re.compile(r"^(\S+?):(\d+):(\d+) .*NET/grdma : trace (send|recv) (req|#)\s?(\d+) "
+                  r"\+(\d+)us @(\d+) (?:\[comm (\d+)\] )?(.*)$")
 
 
 def pct(xs, p):
@@ -41,7 +41,7 @@ def main():
             m = LINE.match(line.strip())
             if not m:
                 continue
-            _, pid, _, side, comm, kind, n, _, wall, what = m.groups()
+            _, pid, _, side, kind, n, _, wall, comm, what = m.groups()
             n, wall = int(n), int(wall)
             if kind == "#":
                 mm = re.match(r"clear-to-send (\d+) received", what)
