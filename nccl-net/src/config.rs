@@ -1,6 +1,7 @@
 //! The environment variables, read into one typed value when a comm is made (so one
 //! process can hold comms made under different settings, as the tests do).
 
+use crate::comm::send::KEEP_MAX;
 use crate::error::{NetError, Result};
 use crate::wire::{EAGER_MAX, MAX_STREAMS};
 use std::time::Duration;
@@ -37,6 +38,10 @@ pub struct Config {
     /// takes them into a bounce buffer as before, so a receive that waits on something
     /// behind them (a resend on the same socket) is never held for good.
     pub park: Duration,
+    /// `NCCL_GRDMA_KEEP_MAX` (the sender's): the largest checked message whose copy the
+    /// sender keeps, so that `test` says done once it is written rather than at the
+    /// receiver's ack (bytes, 0: none; at most `wire::EAGER_MAX`; 256 KiB by default).
+    pub keep_max: u64,
 }
 
 /// `NCCL_GRDMA_EAGER_MAX` when unset: NCCL's default chunks go eagerly, tuned 2 MiB
@@ -113,6 +118,15 @@ impl Config {
                 }
             },
         };
+        let keep_max = match get("NCCL_GRDMA_KEEP_MAX") {
+            None => KEEP_MAX,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n <= EAGER_MAX => n,
+                _ => return Err(NetError::invalid(format!(
+                    "NCCL_GRDMA_KEEP_MAX={v:?}: expected bytes from 0 (no copies) to {EAGER_MAX}"
+                ))),
+            },
+        };
         Ok(Self {
             streams,
             checks,
@@ -120,6 +134,7 @@ impl Config {
             eager_max,
             eager_by_number,
             park,
+            keep_max,
         })
     }
 }
@@ -193,6 +208,7 @@ mod tests {
                 eager_max: DEFAULT_EAGER_MAX,
                 eager_by_number: false,
                 park: Duration::ZERO,
+                keep_max: KEEP_MAX,
             }
         );
     }
@@ -214,6 +230,12 @@ mod tests {
             0
         );
         assert_eq!(
+            parse(&[("NCCL_GRDMA_KEEP_MAX", "2097152")])
+                .unwrap()
+                .keep_max,
+            2 << 20
+        );
+        assert_eq!(
             parse(&[("NCCL_GRDMA_EAGER_PARK_MS", "20")]).unwrap().park,
             Duration::from_millis(20)
         );
@@ -233,6 +255,7 @@ mod tests {
             ("NCCL_GRDMA_EAGER_BY_NUMBER", "yes"),
             ("NCCL_GRDMA_EAGER_PARK_MS", "1001"),
             ("NCCL_GRDMA_EAGER_PARK_MS", "5ms"),
+            ("NCCL_GRDMA_KEEP_MAX", "4194305"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.msg.starts_with(k), "{e}");

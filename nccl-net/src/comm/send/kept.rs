@@ -1,4 +1,5 @@
-//! Kept copies: a checked message of at most `KEEP_MAX` bytes is copied by the writers
+//! Kept copies: a checked message of at most `NCCL_GRDMA_KEEP_MAX` bytes (`KEEP_MAX` by
+//! default) is copied by the writers
 //! as its pieces first go out, so its request can be done for NCCL once written; a
 //! piece the receiver finds corrupt goes again from the copy, which is kept until the
 //! ack; `close` waits (bounded) for the acks of such messages.
@@ -20,21 +21,22 @@ impl SendReq {
     }
 }
 
-/// A buffer of `KEEP_MAX` bytes for a message's copy, reached only through its raw
-/// address: writers copy into and send from disjoint pieces of it at once, outside the
-/// lock, so no reference to the whole buffer may exist while it is in use.
-pub(super) struct KeptCopy(pub(super) RawBuf);
+/// A buffer for a message's copy (the comm's largest kept message long), reached only
+/// through its raw address: writers copy into and send from disjoint pieces of it at
+/// once, outside the lock, so no reference to the whole buffer may exist while it is in
+/// use.
+pub(super) struct KeptCopy(pub(super) RawBuf, usize);
 
 impl KeptCopy {
-    fn new() -> Self {
-        let b: Box<[u8]> = vec![0u8; KEEP_MAX as usize].into_boxed_slice();
-        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8))
+    fn new(len: usize) -> Self {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8), len)
     }
 }
 
 impl Drop for KeptCopy {
     fn drop(&mut self) {
-        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, KEEP_MAX as usize);
+        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, self.1);
         // SAFETY: made by Box::into_raw in `new` with this length, freed only here; a
         // copy is dropped only with its request finished (no piece in a writer's
         // hands) or with the comm's state, after its threads were joined.
@@ -97,10 +99,11 @@ impl Kept {
     }
 }
 
-/// The largest message whose copy is kept so that its request is done before the ack
-/// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
+/// The largest message whose copy is kept so that its request is done before the ack,
+/// unless `NCCL_GRDMA_KEEP_MAX` says otherwise (NCCL's default step is 128 KiB; larger
+/// steps were deep enough to hide the ack while each waited for its clear-to-send).
 pub const KEEP_MAX: u64 = 256 << 10;
-/// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
+/// Kept copies per send comm (the largest kept message each, 4 MiB in all by default; allocated when first
 /// needed, reused while sends come, freed once none came for `KEEP_IDLE`): beyond them
 /// a message waits for its ack as a larger one does.
 pub const KEEP_BUFFERS: usize = 16;
@@ -109,14 +112,17 @@ pub(super) const KEEP_IDLE: Duration = Duration::from_secs(1);
 
 /// A send comm's copy buffers: those held by requests (counted) and the spares.
 pub(super) struct Copies {
+    /// The largest message kept (each buffer's length).
+    max: u64,
     spare: Vec<KeptCopy>,
     in_use: usize,
     last_take: Instant,
 }
 
 impl Copies {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(max: u64) -> Self {
         Copies {
+            max,
             spare: Vec::new(),
             in_use: 0,
             last_take: Instant::now(),
@@ -126,12 +132,13 @@ impl Copies {
     /// A copy buffer for a message of `size` bytes, if it is checked, small enough, and
     /// fewer than `KEEP_BUFFERS` are in use.
     pub(super) fn take(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
-        if !checked || size > KEEP_MAX || self.in_use >= KEEP_BUFFERS {
+        if !checked || size > self.max || self.in_use >= KEEP_BUFFERS {
             return None;
         }
         self.in_use += 1;
         self.last_take = Instant::now();
-        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
+        let len = self.max as usize;
+        Some(self.spare.pop().unwrap_or_else(|| KeptCopy::new(len)))
     }
 
     /// A buffer back from a finished request.
@@ -208,7 +215,7 @@ mod tests {
 
     #[test]
     fn a_piece_is_sent_from_its_copy_only_once_the_copy_is_made() {
-        let mut k = Kept::new(KeptCopy::new(), 2);
+        let mut k = Kept::new(KeptCopy::new(KEEP_MAX as usize), 2);
         assert_eq!(k.take(0), PieceSource::CopyIn, "the first job copies");
         // A resend asked for before the copying job is done (a lying peer): it must
         // not read the copy another thread is writing.
@@ -221,7 +228,7 @@ mod tests {
 
     #[test]
     fn copies_are_bounded_reused_and_freed_when_idle() {
-        let mut c = Copies::new();
+        let mut c = Copies::new(KEEP_MAX);
         assert!(c.take(100, false).is_none(), "unchecked: no copy");
         assert!(c.take(KEEP_MAX + 1, true).is_none(), "too large: no copy");
         let held: Vec<KeptCopy> = (0..KEEP_BUFFERS)
