@@ -89,44 +89,33 @@ impl Config {
                 }
             },
         };
-        let eager_max = match get("NCCL_GRDMA_EAGER_MAX") {
-            None => DEFAULT_EAGER_MAX,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n <= EAGER_MAX => n,
-                _ => {
-                    return Err(NetError::invalid(format!(
-                        "NCCL_GRDMA_EAGER_MAX={v:?}: expected bytes from 0 (never eager) to {}",
-                        EAGER_MAX
-                    )))
-                }
-            },
-        };
+        let eager_max = at_most(
+            &get,
+            "NCCL_GRDMA_EAGER_MAX",
+            DEFAULT_EAGER_MAX,
+            EAGER_MAX,
+            "bytes from 0 (never eager) to",
+        )?;
         let eager_by_number = switch(
             &get,
             "NCCL_GRDMA_EAGER_BY_NUMBER",
             false,
             "0 (match frames, the default) or 1",
         )?;
-        let park = match get("NCCL_GRDMA_EAGER_PARK_MS") {
-            None => Duration::ZERO,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n <= MAX_PARK_MS => Duration::from_millis(n),
-                _ => {
-                    return Err(NetError::invalid(format!(
-                        "NCCL_GRDMA_EAGER_PARK_MS={v:?}: expected milliseconds from 0 (off) to {MAX_PARK_MS}"
-                    )))
-                }
-            },
-        };
-        let keep_max = match get("NCCL_GRDMA_KEEP_MAX") {
-            None => KEEP_MAX,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n <= EAGER_MAX => n,
-                _ => return Err(NetError::invalid(format!(
-                    "NCCL_GRDMA_KEEP_MAX={v:?}: expected bytes from 0 (no copies) to {EAGER_MAX}"
-                ))),
-            },
-        };
+        let park = Duration::from_millis(at_most(
+            &get,
+            "NCCL_GRDMA_EAGER_PARK_MS",
+            0,
+            MAX_PARK_MS,
+            "milliseconds from 0 (off) to",
+        )?);
+        let keep_max = at_most(
+            &get,
+            "NCCL_GRDMA_KEEP_MAX",
+            KEEP_MAX,
+            EAGER_MAX,
+            "bytes from 0 (no copies) to",
+        )?;
         Ok(Self {
             streams,
             checks,
@@ -140,6 +129,26 @@ impl Config {
 }
 
 /// A 0/1 variable `name` (`default` when unset; `expected` says both values in the error).
+/// A number from 0 to `max` in variable `name`, `default` when unset; `expected` says
+/// what it counts ("bytes from 0 (none) to"), the error adds `max`.
+fn at_most(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    default: u64,
+    max: u64,
+    expected: &str,
+) -> Result<u64> {
+    match get(name) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(NetError::invalid(format!(
+                "{name}={v:?}: expected {expected} {max}"
+            ))),
+        },
+    }
+}
+
 fn switch(
     get: &impl Fn(&str) -> Option<String>,
     name: &str,

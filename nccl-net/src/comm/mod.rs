@@ -239,26 +239,12 @@ mod tests {
     /// closed only once every data socket is (CI caught the receive failing first).
     #[test]
     fn a_sender_closing_after_its_last_message_does_not_fail_that_receive() {
-        use crate::wire::{PieceHeader, EAGER_SLOT};
+        use crate::wire::PieceHeader;
         use std::io::Write;
         let (mut tx, mut rx) = pairs(3);
         let mut r = RecvComm::new(rx.remove(0), rx, false, std::time::Duration::ZERO).unwrap();
         let msg: Vec<u8> = (0..100u8).collect();
-        let piece = PieceHeader {
-            matched: false,
-            checked: true,
-            slot: EAGER_SLOT,
-            attempt: 0,
-            cts_id: 0,
-            piece: 0,
-            pieces: 1,
-            total: 100,
-            offset: 0,
-            len: 100,
-            crc: crate::integrity::crc32c(&msg),
-            index: 0,
-            tag: 5,
-        };
+        let piece = eager_piece(&msg, 5);
         let (ctrl, a, b) = (tx.remove(0), tx.remove(0), tx.remove(0));
         (&a).write_all(&piece.encode()).unwrap();
         (&a).write_all(&msg).unwrap();
@@ -289,6 +275,25 @@ mod tests {
         r.close();
     }
 
+    /// The header of `msg` sent whole as the comm's first message, eagerly, with `tag`.
+    fn eager_piece(msg: &[u8], tag: i32) -> crate::wire::PieceHeader {
+        crate::wire::PieceHeader {
+            matched: false,
+            checked: true,
+            slot: crate::wire::EAGER_SLOT,
+            attempt: 0,
+            cts_id: 0,
+            piece: 0,
+            pieces: 1,
+            total: msg.len() as u64,
+            offset: 0,
+            len: msg.len() as u32,
+            crc: crate::integrity::crc32c(msg),
+            index: 0,
+            tag,
+        }
+    }
+
     /// The sizes receive 0 of `r` took, once it is done (within 10 s).
     fn done(r: &RecvComm) -> Vec<u64> {
         let t0 = std::time::Instant::now();
@@ -309,7 +314,6 @@ mod tests {
     /// later than that, through a bounce buffer. The bytes are exact either way.
     #[test]
     fn a_parked_eager_message_lands_in_place_when_its_receive_comes_in_time() {
-        use crate::wire::{PieceHeader, EAGER_SLOT};
         use std::io::Write;
         use std::time::Duration;
         for (park_ms, posted_after_ms, bounced) in [(5000, 100, 0), (0, 100, 1), (50, 400, 1)] {
@@ -317,21 +321,7 @@ mod tests {
             let park = Duration::from_millis(park_ms);
             let r = RecvComm::new(rx.remove(0), rx, true, park).unwrap();
             let msg: Vec<u8> = (0..200u32).map(|i| (i * 7) as u8).collect();
-            let piece = PieceHeader {
-                matched: false,
-                checked: true,
-                slot: EAGER_SLOT,
-                attempt: 0,
-                cts_id: 0,
-                piece: 0,
-                pieces: 1,
-                total: 200,
-                offset: 0,
-                len: 200,
-                crc: crate::integrity::crc32c(&msg),
-                index: 0,
-                tag: 5,
-            };
+            let piece = eager_piece(&msg, 5);
             let (_ctrl, a) = (tx.remove(0), tx.remove(0));
             (&a).write_all(&piece.encode()).unwrap();
             (&a).write_all(&msg).unwrap();
