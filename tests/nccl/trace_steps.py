@@ -18,7 +18,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-LINE = re.compile(r"^(\S+?):(\d+):(\d+) .*NET/grdma : trace (send|recv) (req|#)\s?(\d+) "
+LINE = re.compile(r"^(?:(\S+?):(\d+):(\d+) )?.*NET/grdma : trace (send|recv) (req|#)\s?(\d+) "
                   r"\+(\d+)us @(\d+) (?:\[comm (\d+)\] )?(.*)$")
 
 
