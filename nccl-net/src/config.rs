@@ -1,7 +1,6 @@
 //! The environment variables, read into one typed value when a comm is made (so one
 //! process can hold comms made under different settings, as the tests do).
 
-use crate::comm::send::KEEP_MAX;
 use crate::error::{NetError, Result};
 use crate::wire::{EAGER_MAX, MAX_STREAMS};
 use std::time::Duration;
@@ -40,7 +39,7 @@ pub struct Config {
     pub park: Duration,
     /// `NCCL_GRDMA_KEEP_MAX` (the sender's): the largest checked message whose copy the
     /// sender keeps, so that `test` says done once it is written rather than at the
-    /// receiver's ack (bytes, 0: none; at most `wire::EAGER_MAX`; 256 KiB by default).
+    /// receiver's ack (bytes, 0: none; at most `wire::EAGER_MAX`; `DEFAULT_KEEP_MAX` unset).
     pub keep_max: u64,
 }
 
@@ -48,6 +47,11 @@ pub struct Config {
 /// chunks straight into the posted buffer (H200: 4.2 GB/s send/recv at the defaults
 /// eager, against 0.93 waiting; tuned 11.3 waiting, against 4.0 eager).
 pub const DEFAULT_EAGER_MAX: u64 = 1 << 20;
+
+/// `NCCL_GRDMA_KEEP_MAX` when unset: the largest message whose copy the sender keeps so
+/// that its request is done before the ack (NCCL's default step is 128 KiB; larger steps
+/// were deep enough to hide the ack while each waited for its clear-to-send).
+pub const DEFAULT_KEEP_MAX: u64 = 256 << 10;
 
 /// The longest `NCCL_GRDMA_EAGER_PARK_MS`: bytes left in the kernel longer than this
 /// would hold the sender's socket up for a human-visible time.
@@ -112,7 +116,7 @@ impl Config {
         let keep_max = at_most(
             &get,
             "NCCL_GRDMA_KEEP_MAX",
-            KEEP_MAX,
+            DEFAULT_KEEP_MAX,
             EAGER_MAX,
             "bytes from 0 (no copies) to",
         )?;
@@ -217,7 +221,7 @@ mod tests {
                 eager_max: DEFAULT_EAGER_MAX,
                 eager_by_number: false,
                 park: Duration::ZERO,
-                keep_max: KEEP_MAX,
+                keep_max: DEFAULT_KEEP_MAX,
             }
         );
     }

@@ -210,7 +210,7 @@ mod tests {
             eager_max: crate::config::DEFAULT_EAGER_MAX,
             eager_by_number: false,
             park: std::time::Duration::ZERO,
-            keep_max: crate::comm::send::KEEP_MAX,
+            keep_max: crate::config::DEFAULT_KEEP_MAX,
         };
         let handle = Handle {
             addr: "127.0.0.1:9".parse().unwrap(),

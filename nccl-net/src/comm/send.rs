@@ -24,7 +24,6 @@
 mod kept;
 mod matching;
 
-pub use kept::KEEP_MAX;
 use kept::{Copies, Kept, PieceSource};
 use matching::{direct_match, on_ctrl};
 

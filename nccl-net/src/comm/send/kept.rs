@@ -1,10 +1,12 @@
-//! Kept copies: a checked message of at most `NCCL_GRDMA_KEEP_MAX` bytes (`KEEP_MAX` by
-//! default) is copied by the writers
+//! Kept copies: a checked message of at most `NCCL_GRDMA_KEEP_MAX` bytes
+//! (`config::DEFAULT_KEEP_MAX` by default) is copied by the writers
 //! as its pieces first go out, so its request can be done for NCCL once written; a
 //! piece the receiver finds corrupt goes again from the copy, which is kept until the
 //! ack; `close` waits (bounded) for the acks of such messages.
 
 use super::{SendComm, SendReq, State};
+#[cfg(test)]
+use crate::config::DEFAULT_KEEP_MAX as KEEP_MAX;
 use crate::sock::RawBuf;
 use std::time::{Duration, Instant};
 
@@ -99,10 +101,6 @@ impl Kept {
     }
 }
 
-/// The largest message whose copy is kept so that its request is done before the ack,
-/// unless `NCCL_GRDMA_KEEP_MAX` says otherwise (NCCL's default step is 128 KiB; larger
-/// steps were deep enough to hide the ack while each waited for its clear-to-send).
-pub const KEEP_MAX: u64 = 256 << 10;
 /// Kept copies per send comm (the largest kept message each, 4 MiB in all by default; allocated when first
 /// needed, reused while sends come, freed once none came for `KEEP_IDLE`): beyond them
 /// a message waits for its ack as a larger one does.
