@@ -101,9 +101,9 @@ impl Kept {
     }
 }
 
-/// Kept copies per send comm (the largest kept message each, 4 MiB in all by default; allocated when first
-/// needed, reused while sends come, freed once none came for `KEEP_IDLE`): beyond them
-/// a message waits for its ack as a larger one does.
+/// Kept copies per send comm (the largest kept message each, 4 MiB in all by default;
+/// allocated when first needed, reused while sends come, freed once none came for
+/// `KEEP_IDLE`): beyond them a message waits for its ack as a larger one does.
 pub const KEEP_BUFFERS: usize = 16;
 /// How long unused copy buffers stay allocated after the last small send.
 pub(super) const KEEP_IDLE: Duration = Duration::from_secs(1);
