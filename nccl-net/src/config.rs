@@ -3,7 +3,6 @@
 
 use crate::error::{NetError, Result};
 use crate::wire::{EAGER_MAX, MAX_STREAMS};
-use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -29,33 +28,12 @@ pub struct Config {
     /// small message). Off: under NCCL on H100s it gained at 16-64 KiB and lost above
     /// (docs/measurements/h100/2026-12-06-nccl-plugin, `j-` and `n-`).
     pub eager_by_number: bool,
-    /// `NCCL_GRDMA_EAGER_PARK_MS` (the receiver's; 0, the default: off): with eager
-    /// messages placed by number, a reader that meets the first bytes of an eager message
-    /// whose receive is not posted yet leaves them in the kernel's socket buffer, up to
-    /// this long, until `irecv` posts it, and then reads them straight into NCCL's buffer
-    /// (no bounce copy; the sender never waited for a clear-to-send). After that long it
-    /// takes them into a bounce buffer as before, so a receive that waits on something
-    /// behind them (a resend on the same socket) is never held for good.
-    pub park: Duration,
-    /// `NCCL_GRDMA_KEEP_MAX` (the sender's): the largest checked message whose copy the
-    /// sender keeps, so that `test` says done once it is written rather than at the
-    /// receiver's ack (bytes, 0: none; at most `wire::EAGER_MAX`; `DEFAULT_KEEP_MAX` unset).
-    pub keep_max: u64,
 }
 
 /// `NCCL_GRDMA_EAGER_MAX` when unset: NCCL's default chunks go eagerly, tuned 2 MiB
 /// chunks straight into the posted buffer (H200: 4.2 GB/s send/recv at the defaults
 /// eager, against 0.93 waiting; tuned 11.3 waiting, against 4.0 eager).
 pub const DEFAULT_EAGER_MAX: u64 = 1 << 20;
-
-/// `NCCL_GRDMA_KEEP_MAX` when unset: the largest message whose copy the sender keeps so
-/// that its request is done before the ack (NCCL's default step is 128 KiB; larger steps
-/// were deep enough to hide the ack while each waited for its clear-to-send).
-pub const DEFAULT_KEEP_MAX: u64 = 256 << 10;
-
-/// The longest `NCCL_GRDMA_EAGER_PARK_MS`: bytes left in the kernel longer than this
-/// would hold the sender's socket up for a human-visible time.
-pub const MAX_PARK_MS: u64 = 1000;
 
 impl Config {
     pub fn from_env() -> Result<Self> {
@@ -93,32 +71,23 @@ impl Config {
                 }
             },
         };
-        let eager_max = at_most(
-            &get,
-            "NCCL_GRDMA_EAGER_MAX",
-            DEFAULT_EAGER_MAX,
-            EAGER_MAX,
-            "bytes from 0 (never eager) to",
-        )?;
+        let eager_max = match get("NCCL_GRDMA_EAGER_MAX") {
+            None => DEFAULT_EAGER_MAX,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n <= EAGER_MAX => n,
+                _ => {
+                    return Err(NetError::invalid(format!(
+                        "NCCL_GRDMA_EAGER_MAX={v:?}: expected bytes from 0 (never eager) to {}",
+                        EAGER_MAX
+                    )))
+                }
+            },
+        };
         let eager_by_number = switch(
             &get,
             "NCCL_GRDMA_EAGER_BY_NUMBER",
             false,
             "0 (match frames, the default) or 1",
-        )?;
-        let park = Duration::from_millis(at_most(
-            &get,
-            "NCCL_GRDMA_EAGER_PARK_MS",
-            0,
-            MAX_PARK_MS,
-            "milliseconds from 0 (off) to",
-        )?);
-        let keep_max = at_most(
-            &get,
-            "NCCL_GRDMA_KEEP_MAX",
-            DEFAULT_KEEP_MAX,
-            EAGER_MAX,
-            "bytes from 0 (no copies) to",
         )?;
         Ok(Self {
             streams,
@@ -126,33 +95,11 @@ impl Config {
             inject_one_in,
             eager_max,
             eager_by_number,
-            park,
-            keep_max,
         })
     }
 }
 
 /// A 0/1 variable `name` (`default` when unset; `expected` says both values in the error).
-/// A number from 0 to `max` in variable `name`, `default` when unset; `expected` says
-/// what it counts ("bytes from 0 (none) to"), the error adds `max`.
-fn at_most(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &str,
-    default: u64,
-    max: u64,
-    expected: &str,
-) -> Result<u64> {
-    match get(name) {
-        None => Ok(default),
-        Some(v) => match v.trim().parse::<u64>() {
-            Ok(n) if n <= max => Ok(n),
-            _ => Err(NetError::invalid(format!(
-                "{name}={v:?}: expected {expected} {max}"
-            ))),
-        },
-    }
-}
-
 fn switch(
     get: &impl Fn(&str) -> Option<String>,
     name: &str,
@@ -220,8 +167,6 @@ mod tests {
                 inject_one_in: None,
                 eager_max: DEFAULT_EAGER_MAX,
                 eager_by_number: false,
-                park: Duration::ZERO,
-                keep_max: DEFAULT_KEEP_MAX,
             }
         );
     }
@@ -242,16 +187,6 @@ mod tests {
             parse(&[("NCCL_GRDMA_EAGER_MAX", "0")]).unwrap().eager_max,
             0
         );
-        assert_eq!(
-            parse(&[("NCCL_GRDMA_KEEP_MAX", "2097152")])
-                .unwrap()
-                .keep_max,
-            2 << 20
-        );
-        assert_eq!(
-            parse(&[("NCCL_GRDMA_EAGER_PARK_MS", "20")]).unwrap().park,
-            Duration::from_millis(20)
-        );
         assert!(
             parse(&[("NCCL_GRDMA_EAGER_BY_NUMBER", "1")])
                 .unwrap()
@@ -266,9 +201,6 @@ mod tests {
             ("NCCL_GRDMA_EAGER_MAX", "4194305"),
             ("NCCL_GRDMA_EAGER_MAX", "1MiB"),
             ("NCCL_GRDMA_EAGER_BY_NUMBER", "yes"),
-            ("NCCL_GRDMA_EAGER_PARK_MS", "1001"),
-            ("NCCL_GRDMA_EAGER_PARK_MS", "5ms"),
-            ("NCCL_GRDMA_KEEP_MAX", "4194305"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.msg.starts_with(k), "{e}");

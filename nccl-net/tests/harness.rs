@@ -2109,45 +2109,6 @@ fn eager_messages_whose_receive_is_posted_land_in_place_and_are_repaired_there()
     );
 }
 
-/// `NCCL_GRDMA_EAGER_PARK_MS`: eager messages sent before their receives are posted
-/// wait in the kernel until `irecv` posts them and then land in NCCL's buffers, none
-/// through a bounce buffer (the receiver's close line counts them), with faults
-/// repaired in place; and sends that complete before any receive is posted (NCCL
-/// never asks that, but a peer may do it) still complete, through the bounded wait.
-#[test]
-fn parked_eager_messages_land_in_place_and_are_repaired_there() {
-    let park = [
-        ("NCCL_GRDMA_EAGER_BY_NUMBER", "1"),
-        ("NCCL_GRDMA_EAGER_MAX", "4194304"),
-        ("NCCL_GRDMA_EAGER_PARK_MS", "1000"),
-        ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),
-        ("NCCL_GRDMA_TRACE", "1"),
-    ];
-    let out = child("eager_in_place", &park);
-    let err = assert_child_ok(&out, "parked eager messages with faults");
-    let line = err
-        .lines()
-        .find(|l| l.contains("receive comm from") && l.contains("closed"))
-        .expect("the receiver's counters line");
-    assert!(
-        line.contains(" 0 eager messages through a bounce buffer"),
-        "{line}"
-    );
-    assert!(
-        !line.contains(" 0 pieces sent again after a failed CRC32C"),
-        "{line}"
-    );
-    let out = child(
-        "sends-then-receives",
-        &[
-            ("NCCL_GRDMA_EAGER_BY_NUMBER", "1"),
-            ("NCCL_GRDMA_EAGER_MAX", "4194304"),
-            ("NCCL_GRDMA_EAGER_PARK_MS", "20"),
-        ],
-    );
-    assert_child_ok(&out, "sends done before their receives are posted, parked");
-}
-
 fn eager_sends_traced(env: &[(&str, &str)], placing: &[&str]) {
     let mut all = vec![
         ("NCCL_GRDMA_TEST_INJECT_FAULTS", "3"),

@@ -58,8 +58,6 @@ pub struct ListenComm {
     streams: u8,
     /// `NCCL_GRDMA_EAGER_BY_NUMBER` as it listened (the handle says it to the sender).
     by_number: bool,
-    /// `NCCL_GRDMA_EAGER_PARK_MS` as it listened (its receive comms' readers).
-    park: Duration,
     pending: Vec<Pending>,
     groups: HashMap<u64, Group>,
     hello_timeout: Duration,
@@ -99,7 +97,6 @@ impl ListenComm {
                 token: handle.token,
                 streams: handle.streams,
                 by_number: handle.by_number,
-                park: cfg.park,
                 pending: Vec::new(),
                 groups: HashMap::new(),
                 hello_timeout: HELLO_TIMEOUT,
@@ -162,7 +159,7 @@ impl ListenComm {
         let (Some(ctrl), data) = (g.ctrl, g.data.into_iter().flatten().collect()) else {
             return Ok(None);
         };
-        Ok(Some(RecvComm::new(ctrl, data, self.by_number, self.park)?))
+        Ok(Some(RecvComm::new(ctrl, data, self.by_number)?))
     }
 
     fn place(&mut self, p: Pending) {

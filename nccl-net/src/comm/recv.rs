@@ -36,8 +36,7 @@ use crate::sock::{self, Fill, Io, RawBuf};
 use crate::trace::Trace;
 use crate::wire::{Ctrl, Layout, PieceHeader, PostedSlot, EAGER_SLOT};
 use eager::{
-    copy_placed, finish_eager, numbered, on_match, park, place_by_index, start_eager, BouncePool,
-    Eager,
+    copy_placed, finish_eager, numbered, on_match, place_by_index, start_eager, BouncePool, Eager,
 };
 use socket2::Socket;
 use std::collections::HashMap;
@@ -204,10 +203,6 @@ struct State {
     closed_sockets: usize,
     /// Every data socket closed: nothing more can arrive.
     peer_closed: bool,
-    /// Readers parked until a receive is posted (`eager::park`): `irecv` wakes them.
-    parked: usize,
-    /// Eager messages that went through a bounce buffer (for the log at close).
-    bounced: u64,
     ctrl: CtrlOut,
     counters: Counters,
 }
@@ -226,8 +221,6 @@ impl State {
             failed: None,
             closed_sockets: 0,
             peer_closed: false,
-            parked: 0,
-            bounced: 0,
             ctrl: CtrlOut::default(),
             counters: Counters::default(),
         }
@@ -236,8 +229,7 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
-    /// The control writer waits here for bytes the socket did not take, and a parked
-    /// reader for its receive (`eager::park`); notified on stop and failure too.
+    /// The control writer waits here for bytes the socket did not take.
     ctrl_wake: Condvar,
     stop: AtomicBool,
     ctrl: Arc<Socket>,
@@ -248,9 +240,6 @@ struct Shared {
     /// for a receive of one buffer is placed by its number (`irecv` or its first piece,
     /// whichever comes second), not by a match frame.
     by_number: bool,
-    /// `NCCL_GRDMA_EAGER_PARK_MS` (zero: off): how long a reader leaves an eager
-    /// message in the kernel while its receive is not posted (`eager::park`).
-    park: Duration,
 }
 
 impl Shared {
@@ -305,12 +294,7 @@ pub struct RecvComm {
 }
 
 impl RecvComm {
-    pub fn new(
-        ctrl: Socket,
-        data: Vec<Socket>,
-        by_number: bool,
-        park: Duration,
-    ) -> Result<Box<Self>> {
+    pub fn new(ctrl: Socket, data: Vec<Socket>, by_number: bool) -> Result<Box<Self>> {
         let peer = ctrl
             .peer_addr()
             .ok()
@@ -327,7 +311,6 @@ impl RecvComm {
             peer,
             trace: Trace::from_env(),
             by_number,
-            park,
         });
         for s in &data {
             sock::set_thread_io(s).map_err(|e| io_err("setting up a data socket", e))?;
@@ -450,11 +433,6 @@ impl RecvComm {
             .handles
             .as_ref()
             .map_or(std::ptr::null_mut(), |h| h.ptr(ri));
-        if st.parked > 0 {
-            // A reader holds the first bytes of an eager message in the kernel, maybe
-            // for this receive.
-            shared.ctrl_wake.notify_all();
-        }
         if shared.by_number {
             let placing: usize = st.to_place.iter().map(|(_, _, _, e)| e.total()).sum();
             if placing <= PLACE_INLINE {
@@ -558,19 +536,12 @@ impl RecvComm {
         );
     }
 
-    /// Eager messages that went through a bounce buffer so far.
-    #[cfg(test)]
-    pub fn bounced(&self) -> u64 {
-        self.shared.lock().bounced
-    }
-
     /// `closeRecv`: the threads stop and are joined, the sockets close with the comm;
     /// the counters go to NCCL's log.
     pub fn close(&mut self) {
         self.stop();
         let st = self.shared.lock();
-        info!(NET; "receive comm from {} closed: {}; {} eager messages through a bounce buffer",
-            self.shared.peer, st.counters.line(), st.bounced);
+        info!(NET; "receive comm from {} closed: {}", self.shared.peer, st.counters.line());
         integrity::RECEIVED.add(&st.counters);
     }
 }
@@ -630,9 +601,6 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
         }
         let mut st = sh.lock();
-        if !sh.park.is_zero() {
-            st = park(sh, st, &hdr);
-        }
         let p = match start_piece(&mut st, sh, &hdr) {
             Ok(Some(p)) => {
                 drop(st);

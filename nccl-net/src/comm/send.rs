@@ -6,7 +6,7 @@
 //! when the receiver acked the message (checks on) or its last byte went out (checks
 //! off). Pieces the receiver found corrupt are sent again, up to `MAX_RESENDS` times.
 //!
-//! A checked message of at most `NCCL_GRDMA_KEEP_MAX` bytes is copied by the writers as its pieces
+//! A checked message of at most `KEEP_MAX` bytes is copied by the writers as its pieces
 //! go out (into one of at most `KEEP_BUFFERS` buffers of the comm): its request is done
 //! when its last byte went out, as with the checks off, and a piece found corrupt is
 //! sent again from the copy, kept until the ack. Why: under NCCL a send buffer comes
@@ -75,7 +75,7 @@ struct SendReq {
     /// The message's number and tag (`PieceHeader::index`, `tag`).
     index: u64,
     tag: i32,
-    /// The copy of a message of at most `NCCL_GRDMA_KEEP_MAX` bytes (checks on): its pieces are
+    /// The copy of a message of at most `KEEP_MAX` bytes (checks on): its pieces are
     /// copied here as they first go out and sent again from here, so `test` may hand
     /// NCCL's buffer back before the ack.
     kept: Option<Kept>,
@@ -124,6 +124,7 @@ struct State {
     peer_closed: bool,
     injector: Option<FaultInjector>,
     counters: Counters,
+    /// Copy buffers not in use (`KEEP_MAX` bytes each).
     /// Copy buffers of small messages (`send/kept.rs`).
     copies: Copies,
 }
@@ -234,7 +235,7 @@ impl SendComm {
                 peer_closed: false,
                 injector,
                 counters: Counters::default(),
-                copies: Copies::new(cfg.keep_max),
+                copies: Copies::new(),
             }),
             work: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -559,8 +560,7 @@ fn next_job(st: &mut State) -> Option<Job> {
         // once it is made (from NCCL's buffer until then).
         let (data, copy_from) = match r.kept.as_mut() {
             Some(k) => {
-                // SAFETY: offset + len <= size <= the comm's largest kept message, the copy's
-                // length (`Copies::take`).
+                // SAFETY: offset + len <= size <= KEEP_MAX, the copy's length.
                 let at = RawBuf(unsafe { k.buf.0 .0.add(off as usize) });
                 match k.take(p) {
                     PieceSource::CopyIn => (at, Some(nccl)),

@@ -16,7 +16,6 @@ use crate::sock::RawBuf;
 use crate::wire::{
     Ctrl, PieceHeader, EAGER_BUDGET, EAGER_HELD_MAX, EAGER_HELD_MESSAGES, EAGER_MAX, EAGER_SLOT,
 };
-use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
@@ -124,48 +123,6 @@ impl BouncePool {
     }
 }
 
-/// With `NCCL_GRDMA_EAGER_PARK_MS` (and placing by number): a reader that meets the
-/// first bytes of an eager message whose receive is not posted yet waits for `irecv`
-/// (the message's bytes stay in the kernel's socket buffer, the sender's writer on this
-/// socket waits on them) for up to the park time, so that [`start_eager`] then lands
-/// them in NCCL's buffer, no bounce buffer and no copy, as Socket's receiver reads into
-/// the buffer it was given. Bounded because NCCL may post that receive only once an
-/// earlier one completes, which may need bytes behind these on this socket (a piece
-/// sent again): after the park time they go to a bounce buffer as before. A header
-/// that does not decode is left to `start_piece` to report.
-pub(super) fn park<'a>(
-    sh: &'a Shared,
-    mut st: MutexGuard<'a, State>,
-    hdr: &[u8; PieceHeader::LEN],
-) -> MutexGuard<'a, State> {
-    let Ok(h) = PieceHeader::decode(hdr, sh.streams) else {
-        return st;
-    };
-    if !sh.by_number || h.matched || h.slot != EAGER_SLOT {
-        return st;
-    }
-    // Nothing of it arrived yet (its first piece decides where it lands) and no receive
-    // took its number yet.
-    let unposted = |st: &State| {
-        st.eager.get(&h.cts_id).is_none_or(|e| e.msg.is_none()) && h.index >= st.buffers
-    };
-    let deadline = Instant::now() + sh.park;
-    while unposted(&st) && st.failed.is_none() && !sh.stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        if now >= deadline {
-            let what = format_args!("eager {}: not posted within the park time", h.cts_id);
-            sh.trace.note("recv", h.cts_id, what);
-            break;
-        }
-        st.parked += 1;
-        st = (sh.ctrl_wake.wait_timeout(st, deadline - now))
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-        st.parked -= 1;
-    }
-    st
-}
-
 /// A piece of eager message `h.cts_id`: into its bounce buffer.
 pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Result<RxPiece> {
     let bad = |m: String| NetError::remote(format!("from {}: {m}", sh.peer));
@@ -226,7 +183,6 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         None => {
             if (e.buf.len() as u64) < h.total {
                 e.buf = st.pool.take(h.total as usize);
-                st.bounced += 1;
             }
             // SAFETY: offset + len <= total <= the bounce buffer's length (decode
             // checked the layout, the buffer was taken at least that large); the buffer
@@ -567,7 +523,6 @@ mod tests {
             peer: "the peer".into(),
             trace: Trace::from_env(),
             by_number: true,
-            park: Duration::ZERO,
         }
     }
 

@@ -1,12 +1,9 @@
-//! Kept copies: a checked message of at most `NCCL_GRDMA_KEEP_MAX` bytes
-//! (`config::DEFAULT_KEEP_MAX` by default) is copied by the writers
+//! Kept copies: a checked message of at most `KEEP_MAX` bytes is copied by the writers
 //! as its pieces first go out, so its request can be done for NCCL once written; a
 //! piece the receiver finds corrupt goes again from the copy, which is kept until the
 //! ack; `close` waits (bounded) for the acks of such messages.
 
 use super::{SendComm, SendReq, State};
-#[cfg(test)]
-use crate::config::DEFAULT_KEEP_MAX as KEEP_MAX;
 use crate::sock::RawBuf;
 use std::time::{Duration, Instant};
 
@@ -23,22 +20,21 @@ impl SendReq {
     }
 }
 
-/// A buffer for a message's copy (the comm's largest kept message long), reached only
-/// through its raw address: writers copy into and send from disjoint pieces of it at
-/// once, outside the lock, so no reference to the whole buffer may exist while it is in
-/// use.
-pub(super) struct KeptCopy(pub(super) RawBuf, usize);
+/// A buffer of `KEEP_MAX` bytes for a message's copy, reached only through its raw
+/// address: writers copy into and send from disjoint pieces of it at once, outside the
+/// lock, so no reference to the whole buffer may exist while it is in use.
+pub(super) struct KeptCopy(pub(super) RawBuf);
 
 impl KeptCopy {
-    fn new(len: usize) -> Self {
-        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
-        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8), len)
+    fn new() -> Self {
+        let b: Box<[u8]> = vec![0u8; KEEP_MAX as usize].into_boxed_slice();
+        KeptCopy(RawBuf(Box::into_raw(b) as *mut u8))
     }
 }
 
 impl Drop for KeptCopy {
     fn drop(&mut self) {
-        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, self.1);
+        let whole = std::ptr::slice_from_raw_parts_mut(self.0 .0, KEEP_MAX as usize);
         // SAFETY: made by Box::into_raw in `new` with this length, freed only here; a
         // copy is dropped only with its request finished (no piece in a writer's
         // hands) or with the comm's state, after its threads were joined.
@@ -101,26 +97,26 @@ impl Kept {
     }
 }
 
-/// Kept copies per send comm (the largest kept message each, 4 MiB in all by default;
-/// allocated when first needed, reused while sends come, freed once none came for
-/// `KEEP_IDLE`): beyond them a message waits for its ack as a larger one does.
+/// The largest message whose copy is kept so that its request is done before the ack
+/// (NCCL's default step is 128 KiB; larger steps are deep enough to hide the ack).
+pub const KEEP_MAX: u64 = 256 << 10;
+/// Kept copies per send comm (`KEEP_MAX` each, 4 MiB in all; allocated when first
+/// needed, reused while sends come, freed once none came for `KEEP_IDLE`): beyond them
+/// a message waits for its ack as a larger one does.
 pub const KEEP_BUFFERS: usize = 16;
 /// How long unused copy buffers stay allocated after the last small send.
 pub(super) const KEEP_IDLE: Duration = Duration::from_secs(1);
 
 /// A send comm's copy buffers: those held by requests (counted) and the spares.
 pub(super) struct Copies {
-    /// The largest message kept (each buffer's length).
-    max: u64,
     spare: Vec<KeptCopy>,
     in_use: usize,
     last_take: Instant,
 }
 
 impl Copies {
-    pub(super) fn new(max: u64) -> Self {
+    pub(super) fn new() -> Self {
         Copies {
-            max,
             spare: Vec::new(),
             in_use: 0,
             last_take: Instant::now(),
@@ -130,13 +126,12 @@ impl Copies {
     /// A copy buffer for a message of `size` bytes, if it is checked, small enough, and
     /// fewer than `KEEP_BUFFERS` are in use.
     pub(super) fn take(&mut self, size: u64, checked: bool) -> Option<KeptCopy> {
-        if !checked || size > self.max || self.in_use >= KEEP_BUFFERS {
+        if !checked || size > KEEP_MAX || self.in_use >= KEEP_BUFFERS {
             return None;
         }
         self.in_use += 1;
         self.last_take = Instant::now();
-        let len = self.max as usize;
-        Some(self.spare.pop().unwrap_or_else(|| KeptCopy::new(len)))
+        Some(self.spare.pop().unwrap_or_else(KeptCopy::new))
     }
 
     /// A buffer back from a finished request.
@@ -213,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_piece_is_sent_from_its_copy_only_once_the_copy_is_made() {
-        let mut k = Kept::new(KeptCopy::new(KEEP_MAX as usize), 2);
+        let mut k = Kept::new(KeptCopy::new(), 2);
         assert_eq!(k.take(0), PieceSource::CopyIn, "the first job copies");
         // A resend asked for before the copying job is done (a lying peer): it must
         // not read the copy another thread is writing.
@@ -226,7 +221,7 @@ mod tests {
 
     #[test]
     fn copies_are_bounded_reused_and_freed_when_idle() {
-        let mut c = Copies::new(KEEP_MAX);
+        let mut c = Copies::new();
         assert!(c.take(100, false).is_none(), "unchecked: no copy");
         assert!(c.take(KEEP_MAX + 1, true).is_none(), "too large: no copy");
         let held: Vec<KeptCopy> = (0..KEEP_BUFFERS)
