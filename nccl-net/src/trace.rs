@@ -2,8 +2,9 @@
 //! `TRACE_REQUESTS` requests (isend/irecv called, clear-to-send sent and received,
 //! first and last byte written and read, ack sent and received, test done), stamped in
 //! microseconds since the comm was made and, after `@`, the wall clock's microseconds
-//! (the same clock for both ranks on one host, so their lines can be merged), so that
-//! a run under NCCL shows where an operation's time goes. Off (and free) unless set.
+//! (the same clock for both ranks on one host, so their lines can be merged), then the
+//! comm's number in its process (`[comm 3]`), so that a run under NCCL shows where an
+//! operation's time goes. Off (and free) unless set.
 
 use crate::log::{info, NET};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,10 +18,10 @@ pub struct Trace {
     t0: Option<Instant>,
     /// The comm's number in this process (its lines say `[comm 3]`: NCCL opens a comm
     /// per channel, and each numbers its requests from 0).
-    comm: u64,
+    number: u64,
 }
 
-/// Comms made in this process, for [`Trace::comm`].
+/// Comms made in this process, for [`Trace::number`].
 static COMMS: AtomicU64 = AtomicU64::new(0);
 
 impl Trace {
@@ -28,7 +29,7 @@ impl Trace {
         let on = std::env::var("NCCL_GRDMA_TRACE").is_ok_and(|v| v.trim() == "1");
         Self {
             t0: on.then(Instant::now),
-            comm: COMMS.fetch_add(1, Ordering::Relaxed),
+            number: COMMS.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -42,7 +43,7 @@ impl Trace {
     pub fn note(&self, comm: &str, key: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (key <= TRACE_REQUESTS, self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} #{key} +{us}us @{} [comm {}] {what}", wall_us(), self.comm);
+            info!(NET; "trace {comm} #{key} +{us}us @{} [comm {}] {what}", wall_us(), self.number);
         }
     }
 
@@ -50,7 +51,7 @@ impl Trace {
     pub fn event(&self, comm: &str, n: u64, what: std::fmt::Arguments<'_>) {
         if let (true, Some(t0)) = (self.on(n), self.t0) {
             let us = t0.elapsed().as_micros();
-            info!(NET; "trace {comm} req {n} +{us}us @{} [comm {}] {what}", wall_us(), self.comm);
+            info!(NET; "trace {comm} req {n} +{us}us @{} [comm {}] {what}", wall_us(), self.number);
         }
     }
 }

@@ -2146,6 +2146,19 @@ fn eager_sends_traced(env: &[(&str, &str)], placing: &[&str]) {
     {
         assert!(err.contains(want), "no trace line with {want:?}");
     }
+    // Each line names its comm, and the send comm's lines are not the receive comm's.
+    let comm_of = |side: &str| {
+        let line = (err.lines())
+            .find(|l| l.contains(&format!("trace {side} req 0 +")))
+            .unwrap_or_default();
+        let at = line.find("[comm ").map(|i| &line[i..]).unwrap_or_default();
+        at.split(']').next().unwrap_or_default().to_string()
+    };
+    let (send, recv) = (comm_of("send"), comm_of("recv"));
+    assert!(
+        send.starts_with("[comm ") && recv.starts_with("[comm ") && send != recv,
+        "the trace's comm numbers: send {send:?}, receive {recv:?}"
+    );
     if env.is_empty() {
         assert!(
             !err.contains("placed by the receiver"),

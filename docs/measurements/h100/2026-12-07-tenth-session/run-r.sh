@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran on main 7830b95's plugin; NCCL_GRDMA_EAGER_PARK_MS and NCCL_GRDMA_KEEP_MAX were removed after it (README).
 # Tenth session: the plugin at NCCL's tuned settings, eager messages parked in the kernel
 # until their receive is posted (NCCL_GRDMA_EAGER_PARK_MS) against main's clear-to-send
 # wait and against NET/Socket, alternated in rounds (tests/nccl/ab.sh); then the same at
