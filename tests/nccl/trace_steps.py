@@ -5,13 +5,15 @@ microseconds (requests from --skip on: the first ones are warm-up).
 
     python3 tests/nccl/trace_steps.py trace.log [--skip 64]
 
-Sender, per request: `cts_wait` (isend made after its clear-to-send came: how long the
-data waited for the receive to be known, 0 when the clear-to-send came first... it is
-the time from the clear-to-send to the isend), `to_first` (isend to its first byte on
-a socket), `writing` (first to last byte written), `to_ack` (last byte to the ack),
-`to_done` (last byte to `test` done), `between` (one isend to the next of the comm).
-Receiver: `cts_to_last` (irecv to its last byte read), `to_done` (last byte read to
-`test` done), `between` (one irecv to the next).
+Sender, per request sent to a receive it knew of: `cts_wait` (from its clear-to-send's
+arrival to the isend: how long that receive was posted before the data was ready); per
+request: `to_first` (isend to its first byte on a socket), `writing` (first to last byte
+written), `to_ack` (last byte to the ack), `to_done` (last byte to `test` done),
+`between` (one isend to the next of the comm). Receiver: `cts_to_last` (irecv, which
+sends the clear-to-send, to its last byte read), `to_done` (last byte read to `test`
+done), `between` (one irecv to the next). Comms are told apart by their `[comm N]`
+(older logs without it: one comm per side and process; the ad-hoc `steps.py` in
+docs/measurements/h100/2026-12-06-nccl-plugin/k-step-trace read those, by time).
 """
 import re
 import statistics
@@ -35,7 +37,7 @@ def main():
         skip = int(args[i + 1])
         del args[i:i + 2]
     reqs = defaultdict(dict)   # (pid, side, comm, n) -> {event: wall}
-    notes = defaultdict(dict)  # (pid, comm, cts id) -> wall of "clear-to-send received"
+    notes = defaultdict(dict)  # (pid, comm) -> {cts id: wall of "clear-to-send received"}
     for path in args:
         for line in open(path, errors="replace"):
             m = LINE.match(line.strip())
@@ -49,7 +51,7 @@ def main():
                     notes[(pid, comm)][int(mm.group(1))] = wall
                 continue
             key = (pid, side, comm, n)
-            for ev, pat in (("isend", r"^isend (\d+) B tag \S+ (to|eager) (\d+)/"),
+            for ev, pat in (("isend", r"^isend \d+ B tag \S+ (to|eager) (\d+)/"),
                             ("irecv", r"^irecv "), ("first", r"^first byte written"),
                             ("last", r"^last byte written"), ("ack", r"^ack received"),
                             ("done", r"^test done"), ("read", r"^last byte read")):
@@ -57,8 +59,7 @@ def main():
                 if mm and ev not in reqs[key]:
                     reqs[key][ev] = wall
                     if ev == "isend":
-                        reqs[key]["cts"] = int(mm.group(3)) if mm.group(2) == "to" else None
-                        reqs[key]["bytes"] = int(mm.group(1))
+                        reqs[key]["cts"] = int(mm.group(2)) if mm.group(1) == "to" else None
     stages = defaultdict(list)
     by_comm = defaultdict(list)
     for (pid, side, comm, n), e in sorted(reqs.items()):
