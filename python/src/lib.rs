@@ -405,7 +405,7 @@ impl Endpoint {
     /// Sockets per transfer.
     #[getter]
     fn streams(&self) -> u16 {
-        self.inner.options().streams
+        self.inner.streams()
     }
 
     /// Send `obj` (bytes, a buffer, a NumPy array, a torch tensor on the CPU or a CUDA
@@ -553,22 +553,15 @@ fn connect(
         key: key_of(key_file)?,
         test_inject_faults: faults,
         transport,
+        // `None`: as the command line's `--streams auto`, chosen by `api::connect` from
+        // this machine's cores and the link the peer is reached by.
+        streams,
         ..Options::default()
     };
     // A name lookup, the link's speed, and with an RDMA device a route probe (up to
     // seconds): without the GIL, so other threads run and nothing waits on this one.
     let inner = py.detach(|| {
         let peer = resolve(address)?;
-        let streams = match streams {
-            Some(n) => n,
-            // As the command line's `--streams auto`: from this machine's cores and the
-            // link the peer is reached by.
-            None => {
-                use host::net::tcp::streams::{choose_streams, StreamFacts};
-                choose_streams(&StreamFacts::here(peer)).streams
-            }
-        };
-        let opts = Options { streams, ..opts };
         api::connect(peer, &opts).map_err(errors::to_py)
     })?;
     Ok(Endpoint { inner })

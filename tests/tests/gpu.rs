@@ -930,7 +930,7 @@ fn a_gpu_buffer_lands_in_place_in_a_callers_device_buffer_and_is_checked_there()
         .collect();
     let opts = Options {
         chunk: 1 << 20,
-        streams: 4,
+        streams: Some(4),
         max_resends: 8,
         test_inject_faults: Some(host::transfer::faults::FaultInjector::parse("1/5").unwrap()),
         timeout: Duration::from_secs(30),

@@ -1759,7 +1759,7 @@ fn a_peer_that_keeps_a_connection_per_transfer_cannot_pile_them_up() {
     let r = Receiver::start(&["--max-per-peer", "1", "--timeout", "20"]);
     let idle_files = r.open_files();
     let opts = host::api::Options {
-        streams: 16,
+        streams: Some(16),
         transport: host::api::TransportKind::Tcp,
         ..host::api::Options::default()
     };

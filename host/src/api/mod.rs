@@ -68,6 +68,7 @@ pub use send::{send_device, send_device_lent};
 pub use crate::engine::Cancel;
 use crate::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
 use crate::net::tcp::frames::MAX_STREAMS;
+use crate::net::tcp::streams::{choose_streams, StreamFacts};
 use crate::server::Key;
 use crate::transfer::PayloadOptions;
 pub use crate::transport::TransportKind;
@@ -83,8 +84,12 @@ pub struct Options {
     pub chunk: u64,
     /// `--depth`: chunks handed to the socket writers and not yet written.
     pub depth: u32,
-    /// `--streams`: sockets per connection.
-    pub streams: u16,
+    /// `--streams`: sockets per TCP connection. `None`, the default, is `--streams auto`:
+    /// chosen from this machine's cores and the link the route to the receiver leaves by
+    /// (8 to this machine itself; the rule is [`crate::net::tcp::streams`]'s), decided
+    /// once per [`connect`] or free-function send. [`Endpoint::options`] shows the count
+    /// chosen.
+    pub streams: Option<u16>,
     /// `--timeout`: the bound of every wait.
     pub timeout: Duration,
     /// `--verify`; `None`: the payload's default (CRC32C for your data).
@@ -134,7 +139,7 @@ impl Default for Options {
         Options {
             chunk: 1 << 20,
             depth: 16,
-            streams: 1,
+            streams: None,
             timeout: Duration::from_secs(10),
             verify: None,
             max_resends: DEFAULT_MAX_RESENDS,
@@ -164,11 +169,8 @@ impl Options {
                 self.chunk
             ));
         }
-        if !(1..=MAX_STREAMS).contains(&self.streams) {
-            return bad(format!(
-                "--streams {} is outside 1..={MAX_STREAMS}",
-                self.streams
-            ));
+        if let Some(streams) = self.streams.filter(|s| !(1..=MAX_STREAMS).contains(s)) {
+            return bad(format!("--streams {streams} is outside 1..={MAX_STREAMS}"));
         }
         if self.depth == 0 {
             return bad("--depth 0: at least one chunk must be in flight".into());
@@ -216,6 +218,13 @@ impl Options {
         }
     }
 
+    /// The sockets a TCP send to `peer` opens: [`Options::streams`], or where that is
+    /// `None` this machine's choice for the route to `peer` (as `--streams auto`).
+    pub fn streams_to(&self, peer: SocketAddr) -> u16 {
+        self.streams
+            .unwrap_or_else(|| choose_streams(&StreamFacts::here(peer)).streams)
+    }
+
     /// The sender's configuration for `bytes` of `payload` to `peer`.
     pub(crate) fn send_options(
         &self,
@@ -242,7 +251,7 @@ impl Options {
             rail_timeout: crate::engine::DEFAULT_RAIL_TIMEOUT,
             cooldowns: cooldowns.clone(),
             tcp: TcpSendOptions {
-                streams: self.streams,
+                streams: self.streams_to(peer),
                 rails: Vec::new(),
                 test_silent_rail: None,
             },
@@ -282,7 +291,7 @@ mod tests {
                 ..Options::default()
             },
             Options {
-                streams: 0,
+                streams: Some(0),
                 ..Options::default()
             },
             Options {
@@ -402,6 +411,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "nothing to transfer (size 0)");
+    }
+
+    #[test]
+    fn streams_default_to_the_machines_choice_decided_once_at_connect() {
+        use crate::net::tcp::streams::{choose_streams, StreamFacts};
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let auto = Options {
+            transport: TransportKind::Tcp,
+            ..Options::default()
+        };
+        assert_eq!(auto.streams, None, "the default is --streams auto");
+        let chosen = choose_streams(&StreamFacts::here(peer)).streams;
+        let sent_with = |o: &Options| {
+            o.send_options(peer, 1 << 20, Payload::Opaque, &Cooldowns::new())
+                .tcp
+                .streams
+        };
+        assert_eq!(sent_with(&auto), chosen);
+        let endpoint = send::connect(peer, &auto).unwrap();
+        assert_eq!(endpoint.streams(), chosen);
+        assert_eq!(endpoint.options().streams, Some(chosen));
+        let three = Options {
+            streams: Some(3),
+            ..auto
+        };
+        assert_eq!(sent_with(&three), 3);
+        assert_eq!(send::connect(peer, &three).unwrap().streams(), 3);
     }
 
     #[test]

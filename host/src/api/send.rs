@@ -260,10 +260,16 @@ pub struct Endpoint {
 /// An option out of range ([`ErrorKind::InvalidArgument`]), before any connection.
 pub fn connect(peer: SocketAddr, opts: &Options) -> Result<Endpoint, Error> {
     opts.check()?;
+    // `--streams auto` decided once, so every send (and the kept connection each must
+    // fit) has the same count.
+    let opts = Options {
+        streams: Some(opts.streams_to(peer)),
+        ..opts.clone()
+    };
     Ok(Endpoint {
         peer,
-        opts: opts.clone(),
-        transport: chosen(peer, opts),
+        transport: chosen(peer, &opts),
+        opts,
         cooldowns: Cooldowns::new(),
         kept: Arc::default(),
     })
@@ -280,9 +286,15 @@ impl Endpoint {
         self.transport
     }
 
-    /// The options every send of this endpoint uses.
+    /// The options every send of this endpoint uses (`streams` as chosen at [`connect`]).
     pub fn options(&self) -> &Options {
         &self.opts
+    }
+
+    /// The sockets each of its TCP sends opens: the count given, or the one chosen from
+    /// the machine at [`connect`].
+    pub fn streams(&self) -> u16 {
+        self.opts.streams_to(self.peer)
     }
 
     /// The same endpoint (its kept connection shared), whose sends `cancel` stops.
