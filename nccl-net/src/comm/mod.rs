@@ -296,4 +296,92 @@ mod tests {
         assert_eq!(&buf[..100], &msg[..]);
         r.close();
     }
+
+    /// Under NCCL's LL and LL128 protocols the receiving GPU reads a buffer as soon as
+    /// each line's flag is there, before `test` says done: the bytes of a piece that
+    /// fails its CRC32C must never reach NCCL's buffer, only the resend's good ones.
+    /// (Read straight into the buffer and checked there, as before, the corrupt bytes sat
+    /// in it until the resend came.)
+    #[test]
+    fn a_corrupt_piece_of_a_small_message_never_reaches_ncclss_buffer() {
+        use crate::wire::{Ctrl, PieceHeader};
+        use std::io::{Read, Write};
+        use std::time::{Duration, Instant};
+        let (mut tx, mut rx) = pairs(2);
+        let mut r = RecvComm::new(rx.remove(0), rx, false).unwrap();
+        let (mut ctrl, data) = (tx.remove(0), tx.remove(0));
+        // The next control frame the receiver sends (within 10 s).
+        let mut got: Vec<u8> = Vec::new();
+        let mut next_ctrl = || -> Ctrl {
+            let t0 = Instant::now();
+            loop {
+                if let Some((frame, used)) = Ctrl::decode(&got).unwrap() {
+                    got.drain(..used);
+                    return frame;
+                }
+                let mut b = [0u8; 256];
+                match ctrl.read(&mut b) {
+                    Ok(0) => panic!("the receiver closed its control socket"),
+                    Ok(n) => got.extend_from_slice(&b[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => panic!("reading the control socket: {e}"),
+                }
+                assert!(t0.elapsed().as_secs() < 10, "no control frame came");
+            }
+        };
+        let mut buf = vec![0u8; 4096];
+        let req = r.irecv(&[(buf.as_mut_ptr(), 4096, 5)]).unwrap();
+        assert!(req.is_some(), "irecv took the receive");
+        let Ctrl::Cts { id, .. } = next_ctrl() else {
+            panic!("the first frame is not the clear-to-send")
+        };
+        let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 1) as u8).collect();
+        let good = PieceHeader {
+            matched: false,
+            checked: true,
+            slot: 0,
+            attempt: 0,
+            cts_id: id,
+            piece: 0,
+            pieces: 1,
+            total: msg.len() as u64,
+            offset: 0,
+            len: msg.len() as u32,
+            crc: crate::integrity::crc32c(&msg),
+            index: 0,
+            tag: 5,
+        };
+        let mut corrupt = msg.clone();
+        corrupt[500] ^= 0x10;
+        (&data).write_all(&good.encode()).unwrap();
+        (&data).write_all(&corrupt).unwrap();
+        match next_ctrl() {
+            Ctrl::Nack { pieces, .. } => assert_eq!(pieces, vec![0]),
+            other => panic!("a corrupt piece answered with {other:?}"),
+        }
+        // The NACK is sent after the reader is done with the piece: whatever reached
+        // NCCL's buffer is there now.
+        assert!(
+            buf[..msg.len()].iter().all(|&b| b == 0),
+            "the corrupt piece's bytes reached NCCL's buffer before their resend"
+        );
+        let again = PieceHeader { attempt: 1, ..good };
+        (&data).write_all(&again.encode()).unwrap();
+        (&data).write_all(&msg).unwrap();
+        let t0 = Instant::now();
+        let sizes = loop {
+            match r.test(0) {
+                Ok(Some(sizes)) => break sizes,
+                Ok(None) => {}
+                Err(e) => panic!("the receive failed: {e}"),
+            }
+            assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(sizes, vec![msg.len() as u64]);
+        assert_eq!(&buf[..msg.len()], &msg[..]);
+        r.close();
+    }
 }

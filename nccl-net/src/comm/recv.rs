@@ -1,9 +1,13 @@
 //! The receive comm: each `irecv` (1 to `MAX_RECVS` buffers, each with a tag) is
-//! announced to the sender with a clear-to-send frame; pieces land straight in NCCL's
-//! buffers from whichever data socket carries them; each piece's CRC32C is checked
-//! where it landed; once every piece of a message arrived, the corrupt ones are asked
-//! for again (a NACK) or, all good, the message is acked. A request is done when every
-//! buffer's message arrived whole and good and the acks went out.
+//! announced to the sender with a clear-to-send frame; pieces land in NCCL's buffers
+//! from whichever data socket carries them; each piece's CRC32C is checked; once every
+//! piece of a message arrived, the corrupt ones are asked for again (a NACK) or, all
+//! good, the message is acked. A request is done when every buffer's message arrived
+//! whole and good and the acks went out. Pieces of large messages are read straight into
+//! NCCL's buffer and checked there (NCCL's GPU reads them only after `test`); those of
+//! messages NCCL may send under its LL and LL128 protocols, whose GPU reads the buffer
+//! as the bytes come, are read into the reader's scratch buffer and copied in only once
+//! their CRC32C passed (`must_stage`).
 //!
 //! Eager messages (sent before the sender saw this receive's clear-to-send) land in
 //! a bounce buffer of this comm, are checked and acked there (so the sender's request
@@ -571,6 +575,41 @@ struct RxPiece {
     len: usize,
     crc: u32,
     checked: bool,
+    /// Read into the reader's scratch buffer and copied into `dst` only once its CRC32C
+    /// passed ([`must_stage`]); otherwise read straight into `dst` and checked there.
+    staged: bool,
+}
+
+/// The largest message NCCL may send under its LL or LL128 protocol: a step of those
+/// protocols' buffers (`NCCL_LL_BUFFSIZE` / `NCCL_LL128_BUFFSIZE` over NCCL_STEPS = 8;
+/// by default 512 KiB and about 4.7 MiB, so 64 KiB and 600 KiB steps), at least 1 MiB.
+/// Under those protocols the receiving GPU reads NCCL's buffer as soon as each line's
+/// flag is there, not after `test` says done (as it does under Simple), so a piece whose
+/// bytes fail their CRC32C must never reach the buffer at all: the GPU would take them
+/// before the resend could mend them (seen on an H100: an all_reduce of 4 KiB not
+/// bit-exact with faults injected at 1 in 1000, when such pieces landed in place).
+fn flag_polled_max() -> u64 {
+    static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let step = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(0, |bytes| bytes / NCCL_STEPS)
+        };
+        (1u64 << 20)
+            .max(step("NCCL_LL_BUFFSIZE"))
+            .max(step("NCCL_LL128_BUFFSIZE"))
+    })
+}
+
+/// Steps per protocol buffer in NCCL (`NCCL_STEPS`).
+const NCCL_STEPS: u64 = 8;
+
+/// Whether a piece of a checked message of `total` bytes that lands in NCCL's buffer
+/// goes through the reader's scratch buffer first ([`flag_polled_max`] says why).
+fn must_stage(checked: bool, total: u64) -> bool {
+    checked && total <= flag_polled_max()
 }
 
 /// One data socket's thread: header, bytes into NCCL's buffer, CRC, ack.
@@ -581,6 +620,8 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
             sh.peer
         ))
     };
+    // Pieces of small checked messages are read here first (at most `MAX_PIECE` bytes).
+    let mut scratch: Vec<u8> = Vec::new();
     loop {
         let mut hdr = [0u8; PieceHeader::LEN];
         // SAFETY: our own array, PieceHeader::LEN bytes.
@@ -628,18 +669,32 @@ fn reader(sh: &Shared, sock: &Socket, i: usize) {
                     .event("recv", p.tn, format_args!("first byte read (socket {i})")),
             }
         }
-        // SAFETY: `dst..dst+len` lies in the irecv buffer of request `p.req` (checked
-        // against its posted size in `start_piece`), which cannot complete while the
-        // piece is `Arriving`: NCCL's promise (sock::RawBuf) holds.
-        match unsafe { sock::read_full(sock, p.dst.0, p.len, &sh.stop) } {
+        // Where the bytes are read to: NCCL's buffer, or the scratch buffer first.
+        let into = match p.staged {
+            true => {
+                scratch.resize(p.len, 0);
+                scratch.as_mut_ptr()
+            }
+            false => p.dst.0,
+        };
+        // SAFETY: `into..into+len` is our scratch buffer (resized to `len` above) or lies
+        // in the irecv buffer of request `p.req` (checked against its posted size in
+        // `start_piece`), which cannot complete while the piece is `Arriving`: NCCL's
+        // promise (sock::RawBuf) holds.
+        match unsafe { sock::read_full(sock, into, p.len, &sh.stop) } {
             Ok(Fill::Done) => {}
             Ok(Fill::Stopped) => return,
             Ok(Fill::Eof(_)) => return sh.fail(mid()),
             Err(e) => return sh.fail(io_err(format!("data socket {i} from {}", sh.peer), e)),
         }
-        // SAFETY: the bytes this thread just received into the buffer, as above.
+        // SAFETY: the bytes this thread just received, as above.
         let good =
-            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(p.dst.0, p.len) }) == p.crc;
+            !p.checked || integrity::crc32c(unsafe { sock::raw_bytes(into, p.len) }) == p.crc;
+        if p.staged && good {
+            // SAFETY: `dst..dst+len` in the irecv buffer, as above; the scratch buffer
+            // is this thread's and `len` long.
+            unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), p.dst.0, p.len) };
+        }
         let mut st = sh.lock();
         if let Err(e) = finish_piece(&mut st, sh, &p, good) {
             drop(st);
@@ -706,6 +761,7 @@ fn start_piece(
         len: h.len as usize,
         crc: h.crc,
         checked: h.checked,
+        staged: must_stage(h.checked, h.total),
     }))
 }
 
