@@ -303,7 +303,7 @@ mod tests {
     /// (Read straight into the buffer and checked there, as before, the corrupt bytes sat
     /// in it until the resend came.)
     #[test]
-    fn a_corrupt_piece_of_a_small_message_never_reaches_ncclss_buffer() {
+    fn a_corrupt_piece_of_a_small_message_never_reaches_nccls_buffer() {
         use crate::wire::{Ctrl, PieceHeader};
         use std::io::{Read, Write};
         use std::time::{Duration, Instant};

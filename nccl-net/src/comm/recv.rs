@@ -612,7 +612,8 @@ fn must_stage(checked: bool, total: u64) -> bool {
     checked && total <= flag_polled_max()
 }
 
-/// One data socket's thread: header, bytes into NCCL's buffer, CRC, ack.
+/// One data socket's thread: header, bytes into NCCL's buffer (through its scratch
+/// buffer for a piece that `must_stage`), CRC, ack.
 fn reader(sh: &Shared, sock: &Socket, i: usize) {
     let mid = || {
         NetError::remote(format!(
