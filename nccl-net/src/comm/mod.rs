@@ -200,6 +200,20 @@ mod tests {
         (a, b)
     }
 
+    /// The sizes receive 0 of `r` took, once it is done (within 10 s).
+    fn done(r: &RecvComm) -> Vec<u64> {
+        let t0 = std::time::Instant::now();
+        loop {
+            match r.test(0) {
+                Ok(Some(sizes)) => return sizes,
+                Ok(None) => {}
+                Err(e) => panic!("the receive failed: {e}"),
+            }
+            assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn a_dropped_comm_stops_its_threads() {
         let (mut tx, mut rx) = pairs(3);
@@ -282,17 +296,7 @@ mod tests {
         (&a).write_all(&frame.encode()).unwrap();
         drop(a);
         drop(ctrl);
-        let t0 = std::time::Instant::now();
-        let sizes = loop {
-            match r.test(0) {
-                Ok(Some(sizes)) => break sizes,
-                Ok(None) => {}
-                Err(e) => panic!("the receive failed: {e}"),
-            }
-            assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        };
-        assert_eq!(sizes, vec![100]);
+        assert_eq!(done(&r), vec![100]);
         assert_eq!(&buf[..100], &msg[..]);
         r.close();
     }
@@ -370,17 +374,7 @@ mod tests {
         let again = PieceHeader { attempt: 1, ..good };
         (&data).write_all(&again.encode()).unwrap();
         (&data).write_all(&msg).unwrap();
-        let t0 = Instant::now();
-        let sizes = loop {
-            match r.test(0) {
-                Ok(Some(sizes)) => break sizes,
-                Ok(None) => {}
-                Err(e) => panic!("the receive failed: {e}"),
-            }
-            assert!(t0.elapsed().as_secs() < 10, "the receive never completed");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        assert_eq!(sizes, vec![msg.len() as u64]);
+        assert_eq!(done(&r), vec![msg.len() as u64]);
         assert_eq!(&buf[..msg.len()], &msg[..]);
         r.close();
     }
