@@ -1759,6 +1759,16 @@ fn child_scenario() {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
+            if !over_verbs {
+                // Over TCP the injector flips bits of the bytes themselves (over verbs it
+                // sends a wrong CRC32C instead: the bytes land intact there), and a
+                // message this small is one NCCL may send under LL or LL128, whose GPU
+                // reads the buffer as the bytes come: none of them may have reached it.
+                assert!(
+                    bufs[0].iter().all(|&b| b == 0),
+                    "bytes that failed their CRC32C reached NCCL's buffer"
+                );
+            }
             net.close_send(s);
             net.close_recv(r);
             net.close_listen(l);
@@ -2178,6 +2188,25 @@ fn every_piece_corrupt_fails_in_bounded_time() {
         &[("NCCL_GRDMA_TEST_INJECT_FAULTS", "1")],
     );
     let err = assert_child_ok(&out, "inject 1 in 1");
+    assert!(
+        err.contains("failed its CRC32C at the receiver 9 times"),
+        "{err}"
+    );
+}
+
+/// As above with nothing sent eagerly, so the message goes to its posted receive's
+/// buffer (not a bounce buffer): every attempt's bytes are corrupt, and none may reach
+/// NCCL's buffer (`comm::recv`'s `must_stage`; read in place, they did).
+#[test]
+fn corrupt_bytes_never_reach_a_posted_buffer() {
+    let out = child(
+        "every_piece_corrupt",
+        &[
+            ("NCCL_GRDMA_TEST_INJECT_FAULTS", "1"),
+            ("NCCL_GRDMA_EAGER_MAX", "0"),
+        ],
+    );
+    let err = assert_child_ok(&out, "inject 1 in 1, nothing eager");
     assert!(
         err.contains("failed its CRC32C at the receiver 9 times"),
         "{err}"
