@@ -7,6 +7,42 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use host::integrity::{cpu_path as crc32c_path, crc32c};
 
+/// The largest message NCCL may send under its LL or LL128 protocol: a step of those
+/// protocols' buffers (`NCCL_LL_BUFFSIZE` / `NCCL_LL128_BUFFSIZE` over NCCL_STEPS = 8;
+/// by default 512 KiB and about 4.7 MiB, so 64 KiB and 600 KiB steps), at least 1 MiB.
+/// Under those protocols the receiving GPU reads NCCL's buffer as soon as each line's
+/// flag is there, not after `test` says done (as it does under Simple), so a piece whose
+/// bytes fail their CRC32C must never reach the buffer at all: the GPU would take them
+/// before the resend could mend them (seen on an H100: an all_reduce of 4 KiB not
+/// bit-exact with faults injected at 1 in 1000, when such pieces landed in place). So
+/// over TCP such pieces are read into a reader's scratch buffer first, and over verbs
+/// such receives are written into a registered staging buffer of the comm: copied into
+/// NCCL's buffer only once their CRC32C passed.
+pub fn flag_polled_max() -> u64 {
+    static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let step = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(0, |bytes| bytes / NCCL_STEPS)
+        };
+        (1u64 << 20)
+            .max(step("NCCL_LL_BUFFSIZE"))
+            .max(step("NCCL_LL128_BUFFSIZE"))
+    })
+}
+
+/// Steps per protocol buffer in NCCL (`NCCL_STEPS`).
+const NCCL_STEPS: u64 = 8;
+
+/// Whether a checked message of `total` bytes (a receive posted for that many, over
+/// verbs) goes through a buffer of this plugin's before NCCL's ([`flag_polled_max`] says
+/// why).
+pub fn must_stage(checked: bool, total: u64) -> bool {
+    checked && total <= flag_polled_max()
+}
+
 /// Decides which pieces `NCCL_GRDMA_TEST_INJECT_FAULTS=N` corrupts: about one in N,
 /// from a xorshift generator seeded per comm (reproducible for one seed), never a
 /// piece's last allowed attempt unless N is 1: at N = 3, nine corrupt attempts in a row

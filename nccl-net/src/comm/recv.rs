@@ -7,7 +7,7 @@
 //! NCCL's buffer and checked there (NCCL's GPU reads them only after `test`); those of
 //! messages NCCL may send under its LL and LL128 protocols, whose GPU reads the buffer
 //! as the bytes come, are read into the reader's scratch buffer and copied in only once
-//! their CRC32C passed (`must_stage`).
+//! their CRC32C passed (`integrity::must_stage`).
 //!
 //! Eager messages (sent before the sender saw this receive's clear-to-send) land in
 //! a bounce buffer of this comm, are checked and acked there (so the sender's request
@@ -576,44 +576,13 @@ struct RxPiece {
     crc: u32,
     checked: bool,
     /// Read into the reader's scratch buffer and copied into `dst` only once its CRC32C
-    /// passed ([`must_stage`]); otherwise read straight into `dst` and checked there.
+    /// passed ([`integrity::must_stage`]); otherwise read straight into `dst` and checked
+    /// there.
     staged: bool,
 }
 
-/// The largest message NCCL may send under its LL or LL128 protocol: a step of those
-/// protocols' buffers (`NCCL_LL_BUFFSIZE` / `NCCL_LL128_BUFFSIZE` over NCCL_STEPS = 8;
-/// by default 512 KiB and about 4.7 MiB, so 64 KiB and 600 KiB steps), at least 1 MiB.
-/// Under those protocols the receiving GPU reads NCCL's buffer as soon as each line's
-/// flag is there, not after `test` says done (as it does under Simple), so a piece whose
-/// bytes fail their CRC32C must never reach the buffer at all: the GPU would take them
-/// before the resend could mend them (seen on an H100: an all_reduce of 4 KiB not
-/// bit-exact with faults injected at 1 in 1000, when such pieces landed in place).
-fn flag_polled_max() -> u64 {
-    static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        let step = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(0, |bytes| bytes / NCCL_STEPS)
-        };
-        (1u64 << 20)
-            .max(step("NCCL_LL_BUFFSIZE"))
-            .max(step("NCCL_LL128_BUFFSIZE"))
-    })
-}
-
-/// Steps per protocol buffer in NCCL (`NCCL_STEPS`).
-const NCCL_STEPS: u64 = 8;
-
-/// Whether a piece of a checked message of `total` bytes that lands in NCCL's buffer
-/// goes through the reader's scratch buffer first ([`flag_polled_max`] says why).
-fn must_stage(checked: bool, total: u64) -> bool {
-    checked && total <= flag_polled_max()
-}
-
 /// One data socket's thread: header, bytes into NCCL's buffer (through its scratch
-/// buffer for a piece that `must_stage`), CRC, ack.
+/// buffer for a piece that `integrity::must_stage`), CRC, ack.
 fn reader(sh: &Shared, sock: &Socket, i: usize) {
     let mid = || {
         NetError::remote(format!(
@@ -762,7 +731,7 @@ fn start_piece(
         len: h.len as usize,
         crc: h.crc,
         checked: h.checked,
-        staged: must_stage(h.checked, h.total),
+        staged: integrity::must_stage(h.checked, h.total),
     }))
 }
 

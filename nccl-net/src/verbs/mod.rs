@@ -12,7 +12,10 @@
 //!    the order: the frame arrives after the bytes).
 //! 3. The receiver checks the CRC32C where the bytes landed and answers intact (the
 //!    send is done) or write again (the same write, at most [`MAX_RESENDS`] times);
-//!    the receive is done once each of its buffers got intact bytes.
+//!    the receive is done once each of its buffers got intact bytes. A buffer small
+//!    enough for NCCL's LL and LL128 protocols is written into a staging buffer of the
+//!    comm instead and copied into NCCL's once intact ([`staging`]): under those
+//!    protocols the GPU reads NCCL's buffer as the bytes land.
 //!
 //! No threads: NCCL's calls (`isend`, `irecv`, `test`) poll the completion queue and
 //! the CM events and act on what came, as the InfiniBand transport does. With the
@@ -28,6 +31,7 @@ pub mod frames;
 pub mod recv;
 pub mod send;
 pub mod setup;
+pub mod staging;
 
 use crate::comm::Handles;
 use crate::error::NetError;

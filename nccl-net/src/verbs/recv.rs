@@ -1,8 +1,11 @@
 //! A verbs receive comm: `irecv` sends the clear-to-send of its buffers; each "written"
 //! frame that comes names a buffer the sender wrote, whose CRC32C is checked where the
-//! bytes landed and answered (intact, or write again).
+//! bytes landed and answered (intact, or write again). A receive small enough for NCCL's
+//! LL and LL128 protocols is written into a staging buffer of the comm instead
+//! ([`super::staging`]) and copied into NCCL's buffer once intact.
 
 use super::frames::{Frame, Target};
+use super::staging::Staging;
 use super::{Comm, HasLink, Link};
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::comm::{free_slot, RECV_MAGIC_VERBS};
@@ -16,6 +19,8 @@ struct Receiving {
     /// Each buffer: where it is, how much it holds, what landed (intact) so far.
     bufs: Vec<(u64, u64)>,
     got: Vec<Option<u64>>,
+    /// Each buffer's staging buffer, where the peer writes it instead.
+    staged: Vec<Option<usize>>,
 }
 
 pub struct State {
@@ -25,6 +30,9 @@ pub struct State {
     /// sender matches clear-to-sends in the order they come, which must be NCCL's.
     outbox: VecDeque<Vec<u8>>,
     failed: Option<NetError>,
+    /// Declared after `link`: its memory is freed only once the link's queue pair and
+    /// registrations are gone.
+    staging: Staging,
 }
 
 /// The most frames a well-behaved peer can leave waiting for a send slot here: 32
@@ -51,6 +59,7 @@ impl VerbsRecv {
                 reqs: (0..NCCL_NET_MAX_REQUESTS).map(|_| None).collect(),
                 outbox: VecDeque::new(),
                 failed: None,
+                staging: Staging::default(),
             },
         )
     }
@@ -65,16 +74,44 @@ impl VerbsRecv {
             return Ok(None);
         };
         let mut targets = Vec::with_capacity(bufs.len());
+        let mut staged = Vec::with_capacity(bufs.len());
+        let taken = |s: &mut State, staged: &[Option<usize>]| {
+            for k in staged.iter().flatten() {
+                s.staging.give(*k);
+            }
+        };
         for &(ptr, size, tag, reg) in bufs {
             let r = s.link.registration(reg)?;
             // The buffer must lie inside its registration (an SGE of it says so; an
             // empty one needs none: nothing is written there).
             if size > 0 {
-                r.sge(ptr as u64, size)?;
+                if let Err(e) = r.sge(ptr as u64, size) {
+                    taken(s, &staged);
+                    return Err(e);
+                }
             }
             let (rkey, _) = r.remote();
+            let stage = match size > 0 && integrity::must_stage(true, size) {
+                true => match s.staging.take(&mut s.link, size as usize) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        taken(s, &staged);
+                        return Err(e);
+                    }
+                },
+                false => None,
+            };
+            staged.push(stage);
+            let (addr, rkey) = match stage.map(|k| s.staging.remote(&s.link, k)) {
+                Some(Ok(remote)) => remote,
+                Some(Err(e)) => {
+                    taken(s, &staged);
+                    return Err(e);
+                }
+                None => (ptr as u64, rkey),
+            };
             targets.push(Target {
-                addr: ptr as u64,
+                addr,
                 rkey,
                 tag,
                 size,
@@ -90,6 +127,7 @@ impl VerbsRecv {
         s.reqs[slot] = Some(Receiving {
             bufs: bufs.iter().map(|&(p, n, _, _)| (p as u64, n)).collect(),
             got: vec![None; bufs.len()],
+            staged,
         });
         s.flush()?;
         Ok(Some(self.handles.ptr(slot)))
@@ -108,6 +146,9 @@ impl VerbsRecv {
             ))),
             Some(r) if r.got.iter().all(Option::is_some) => {
                 let sizes: Vec<u64> = r.got.iter().map(|g| g.unwrap_or(0)).collect();
+                for k in r.staged.iter().flatten() {
+                    s.staging.give(*k);
+                }
                 s.reqs[index] = None;
                 s.link.count(&sizes);
                 Ok(Some(sizes))
@@ -173,19 +214,26 @@ impl State {
                     }
                 )));
             }
+            // Where the peer wrote: the staging buffer, or NCCL's.
+            let staged = r.staged[entry as usize];
+            let landed_at = staged.map_or(addr as *const u8, |k| self.staging.ptr(k) as *const u8);
             let intact = match crc {
                 None => true,
                 Some(c) => {
-                    // SAFETY: NCCL's buffer, writable and readable for `room` >= `size`
-                    // bytes until this receive is reported done; the sender wrote it
-                    // before this frame (RC delivers in order) and writes it again only
-                    // after an answer that asks for it, so nothing writes it while it is
-                    // read here.
-                    let landed =
-                        unsafe { std::slice::from_raw_parts(addr as *const u8, size as usize) };
+                    // SAFETY: NCCL's buffer, or the staging buffer taken for it (at least
+                    // as long), writable and readable for `room` >= `size` bytes until
+                    // this receive is reported done; the sender wrote it before this
+                    // frame (RC delivers in order) and writes it again only after an
+                    // answer that asks for it, so nothing writes it while it is read here.
+                    let landed = unsafe { std::slice::from_raw_parts(landed_at, size as usize) };
                     integrity::crc32c(landed) == c
                 }
             };
+            if intact && staged.is_some() {
+                // SAFETY: as above for the staging buffer; NCCL's buffer is ours for `room`
+                // >= `size` bytes until the receive is reported done, which it is not yet.
+                unsafe { std::ptr::copy_nonoverlapping(landed_at, addr as *mut u8, size as usize) };
+            }
             if intact {
                 r.got[entry as usize] = Some(size);
                 if attempt > 0 {

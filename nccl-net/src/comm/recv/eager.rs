@@ -202,7 +202,7 @@ pub(super) fn start_eager(st: &mut State, sh: &Shared, h: &PieceHeader) -> Resul
         crc: h.crc,
         checked: h.checked,
         // A bounce buffer is ours: only a piece landing in NCCL's buffer is staged.
-        staged: e.direct.is_some() && super::must_stage(h.checked, h.total),
+        staged: e.direct.is_some() && crate::integrity::must_stage(h.checked, h.total),
     };
     if first_piece && sh.by_number {
         // Its receive may be posted already: its buffer is known from now on (the
