@@ -33,6 +33,8 @@ pub struct State {
     /// Declared after `link`: its memory is freed only once the link's queue pair and
     /// registrations are gone.
     staging: Staging,
+    /// This side's checks are on (`NCCL_GRDMA_CHECKS`): small receives are staged.
+    checks: bool,
 }
 
 /// The most frames a well-behaved peer can leave waiting for a send slot here: 32
@@ -49,7 +51,7 @@ impl HasLink for State {
 }
 
 impl VerbsRecv {
-    pub fn new(link: Link) -> Box<Self> {
+    pub fn new(link: Link, checks: bool) -> Box<Self> {
         info!(NET; "receive comm from {} over verbs", link.peer);
         Comm::boxed(
             RECV_MAGIC_VERBS,
@@ -60,6 +62,7 @@ impl VerbsRecv {
                 outbox: VecDeque::new(),
                 failed: None,
                 staging: Staging::default(),
+                checks,
             },
         )
     }
@@ -91,7 +94,7 @@ impl VerbsRecv {
                 }
             }
             let (rkey, _) = r.remote();
-            let stage = match size > 0 && integrity::must_stage(true, size) {
+            let stage = match size > 0 && integrity::must_stage(s.checks, size) {
                 true => match s.staging.take(&mut s.link, size as usize) {
                     Ok(k) => k,
                     Err(e) => {

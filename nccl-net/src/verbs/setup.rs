@@ -44,6 +44,9 @@ pub struct VerbsListen {
     magic: u64,
     token: u64,
     addr: SocketAddr,
+    /// `NCCL_GRDMA_CHECKS` as it listened: its receive comms stage small receives only
+    /// with the checks on (with them off nothing is checked that staging could hold back).
+    checks: bool,
     inner: Confined<Listening>,
 }
 
@@ -51,7 +54,7 @@ pub const VLISTEN_MAGIC: u64 = u64::from_le_bytes(*b"grdVList");
 
 impl VerbsListen {
     /// Listens on `ip` (an address of an RDMA device's interface), port chosen by the CM.
-    pub fn new(ip: IpAddr, _cfg: &Config) -> Result<(Box<Self>, Handle)> {
+    pub fn new(ip: IpAddr, cfg: &Config) -> Result<(Box<Self>, Handle)> {
         let channel = EventChannel::new().map_err(rdma_err)?;
         let id = CmId::new(&channel).map_err(rdma_err)?;
         id.bind(SocketAddr::new(ip, 0)).map_err(rdma_err)?;
@@ -72,6 +75,7 @@ impl VerbsListen {
                 magic: VLISTEN_MAGIC,
                 token: handle.token,
                 addr,
+                checks: cfg.checks,
                 inner: Confined(Listening {
                     channel,
                     _id: id,
@@ -136,7 +140,7 @@ impl VerbsListen {
             }
             if established {
                 let (link, _) = l.accepting.remove(i);
-                return Ok(Some(VerbsRecv::new(link)));
+                return Ok(Some(VerbsRecv::new(link, self.checks)));
             }
             i += 1;
         }
