@@ -76,50 +76,17 @@ impl VerbsRecv {
         let Some(slot) = free_slot(&s.reqs) else {
             return Ok(None);
         };
-        let mut targets = Vec::with_capacity(bufs.len());
+        // The staging buffers taken for this receive go back if it cannot be posted.
         let mut staged = Vec::with_capacity(bufs.len());
-        let taken = |s: &mut State, staged: &[Option<usize>]| {
-            for k in staged.iter().flatten() {
-                s.staging.give(*k);
+        let targets = match s.targets(bufs, &mut staged) {
+            Ok(t) => t,
+            Err(e) => {
+                for k in staged.iter().flatten() {
+                    s.staging.give(*k);
+                }
+                return Err(e);
             }
         };
-        for &(ptr, size, tag, reg) in bufs {
-            let r = s.link.registration(reg)?;
-            // The buffer must lie inside its registration (an SGE of it says so; an
-            // empty one needs none: nothing is written there).
-            if size > 0 {
-                if let Err(e) = r.sge(ptr as u64, size) {
-                    taken(s, &staged);
-                    return Err(e);
-                }
-            }
-            let (rkey, _) = r.remote();
-            let stage = match size > 0 && integrity::must_stage(s.checks, size) {
-                true => match s.staging.take(&mut s.link, size as usize) {
-                    Ok(k) => k,
-                    Err(e) => {
-                        taken(s, &staged);
-                        return Err(e);
-                    }
-                },
-                false => None,
-            };
-            staged.push(stage);
-            let (addr, rkey) = match stage.map(|k| s.staging.remote(&s.link, k)) {
-                Some(Ok(remote)) => remote,
-                Some(Err(e)) => {
-                    taken(s, &staged);
-                    return Err(e);
-                }
-                None => (ptr as u64, rkey),
-            };
-            targets.push(Target {
-                addr,
-                rkey,
-                tag,
-                size,
-            });
-        }
         s.outbox.push_back(
             Frame::Cts {
                 rreq: slot as u8,
@@ -169,6 +136,42 @@ impl VerbsRecv {
 }
 
 impl State {
+    /// Where the peer writes each of `bufs`: NCCL's buffer (it must lie inside its
+    /// registration), or a staging buffer of this comm for a small one (pushed to `staged`
+    /// as it is taken, so that the caller can give them back on an error).
+    fn targets(
+        &mut self,
+        bufs: &[(*mut u8, u64, i32, usize)],
+        staged: &mut Vec<Option<usize>>,
+    ) -> Result<Vec<Target>> {
+        let mut targets = Vec::with_capacity(bufs.len());
+        for &(ptr, size, tag, reg) in bufs {
+            let r = self.link.registration(reg)?;
+            // An SGE of the buffer says it lies inside its registration (an empty one
+            // needs none: nothing is written there).
+            if size > 0 {
+                r.sge(ptr as u64, size)?;
+            }
+            let (rkey, _) = r.remote();
+            let stage = match size > 0 && integrity::must_stage(self.checks, size) {
+                true => self.staging.take(&mut self.link, size as usize)?,
+                false => None,
+            };
+            staged.push(stage);
+            let (addr, rkey) = match stage {
+                Some(k) => self.staging.remote(&self.link, k)?,
+                None => (ptr as u64, rkey),
+            };
+            targets.push(Target {
+                addr,
+                rkey,
+                tag,
+                size,
+            });
+        }
+        Ok(targets)
+    }
+
     fn progress(&mut self) -> Result<()> {
         Link::latched(self, |s| &mut s.failed, Self::progress_inner)
     }
