@@ -1726,6 +1726,63 @@ fn child_scenario() {
                 "fewer than 8 sends in 200 were done before their ack"
             );
         }
+        "staging_full" => {
+            // Over verbs with the checks on, a receive of 1 MiB buffers is staged (NCCL
+            // may send such a message under LL or LL128); 8 buffers a request, so four
+            // requests hold the comm's 32 MiB of staging buffers. A fifth irecv is busy
+            // (a null request: NCCL posts it again) rather than posted unstaged, until
+            // the first four are done and gave theirs back; then it posts, and every byte
+            // of the five arrives.
+            let net = Net::init();
+            let (s, r, l) = net.pair();
+            let tags: Vec<i32> = (0..8).collect();
+            let mut bufs: Vec<Vec<Vec<u8>>> = (0..5)
+                .map(|_| (0..8).map(|_| vec![0u8; 1 << 20]).collect())
+                .collect();
+            let msgs: Vec<Vec<Vec<u8>>> = (0..5u64)
+                .map(|q| (0..8u64).map(|i| pattern(1 << 20, 10 * q + i)).collect())
+                .collect();
+            let mut rreqs = Vec::new();
+            for (q, b) in bufs.iter_mut().take(4).enumerate() {
+                let rr = net.irecv(r, b, &tags);
+                assert!(!rr.is_null(), "receive {q} of the first four was busy");
+                rreqs.push(rr);
+            }
+            let fifth = net.irecv(r, &mut bufs[4], &tags);
+            assert!(
+                fifth.is_null(),
+                "a fifth receive of 8 staged MiB was posted past the 32 MiB of staging: it would land unstaged"
+            );
+            let mut reqs = rreqs.clone();
+            for group in msgs.iter().take(4) {
+                for (i, m) in group.iter().enumerate() {
+                    reqs.push(net.isend(s, m, tags[i], &[]));
+                }
+            }
+            net.wait_all(&reqs);
+            let t0 = Instant::now();
+            let fifth = loop {
+                let rr = net.irecv(r, &mut bufs[4], &tags);
+                if !rr.is_null() {
+                    break rr;
+                }
+                assert!(t0.elapsed() < DEADLINE, "the fifth receive stayed busy");
+            };
+            let mut reqs = vec![fifth];
+            for (i, m) in msgs[4].iter().enumerate() {
+                reqs.push(net.isend(s, m, tags[i], &[]));
+            }
+            net.wait_all(&reqs);
+            for (q, (got, sent)) in bufs.iter().zip(&msgs).enumerate() {
+                for (i, (b, m)) in got.iter().zip(sent).enumerate() {
+                    assert!(b == m, "buffer {i} of receive {q}");
+                }
+            }
+            println!("staging full: the fifth receive waited, every byte arrived");
+            net.close_send(s);
+            net.close_recv(r);
+            net.close_listen(l);
+        }
         "every_piece_corrupt" => {
             let net = Net::init();
             let (s, r, l) = net.pair();
@@ -2721,6 +2778,16 @@ fn verbs_every_message_corrupt_fails_in_bounded_time() {
         err.contains("failed its CRC32C at the receiver 9 times"),
         "{err}"
     );
+}
+
+#[test]
+fn verbs_small_receives_past_the_staging_buffers_wait_then_land_exact() {
+    let Some(out) = verbs_child("staging_full", &[]) else {
+        return;
+    };
+    let err = assert_child_ok(&out, "receives past the staging buffers over verbs");
+    assert!(err.contains("a further small receive waits"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("every byte arrived"));
 }
 
 #[test]

@@ -76,16 +76,10 @@ impl VerbsRecv {
         let Some(slot) = free_slot(&s.reqs) else {
             return Ok(None);
         };
-        // The staging buffers taken for this receive go back if it cannot be posted.
-        let mut staged = Vec::with_capacity(bufs.len());
-        let targets = match s.targets(bufs, &mut staged) {
-            Ok(t) => t,
-            Err(e) => {
-                for k in staged.iter().flatten() {
-                    s.staging.give(*k);
-                }
-                return Err(e);
-            }
+        // A small receive whose staging buffers are all held waits (busy, as when all 32
+        // requests are in flight): it must not land unstaged.
+        let Some((targets, staged)) = s.targets(bufs)? else {
+            return Ok(None);
         };
         s.outbox.push_back(
             Frame::Cts {
@@ -116,9 +110,7 @@ impl VerbsRecv {
             ))),
             Some(r) if r.got.iter().all(Option::is_some) => {
                 let sizes: Vec<u64> = r.got.iter().map(|g| g.unwrap_or(0)).collect();
-                for k in r.staged.iter().flatten() {
-                    s.staging.give(*k);
-                }
+                s.staging.give_all(&r.staged);
                 s.reqs[index] = None;
                 s.link.count(&sizes);
                 Ok(Some(sizes))
@@ -137,39 +129,50 @@ impl VerbsRecv {
 
 impl State {
     /// Where the peer writes each of `bufs`: NCCL's buffer (it must lie inside its
-    /// registration), or a staging buffer of this comm for a small one (pushed to `staged`
-    /// as it is taken, so that the caller can give them back on an error).
+    /// registration), or a staging buffer of this comm for a small one, with the staging
+    /// buffers taken (given back here if the receive cannot be posted); none when those
+    /// are all held by receives in flight (the receive is to wait).
+    #[allow(clippy::type_complexity)]
     fn targets(
         &mut self,
         bufs: &[(*mut u8, u64, i32, usize)],
-        staged: &mut Vec<Option<usize>>,
-    ) -> Result<Vec<Target>> {
-        let mut targets = Vec::with_capacity(bufs.len());
-        for &(ptr, size, tag, reg) in bufs {
-            let r = self.link.registration(reg)?;
+    ) -> Result<Option<(Vec<Target>, Vec<Option<usize>>)>> {
+        let mut lens = Vec::with_capacity(bufs.len());
+        for &(ptr, size, _, reg) in bufs {
             // An SGE of the buffer says it lies inside its registration (an empty one
             // needs none: nothing is written there).
             if size > 0 {
-                r.sge(ptr as u64, size)?;
+                self.link.registration(reg)?.sge(ptr as u64, size)?;
             }
-            let (rkey, _) = r.remote();
-            let stage = match size > 0 && integrity::must_stage(self.checks, size) {
-                true => self.staging.take(&mut self.link, size as usize)?,
-                false => None,
-            };
-            staged.push(stage);
-            let (addr, rkey) = match stage {
-                Some(k) => self.staging.remote(&self.link, k)?,
-                None => (ptr as u64, rkey),
-            };
-            targets.push(Target {
-                addr,
-                rkey,
-                tag,
-                size,
-            });
+            let stage = size > 0 && integrity::must_stage(self.checks, size);
+            lens.push(stage.then_some(size as usize));
         }
-        Ok(targets)
+        let Some(staged) = self.staging.take_all(&mut self.link, &lens)? else {
+            return Ok(None);
+        };
+        let targets: Result<Vec<Target>> = bufs
+            .iter()
+            .zip(&staged)
+            .map(|(&(ptr, size, tag, reg), stage)| {
+                let (addr, rkey) = match stage {
+                    Some(k) => self.staging.remote(&self.link, *k)?,
+                    None => (ptr as u64, self.link.registration(reg)?.remote().0),
+                };
+                Ok(Target {
+                    addr,
+                    rkey,
+                    tag,
+                    size,
+                })
+            })
+            .collect();
+        match targets {
+            Ok(targets) => Ok(Some((targets, staged))),
+            Err(e) => {
+                self.staging.give_all(&staged);
+                Err(e)
+            }
+        }
     }
 
     fn progress(&mut self) -> Result<()> {
