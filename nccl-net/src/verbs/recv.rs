@@ -37,6 +37,12 @@ pub struct State {
     checks: bool,
 }
 
+/// Where the peer writes each buffer of a receive, and the staging buffers it took.
+struct Targets {
+    targets: Vec<Target>,
+    staged: Vec<Option<usize>>,
+}
+
 /// The most frames a well-behaved peer can leave waiting for a send slot here: 32
 /// clear-to-sends and an answer for each of its 32 send requests.
 const OUTBOX_MAX: usize = 2 * NCCL_NET_MAX_REQUESTS;
@@ -78,7 +84,7 @@ impl VerbsRecv {
         };
         // A small receive whose staging buffers are all held waits (busy, as when all 32
         // requests are in flight): it must not land unstaged.
-        let Some((targets, staged)) = s.targets(bufs)? else {
+        let Some(Targets { targets, staged }) = s.targets(bufs)? else {
             return Ok(None);
         };
         s.outbox.push_back(
@@ -132,11 +138,7 @@ impl State {
     /// registration), or a staging buffer of this comm for a small one, with the staging
     /// buffers taken (given back here if the receive cannot be posted); none when those
     /// are all held by receives in flight (the receive is to wait).
-    #[allow(clippy::type_complexity)]
-    fn targets(
-        &mut self,
-        bufs: &[(*mut u8, u64, i32, usize)],
-    ) -> Result<Option<(Vec<Target>, Vec<Option<usize>>)>> {
+    fn targets(&mut self, bufs: &[(*mut u8, u64, i32, usize)]) -> Result<Option<Targets>> {
         let mut lens = Vec::with_capacity(bufs.len());
         for &(ptr, size, _, reg) in bufs {
             // An SGE of the buffer says it lies inside its registration (an empty one
@@ -167,7 +169,7 @@ impl State {
             })
             .collect();
         match targets {
-            Ok(targets) => Ok(Some((targets, staged))),
+            Ok(targets) => Ok(Some(Targets { targets, staged })),
             Err(e) => {
                 self.staging.give_all(&staged);
                 Err(e)
