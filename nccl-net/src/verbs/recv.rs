@@ -139,42 +139,39 @@ impl State {
     /// buffers taken (given back here if the receive cannot be posted); none when those
     /// are all held by receives in flight (the receive is to wait).
     fn targets(&mut self, bufs: &[(*mut u8, u64, i32, usize)]) -> Result<Option<Targets>> {
+        let mut targets = Vec::with_capacity(bufs.len());
         let mut lens = Vec::with_capacity(bufs.len());
-        for &(ptr, size, _, reg) in bufs {
+        for &(ptr, size, tag, reg) in bufs {
+            let r = self.link.registration(reg)?;
             // An SGE of the buffer says it lies inside its registration (an empty one
             // needs none: nothing is written there).
             if size > 0 {
-                self.link.registration(reg)?.sge(ptr as u64, size)?;
+                r.sge(ptr as u64, size)?;
             }
+            targets.push(Target {
+                addr: ptr as u64,
+                rkey: r.remote().0,
+                tag,
+                size,
+            });
             let stage = size > 0 && integrity::must_stage(self.checks, size);
             lens.push(stage.then_some(size as usize));
         }
         let Some(staged) = self.staging.take_all(&mut self.link, &lens)? else {
             return Ok(None);
         };
-        let targets: Result<Vec<Target>> = bufs
-            .iter()
-            .zip(&staged)
-            .map(|(&(ptr, size, tag, reg), stage)| {
-                let (addr, rkey) = match stage {
-                    Some(k) => self.staging.remote(&self.link, *k)?,
-                    None => (ptr as u64, self.link.registration(reg)?.remote().0),
-                };
-                Ok(Target {
-                    addr,
-                    rkey,
-                    tag,
-                    size,
-                })
-            })
-            .collect();
-        match targets {
-            Ok(targets) => Ok(Some(Targets { targets, staged })),
-            Err(e) => {
-                self.staging.give_all(&staged);
-                Err(e)
+        // A staged buffer is written into its staging buffer instead of NCCL's.
+        for (target, stage) in targets.iter_mut().zip(&staged) {
+            let Some(k) = *stage else { continue };
+            match self.staging.remote(&self.link, k) {
+                Ok((addr, rkey)) => (target.addr, target.rkey) = (addr, rkey),
+                Err(e) => {
+                    self.staging.give_all(&staged);
+                    return Err(e);
+                }
             }
         }
+        Ok(Some(Targets { targets, staged }))
     }
 
     fn progress(&mut self) -> Result<()> {
