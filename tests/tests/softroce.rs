@@ -393,12 +393,22 @@ fn rxe_oops(outcome: &Outcome) -> Option<String> {
     };
     run.lines
         .iter()
-        .find(|l| {
-            (l.text.contains("RIP: 0010:") && l.text.contains("[rdma_rxe]"))
-                || l.text.contains("] cm_destroy_id_wait_timeout: cm_id=")
-        })
+        .find(|l| is_rxe_fault(&l.text))
         .map(|l| l.text.trim().to_string())
 }
+
+/// Whether one line of a guest's console is its kernel's own fault in the RDMA stack
+/// (see [`rxe_oops`]).
+fn is_rxe_fault(text: &str) -> bool {
+    (text.contains("RIP: 0010:") && text.contains("[rdma_rxe]"))
+        || text.contains("] cm_destroy_id_wait_timeout: cm_id=")
+}
+
+/// How long a try goes on after its guest kernel showed a fault in its RDMA stack: long
+/// enough for the oops or the stuck process's lines to reach the log, short against the
+/// run's own timeout, which such a try used to reach (once, 2026-12-07: 23 minutes of
+/// CI spent waiting on a guest whose `rdma_destroy_id` could never return).
+const AFTER_RXE_FAULT: Duration = Duration::from_secs(20);
 
 /// One run of `spec`'s guests with the host binary `bin`.
 fn run_once(spec: &'static Spec, bin: &std::path::Path) -> Outcome {
@@ -489,23 +499,45 @@ fn run_once(spec: &'static Spec, bin: &std::path::Path) -> Outcome {
             // run-guest.sh bounds itself (--timeout); this is a backstop should it hang.
             let hard = Duration::from_secs(spec.timeout_s + 60);
             let mut killed_at: Option<Instant> = None;
+            // When the guest kernel's RDMA stack failed (the try goes again on fresh
+            // guests whatever happens next, see `run`), this try stops soon after.
+            let mut rxe_fault_at: Option<Instant> = None;
             loop {
                 match rx.recv_timeout(Duration::from_secs(1)) {
-                    Ok(line) => lines.push(line),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        if killed_at.is_none() && start.elapsed() > hard {
-                            error = Some(format!(
-                                "run-guest.sh ran past its own --timeout {} s by a minute: killed",
-                                spec.timeout_s
+                    Ok(line) => {
+                        if rxe_fault_at.is_none() && is_rxe_fault(&line.text) {
+                            note(&format!(
+                                "{}: the guest kernel failed in its RDMA stack ({}): stopping this try in {} s",
+                                spec.what,
+                                line.text.trim(),
+                                AFTER_RXE_FAULT.as_secs()
                             ));
-                            let _ = child.kill();
-                            killed_at = Some(Instant::now());
+                            rxe_fault_at = Some(Instant::now());
                         }
-                        if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
-                            break; // something still holds the pipes: stop reading
-                        }
+                        lines.push(line)
                     }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                if killed_at.is_none() {
+                    let why = if start.elapsed() > hard {
+                        Some(format!(
+                            "run-guest.sh ran past its own --timeout {} s by a minute: killed",
+                            spec.timeout_s
+                        ))
+                    } else if rxe_fault_at.is_some_and(|t| t.elapsed() > AFTER_RXE_FAULT) {
+                        Some("stopped after the guest kernel's fault in its RDMA stack".into())
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        error = Some(why);
+                        stop(&mut child);
+                        killed_at = Some(Instant::now());
+                    }
+                }
+                if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
+                    break; // something still holds the pipes: stop reading
                 }
             }
             match child.wait() {
@@ -557,6 +589,25 @@ fn run_once(spec: &'static Spec, bin: &std::path::Path) -> Outcome {
         log,
         cases,
     }))
+}
+
+/// Ends run-guest.sh: SIGTERM first, which its trap turns into its cleanup (QEMU
+/// stopped, its scratch removed), SIGKILL if it is still there 10 s later (QEMU then
+/// dies with it, by the parent-death signal the script gives it).
+fn stop(child: &mut std::process::Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
 }
 
 /// The case sections in the guests' output (lines `[a] ...`, `[b] ...`).
@@ -1014,6 +1065,37 @@ fn only_an_oops_in_rdma_rxe_or_a_stuck_cm_id_earns_a_second_try() {
     assert_eq!(rxe_oops(&with(&[stuck])).as_deref(), Some(stuck.trim()));
     assert!(rxe_oops(&with(&["[a] error: cm_destroy_id_wait_timeout"])).is_none());
     assert!(rxe_oops(&Outcome::Skipped("no QEMU".into())).is_none());
+}
+
+/// A try stopped early must end run-guest.sh whether it honours SIGTERM (its trap:
+/// cleanup, then exit 143) or not (then SIGKILL, 10 s later).
+#[test]
+fn a_stopped_try_ends_its_script_by_term_or_else_by_kill() {
+    let spawn = |script: &str| {
+        Command::new("bash")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // (`sleep & wait`: bash runs a trap only between commands, and `wait` is one.)
+    let mut polite = spawn("trap 'exit 143' TERM; sleep 60 & wait; exit 0");
+    thread::sleep(Duration::from_millis(300)); // (the trap is set)
+    let t0 = Instant::now();
+    stop(&mut polite);
+    let status = polite.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+
+    let mut deaf = spawn("trap '' TERM; sleep 60; exit 0");
+    thread::sleep(Duration::from_millis(300));
+    stop(&mut deaf);
+    let status = deaf.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        None,
+        "SIGKILL leaves no exit code: {status:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
