@@ -10,9 +10,17 @@ use std::ffi::CString;
 use std::net::IpAddr;
 use std::path::Path;
 
-/// The port speed reported when sysfs has none (`lo`, many virtual NICs): 10 Gbit/s,
-/// NCCL's own socket transport's default.
+/// The port speed reported when sysfs has none (many virtual NICs): 10 Gbit/s, NCCL's
+/// own socket transport's default.
 pub const DEFAULT_SPEED_MBPS: i32 = 10_000;
+/// The speed reported for the loopback interface (sysfs has none): 400 Gbit/s. Loopback
+/// has no line rate; its bytes move at memory speed, past what NCCL's channels draw from
+/// it (this project's 8 streams moved 21-24 GB/s one way over `lo` on the H200). Told
+/// Socket's 10 Gbit/s, NCCL's search takes 2 channels for collectives; told 400 Gbit/s,
+/// 4 (NCCL 2.28.9 on an H100, two ranks on one GPU: `2 coll channels` up to 200 Gbit/s,
+/// `4 coll channels` from 400; all_reduce 1.85 → 3.7 GB/s, all_gather 3.7 → 7.4;
+/// `docs/measurements/h100/2026-12-07-thirteenth-session/`).
+pub const LOOPBACK_SPEED_MBPS: i32 = 400_000;
 /// NCCL_SOCKET_IFNAME may select up to this many interfaces (NCCL's `MAX_IFS`).
 pub const MAX_DEVICES: usize = 16;
 
@@ -33,8 +41,11 @@ pub struct Device {
     /// `realpath /sys/class/net/IF/device`: the PCI function, or none (`lo`, bridges).
     pub pci_path: Option<CString>,
     pub speed_mbps: i32,
-    /// False when `speed_mbps` is [`DEFAULT_SPEED_MBPS`] for want of a sysfs value.
+    /// False when sysfs gave no speed and `speed_mbps` is [`unknown_speed`]'s.
     pub speed_known: bool,
+    /// Where `speed_mbps` comes from, in words for the log ("sysfs", "NCCL_GRDMA_SPEED",
+    /// "loopback's default", ...).
+    pub speed_from: &'static str,
     /// The RDMA device the interface belongs to, where the comms go over verbs
     /// (`NCCL_GRDMA_TRANSPORT`); none: TCP.
     pub rdma: Option<CString>,
@@ -196,6 +207,26 @@ pub fn list_interfaces() -> Result<Vec<Iface>> {
     Ok(out)
 }
 
+/// The speed told NCCL for an interface whose sysfs gives none, and where it comes from
+/// (for the log): `NCCL_GRDMA_SPEED` (Mbit/s) where set, else [`LOOPBACK_SPEED_MBPS`]
+/// for loopback and [`DEFAULT_SPEED_MBPS`] for the rest. A speed sysfs gives is never
+/// overridden. `get` looks the variable up (the tests feed their own).
+pub fn unknown_speed(
+    loopback: bool,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<(i32, &'static str)> {
+    match get("NCCL_GRDMA_SPEED") {
+        None if loopback => Ok((LOOPBACK_SPEED_MBPS, "loopback's default")),
+        None => Ok((DEFAULT_SPEED_MBPS, "the default where sysfs has none")),
+        Some(v) => match v.trim().parse::<i32>() {
+            Ok(n) if n > 0 => Ok((n, "NCCL_GRDMA_SPEED")),
+            _ => Err(NetError::invalid(format!(
+                "NCCL_GRDMA_SPEED={v:?}: expected Mbit/s (a positive whole number) for interfaces whose speed sysfs does not give"
+            ))),
+        },
+    }
+}
+
 /// The devices of this machine under `NCCL_SOCKET_IFNAME` (`spec`), with sysfs facts.
 pub fn discover(spec: Option<&str>, transport: Transport) -> Result<Vec<Device>> {
     let ifaces = list_interfaces()?;
@@ -223,10 +254,15 @@ pub fn discover(spec: Option<&str>, transport: Transport) -> Result<Vec<Device>>
                     i.name, i.addr
                 )));
             }
+            let (speed_mbps, speed_from) = match speed {
+                Some(mbps) => (mbps, "sysfs"),
+                None => unknown_speed(i.loopback, |k| std::env::var(k).ok())?,
+            };
             Ok(Device {
                 pci_path: sysfs_pci_path(sys, &i.name).and_then(|p| CString::new(p).ok()),
-                speed_mbps: speed.unwrap_or(DEFAULT_SPEED_MBPS),
+                speed_mbps,
                 speed_known: speed.is_some(),
+                speed_from,
                 addr: i.addr,
                 name: CString::new(i.name).unwrap_or_default(),
                 rdma: rdma.and_then(|r| CString::new(r).ok()),
@@ -247,6 +283,7 @@ mod tests {
             pci_path: None,
             speed_mbps: mbps.unwrap_or(DEFAULT_SPEED_MBPS),
             speed_known: mbps.is_some(),
+            speed_from: "a test",
             rdma: None,
         };
         // The host's --streams auto rule: loopback 8, 25 Gbit/s a stream, cores / 2.
@@ -317,6 +354,30 @@ mod tests {
             names(&select(&m, Some("^=eth1"))),
             ["lo", "docker0", "ens5"]
         );
+    }
+
+    #[test]
+    fn an_interface_without_a_speed_gets_loopbacks_or_the_default_or_the_one_given() {
+        let with = |lo: bool, v: Option<&str>| {
+            unknown_speed(lo, |k| {
+                assert_eq!(k, "NCCL_GRDMA_SPEED");
+                v.map(str::to_string)
+            })
+        };
+        assert_eq!(with(true, None).unwrap().0, LOOPBACK_SPEED_MBPS);
+        assert_eq!(with(false, None).unwrap().0, DEFAULT_SPEED_MBPS);
+        assert_eq!(
+            with(true, Some("100000")).unwrap(),
+            (100_000, "NCCL_GRDMA_SPEED")
+        );
+        assert_eq!(with(false, Some(" 25000\n")).unwrap().0, 25_000);
+        for bad in ["0", "-5", "fast", "1e5", "", "99999999999"] {
+            let e = with(false, Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("NCCL_GRDMA_SPEED") && e.contains("Mbit/s"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

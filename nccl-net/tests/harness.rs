@@ -508,7 +508,14 @@ fn properties_are_truthful() {
         p.ptrSupport, NCCL_PTR_HOST,
         "host memory only: no CUDA, no dma-buf"
     );
-    assert_eq!(p.speed, 10_000, "lo has no sysfs speed: the stated default");
+    assert_eq!(
+        p.speed, 400_000,
+        "lo has no sysfs speed: loopback's default (props::LOOPBACK_SPEED_MBPS)"
+    );
+    assert!(
+        logged(|_, s| s.contains("[0]lo:127.0.0.1 (400000 Mbit/s from loopback's default)")),
+        "the init line says the speed and where it came from"
+    );
     assert_eq!(
         (p.latency, p.port, p.regIsGlobal, p.forceFlush),
         (0.0, 0, 0, 0)
@@ -1461,7 +1468,7 @@ fn older_tables_round_trip() {
         ok(unsafe { (t.init)(Some(logger)) }, "v8 init");
         let mut p: NcclNetPropertiesV8 = unsafe { std::mem::zeroed() };
         ok(unsafe { (t.getProperties)(0, &mut p) }, "v8 props");
-        assert_eq!((p.ptrSupport, p.speed), (NCCL_PTR_HOST, 10_000));
+        assert_eq!((p.ptrSupport, p.speed), (NCCL_PTR_HOST, 400_000));
         let mut h = [0u8; 128];
         let mut l = null_mut();
         ok(
@@ -1623,6 +1630,21 @@ fn child(scenario: &str, env: &[(&str, &str)]) -> std::process::Output {
 fn child_scenario() {
     let which = std::env::var("GRDMA_CHILD").expect("GRDMA_CHILD");
     match which.as_str() {
+        "speed" => {
+            let t = v11();
+            let mut ctx = null_mut();
+            let mut cfg = NcclNetCommConfig { trafficClass: -1 };
+            // SAFETY: as NCCL calls it, with valid out-pointers.
+            let r = unsafe { (t.init)(&mut ctx, 42, &mut cfg, Some(logger), None) };
+            println!("init={}", r.0);
+            if r == NcclResult::SUCCESS {
+                // SAFETY: zeroed plain data, then filled by the plugin.
+                let mut p: NcclNetPropertiesV11 = unsafe { std::mem::zeroed() };
+                ok(unsafe { (t.getProperties)(0, &mut p) }, "getProperties");
+                println!("speed={}", p.speed);
+                ok(unsafe { (t.finalize)(ctx) }, "finalize");
+            }
+        }
         "repair" => {
             let net = Net::init();
             let (s, r, l) = net.pair();
@@ -2303,6 +2325,38 @@ fn a_panic_in_an_io_thread_fails_the_comm() {
     let out = child("panic_writer", &[("NCCL_GRDMA_TEST_PANIC", "writer")]);
     assert_child_ok(&out, "a writer thread's panic");
     assert!(String::from_utf8_lossy(&out.stdout).contains("still alive after the writer's panic"));
+}
+
+/// `NCCL_GRDMA_SPEED` sets the speed of an interface without one in sysfs (`lo` here);
+/// a value that is not Mbit/s fails `init` with a line that says so.
+#[test]
+fn the_speed_of_an_interface_without_one_can_be_given() {
+    let out = child("speed", &[("NCCL_GRDMA_SPEED", "25000")]);
+    assert_child_ok(&out, "speed");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("init=0") && said.contains("speed=25000"),
+        "{said}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("[0]lo:127.0.0.1 (25000 Mbit/s from NCCL_GRDMA_SPEED)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = child("speed", &[("NCCL_GRDMA_SPEED", "fast")]);
+    assert_child_ok(&out, "speed");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !said.contains("init=0") && !said.contains("speed="),
+        "{said}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NCCL_GRDMA_SPEED=\"fast\": expected Mbit/s"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -277,6 +277,7 @@ mod tests {
             pci_path: None,
             speed_mbps: 10_000,
             speed_known: false,
+            speed_from: "a test",
             rdma: None,
         };
         let cfg = Config::parse(|k| (k == "NCCL_GRDMA_STREAMS").then(|| "1".to_string())).unwrap();

@@ -95,20 +95,21 @@ fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
         let list: Vec<String> = found
             .iter()
             .enumerate()
-            .map(|(i, d)| match &d.rdma {
-                Some(r) => format!(
-                    "[{i}]{}:{} (verbs on {})",
+            .map(|(i, d)| {
+                let verbs = match &d.rdma {
+                    Some(r) => format!("verbs on {}, ", r.to_string_lossy()),
+                    None => String::new(),
+                };
+                format!(
+                    "[{i}]{}:{} ({verbs}{} Mbit/s from {})",
                     d.name.to_string_lossy(),
                     d.addr,
-                    r.to_string_lossy()
-                ),
-                None => format!("[{i}]{}:{}", d.name.to_string_lossy(), d.addr),
+                    d.speed_mbps,
+                    d.speed_from
+                )
             })
             .collect();
-        info!(log::NET | NCCL_INIT; "using {}{}; CRC32C by {}", list.join(" "),
-            if found.iter().any(|d| !d.speed_known) {
-                format!(" (speed unknown to sysfs reported as {} Mbit/s)", props::DEFAULT_SPEED_MBPS)
-            } else { String::new() },
+        info!(log::NET | NCCL_INIT; "using {}; CRC32C by {}", list.join(" "),
             crate::integrity::crc32c_path());
         let _ = DEVICES.set(found);
     }
