@@ -41,14 +41,42 @@ pub struct Device {
     /// `realpath /sys/class/net/IF/device`: the PCI function, or none (`lo`, bridges).
     pub pci_path: Option<CString>,
     pub speed_mbps: i32,
-    /// False when sysfs gave no speed and `speed_mbps` is [`unknown_speed`]'s.
-    pub speed_known: bool,
-    /// Where `speed_mbps` comes from, in words for the log ("sysfs", "NCCL_GRDMA_SPEED",
-    /// "loopback's default", ...).
-    pub speed_from: &'static str,
+    /// Where `speed_mbps` comes from.
+    pub speed_from: SpeedFrom,
     /// The RDMA device the interface belongs to, where the comms go over verbs
     /// (`NCCL_GRDMA_TRANSPORT`); none: TCP.
     pub rdma: Option<CString>,
+}
+
+/// Where a device's speed comes from: sysfs, or [`unknown_speed`]'s rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpeedFrom {
+    Sysfs,
+    /// `NCCL_GRDMA_SPEED`.
+    Variable,
+    /// [`LOOPBACK_SPEED_MBPS`].
+    LoopbackDefault,
+    /// [`DEFAULT_SPEED_MBPS`].
+    Default,
+}
+
+impl SpeedFrom {
+    /// For the init line of NCCL's log (`... Mbit/s from <this>`).
+    pub fn words(self) -> &'static str {
+        match self {
+            SpeedFrom::Sysfs => "sysfs",
+            SpeedFrom::Variable => "NCCL_GRDMA_SPEED",
+            SpeedFrom::LoopbackDefault => "loopback's default",
+            SpeedFrom::Default => "the default where sysfs has none",
+        }
+    }
+}
+
+impl Device {
+    /// Whether the link's speed is known (sysfs gave it), not a default or a setting.
+    pub fn speed_known(&self) -> bool {
+        self.speed_from == SpeedFrom::Sysfs
+    }
 }
 
 /// The data sockets of a comm listening on `device` when `NCCL_GRDMA_STREAMS` is unset,
@@ -61,7 +89,7 @@ pub fn streams_for(device: &Device, cores: usize) -> (usize, String) {
     } else {
         Route::Link {
             interface: device.name.to_string_lossy().into_owned(),
-            mbps: device.speed_known.then_some(device.speed_mbps as u64),
+            mbps: device.speed_known().then_some(device.speed_mbps as u64),
         }
     };
     let choice = choose_streams(&StreamFacts { cores, route });
@@ -207,19 +235,19 @@ pub fn list_interfaces() -> Result<Vec<Iface>> {
     Ok(out)
 }
 
-/// The speed told NCCL for an interface whose sysfs gives none, and where it comes from
-/// (for the log): `NCCL_GRDMA_SPEED` (Mbit/s) where set, else [`LOOPBACK_SPEED_MBPS`]
-/// for loopback and [`DEFAULT_SPEED_MBPS`] for the rest. A speed sysfs gives is never
-/// overridden. `get` looks the variable up (the tests feed their own).
+/// The speed told NCCL for an interface whose sysfs gives none, and where it comes from:
+/// `NCCL_GRDMA_SPEED` (Mbit/s) where set, else [`LOOPBACK_SPEED_MBPS`] for loopback and
+/// [`DEFAULT_SPEED_MBPS`] for the rest. A speed sysfs gives is never overridden. `get`
+/// looks the variable up (the tests feed their own).
 pub fn unknown_speed(
     loopback: bool,
     get: impl Fn(&str) -> Option<String>,
-) -> Result<(i32, &'static str)> {
+) -> Result<(i32, SpeedFrom)> {
     match get("NCCL_GRDMA_SPEED") {
-        None if loopback => Ok((LOOPBACK_SPEED_MBPS, "loopback's default")),
-        None => Ok((DEFAULT_SPEED_MBPS, "the default where sysfs has none")),
+        None if loopback => Ok((LOOPBACK_SPEED_MBPS, SpeedFrom::LoopbackDefault)),
+        None => Ok((DEFAULT_SPEED_MBPS, SpeedFrom::Default)),
         Some(v) => match v.trim().parse::<i32>() {
-            Ok(n) if n > 0 => Ok((n, "NCCL_GRDMA_SPEED")),
+            Ok(n) if n > 0 => Ok((n, SpeedFrom::Variable)),
             _ => Err(NetError::invalid(format!(
                 "NCCL_GRDMA_SPEED={v:?}: expected Mbit/s (a positive whole number) for interfaces whose speed sysfs does not give"
             ))),
@@ -255,13 +283,12 @@ pub fn discover(spec: Option<&str>, transport: Transport) -> Result<Vec<Device>>
                 )));
             }
             let (speed_mbps, speed_from) = match speed {
-                Some(mbps) => (mbps, "sysfs"),
+                Some(mbps) => (mbps, SpeedFrom::Sysfs),
                 None => unknown_speed(i.loopback, |k| std::env::var(k).ok())?,
             };
             Ok(Device {
                 pci_path: sysfs_pci_path(sys, &i.name).and_then(|p| CString::new(p).ok()),
                 speed_mbps,
-                speed_known: speed.is_some(),
                 speed_from,
                 addr: i.addr,
                 name: CString::new(i.name).unwrap_or_default(),
@@ -282,8 +309,10 @@ mod tests {
             addr: addr.parse().unwrap(),
             pci_path: None,
             speed_mbps: mbps.unwrap_or(DEFAULT_SPEED_MBPS),
-            speed_known: mbps.is_some(),
-            speed_from: "a test",
+            speed_from: match mbps {
+                Some(_) => SpeedFrom::Sysfs,
+                None => SpeedFrom::Default,
+            },
             rdma: None,
         };
         // The host's --streams auto rule: loopback 8, 25 Gbit/s a stream, cores / 2.
@@ -368,7 +397,7 @@ mod tests {
         assert_eq!(with(false, None).unwrap().0, DEFAULT_SPEED_MBPS);
         assert_eq!(
             with(true, Some("100000")).unwrap(),
-            (100_000, "NCCL_GRDMA_SPEED")
+            (100_000, SpeedFrom::Variable)
         );
         assert_eq!(with(false, Some(" 25000\n")).unwrap().0, 25_000);
         for bad in ["0", "-5", "fast", "1e5", "", "99999999999"] {

@@ -276,8 +276,7 @@ mod tests {
             addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             pci_path: None,
             speed_mbps: 10_000,
-            speed_known: false,
-            speed_from: "a test",
+            speed_from: crate::props::SpeedFrom::Default,
             rdma: None,
         };
         let cfg = Config::parse(|k| (k == "NCCL_GRDMA_STREAMS").then(|| "1".to_string())).unwrap();

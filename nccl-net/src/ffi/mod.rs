@@ -105,7 +105,7 @@ fn init_common(log_fn: NcclDebugLogger, legacy: bool) -> Result<()> {
                     d.name.to_string_lossy(),
                     d.addr,
                     d.speed_mbps,
-                    d.speed_from
+                    d.speed_from.words()
                 )
             })
             .collect();
