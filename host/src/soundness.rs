@@ -70,7 +70,7 @@
 //! drained, [`ChunkWire::drain`](crate::transfer::schedule::ChunkWire::drain)), and never
 //! takes another pass's reports for its own (every chunk and report names its pass). In
 //! between, a host buffer is written only through `&mut self`, which no borrow lent to a
-//! wire allows (the run-time half: `transfer::memcpy_wire`'s and `transport::tcp::wire`'s
+//! wire allows (the run-time half: `transfer::memcpy_wire`'s and `engine::sending`'s
 //! tests, the memcpy ones under Miri).
 //!
 //! ```

@@ -8,9 +8,10 @@
 //! gatherer are pure functions, tested on fixture trees of a DGX-like and a
 //! GB200-like machine (`fixtures.rs`).
 //!
-//! Striping one transfer over the set, and failing over, are the transports' (verbs:
-//! `transport::rdma::striped`, write mode with one receiver address per rail; TCP:
-//! `net::tcp`); otherwise a transfer uses the first rail of its set.
+//! Striping one transfer over the set, and failing over, are the engine's (`engine::stripe`),
+//! over either link (verbs: a queue pair per rail, joined by token, `net::verbs::dial`;
+//! TCP: streams per rail, `net::tcp::dial`); otherwise a transfer uses the first rail of
+//! its set.
 
 pub mod pairing;
 pub mod rank;

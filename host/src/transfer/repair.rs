@@ -2,8 +2,8 @@
 //! failed, the receiver's rounds of resends within the sender's bound ([`Repair`], over
 //! verbs; [`Converge`], over TCP: in pieces, bounded by what they send again), and
 //! the sender's view of the receiver's requests and its final ack ([`Requests`]), which
-//! believes only what fits what came before. Pure state machines, tested here; each
-//! transport carries the messages its own way (`transport::tcp`, `transport::rdma`).
+//! believes only what fits what came before. Pure state machines, tested here; the
+//! engine carries the messages over either link (`engine::send`, `engine::recv`).
 
 use crate::wire::pieces::{self, PieceResend};
 use crate::wire::{Ack, AckStatus, Resend};

@@ -179,7 +179,7 @@ impl RailReport {
 }
 
 /// What every framed transfer of one connection reports alike, whatever carried it (the
-/// verbs sender in `transport::rdma`, the TCP sender in `transport::tcp`).
+/// engine's sender over a verbs or a TCP link, `engine::send`).
 pub(crate) struct Framed<'a> {
     pub peer: &'a str,
     pub device: Option<String>,
