@@ -78,9 +78,9 @@
 //! The CM pads private data with zeros to its fixed size, so decoders accept (and
 //! ignore) trailing bytes.
 //!
-//! Immediate-data convention (see `sender.rs`): the immediate of a `*_WITH_IMM` data
-//! request is the number of chunks delivered up to and including it (chunk index + 1),
-//! counted within its transfer.
+//! Immediate-data convention (see `net::verbs::send`): the immediate of a `*_WITH_IMM`
+//! data request is its item's index + 1; over one rail it also says that every
+//! item of the pass before it landed (one queue pair keeps the order).
 //!
 //! Ack layout: `0` magic, `4` version, `6` status u8, `7` flags u8 (0x01 verification
 //! present, 0x02 first mismatch present, 0x04 crc32 present, 0x08 verify time present),
