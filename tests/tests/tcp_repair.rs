@@ -359,12 +359,13 @@ fn a_receiver_that_repeats_its_final_resend_list_is_refused_not_served_for_ever(
         chunks: vec![1],
     }
     .encode();
-    // Eight copies: a sender that served each list would resend eight times and then
-    // wait for an ack that never comes (a different error). Fewer than the inbox's
-    // MAX_WAITING (64), so the flood bound cannot answer first: with a million copies
-    // it did on a loaded machine (the 3686675 CI run), a second, correct refusal that
-    // is not the one this test is about (the flood has its own tests in engine/inbox.rs
-    // and api).
+    // Eight copies: a sender that took every list would, after the eighth, wait for an
+    // ack that never comes and fail otherwise (tried: "the peer closed the connection
+    // while waiting for the receiver's reply"). Fewer than the inbox's MAX_WAITING (64),
+    // so its flood bound cannot answer first: with a million copies it did once, on a
+    // loaded machine (a local CI run of 3686675), while the sender was still ending its
+    // pass; a correct refusal too, but not the one this test is about (the flood has its
+    // own tests in engine/inbox.rs and api).
     let copies = 8;
     assert!(copies < host::engine::inbox::MAX_WAITING);
     let (port, serve) = lying_receiver(vec![last], copies);

@@ -1,7 +1,8 @@
 //! What every receiver shares, whatever carries the bytes: who may send ([`allow`],
 //! [`key`]) and how much may be held at once ([`admission`]). The verbs listener
-//! (`net::verbs::listen`) and the TCP one (`net::tcp::listen`), under the engine's serving
-//! loop (`engine::serve`), ask the same questions here, in the same order, before they allocate anything for a peer:
+//! (`net::verbs::listen`) and the TCP one (`net::tcp::listen`), under the engine's
+//! serving loop (`engine::serve`), ask the same questions here, in the same order,
+//! before they allocate anything for a peer:
 //!
 //! 1. Is the peer's address allowed (`--allow`)?
 //! 2. May another handshake start (all peers together, and this peer)?
