@@ -15,8 +15,8 @@
 use anyhow::{bail, Context as _, Result};
 use gpu_kernels::pattern;
 use host::engine::{RecvMemory, RecvOptions, SendOptions};
-use host::memory::select::AttemptLog;
 use host::memory::HostBuffer;
+use host::memory_path::AttemptLog;
 use host::transfer::RecvOutcome;
 use std::process::ExitCode;
 use std::sync::mpsc;

@@ -2,8 +2,8 @@
 //! devices. Parsing only; `main.rs` turns the result into the typed configurations of
 //! [`crate::transfer`] and [`crate::memory`].
 
-use crate::memory::select::MemKind;
 use crate::memory_factory::GpuSelection;
+use crate::memory_path::MemKind;
 use crate::rails::NicList;
 use crate::topology::PciDistance;
 use crate::transport::TransportKind;
@@ -83,7 +83,7 @@ pub struct GpuCheckArgs {
     /// Where the kernel writes: `mapped` host memory (page-locked, mapped into the GPU) or `device` memory
     /// (then also checked by the verify kernel on the GPU).
     #[arg(long, value_enum, default_value = "mapped")]
-    pub mem: crate::memory::CheckMemory,
+    pub mem: crate::memory_path::CheckMemory,
     /// The GPU to use.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: u32,

@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod integrity;
 pub mod memory;
 pub mod memory_factory;
+pub mod memory_path;
 pub mod net;
 pub mod rails;
 pub mod rdma;

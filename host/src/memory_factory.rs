@@ -1,10 +1,10 @@
 //! Build the sender's source and the receiver's sink from the command line's choices:
-//! probe the GPU, pick the path ([`crate::memory::select`]), allocate, and say what was
+//! probe the GPU, pick the path ([`crate::memory_path`]), allocate, and say what was
 //! chosen. Above both [`crate::memory`] (the traits every buffer meets, and the choice)
 //! and [`crate::gpu`] (the GPU's buffers), which it puts together.
 
-use crate::memory::select::{GpuCapabilities, MemKind, Method, Plan};
 use crate::memory::{HostBuffer, RecvSink, SendSource};
+use crate::memory_path::{GpuCapabilities, MemKind, Method, Plan};
 use anyhow::Result;
 use std::fmt;
 use std::str::FromStr;

@@ -602,7 +602,7 @@ mod tests {
         // as an inconsistent header.
         let data = HostBuffer::zeroed(100).unwrap();
         let cfg = opts.send_options(addr, 100, Payload::Opaque, &Cooldowns::new());
-        let log = crate::memory::select::AttemptLog::default();
+        let log = crate::memory_path::AttemptLog::default();
         let e = crate::engine::connect::send_tcp(&cfg, &data, &log, 3).unwrap_err();
         assert!(
             e.to_string().contains("one transfer per offer")

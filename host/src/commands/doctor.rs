@@ -10,10 +10,10 @@
 use super::facts::{self, choose_nic, GpuFacts};
 use anyhow::{bail, Result};
 use host::cli::DoctorArgs;
-use host::memory::select::{
+use host::memory_factory::GpuSelection;
+use host::memory_path::{
     plan, Direction, GpuCapabilities, MemKind, Method, NicFacts, PathFacts, Plan,
 };
-use host::memory_factory::GpuSelection;
 use host::rails::words;
 use host::rdma::memlock::MemlockFacts;
 use host::rdma::presence::RdmaPresence;
@@ -360,7 +360,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             .as_ref()
             .ok()
             .and_then(|f| topology::bar1_bytes(f).ok())
-            .map(|bar1_bytes| host::memory::select::Bar1Fit {
+            .map(|bar1_bytes| host::memory_path::Bar1Fit {
                 bar1_bytes,
                 register_bytes: args.size,
             }),
@@ -722,7 +722,7 @@ pub fn auto_summary(send: &Plan, recv: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use host::memory::select::MemKind;
+    use host::memory_path::MemKind;
     use host::rdma::PeerMemModule;
 
     fn facts(dma_buf: bool, nic: DmaBufProbe, peermem: bool, d: PciDistance) -> PathFacts {
@@ -825,7 +825,7 @@ mod tests {
         });
         assert!(change(&no_attr, false).starts_with("use a GPU with GPUDirect RDMA support"));
         let mut small = facts(true, YES, true, PciDistance::Pix);
-        small.bar1 = Some(host::memory::select::Bar1Fit {
+        small.bar1 = Some(host::memory_path::Bar1Fit {
             bar1_bytes: 256 << 20,
             register_bytes: 1 << 30,
         });

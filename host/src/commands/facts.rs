@@ -1,9 +1,9 @@
 //! The facts `host info` and `host doctor` print and decide on, gathered from the GPU
-//! driver and sysfs. Thin on purpose: the decisions are in `memory::select` and
+//! driver and sysfs. Thin on purpose: the decisions are in `memory_path` and
 //! `topology`, where tests feed them.
 
-use host::memory::select::{Attempt, AttemptLog, Bar1Fit, GpuCapabilities, NicFacts, PathFacts};
 use host::memory_factory::GpuChoice;
+use host::memory_path::{Attempt, AttemptLog, Bar1Fit, GpuCapabilities, NicFacts, PathFacts};
 use host::rdma::{self, DmaBufProbe, NicLocation, NicProbe};
 use host::topology::{self, PciDistance, PciFunction};
 use std::path::Path;

@@ -18,8 +18,8 @@ pub fn check(args: &GpuCheckArgs) -> Result<ExitCode> {
         );
     } else {
         let memory = match args.mem {
-            host::memory::CheckMemory::Mapped => "GPU-mapped host memory",
-            host::memory::CheckMemory::Device => "device memory",
+            host::memory_path::CheckMemory::Mapped => "GPU-mapped host memory",
+            host::memory_path::CheckMemory::Device => "device memory",
         };
         println!(
             "{}: generate_data wrote {} into {memory} in {:.3} ms (launch + synchronise)",

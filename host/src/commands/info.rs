@@ -262,7 +262,7 @@ fn print_placement(bus_id: &str, nics: &[NicProbe]) {
 #[cfg(feature = "cuda")]
 fn print_gpus(nics: &[NicProbe]) {
     use host::gpu::capabilities::{peermem_loaded, report_all};
-    use host::memory::select::gpudirect_missing;
+    use host::memory_path::gpudirect_missing;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     match report_all() {
         Ok(gpus) if gpus.is_empty() => println!("GPUs: none"),

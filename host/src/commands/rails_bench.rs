@@ -15,9 +15,9 @@ use super::tcp_bench::{median, stats};
 use anyhow::{bail, Context, Result};
 use host::cli::RailsBenchArgs;
 use host::engine::{Cooldowns, SendOptions, TcpSendOptions, VerbsSendOptions};
-use host::memory::select::{AttemptLog, Method, Plan};
 use host::memory::HostBuffer;
 use host::memory_factory::{GpuChoice, GpuSelection, SendMemory};
+use host::memory_path::{AttemptLog, Method, Plan};
 use host::net::tcp::dial::{rails_of, Rail};
 use host::net::verbs::dial::RailTarget;
 use host::rails::NicList;
@@ -250,7 +250,7 @@ impl<'a> Verbs<'a> {
             attempts: vec![Method::Host],
             left_out: Vec::new(),
         };
-        let gpu = GpuChoice::open(GpuSelection::None, host::memory::select::MemKind::Host)?;
+        let gpu = GpuChoice::open(GpuSelection::None, host::memory_path::MemKind::Host)?;
         Ok(Verbs {
             args,
             targets,

@@ -8,9 +8,9 @@ use host::engine::serve::{
     admission_of, serve_verbs as serve_verbs_on, SinkFactoryMaker, VerbsServe,
 };
 use host::engine::RecvMemory;
-use host::memory::select::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::memory::DataPath;
 use host::memory_factory::{GpuChoice, GpuSelection, SinkFactory};
+use host::memory_path::{plan, Attempt, AttemptLog, Direction, MemKind, Method, Plan};
 use host::server::admission::{Admission, Limits};
 use host::transfer::{RecvOutcome, RecvReport};
 use host::transport::TransportKind;
@@ -197,7 +197,7 @@ fn sink_plan(args: &RecvArgs) -> Result<Plan> {
 fn refuse_unordered_writes(
     gpu: &GpuChoice,
     mem: MemKind,
-    plan: &mut host::memory::select::Plan,
+    plan: &mut host::memory_path::Plan,
 ) -> Result<()> {
     use host::gpu::capabilities::{writes_visibility, WritesVisibility};
     let Some(device) = gpu.raw_device() else {
@@ -211,7 +211,7 @@ fn refuse_unordered_writes(
         anyhow::bail!("--mem device: {why}, so received data cannot be verified in its memory; use --mem host");
     }
     for method in plan.attempts.iter().filter(|m| m.is_gpudirect()) {
-        plan.left_out.push(host::memory::select::LeftOut {
+        plan.left_out.push(host::memory_path::LeftOut {
             method: *method,
             why: why.to_string(),
         });

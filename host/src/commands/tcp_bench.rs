@@ -7,8 +7,8 @@
 use anyhow::{bail, Context, Result};
 use host::engine::{Cooldowns, RecvMemory, RecvOptions, SendOptions, TcpSendOptions};
 use host::memory::host_buffer::verify_bytes;
-use host::memory::select::AttemptLog;
 use host::memory::HostBuffer;
+use host::memory_path::AttemptLog;
 use host::net::tcp::frames::{Frame, FRAME_LEN};
 use host::transfer::RecvOutcome;
 use serde_json::json;

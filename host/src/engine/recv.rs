@@ -11,8 +11,8 @@
 use super::checked_out::CheckedOut;
 use super::landed::Landed;
 use super::receiving::{PassItems, Receiving, Stop};
-use crate::memory::select::AttemptLog;
 use crate::memory::Verification;
+use crate::memory_path::AttemptLog;
 use crate::net::{Unit, Which};
 use crate::transfer::plan::ChunkPlan;
 use crate::transfer::repair::{Converge, Step};

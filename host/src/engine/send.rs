@@ -7,8 +7,8 @@
 
 use super::cooldown::Cooldowns;
 use super::sending::Sending;
-use crate::memory::select::AttemptLog;
 use crate::memory::{RegistrationTarget, SendSource};
+use crate::memory_path::AttemptLog;
 use crate::net::{Item, Pass};
 use crate::rdma::Deadline;
 use crate::transfer::plan::{Chunk, ChunkPlan};

@@ -2,7 +2,7 @@
 
 use super::driver::{self, DriverResult};
 use super::ffi::{self, attribute};
-use crate::memory::select::GpuCapabilities;
+use crate::memory_path::GpuCapabilities;
 use serde::Serialize;
 
 /// Everything `host info` prints about one GPU.

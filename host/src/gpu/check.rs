@@ -5,7 +5,8 @@
 use super::allocations::{DeviceBuffer, MappedHostBuffer};
 use super::context::Gpu;
 use crate::memory::host_buffer::{leading_values, verify_bytes};
-use crate::memory::{CheckMemory, Verification};
+use crate::memory::Verification;
+use crate::memory_path::CheckMemory;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::time::Instant;

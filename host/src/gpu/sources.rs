@@ -6,10 +6,10 @@ use super::capabilities;
 use super::context::Gpu;
 use super::driver::{self, Event, Stream};
 use crate::memory::host_buffer::{leading_values, verify_bytes};
-use crate::memory::select::DeviceRegistration;
 use crate::memory::{
     DataPath, RecvSink, Registrable, RegistrationTarget, SendSource, Verification, POISON,
 };
+use crate::memory_path::DeviceRegistration;
 use anyhow::{bail, Result};
 use gpu_kernels::pattern::ELEMENT_BYTES;
 use std::cell::RefCell;

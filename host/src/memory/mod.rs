@@ -5,11 +5,9 @@
 
 pub mod host_buffer;
 pub mod lent;
-pub mod select;
 
 pub use host_buffer::HostBuffer;
 pub use lent::LentBytes;
-pub use select::CheckMemory;
 
 use anyhow::Result;
 use std::ops::Range;

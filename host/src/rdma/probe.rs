@@ -9,7 +9,7 @@
 //!   `ibv_reg_mr` pin GPU memory; its presence is read from `/sys/module` and
 //!   `/proc/modules`, under a root path so tests can feed fixture trees.
 //!
-//! The facts are plain data; what to do with them is `memory::select`'s business.
+//! The facts are plain data; what to do with them is `memory_path`'s business.
 
 use super::context::DeviceList;
 use super::{errno_message, last_errno, RdmaError};

@@ -5,8 +5,8 @@
 
 use super::gigabytes_per_second;
 use super::plan::ChunkPlan;
-use crate::memory::select::AttemptLog;
 use crate::memory::{DataPath, Verification};
+use crate::memory_path::AttemptLog;
 use crate::wire::{Ack, AckStatus, Payload, VerifyMode};
 
 /// How a transfer's bytes were checked end to end, on either side (protocol version 2):

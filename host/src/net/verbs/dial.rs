@@ -17,9 +17,9 @@ use super::open::{
     check_device, check_message_size, choose_source, connect, register_source, resolve,
 };
 use super::send::{post_replies, SendRail, Target, VerbsSender, REPLY_SLOTS, SEND_SLOTS};
-use crate::memory::select::AttemptLog;
 use crate::memory::SendSource;
 use crate::memory_factory::SendMemory;
+use crate::memory_path::AttemptLog;
 use crate::rdma::{self, CmId, EventChannel, MemoryRegion, QpCaps};
 use crate::server::key::NONCE_LEN;
 use crate::server::Key;

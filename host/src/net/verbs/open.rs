@@ -5,9 +5,9 @@
 //! the NIC registers it.
 
 use super::conn::{next_event, Resources};
-use crate::memory::select::{walk, AttemptLog};
 use crate::memory::SendSource;
 use crate::memory_factory::SendMemory;
+use crate::memory_path::{walk, AttemptLog};
 use crate::rdma::{
     self, errno_message, CmEventKind, CmId, ConnParams, Deadline, EventChannel, MemoryRegion,
 };

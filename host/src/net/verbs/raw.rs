@@ -11,8 +11,8 @@ use super::listen::{refuse, VerbsOffer};
 use super::open::{
     check_device, check_message_size, choose_source, connect, register_source, resolve,
 };
-use crate::memory::select::walk;
 use crate::memory_factory::SendMemory;
+use crate::memory_path::walk;
 use crate::rdma::{
     self, format_duration, CmId, ConnParams, Deadline, EventChannel, MemoryRegion, MessageBuffer,
     QpCaps, RdmaError, SendOp, SendWr,

@@ -1,5 +1,10 @@
 //! Which memory path to use: capabilities in, a plan or a clear refusal out.
 //!
+//! Apart from [`crate::memory`] (what memory is: the traits a transfer reads and writes
+//! through, what a region registers), because it decides from the NIC's probes
+//! (`rdma::probe`) while the RDMA wrappers register `memory`'s types: kept in
+//! one folder, the two would import each other.
+//!
 //! This is the one piece of the GPUDirect logic that can be tested anywhere: the
 //! registration of GPU memory with a NIC needs real hardware, but the decision of what to
 //! try, in what order, and what to say when nothing fits is plain data.
