@@ -6,7 +6,8 @@
 #
 # 1. installs what the build needs (tests/setup-env.sh) and the Soft-RoCE test bed
 #    (tests/softroce/setup.sh: QEMU, a Debian kernel for the guests, rdma-core);
-# 2. checks formatting and lints (both builds: with CUDA, and the receiver without);
+# 2. checks formatting and lints (both builds: with CUDA, and the receiver without), and
+#    that the API docs link nothing private or missing;
 # 3. builds the no-CUDA binaries the Soft-RoCE guests run (host, the rdma-loopback example);
 # 4. runs every test: unit tests, the PTX/ptxas compile check, the GPU tests (skipped
 #    with a reason where there is no GPU), the tutorial's examples (examples/), the
@@ -36,6 +37,9 @@ step "cargo clippy (default features: with CUDA)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo clippy (host and its examples without CUDA)"
 cargo clippy -p host -p host-examples --no-default-features --all-targets --locked -- -D warnings
+step "cargo doc (the API docs: no link to a private or missing item)"
+# A public doc that links a private item is a dead link for a library user.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "building the guests' binary (host, release, without CUDA)"
 cargo build --release -p host --no-default-features --locked --target-dir target/guest

@@ -2,7 +2,7 @@
 //!
 //! One crate, two builds:
 //! - for `nvptx64-nvidia-cuda` (by `ptx-builder`, from `host/build.rs`) it yields the PTX
-//!   kernels [`generate_data`](kernels) and [`verify_data`](kernels);
+//!   kernels `generate_data` and `verify_data` (`kernels.rs`);
 //! - for the host it is an ordinary library whose [`pattern`] module is the single
 //!   definition of the data: the sender's CPU fallback, the receiver's check and the tests
 //!   all call the very function the GPU runs; [`indexing`] is the kernels' index

@@ -386,6 +386,8 @@ pub struct SendArgs {
     /// and rests (1 s, doubling per failure in a row, at most 60 s) before later
     /// transfers try it again. A comma list in <IP> without this option stripes too,
     /// each rail from the route's source address.
+    // The text is clap's help too, where <IP> is the argument's name, not HTML.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
     pub bind_interfaces: Vec<IpAddr>,
 

@@ -1,6 +1,6 @@
 //! Offers that come on kept connections, held between a library's receive calls or
 //! told to the serving loop that runs now ([`KeptOffers`]), and the listener and the kept
-//! connections paused and resumed together ([`AndKept`]).
+//! connections paused and resumed together (`AndKept`).
 
 use super::serve_offer::Pausable;
 use std::sync::{Arc, Mutex};

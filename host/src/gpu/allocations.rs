@@ -372,7 +372,7 @@ pub struct PinnedHostBuffer {
 
 impl PinnedHostBuffer {
     /// `len` bytes of page-locked memory: one kept from an earlier buffer of the same
-    /// size and device ([`idle_pinned`]), or a new allocation.
+    /// size and device (`idle_pinned`), or a new allocation.
     pub fn new(gpu: &Rc<Gpu>, len: usize) -> Result<Self> {
         if let Some(host) = idle_pinned::take(gpu.ordinal(), len.max(1)) {
             return Ok(PinnedHostBuffer {

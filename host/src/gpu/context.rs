@@ -77,7 +77,7 @@ pub struct Gpu {
     // the context outlives all of them.
     stream: driver::Stream,
     /// Kept loaded for the kernels' sake (never read: they hold its code); `None` when
-    /// they are this build's own, loaded once for the process ([`Resident`]).
+    /// they are this build's own, loaded once for the process (`Resident`).
     _module: Option<driver::Module>,
     generate_data: CUfunction,
     verify_data: CUfunction,
@@ -185,7 +185,7 @@ fn kernels_of(module: &driver::Module) -> Result<(CUfunction, CUfunction, CUfunc
 
 impl Gpu {
     /// Initialise CUDA and open GPU `ordinal` with the kernels this build embeds, loaded
-    /// once per process ([`Resident`]).
+    /// once per process (`Resident`).
     pub fn open(ordinal: u32) -> Result<Rc<Gpu>, GpuError> {
         // SAFETY: no PTX of the caller's: this crate's own kernels, whose contract the
         // launches below keep (gpu-kernels/src/kernels.rs).

@@ -133,7 +133,7 @@ impl DeviceUpload {
     }
 
     /// As [`new`](Self::new), into `memory` (of `gpu`) that is there already: a caller's
-    /// own ([`DeviceBuffer::borrowed`]), of any alignment. The first `len` bytes are filled.
+    /// own (`DeviceBuffer::borrowed`), of any alignment. The first `len` bytes are filled.
     pub fn over(
         gpu: &Rc<Gpu>,
         mut memory: DeviceBuffer,

@@ -62,7 +62,7 @@ pub fn chunk_crcs(data: &[u8], chunk: usize) -> Vec<u32> {
 /// The CRC32C of a whole transfer from its chunks' CRC32Cs (chunks of `chunk` bytes,
 /// the last one `total - (n - 1) * chunk`), by the CRC combine rule: the digest both
 /// ends compare without reading the data again. The operator that shifts a CRC past
-/// `chunk` zero bytes is built once for all chunks ([`combine::Shift`]): the `crc32c`
+/// `chunk` zero bytes is built once for all chunks (`combine::Shift`): the `crc32c`
 /// crate's `crc32c_combine` builds it anew on every call, 70 ms for 1024 chunks.
 pub fn digest(chunk_crcs: &[u32], chunk: u64, total: u64) -> u32 {
     let whole = combine::Shift::by(chunk);

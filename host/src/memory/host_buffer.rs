@@ -16,7 +16,7 @@ const PAGE: usize = 4096;
 const COPY_BLOCK: usize = 64 * 1024;
 
 /// A page-aligned, heap-allocated byte buffer, or (made only inside the crate, see
-/// [`HostBuffer::borrowed`]) memory a library caller owns and lends for one transfer.
+/// `HostBuffer::borrowed`) memory a library caller owns and lends for one transfer.
 ///
 /// The NIC may write it (a receiver's buffer, registered for remote write) while a memory
 /// region borrows it, so shared methods reach its bytes only through its raw pointer,
@@ -126,7 +126,7 @@ impl HostBuffer {
     /// The whole elements of the buffer (a trailing partial element is left out).
     ///
     /// # Panics
-    /// On memory a caller lent ([`borrowed`](Self::borrowed)) that is not aligned for
+    /// On memory a caller lent (`borrowed`) that is not aligned for
     /// `i32` (only the pattern is written this way, into buffers allocated here).
     pub fn as_i32_mut(&mut self) -> &mut [i32] {
         assert!(

@@ -3,7 +3,7 @@
 //! A GPU server has one NIC per GPU or more, and a GPU whose data goes out through the
 //! wrong one loses bandwidth (its reads cross the CPU, or two GPUs share one NIC while
 //! another idles). The topology facts are read from sysfs ([`sysfs`]), ranked per GPU
-//! and spread over the GPUs that share rails ([`rank`]), chosen from the command line
+//! and spread over the GPUs that share rails ([`mod@rank`]), chosen from the command line
 //! ([`select`]), and paired with the receiver's rails ([`pairing`]). All but the
 //! gatherer are pure functions, tested on fixture trees of a DGX-like and a
 //! GB200-like machine (`fixtures.rs`).

@@ -27,7 +27,7 @@ pub const HINT_SOLICITED: u8 = 0x01;
 /// predates it ignores it and asks for whole chunks.
 pub const HINT_PIECES: u8 = 0x02;
 /// Header hint (TCP): the sender keeps the connection after the ack and may offer its
-/// next transfer on it ([`super::session`]); a receiver that predates it closes, and the
+/// next transfer on it (`wire::session`); a receiver that predates it closes, and the
 /// sender opens a new connection for the next.
 pub const HINT_SESSION: u8 = 0x04;
 /// The resends a sender allows when it is not told (`--max-resends`): the most, so that

@@ -254,7 +254,7 @@ impl<'r> Connection<'r> {
     /// ended early): the queue pair goes to the error state (`rdma_disconnect`), where no
     /// queued request runs any more and each completes as flushed, in order; then the
     /// completion queue is polled until the completion of request `last` (the last one
-    /// posted), for at most [`QUIESCE_WAIT`]. A request that had already run unsignaled
+    /// posted), for at most `QUIESCE_WAIT`. A request that had already run unsignaled
     /// completes no more, so the wait for it can last that long; the queue pair reads
     /// nothing either way. Completions taken meanwhile are appended to `seen`.
     pub fn quiesce(&self, last: u64, seen: &mut Vec<Completion>) {

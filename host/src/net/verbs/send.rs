@@ -153,7 +153,7 @@ pub struct VerbsSender<'r> {
 }
 
 impl<'r> VerbsSender<'r> {
-    /// A link over `rails` (receive slots posted on each already, see [`post_replies`]),
+    /// A link over `rails` (receive slots posted on each already, see `post_replies`),
     /// items of at most `item_len` bytes of `source` (registered on each rail);
     /// `striped`: the offer named several rails (the receiver then takes every item by
     /// its own immediate, however many joined). `faults` (test only) needs the source in
